@@ -1,0 +1,1 @@
+"""The karma ledger: tamper-evident storage of every governed call."""

@@ -1,0 +1,1 @@
+"""Dharma Gateway: policy-as-code governance for AI-agent tool calls."""
