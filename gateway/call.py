@@ -217,17 +217,23 @@ class CallContext:
 
     call: ToolCall
     now: datetime
+    clock: float
     arguments: dict[str, Any] = field(default_factory=dict)
     principal: Principal | None = None
     tool: ToolInfo | None = None
+    annotations: dict[str, Any] = field(default_factory=dict)
     sensitivity: Sensitivity = Sensitivity.STANDARD
+    disclosure_mode: str = ""
     findings: list[Finding] = field(default_factory=list)
-    matched: list[RuleMatch] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    redact_paths: list[str] = field(default_factory=list)
+    session: list[dict[str, Any]] = field(default_factory=list)
+    karma: dict[str, int] = field(default_factory=dict)
+    variables: dict[str, Any] | None = None
+    activation: Any = None
+    rules_decision: Decision | None = None
+    disclosure: Any = None
     approval_id: str | None = None
     argument_digest: str = ""
-    backend: str = "default"
 
 
 @dataclass(frozen=True, slots=True)

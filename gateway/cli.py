@@ -1,0 +1,549 @@
+"""`dharma`: the operator's, policy author's and auditor's command line.
+
+Thin: parse arguments, call library functions, print. Exit codes (contract): 0 success, 1 a
+check failed (lint error, failing test, tampered ledger, invalid receipt), 2 usage or
+configuration error. Never a traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway.config import PACKAGE_ROOT, Settings, load_settings
+from gateway.errors import ConfigError, GatewayError, PolicyErrors
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {}
+    if getattr(args, "state_root", None):
+        overrides["state_root"] = str(args.state_root)
+    if getattr(args, "policy", None):
+        overrides["policy"] = str(Path(args.policy).resolve())
+    if getattr(args, "ledger", None):
+        overrides["ledger"] = {"path": str(Path(args.ledger).resolve())}
+    return load_settings(getattr(args, "config", None), os.environ, overrides)
+
+
+def _json_arg(text: str | None, what: str) -> Any:
+    if text is None:
+        return None
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"{what}: cannot read {text[1:]}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{what} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+
+
+def _out(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+
+
+# ---- policy author ------------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from gateway.policy.compile import compile_documents, load_policy, load_rule_documents
+    from gateway.policy.load import expand_paths, read_documents
+    from gateway.policy.models import Policy
+
+    paths = [Path(p) for p in args.paths] or [PACKAGE_ROOT / "policies", PACKAGE_ROOT / "rules"]
+    problems: list[Any] = []
+    warnings: list[Any] = []
+    files = expand_paths(paths)
+    if not files:
+        raise UsageError("no policy files found in " + ", ".join(map(str, paths)))
+    rule_files: list[Path] = []
+    for file in files:
+        try:
+            docs = read_documents(file)
+        except PolicyErrors as exc:
+            problems.extend(exc.problems)
+            continue
+        if any(isinstance(d.model, Policy) for d in docs):
+            try:
+                compiled = load_policy(file, engine=args.engine)
+                warnings.extend(compiled.warnings)
+            except PolicyErrors as exc:
+                problems.extend(exc.problems)
+        else:
+            rule_files.append(file)
+    if rule_files:
+        try:
+            warnings.extend(compile_documents(load_rule_documents(rule_files), engine=args.engine).warnings)
+        except PolicyErrors as exc:
+            problems.extend(exc.problems)
+    for item in sorted(set(problems)):
+        _out(str(item))
+    for item in sorted(set(warnings)):
+        _out(str(item))
+    _out(f"{len(files)} file(s) checked: {len(set(problems))} error(s), {len(set(warnings))} warning(s)")
+    return EXIT_FAILED if problems else EXIT_OK
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    from gateway.policy.testing import run_tests
+
+    paths = [Path(p) for p in args.paths] or [PACKAGE_ROOT / "rules"]
+    try:
+        report = run_tests(paths, engine=args.engine)
+    except PolicyErrors as exc:
+        for item in exc.problems:
+            _out(str(item))
+        return EXIT_FAILED
+    if not report.cases:
+        _out("no RuleTest cases found")
+        return EXIT_FAILED
+    for case in report.cases:
+        if not case.passed or args.verbose:
+            _out(f"{'PASS' if case.passed else 'FAIL'} {case.file} {case.name}")
+            for failure in case.failures:
+                _out(f"     {failure}")
+    passed = len(report.cases) - len(report.failed)
+    for rule_id in report.unexercised:
+        _out(f"not exercised: {rule_id} ({report.rules[rule_id]})")
+    _out(f"{passed} passed, {len(report.failed)} failed; {len(report.rules) - len(report.unexercised)}/{len(report.rules)} rules exercised")
+    if report.failed or (args.require_coverage and report.unexercised):
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from gateway.policy.compile import load_policy
+    from gateway.policy.models import CaseCall
+    from gateway.policy.testing import evaluate_case
+    from gateway.stages.tier_gate import is_granted
+    from gateway.call import Principal
+
+    policy_path = Path(args.policy) if args.policy else _settings(args).policy
+    policy = load_policy(policy_path, engine=args.engine)
+    principal: dict[str, Any] = {"id": "eval", "tier": None, "roles": []}
+    if args.principal:
+        found = next((p for p in policy.principals if p.id == args.principal), None)
+        if found is None:
+            raise UsageError(f"principal {args.principal!r} is not in {policy_path}")
+        principal = {"id": found.id, "tier": found.tier, "roles": list(found.roles), "claims": found.claims}
+    call = CaseCall(
+        tool=args.tool,
+        args=_json_arg(args.args, "--args") or {},
+        principal=principal,
+        annotations=_json_arg(args.annotations, "--annotations") or {},
+        purpose=args.purpose,
+        disclosure_mode=args.disclosure_mode,
+        depth=args.depth,
+    )
+    result = evaluate_case(policy, call, _json_arg(args.response, "--response"))
+    annotations = policy.annotations_for(call.tool, call.annotations)
+    granted = is_granted(policy, Principal(principal["id"], principal["tier"]), call.tool, annotations) if args.principal else None
+    d = result.decision
+    report = {
+        "policy": policy.name,
+        "policy_version": policy.version,
+        "engine": policy.engine,
+        "tool": call.tool,
+        "granted": granted,
+        "sensitivity": result.sensitivity.value,
+        "findings": [f.as_cel() for f in result.findings],
+        "decision": d.effect.value,
+        "enforced": d.enforced,
+        "error_code": d.code.value if d.code else None,
+        "block_class": d.block_class.value if d.block_class else None,
+        "message": d.message,
+        "matched": [m.rule_id for m in d.matched],
+        "disclosure": result.disclosure.verdict.value if result.disclosure else None,
+    }
+    if args.explain:
+        report["considered"] = [
+            {"rule": t.rule_id, "effect": t.effect, "mode": t.mode, "value": t.value, "error": t.error, "matched": t.matched}
+            for t in result.trace
+        ]
+    if args.json:
+        _out(json.dumps(report, indent=2, default=str))
+        return EXIT_OK
+    _out(f"decision: {report['decision']}{'' if d.enforced else ' (not enforced: audit/warn mode)'}")
+    if granted is not None:
+        _out(f"granted to {principal['id']} (tier {principal['tier']}): {'yes' if granted else 'no — the tool is hidden from them'}")
+    _out(f"sensitivity: {report['sensitivity']}")
+    if report["findings"]:
+        _out("findings: " + ", ".join(f"{f['kind']} at {f['path']}" for f in report["findings"]))
+    if d.message:
+        _out(f"message: {d.message}")
+    if report["block_class"]:
+        _out(f"block_class: {report['block_class']}  error_code: {report['error_code']}")
+    if report["disclosure"]:
+        _out(f"disclosure: {report['disclosure']}")
+    if args.explain:
+        rules = {r.id: r for r in (*policy.rules, *policy.disclosure_rules)}
+        _out(f"rules considered for {call.tool}: {len(result.trace)} of {len(rules)}")
+        for t in result.trace:
+            rule = rules[t.rule_id]
+            why = f"error: {t.error} → counts as {'a match' if t.matched else 'no match'}" if t.error else f"condition = {json.dumps(t.value, default=str)}"
+            _out(f"  {'MATCH' if t.matched else '     '} {t.rule_id} [{t.effect}, {t.mode}] {rule.file}:{rule.line}")
+            _out(f"         when: {rule.when.source if rule.when else '(always)'}")
+            _out(f"         {why}")
+    return EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from gateway.policy.models import KINDS
+
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Dharma Gateway policy file (apiVersion dharma/v1)",
+        "oneOf": [],
+        "$defs": {},
+    }
+    for kind, model in KINDS.items():
+        if args.kind and kind != args.kind:
+            continue
+        sub = model.model_json_schema(ref_template="#/$defs/{model}")
+        schema["$defs"].update(sub.pop("$defs", {}))
+        schema["$defs"][kind] = sub
+        schema["oneOf"].append({"$ref": f"#/$defs/{kind}"})
+    if args.kind and not schema["oneOf"]:
+        raise UsageError(f"unknown kind {args.kind!r}: one of {', '.join(KINDS)}")
+    _out(json.dumps(schema, indent=2, sort_keys=True))
+    return EXIT_OK
+
+
+# ---- auditor -----------------------------------------------------------------------------
+
+
+def _ledger_path(args: argparse.Namespace) -> Path:
+    if args.ledger:
+        return Path(args.ledger)
+    return _settings(args).ledger_path
+
+
+def _open_reader(path: Path) -> Any:
+    from audit.errors import LedgerError
+    from audit.sqlite import SqliteLedgerReader
+
+    if not path.exists():
+        raise ConfigError(f"{path}: no ledger there")
+    try:
+        return SqliteLedgerReader(path)
+    except LedgerError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def cmd_audit_verify(args: argparse.Namespace) -> int:
+    from audit.checkpoint import parse_checkpoint, verify_checkpoint
+    from audit.errors import LedgerError
+    from audit.verify import verify_ledger
+
+    checkpoint = None
+    if args.checkpoint:
+        try:
+            text = Path(args.checkpoint).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{args.checkpoint}: cannot read checkpoint: {exc}") from None
+        try:
+            if args.no_signature_check:
+                checkpoint = parse_checkpoint(text)
+            else:
+                keys = _keys(args, create=False)
+                checkpoint = verify_checkpoint(text, keys.checkpoint_key.public_key(), keys.checkpoint_key_name)
+        except LedgerError as exc:
+            _out(f"FAIL checkpoint {args.checkpoint}: {exc}")
+            return EXIT_FAILED
+    path = _ledger_path(args)
+    with _open_reader(path) as reader:
+        started = time.perf_counter()
+        report = verify_ledger(reader, checkpoint)
+        elapsed = time.perf_counter() - started
+    if report.ok:
+        rate = f", {report.size / elapsed:,.0f} records/s" if elapsed > 0 and report.size else ""
+        _out(f"OK {path}: {report.size} records, root {report.root.hex()}, {report.checkpoints_checked} checkpoint(s) matched{rate}")
+        return EXIT_OK
+    where = f" at seq {report.first_bad_seq}" if report.first_bad_seq is not None else ""
+    _out(f"FAIL {path}{where}: {report.problem}")
+    return EXIT_FAILED
+
+
+def cmd_audit_query(args: argparse.Namespace) -> int:
+    from audit.query import format_records, query_records
+
+    with _open_reader(_ledger_path(args)) as reader:
+        records = query_records(
+            reader,
+            principal=args.principal,
+            tool=args.tool,
+            decision=args.decision,
+            rule=args.rule,
+            since=args.since,
+            until=args.until,
+            limit=args.limit,
+        )
+        for line in format_records(records, args.format):
+            _out(line)
+    return EXIT_OK
+
+
+def cmd_audit_checkpoint(args: argparse.Namespace) -> int:
+    """Sign the ledger's current head with the checkpoint key and print the note."""
+    from audit.checkpoint import sign_checkpoint
+    from audit.merkle import root_hash
+
+    keys = _keys(args, create=False)
+    with _open_reader(_ledger_path(args)) as reader:
+        size = reader.size()
+        root = root_hash(reader.leaf_hashes(size))
+    _out(sign_checkpoint(args.origin, size, root, keys.checkpoint_key, keys.checkpoint_key_name).rstrip("\n"))
+    return EXIT_OK
+
+
+# ---- keys and receipts ---------------------------------------------------------------------
+
+
+def _keys(args: argparse.Namespace, *, create: bool) -> Any:
+    from gateway.signing import KeyStore
+
+    return KeyStore.open(_settings(args).state_dir, create=create)
+
+
+def cmd_keys_jwks(args: argparse.Namespace) -> int:
+    _out(json.dumps(_keys(args, create=True).jwks(), indent=2))
+    return EXIT_OK
+
+
+def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    kid = _keys(args, create=True).rotate()
+    _out(f"new active key {kid}; the old key stays in the JWKS")
+    return EXIT_OK
+
+
+def cmd_receipt_verify(args: argparse.Namespace) -> int:
+    from gateway.signing import ReceiptInvalid, load_jwks, verify_receipt
+
+    saved = _json_arg("@" + args.response, "response file")
+    jwks = load_jwks(Path(args.jwks)) if args.jwks else _keys(args, create=False).jwks()
+    token, response = _split_receipt(saved)
+    if token is None:
+        _out(f"FAIL {args.response}: no receipt found (expected `receipt` or result._meta[\"dharma.gateway/receipt\"])")
+        return EXIT_FAILED
+    request = _json_arg("@" + args.request, "request file") if args.request else None
+    try:
+        payload = verify_receipt(token, jwks, response=response, request=request)
+    except ReceiptInvalid as exc:
+        _out(f"FAIL {args.response}: {exc}")
+        return EXIT_FAILED
+    _out(f"OK receipt by key {payload['kid']} at {payload['time']}: request {payload['request_id']}, ledger seq {payload['ledger']['seq']}")
+    return EXIT_OK
+
+
+def _split_receipt(saved: Any) -> tuple[str | None, Any]:
+    """Find the receipt in an HTTP envelope, an MCP result, or a JSON-RPC response."""
+    from gateway.signing import RECEIPT_META_KEY
+
+    if isinstance(saved, dict) and "envelope_version" in saved:
+        body = {k: v for k, v in saved.items() if k != "receipt"}
+        return saved.get("receipt"), body
+    result = saved.get("result", saved) if isinstance(saved, dict) and "jsonrpc" in saved else saved
+    if isinstance(result, dict) and isinstance(result.get("_meta"), dict):
+        return result["_meta"].get(RECEIPT_META_KEY), result
+    return None, saved
+
+
+# ---- approvals ----------------------------------------------------------------------------
+
+
+def _approvals(args: argparse.Namespace) -> Any:
+    from gateway.stores.sqlite_approvals import SqliteApprovalStore
+
+    return SqliteApprovalStore(_settings(args).approvals_path)
+
+
+def cmd_approvals_list(args: argparse.Namespace) -> int:
+    items = _approvals(args).pending_sync(time.time())
+    if args.json:
+        for a in items:
+            _out(json.dumps({"id": a.id, "principal": a.principal, "tool": a.tool, "reason": a.reason, "expires_at": a.expires_at, "arguments": a.arguments_preview}))
+        return EXIT_OK
+    if not items:
+        _out("no pending approvals")
+    for a in items:
+        left = max(0, int(a.expires_at - time.time()))
+        _out(f"{a.id}  {a.principal} → {a.tool}  ({left}s left)  {a.reason}")
+        _out(f"    arguments: {a.arguments_preview}")
+    return EXIT_OK
+
+
+def _decide(args: argparse.Namespace, approve: bool) -> int:
+    store = _approvals(args)
+    by = args.by or os.environ.get("USER") or "cli"
+    try:
+        item = store.decide_sync(args.id, approve=approve, by=by, now=time.time())
+    except KeyError:
+        _out(f"unknown approval {args.id}")
+        return EXIT_FAILED
+    except ValueError as exc:
+        _out(str(exc))
+        return EXIT_FAILED
+    _out(f"{item.id} {item.state} by {by}")
+    return EXIT_OK
+
+
+# ---- serve --------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.logging import configure_logging
+    from gateway.runtime import open_gateway
+    from gateway.server import build_app
+
+    settings = _settings(args)
+    configure_logging(settings.log_level)
+    host = args.host or settings.server.host
+    port = args.port if args.port is not None else settings.server.port
+
+    async def main() -> None:
+        gateway = await open_gateway(settings)
+        app = build_app(gateway, max_body_bytes=settings.server.max_body_bytes)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
+        try:
+            await server.serve()
+        finally:
+            await gateway.aclose()
+
+    asyncio.run(main())
+    return EXIT_OK
+
+
+# ---- parser -------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dharma", description="Dharma Gateway: governed tool calls.")
+    parser.add_argument("--config", type=Path, help="dharma.yaml (default: $DHARMA_CONFIG)")
+    parser.add_argument("--state-root", help="runtime state directory (default: $DHARMA_STATE_ROOT or ~/.dharma)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def engine_opt(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--engine", choices=["cel-python", "common-expression-language"], help="CEL engine (default: fastest installed)")
+
+    p = sub.add_parser("serve", help="serve the HTTP front (tool API, approvals, JWKS)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--policy", help="policy profile to load")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("check", help="validate policy and rule files")
+    p.add_argument("paths", nargs="*")
+    engine_opt(p)
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("test", help="run RuleTest cases and report rules no case exercised")
+    p.add_argument("paths", nargs="*")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--require-coverage", action="store_true", help="fail when a rule is not exercised")
+    engine_opt(p)
+    p.set_defaults(func=cmd_test)
+
+    p = sub.add_parser("eval", help="dry-run one call against a policy and explain the decision")
+    p.add_argument("--policy")
+    p.add_argument("--tool", required=True)
+    p.add_argument("--args", help="arguments as JSON (or @file)")
+    p.add_argument("--principal", help="principal id from the policy")
+    p.add_argument("--annotations", help="tool annotations as JSON")
+    p.add_argument("--purpose")
+    p.add_argument("--disclosure-mode")
+    p.add_argument("--depth")
+    p.add_argument("--response", help="a backend response (JSON or @file) to run the disclosure rules on")
+    p.add_argument("--explain", action="store_true", help="show every rule considered and the values that decided it")
+    p.add_argument("--json", action="store_true")
+    engine_opt(p)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of the policy files")
+    p.add_argument("--kind")
+    p.set_defaults(func=cmd_schema)
+
+    audit = sub.add_parser("audit", help="verify and query the karma ledger").add_subparsers(dest="audit_command", required=True)
+    p = audit.add_parser("verify", help="recompute the ledger; exit 1 at the first bad record")
+    p.add_argument("--ledger")
+    p.add_argument("--checkpoint", help="a checkpoint kept outside the database (catches truncation)")
+    p.add_argument("--no-signature-check", action="store_true", help="use the checkpoint without checking its signature")
+    p.set_defaults(func=cmd_audit_verify)
+    p = audit.add_parser("query", help="list records by principal, tool, decision, rule and time")
+    p.add_argument("--ledger")
+    p.add_argument("--principal")
+    p.add_argument("--tool")
+    p.add_argument("--decision")
+    p.add_argument("--rule")
+    p.add_argument("--since", help="RFC 3339 time, e.g. 2026-11-22T00:00:00Z")
+    p.add_argument("--until")
+    p.add_argument("--limit", type=int)
+    p.add_argument("--format", choices=["table", "jsonl", "csv"], default="table")
+    p.set_defaults(func=cmd_audit_query)
+    p = audit.add_parser("checkpoint", help="print a signed checkpoint of the ledger's head (keep it elsewhere)")
+    p.add_argument("--ledger")
+    p.add_argument("--origin", default="dharma-gateway/karma-ledger")
+    p.set_defaults(func=cmd_audit_checkpoint)
+
+    approvals = sub.add_parser("approvals", help="list, approve or deny held calls").add_subparsers(dest="approvals_command", required=True)
+    p = approvals.add_parser("list")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_approvals_list)
+    for verb, approve in (("approve", True), ("deny", False)):
+        p = approvals.add_parser(verb)
+        p.add_argument("id")
+        p.add_argument("--by", help="who decides (default: $USER)")
+        p.set_defaults(func=lambda a, approve=approve: _decide(a, approve))
+
+    keys = sub.add_parser("keys", help="receipt signing keys").add_subparsers(dest="keys_command", required=True)
+    keys.add_parser("jwks", help="print the public keys as a JWKS").set_defaults(func=cmd_keys_jwks)
+    keys.add_parser("rotate", help="make a new active key; old ones stay published").set_defaults(func=cmd_keys_rotate)
+
+    receipt = sub.add_parser("receipt", help="verify signed receipts offline").add_subparsers(dest="receipt_command", required=True)
+    p = receipt.add_parser("verify")
+    p.add_argument("response", help="a saved response (HTTP envelope, MCP result or JSON-RPC response)")
+    p.add_argument("--jwks", help="a saved JWKS (default: this machine's keys)")
+    p.add_argument("--request", help="the request as sent, to check its digest too")
+    p.set_defaults(func=cmd_receipt_verify)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) and EXIT_USAGE
+    try:
+        return int(args.func(args))
+    except PolicyErrors as exc:
+        for item in exc.problems:
+            sys.stderr.write(f"{item}\n")
+        return EXIT_USAGE
+    except (ConfigError, UsageError) as exc:
+        sys.stderr.write(f"dharma: {exc}\n")
+        return EXIT_USAGE
+    except GatewayError as exc:
+        sys.stderr.write(f"dharma: {exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Structured logging with structlog; a processor in the chain scrubs secrets from every event."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+
+_SECRET_KEYS = ("api_key", "authorization", "password", "secret", "token", "private_key", "arguments", "args")
+
+
+def scrub_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Drop values whose key names a secret, and redact secrets found in string values."""
+    from gateway.sanitize import redact_secrets
+
+    for key in list(event):
+        if any(word in key.lower() for word in _SECRET_KEYS):
+            event[key] = "[REDACTED]"
+        elif isinstance(event[key], str) and key != "event":
+            event[key], _ = redact_secrets(event[key])
+    return event
+
+
+def configure_logging(level: str = "info") -> None:
+    """JSON lines on stderr (stdout may be a protocol stream)."""
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            scrub_secrets,
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )

@@ -1,0 +1,451 @@
+"""Turn loaded policy documents into one immutable CompiledPolicy.
+
+Every CEL expression is compiled here, once, and checked against the variables of its phase;
+rules are indexed by tool glob; tiers are flattened through inheritance; the policy version
+is a digest of every file that went in. Any problem anywhere rejects the whole set (the caller
+keeps the last good one). No I/O beyond reading the files named.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway import cel
+from gateway.call import BlockClass, Disclosure, Effect, Mode, Sensitivity
+from gateway.errors import PolicyErrors, PolicyProblem
+from gateway.policy.load import LoadedDocument, expand_paths, read_documents
+from gateway.policy.models import (
+    DisclosureRuleSet,
+    Policy,
+    RateLimit,
+    RuleSet,
+    RuleTest,
+    SanitizerSettings,
+)
+
+CALL_VARIABLES = frozenset({"principal", "tool", "args", "request", "session", "findings", "now"})
+RESPONSE_VARIABLES = CALL_VARIABLES | {"response"}
+ESCALATION_VARIABLES = frozenset({"principal", "tool", "args", "request", "now"})
+RESTRICTIVE = (Effect.DENY, Effect.REQUIRE_APPROVAL, Effect.REDACT)
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRule:
+    id: str
+    effect: Effect
+    mode: Mode
+    tools: tuple[str, ...]
+    when: cel.Expression | None
+    message: str
+    message_expr: cel.Expression | None
+    block_class: BlockClass | None
+    redact: tuple[str, ...]
+    file: str
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledDisclosureRule:
+    id: str
+    verdict: Disclosure
+    mode: Mode
+    tools: tuple[str, ...]
+    topic: str
+    when: cel.Expression | None
+    redact: tuple[str, ...]
+    redact_secrets: bool
+    no_information_response: Any
+    file: str
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledEscalation:
+    when: cel.Expression
+    to: Sensitivity
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledSensitivity:
+    tools: tuple[str, ...]
+    level: Sensitivity
+    escalate: tuple[CompiledEscalation, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledGrant:
+    tools: tuple[str, ...]
+    annotations: tuple[tuple[str, Any], ...]
+
+    def grants(self, tool: str, annotations: dict[str, Any]) -> bool:
+        if self.tools and not any(glob_match(tool, g) for g in self.tools):
+            return False
+        return all(annotations.get(k) == v for k, v in self.annotations)
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledTier:
+    name: str
+    grants: tuple[CompiledGrant, ...]
+    max_sensitivity: Sensitivity
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledPrincipal:
+    id: str
+    tier: str
+    roles: tuple[str, ...]
+    claims: dict[str, Any]
+    key_digests: tuple[bytes, ...]
+    local_user: str | None
+
+
+class GlobIndex:
+    """Rules indexed by their tool globs: exact names in a dict, true globs in a list.
+
+    `candidates(tool)` is memoised per tool name (the set of tool names is small and finite),
+    so a call evaluates only rules that can apply and pays the glob matching once per name.
+    """
+
+    __slots__ = ("_exact", "_globs", "_cache")
+
+    def __init__(self, items: list[tuple[tuple[str, ...], Any]]) -> None:
+        self._exact: dict[str, list[tuple[int, Any]]] = {}
+        self._globs: list[tuple[int, str, Any]] = []
+        for order, (globs, item) in enumerate(items):
+            for pattern in globs:
+                if any(ch in pattern for ch in "*?["):
+                    self._globs.append((order, pattern, item))
+                else:
+                    self._exact.setdefault(pattern, []).append((order, item))
+        self._cache: dict[str, tuple[Any, ...]] = {}
+
+    def candidates(self, tool: str) -> tuple[Any, ...]:
+        hit = self._cache.get(tool)
+        if hit is not None:
+            return hit
+        found: dict[int, Any] = {order: item for order, item in self._exact.get(tool, ())}
+        for order, pattern, item in self._globs:
+            if order not in found and glob_match(tool, pattern):
+                found[order] = item
+        result = tuple(found[k] for k in sorted(found))
+        if len(self._cache) < 65_536:
+            self._cache[tool] = result
+        return result
+
+
+def glob_match(name: str, pattern: str) -> bool:
+    """Case-sensitive glob match of a tool name (fnmatch semantics)."""
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+@dataclass(frozen=True)
+class CompiledPolicy:
+    """Everything the pipeline needs to decide, built once per (re)load."""
+
+    name: str
+    version: str
+    engine: str
+    files: tuple[str, ...]
+    rules: tuple[CompiledRule, ...]
+    disclosure_rules: tuple[CompiledDisclosureRule, ...]
+    rule_index: GlobIndex
+    disclosure_index: GlobIndex
+    principals: tuple[CompiledPrincipal, ...] = ()
+    tiers: dict[str, CompiledTier] = field(default_factory=dict)
+    sensitivity: tuple[CompiledSensitivity, ...] = ()
+    tool_annotations: tuple[tuple[str, dict[str, Any]], ...] = ()
+    rate_limits: tuple[RateLimit, ...] = ()
+    tool_costs: tuple[tuple[str, int], ...] = ()
+    rate_limit_store_down: str = "deny"
+    sanitizer: SanitizerSettings = SanitizerSettings()
+    breaker_threshold: int = 5
+    breaker_reset_seconds: float = 30.0
+    approval_hold_seconds: float = 0.0
+    approval_expires_seconds: float = 900.0
+    backend_timeout_seconds: float = 30.0
+    disclosure_modes: tuple[str, ...] = ("direct", "summary", "none")
+    warnings: tuple[PolicyProblem, ...] = ()
+
+    def rules_for(self, tool: str) -> tuple[CompiledRule, ...]:
+        return self.rule_index.candidates(tool)  # type: ignore[no-any-return]
+
+    def disclosure_rules_for(self, tool: str) -> tuple[CompiledDisclosureRule, ...]:
+        return self.disclosure_index.candidates(tool)  # type: ignore[no-any-return]
+
+    def rule(self, rule_id: str) -> CompiledRule | CompiledDisclosureRule | None:
+        for rule in (*self.rules, *self.disclosure_rules):
+            if rule.id == rule_id:
+                return rule
+        return None
+
+    def cost_of(self, tool: str) -> int:
+        for pattern, cost in self.tool_costs:
+            if glob_match(tool, pattern):
+                return cost
+        return 1
+
+    def annotations_for(self, tool: str, backend_annotations: dict[str, Any]) -> dict[str, Any]:
+        """The policy's own classification wins over what the (untrusted) backend claims."""
+        merged = dict(backend_annotations)
+        for pattern, values in self.tool_annotations:
+            if glob_match(tool, pattern):
+                merged.update(values)
+        return merged
+
+    def normalise_disclosure_mode(self, mode: str | None) -> str:
+        """Known modes pass; anything unknown (or absent) is the most restrictive mode."""
+        if mode in self.disclosure_modes:
+            return mode  # type: ignore[return-value]
+        return self.disclosure_modes[-1]
+
+
+# ---- compilation --------------------------------------------------------------------
+
+
+_UNGUARDED = re.compile(r"\bargs\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+class _Compiler:
+    def __init__(self, engine: str) -> None:
+        self.engine = engine
+        self.problems: list[PolicyProblem] = []
+        self.warnings: list[PolicyProblem] = []
+
+    def expr(
+        self, source: str | None, declared: frozenset[str], doc: LoadedDocument, loc: tuple[Any, ...], rule_id: str
+    ) -> cel.Expression | None:
+        if source is None:
+            return None
+        line = doc.line_of(loc)
+        try:
+            return cel.compile_expression(source, declared=declared, engine=self.engine)
+        except cel.CelUndeclared as exc:
+            phase_hint = ""
+            if "response" in exc.names and "response" not in declared:
+                phase_hint = " (`response` exists only in the response phase: use a DisclosureRuleSet)"
+            self.problems.append(
+                PolicyProblem(doc.path, line, rule_id, f"unknown variable {', '.join(exc.names)}{phase_hint}")
+            )
+        except cel.CelError as exc:
+            where = f" at column {exc.column}" if exc.column else ""
+            self.problems.append(
+                PolicyProblem(doc.path, line + (exc.line or 1) - 1, rule_id, f"CEL syntax error{where}: {exc.message}")
+            )
+        return None
+
+    def lint_guard(self, source: str | None, doc: LoadedDocument, loc: tuple[Any, ...], rule_id: str) -> None:
+        """Warn about `args.x` read without `has(args.x)`: a missing field errors, which matches."""
+        if not source:
+            return
+        for name in dict.fromkeys(_UNGUARDED.findall(source)):
+            if f"has(args.{name})" not in source.replace(" ", ""):
+                self.warnings.append(
+                    PolicyProblem(
+                        doc.path,
+                        doc.line_of(loc),
+                        rule_id,
+                        f"`args.{name}` is read without `has(args.{name})`: calls without it will match by error",
+                        severity="warning",
+                    )
+                )
+
+
+def compile_documents(
+    docs: list[LoadedDocument], *, engine: str | None = None, policy: LoadedDocument | None = None
+) -> CompiledPolicy:
+    """Compile a profile (optional) and rule documents into a CompiledPolicy. Raises PolicyErrors."""
+    chosen = engine or cel.default_engine()
+    c = _Compiler(chosen)
+    rules: list[CompiledRule] = []
+    disclosure: list[CompiledDisclosureRule] = []
+    seen_ids: dict[str, str] = {}
+
+    def claim_id(rule_id: str, doc: LoadedDocument, loc: tuple[Any, ...]) -> None:
+        where = f"{doc.path}:{doc.line_of(loc)}"
+        if rule_id in seen_ids:
+            c.problems.append(
+                PolicyProblem(doc.path, doc.line_of(loc), rule_id, f"duplicate rule id (first defined at {seen_ids[rule_id]})")
+            )
+        else:
+            seen_ids[rule_id] = where
+
+    for doc in docs:
+        model = doc.model
+        if isinstance(model, RuleSet):
+            for i, r in enumerate(model.rules):
+                loc = ("rules", i)
+                claim_id(r.id, doc, loc)
+                when = c.expr(r.when, CALL_VARIABLES, doc, (*loc, "when"), r.id)
+                msg = c.expr(r.message_expr, CALL_VARIABLES, doc, (*loc, "message_expr"), r.id)
+                if r.effect in RESTRICTIVE:
+                    c.lint_guard(r.when, doc, (*loc, "when"), r.id)
+                rules.append(
+                    CompiledRule(
+                        id=r.id,
+                        effect=r.effect,
+                        mode=r.mode,
+                        tools=tuple(r.tools),
+                        when=when,
+                        message=r.message,
+                        message_expr=msg,
+                        block_class=r.block_class,
+                        redact=tuple(r.redact),
+                        file=doc.path,
+                        line=doc.line_of(loc),
+                    )
+                )
+        elif isinstance(model, DisclosureRuleSet):
+            for i, d in enumerate(model.rules):
+                loc = ("rules", i)
+                claim_id(d.id, doc, loc)
+                when = c.expr(d.when, RESPONSE_VARIABLES, doc, (*loc, "when"), d.id)
+                disclosure.append(
+                    CompiledDisclosureRule(
+                        id=d.id,
+                        verdict=d.verdict,
+                        mode=d.mode,
+                        tools=tuple(d.tools),
+                        topic=d.topic,
+                        when=when,
+                        redact=tuple(d.redact),
+                        redact_secrets=d.redact_secrets,
+                        no_information_response=model.no_information_response,
+                        file=doc.path,
+                        line=doc.line_of(loc),
+                    )
+                )
+    profile: dict[str, Any] = {}
+    if policy is not None:
+        profile = _compile_profile(policy, c)
+    if c.problems:
+        raise PolicyErrors(c.problems)
+    all_docs = ([policy] if policy else []) + docs
+    version = hashlib.sha256(
+        "\n".join(f"{d.path.rsplit('/', 1)[-1]}:{d.text_digest}" for d in all_docs).encode()
+    ).hexdigest()
+    return CompiledPolicy(
+        name=policy.model.metadata.name if policy else "rules",
+        version=f"sha256:{version[:32]}",
+        engine=chosen,
+        files=tuple(dict.fromkeys(d.path for d in all_docs)),
+        rules=tuple(rules),
+        disclosure_rules=tuple(disclosure),
+        rule_index=GlobIndex([(r.tools, r) for r in rules]),
+        disclosure_index=GlobIndex([(d.tools, d) for d in disclosure]),
+        warnings=tuple(sorted(c.warnings)),
+        **profile,
+    )
+
+
+def _compile_profile(doc: LoadedDocument, c: _Compiler) -> dict[str, Any]:
+    model = doc.model
+    assert isinstance(model, Policy)
+    tier_specs = {t.name: (i, t) for i, t in enumerate(model.tiers)}
+    tiers: dict[str, CompiledTier] = {}
+    for name, (i, spec) in tier_specs.items():
+        grants: list[CompiledGrant] = []
+        chain: list[str] = []
+        current: str | None = name
+        while current is not None:
+            if current in chain:
+                c.problems.append(
+                    PolicyProblem(doc.path, doc.line_of(("tiers", i)), "", f"tier {name!r}: inheritance cycle {' -> '.join([*chain, current])}")
+                )
+                break
+            chain.append(current)
+            found = tier_specs.get(current)
+            if found is None:
+                c.problems.append(
+                    PolicyProblem(doc.path, doc.line_of(("tiers", i, "inherits")), "", f"tier {name!r} inherits unknown tier {current!r}")
+                )
+                break
+            grants.extend(
+                CompiledGrant(tuple(g.tools), tuple(sorted(g.annotations.items()))) for g in found[1].grants
+            )
+            current = found[1].inherits
+        tiers[name] = CompiledTier(name, tuple(grants), spec.max_sensitivity)
+    principals: list[CompiledPrincipal] = []
+    for i, p in enumerate(model.principals):
+        if p.tier not in tiers:
+            c.problems.append(
+                PolicyProblem(doc.path, doc.line_of(("principals", i, "tier")), "", f"principal {p.id!r} has unknown tier {p.tier!r}")
+            )
+        principals.append(
+            CompiledPrincipal(
+                id=p.id,
+                tier=p.tier,
+                roles=tuple(p.roles),
+                claims=dict(p.claims),
+                key_digests=tuple(bytes.fromhex(d) for d in p.api_key_sha256),
+                local_user=p.local_user,
+            )
+        )
+    sensitivity: list[CompiledSensitivity] = []
+    for i, s in enumerate(model.sensitivity):
+        escalations = []
+        for j, e in enumerate(s.escalate):
+            expr = c.expr(e.when, ESCALATION_VARIABLES, doc, ("sensitivity", i, "escalate", j, "when"), "")
+            if expr is not None:
+                escalations.append(CompiledEscalation(expr, e.to, e.message))
+        sensitivity.append(CompiledSensitivity(tuple(s.tools), s.level, tuple(escalations)))
+    ids = [r.id for r in model.rate_limits]
+    for dup in {x for x in ids if ids.count(x) > 1}:
+        c.problems.append(PolicyProblem(doc.path, doc.line_of(("rate_limits",)), "", f"duplicate rate limit id {dup!r}"))
+    return {
+        "principals": tuple(principals),
+        "tiers": tiers,
+        "sensitivity": tuple(sensitivity),
+        "tool_annotations": tuple(model.tool_annotations.items()),
+        "rate_limits": tuple(model.rate_limits),
+        "tool_costs": tuple(model.tool_costs.items()),
+        "rate_limit_store_down": model.rate_limit_store_down,
+        "sanitizer": model.sanitizer,
+        "breaker_threshold": model.circuit_breaker.failure_threshold,
+        "breaker_reset_seconds": model.circuit_breaker.reset_seconds,
+        "approval_hold_seconds": model.approval.hold_seconds,
+        "approval_expires_seconds": model.approval.expires_seconds,
+        "backend_timeout_seconds": model.backend_timeout_seconds,
+        "disclosure_modes": tuple(model.disclosure_modes),
+    }
+
+
+def load_policy(path: Path, *, extra: list[Path] | None = None, engine: str | None = None) -> CompiledPolicy:
+    """Load a profile and the rule sets it names (paths relative to the profile file)."""
+    docs = read_documents(path)
+    profiles = [d for d in docs if isinstance(d.model, Policy)]
+    if len(profiles) != 1:
+        raise PolicyErrors([PolicyProblem(str(path), 1, "", "expected exactly one `kind: Policy` document")])
+    profile = profiles[0]
+    assert isinstance(profile.model, Policy)
+    rule_paths: list[Path] = []
+    problems: list[PolicyProblem] = []
+    for i, ref in enumerate(profile.model.rule_sets):
+        target = (path.parent / ref).resolve()
+        if not target.exists():
+            problems.append(PolicyProblem(str(path), profile.line_of(("rule_sets", i)), "", f"rule set not found: {ref}"))
+        rule_paths.append(target)
+    if problems:
+        raise PolicyErrors(problems)
+    rule_paths.extend(extra or [])
+    return compile_documents(load_rule_documents(rule_paths), engine=engine, policy=profile)
+
+
+def load_rule_documents(paths: list[Path]) -> list[LoadedDocument]:
+    """Read rule files (dirs expand to their YAML files), skipping RuleTest files; collect all problems."""
+    docs: list[LoadedDocument] = []
+    problems: list[PolicyProblem] = []
+    for file in expand_paths(paths):
+        try:
+            docs.extend(d for d in read_documents(file) if not isinstance(d.model, (RuleTest, Policy)))
+        except PolicyErrors as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise PolicyErrors(problems)
+    return docs

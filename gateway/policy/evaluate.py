@@ -1,0 +1,311 @@
+"""Evaluate compiled rules against one call: pure functions, no I/O.
+
+The activation (the variables CEL sees) is built once per call and shared by every rule.
+Error semantics (design invariant 2): a CEL error in a deny, require_approval or redact rule
+counts as a match; an error in an allow or warn rule does not; a non-boolean result is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gateway import cel
+from gateway.call import (
+    BlockClass,
+    CallContext,
+    Decision,
+    Disclosure,
+    Effect,
+    Finding,
+    Mode,
+    Principal,
+    RuleMatch,
+    Sensitivity,
+    ToolCall,
+    ToolInfo,
+)
+from gateway.errors import ErrorCode
+from gateway.policy.compile import (
+    RESTRICTIVE,
+    CompiledDisclosureRule,
+    CompiledPolicy,
+    CompiledRule,
+    glob_match,
+)
+
+MAX_MESSAGE = 1024
+DISCLOSURE_RANK = {Disclosure.PERMIT: 0, Disclosure.REDACT: 1, Disclosure.WITHHOLD: 2}
+
+
+def call_variables(
+    *,
+    call: ToolCall,
+    principal: Principal,
+    tool: ToolInfo,
+    annotations: dict[str, Any],
+    sensitivity: Sensitivity,
+    arguments: dict[str, Any],
+    disclosure_mode: str,
+    findings: list[Finding] | tuple[Finding, ...],
+    session: list[dict[str, Any]],
+    karma: dict[str, int],
+    now: datetime,
+) -> dict[str, Any]:
+    """The call-phase variables, as plain JSON-like values."""
+    return {
+        "principal": {
+            "id": principal.id,
+            "tier": principal.tier or "",
+            "roles": list(principal.roles),
+            "claims": principal.claims,
+            "karma": karma,
+        },
+        "tool": {
+            "name": tool.name,
+            "backend": tool.backend,
+            "annotations": annotations,
+            "digest": tool.digest,
+            "changed": tool.changed,
+            "sensitivity": sensitivity.value,
+        },
+        "args": arguments,
+        "request": {
+            "purpose": call.purpose,
+            "disclosure_mode": disclosure_mode,
+            "depth": call.depth,
+            "request_id": call.request_id,
+            "method": call.method,
+            "protocol_version": call.protocol_version,
+        },
+        "session": {
+            "id": call.session_id or "",
+            "calls": session,
+            "tools": [entry["tool"] for entry in session],
+        },
+        "findings": [f.as_cel() for f in findings],
+        "now": now,
+    }
+
+
+def response_variables(
+    base: dict[str, Any], result: Any, is_error: bool, findings: tuple[Finding, ...]
+) -> dict[str, Any]:
+    """Add `response` to the call-phase variables for disclosure rules."""
+    return {
+        **base,
+        "response": {
+            "result": result,
+            "text": response_text(result),
+            "is_error": is_error,
+            "findings": [f.as_cel() for f in findings],
+        },
+    }
+
+
+def response_text(result: Any) -> str:
+    """All text in a result: MCP `content[].text` items, or the JSON strings of a plain result."""
+    parts: list[str] = []
+    if isinstance(result, dict) and isinstance(result.get("content"), list):
+        for item in result["content"]:
+            if isinstance(item, dict) and isinstance(item.get("text"), str):
+                parts.append(item["text"])
+        if "structuredContent" in result:
+            _strings(result["structuredContent"], parts)
+    else:
+        _strings(result, parts)
+    return "\n".join(parts)
+
+
+def _strings(value: Any, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _strings(item, out)
+    elif isinstance(value, list):
+        for item in value:
+            _strings(item, out)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleTrace:
+    """How one candidate rule fared, for `dharma eval --explain` and the test runner."""
+
+    rule_id: str
+    effect: str
+    mode: str
+    value: Any
+    error: str | None
+    matched: bool
+
+
+def _condition(expr: cel.Expression | None, activation: cel.Activation) -> tuple[Any, str | None]:
+    if expr is None:
+        return True, None
+    try:
+        value = expr.evaluate(activation)
+    except cel.CelError as exc:
+        return None, exc.message
+    if not isinstance(value, bool):
+        return value, f"condition returned {type(value).__name__}, not bool"
+    return value, None
+
+
+def _message(rule: CompiledRule, activation: cel.Activation) -> str:
+    if rule.message_expr is not None:
+        try:
+            value = rule.message_expr.evaluate(activation)
+            if isinstance(value, str) and value:
+                return value[:MAX_MESSAGE]
+        except cel.CelError:
+            pass
+    return rule.message or f"blocked by rule {rule.id}"
+
+
+def evaluate_rules(
+    policy: CompiledPolicy, tool: str, activation: cel.Activation, trace: list[RuleTrace] | None = None
+) -> list[RuleMatch]:
+    """Run the rules that can apply to `tool`; return those that matched (errors included per effect)."""
+    matches: list[RuleMatch] = []
+    for rule in policy.rules_for(tool):
+        value, error = _condition(rule.when, activation)
+        matched = value is True and error is None
+        if error is not None and rule.effect in RESTRICTIVE:
+            matched = True
+        if trace is not None:
+            trace.append(RuleTrace(rule.id, rule.effect.value, rule.mode.value, value, error, matched))
+        if matched:
+            if error:
+                message = f"{rule.message or f'blocked by rule {rule.id}'} (matched because its condition failed: {error})"
+            else:
+                message = _message(rule, activation)
+            matches.append(RuleMatch(rule.id, rule.effect, rule.mode, message, error))
+    return matches
+
+
+def combine(matches: list[RuleMatch], policy: CompiledPolicy) -> Decision:
+    """Deny overrides: deny > require_approval > redact > warn > allow.
+
+    The decision's effect is the strongest effect of any matched rule, whatever its mode; it
+    is enforced only when an enforce-mode rule carries that effect. Audit- and warn-mode matches
+    thus record "would deny" and let the call through.
+    """
+    if not matches:
+        return Decision(effect=Effect.ALLOW, stage="dharma_rules")
+    strongest = max(m.effect.rank for m in matches)
+    enforced_rank = max((m.effect.rank for m in matches if m.mode is Mode.ENFORCE), default=-1)
+    effect = next(m.effect for m in matches if m.effect.rank == strongest)
+    enforced = enforced_rank == strongest
+    deciding = [m for m in matches if m.effect.rank == strongest and (m.mode is Mode.ENFORCE or not enforced)]
+    warnings = tuple(
+        m.message for m in matches if m.effect is Effect.WARN or (m.mode is Mode.WARN and m.effect is not Effect.ALLOW)
+    )
+    code = None
+    block_class = None
+    if effect is Effect.DENY:
+        code = ErrorCode.POLICY_BLOCKED
+        rule = policy.rule(deciding[0].rule_id)
+        block_class = getattr(rule, "block_class", None) or BlockClass.SAFETY_CONTENT
+    elif effect is Effect.REQUIRE_APPROVAL:
+        code = ErrorCode.APPROVAL_REQUIRED
+        block_class = BlockClass.APPROVAL
+    return Decision(
+        effect=effect,
+        enforced=enforced,
+        code=code,
+        message="; ".join(dict.fromkeys(m.message for m in deciding)),
+        block_class=block_class,
+        matched=tuple(matches),
+        warnings=warnings,
+        stage="dharma_rules",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DisclosureVerdict:
+    verdict: Disclosure
+    enforced: bool
+    matched: tuple[RuleMatch, ...]
+    redact: tuple[str, ...]
+    redact_secrets: bool
+    no_information_response: Any
+
+
+def evaluate_disclosure(
+    policy: CompiledPolicy, tool: str, activation: cel.Activation, trace: list[RuleTrace] | None = None
+) -> DisclosureVerdict:
+    """WITHHOLD > REDACT > PERMIT. An erroring condition counts as a match unless the verdict is PERMIT."""
+    matched: list[tuple[CompiledDisclosureRule, RuleMatch]] = []
+    for rule in policy.disclosure_rules_for(tool):
+        value, error = _condition(rule.when, activation)
+        hit = (value is True and error is None) or (error is not None and rule.verdict is not Disclosure.PERMIT)
+        if trace is not None:
+            trace.append(RuleTrace(rule.id, rule.verdict.value, rule.mode.value, value, error, hit))
+        if hit:
+            effect = Effect.DENY if rule.verdict is Disclosure.WITHHOLD else (
+                Effect.REDACT if rule.verdict is Disclosure.REDACT else Effect.ALLOW
+            )
+            matched.append((rule, RuleMatch(rule.id, effect, rule.mode, rule.verdict.value, error)))
+    enforced_rules = [r for r, _ in matched if r.mode is Mode.ENFORCE]
+    verdict = max((r.verdict for r, _ in matched), key=DISCLOSURE_RANK.__getitem__, default=Disclosure.PERMIT)
+    enforced_verdict = max(
+        (r.verdict for r in enforced_rules), key=DISCLOSURE_RANK.__getitem__, default=Disclosure.PERMIT
+    )
+    redact = tuple(p for r in enforced_rules if r.verdict is Disclosure.REDACT for p in r.redact)
+    secrets = any(r.redact_secrets for r in enforced_rules if r.verdict is Disclosure.REDACT)
+    nir = next((r.no_information_response for r in enforced_rules if r.verdict is Disclosure.WITHHOLD), None)
+    return DisclosureVerdict(
+        verdict=enforced_verdict if enforced_verdict is verdict else verdict,
+        enforced=enforced_verdict is verdict,
+        matched=tuple(m for _, m in matched),
+        redact=redact,
+        redact_secrets=secrets,
+        no_information_response=nir,
+    )
+
+
+def classify(
+    policy: CompiledPolicy, tool: str, activation: cel.Activation | None
+) -> tuple[Sensitivity, list[str]]:
+    """Sensitivity of a call: the tool's class, raised by any escalation whose condition holds.
+
+    An escalation whose condition errors escalates (fail closed).
+    """
+    level = Sensitivity.STANDARD
+    reasons: list[str] = []
+    for cls in policy.sensitivity:
+        if not any(glob_match(tool, g) for g in cls.tools):
+            continue
+        if cls.level.rank > level.rank:
+            level = cls.level
+        if activation is None:
+            continue
+        for esc in cls.escalate:
+            value, error = _condition(esc.when, activation)
+            if (value is True or error is not None) and esc.to.rank > level.rank:
+                level = esc.to
+                reasons.append(esc.message or f"escalated to {esc.to.value}")
+    return level, reasons
+
+
+def activation_for(ctx: CallContext, policy: CompiledPolicy) -> cel.Activation:
+    """The call's CEL activation, built once and kept on the context for every later rule."""
+    if ctx.activation is None:
+        assert ctx.principal is not None and ctx.tool is not None
+        ctx.variables = call_variables(
+            call=ctx.call,
+            principal=ctx.principal,
+            tool=ctx.tool,
+            annotations=ctx.annotations,
+            sensitivity=ctx.sensitivity,
+            arguments=ctx.arguments,
+            disclosure_mode=ctx.disclosure_mode,
+            findings=ctx.findings,
+            session=ctx.session,
+            karma=ctx.karma,
+            now=ctx.now,
+        )
+        ctx.activation = cel.make_activation(ctx.variables, policy.engine)
+    return ctx.activation  # type: ignore[no-any-return]

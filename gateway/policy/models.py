@@ -1,0 +1,257 @@
+"""Pydantic models of the policy files (`apiVersion: dharma/v1`): Policy, RuleSet, DisclosureRuleSet, RuleTest.
+
+These validate the YAML as written; `compile.py` turns them into the immutable CompiledPolicy
+the pipeline runs. Unknown keys are errors everywhere (`extra="forbid"`). No I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gateway.call import BlockClass, Disclosure, Effect, Mode, Sensitivity
+
+API_VERSION = "dharma/v1"
+RULE_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Metadata(Strict):
+    name: str
+    description: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class Document(Strict):
+    apiVersion: Literal["dharma/v1"]
+    kind: str
+    metadata: Metadata
+
+
+# ---- rules ---------------------------------------------------------------------------
+
+
+class Rule(Strict):
+    """A dharma rule (call phase)."""
+
+    id: str
+    description: str = ""
+    owner: str = ""
+    tools: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    when: str | None = None
+    effect: Effect
+    message: str = ""
+    message_expr: str | None = None
+    mode: Mode = Mode.ENFORCE
+    block_class: BlockClass | None = None
+    redact: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list)
+
+    @field_validator("id")
+    @classmethod
+    def _id_shape(cls, value: str) -> str:
+        if not RULE_ID.match(value):
+            raise ValueError("rule id must be lower-case letters, digits, '.', '_' or '-' (at most 128)")
+        return value
+
+
+class RuleSet(Document):
+    kind: Literal["RuleSet"]
+    rules: list[Rule] = Field(default_factory=list)
+
+
+class DisclosureRule(Strict):
+    """A disclosure rule (response phase): PERMIT / REDACT / WITHHOLD per receiver, topic and context."""
+
+    id: str
+    description: str = ""
+    owner: str = ""
+    tools: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    topic: str = ""
+    when: str | None = None
+    verdict: Disclosure
+    redact: list[str] = Field(default_factory=list)
+    redact_secrets: bool = False
+    message: str = ""
+    mode: Mode = Mode.ENFORCE
+    tags: list[str] = Field(default_factory=list)
+
+    @field_validator("id")
+    @classmethod
+    def _id_shape(cls, value: str) -> str:
+        return Rule._id_shape(value)
+
+    @model_validator(mode="after")
+    def _redact_needs_target(self) -> DisclosureRule:
+        if self.verdict is Disclosure.REDACT and not (self.redact or self.redact_secrets):
+            raise ValueError("a REDACT rule needs `redact` paths or `redact_secrets: true`")
+        return self
+
+
+class DisclosureRuleSet(Document):
+    kind: Literal["DisclosureRuleSet"]
+    no_information_response: Any = Field(
+        default_factory=lambda: {"content": [{"type": "text", "text": "No matching records found."}]}
+    )
+    rules: list[DisclosureRule] = Field(default_factory=list)
+
+
+# ---- policy profile ------------------------------------------------------------------
+
+
+class PrincipalSpec(Strict):
+    """A principal and how it authenticates. API keys are stored only as SHA-256 digests."""
+
+    id: str
+    tier: str
+    roles: list[str] = Field(default_factory=list)
+    api_key_sha256: list[str] = Field(default_factory=list)
+    local_user: str | None = None
+    claims: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("api_key_sha256", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("api_key_sha256")
+    @classmethod
+    def _hex_digests(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not re.fullmatch(r"[0-9a-f]{64}", item):
+                raise ValueError("api_key_sha256 must be 64 lower-case hex digits (sha256 of the key)")
+        return value
+
+
+class Grant(Strict):
+    """Tools a tier grants: name globs and/or annotation values that must all match."""
+
+    tools: list[str] = Field(default_factory=list)
+    annotations: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> Grant:
+        if not self.tools and not self.annotations:
+            raise ValueError("a grant needs `tools` globs, `annotations`, or both")
+        return self
+
+
+class Tier(Strict):
+    name: str
+    inherits: str | None = None
+    grants: list[Grant] = Field(default_factory=list)
+    max_sensitivity: Sensitivity = Sensitivity.RESTRICTED
+
+
+class Escalation(Strict):
+    when: str
+    to: Sensitivity
+    message: str = ""
+
+
+class SensitivityClass(Strict):
+    tools: list[str] = Field(min_length=1)
+    level: Sensitivity
+    escalate: list[Escalation] = Field(default_factory=list)
+
+
+class RateLimit(Strict):
+    """A GCRA limit: `rate` calls per `per_seconds`, bursts up to `burst`, keyed by the named fields."""
+
+    id: str
+    key: list[Literal["principal", "tool", "tier", "backend"]] = Field(min_length=1)
+    tools: list[str] = Field(default_factory=lambda: ["*"])
+    rate: float = Field(gt=0)
+    per_seconds: float = Field(default=1.0, gt=0)
+    burst: int = Field(default=1, ge=1)
+
+
+class SanitizerSettings(Strict):
+    max_bytes: int = Field(default=1_048_576, gt=0)
+    max_depth: int = Field(default=32, gt=0)
+    max_string: int = Field(default=262_144, gt=0)
+    max_items: int = Field(default=10_000, gt=0)
+
+
+class BreakerSettings(Strict):
+    failure_threshold: int = Field(default=5, ge=1)
+    reset_seconds: float = Field(default=30.0, gt=0)
+
+
+class ApprovalSettings(Strict):
+    hold_seconds: float = Field(default=0.0, ge=0)
+    expires_seconds: float = Field(default=900.0, gt=0)
+
+
+class Policy(Document):
+    """A profile: who may call what, how sensitive it is, limits, and which rule sets apply."""
+
+    kind: Literal["Policy"]
+    principals: list[PrincipalSpec] = Field(default_factory=list)
+    tiers: list[Tier] = Field(default_factory=list)
+    sensitivity: list[SensitivityClass] = Field(default_factory=list)
+    tool_annotations: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    rate_limits: list[RateLimit] = Field(default_factory=list)
+    tool_costs: dict[str, int] = Field(default_factory=dict)
+    rate_limit_store_down: Literal["deny", "allow"] = "deny"
+    sanitizer: SanitizerSettings = SanitizerSettings()
+    circuit_breaker: BreakerSettings = BreakerSettings()
+    approval: ApprovalSettings = ApprovalSettings()
+    backend_timeout_seconds: float = Field(default=30.0, gt=0)
+    disclosure_modes: list[str] = Field(
+        default_factory=lambda: ["direct", "summary", "none"],
+        min_length=1,
+        description="known disclosure modes, least restrictive first; unknown ones count as the last",
+    )
+    rule_sets: list[str] = Field(default_factory=list)
+
+
+# ---- rule tests ----------------------------------------------------------------------
+
+
+class CaseCall(Strict):
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    principal: dict[str, Any] = Field(default_factory=lambda: {"id": "tester", "tier": "test", "roles": []})
+    annotations: dict[str, Any] = Field(default_factory=dict)
+    backend: str = "default"
+    purpose: str | None = None
+    disclosure_mode: str | None = None
+    depth: str | None = None
+    session: list[dict[str, Any]] = Field(default_factory=list)
+    tool_changed: bool = False
+
+
+class CaseExpect(Strict):
+    decision: Effect | None = None
+    enforced: bool | None = None
+    rules: list[str] | None = None
+    block_class: BlockClass | None = None
+    disclosure: Disclosure | None = None
+    findings: list[str] | None = None
+
+
+class RuleCase(Strict):
+    name: str
+    call: CaseCall
+    response: Any = None
+    expect: CaseExpect
+
+
+class RuleTest(Document):
+    kind: Literal["RuleTest"]
+    rules: list[str] = Field(min_length=1, description="rule files under test, relative to this file")
+    cases: list[RuleCase] = Field(min_length=1)
+
+
+KINDS: dict[str, type[Document]] = {
+    "Policy": Policy,
+    "RuleSet": RuleSet,
+    "DisclosureRuleSet": DisclosureRuleSet,
+    "RuleTest": RuleTest,
+}

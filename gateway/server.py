@@ -1,0 +1,221 @@
+"""The HTTP front (Starlette): the tool API, approvals, JWKS and health.
+
+Endpoints only translate HTTP to and from ToolCall/Outcome; every decision is the pipeline's.
+Bodies are checked here: size, UTF-8, JSON, no duplicate keys (a second `arguments` or `name`
+must not smuggle a different call past the one the policy saw).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from audit.canon import sha256_hex
+from gateway.call import BlockClass, Credentials, Decision, Outcome, Status, ToolCall
+from gateway.errors import ErrorCode
+from gateway.gateway import ENVELOPE_VERSION, Gateway, new_request_id, rfc3339
+
+log = structlog.get_logger()
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise BadRequest(f"duplicate JSON key {key!r}")
+        seen[key] = value
+    return seen
+
+
+def parse_json_body(raw: bytes, limit: int) -> Any:
+    """Strict JSON: at most `limit` bytes, UTF-8, no duplicate keys, no NaN/Infinity."""
+    if len(raw) > limit:
+        raise BadRequest(f"request body is {len(raw)} bytes; the limit is {limit}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"request body is not valid UTF-8 (byte {exc.start})") from None
+    if not text.strip():
+        return {}
+
+    def reject_constant(name: str) -> Any:
+        raise BadRequest(f"{name} is not valid JSON")
+
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=reject_constant)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise BadRequest("request body nests too deeply") from None
+
+
+def credentials_from(request: Request) -> Credentials:
+    key = request.headers.get("x-api-key")
+    auth = request.headers.get("authorization", "")
+    if not key and auth[:7].lower() == "bearer ":
+        key = auth[7:].strip()
+    return Credentials(api_key=key or None)
+
+
+def error_envelope(tool: str, code: ErrorCode, message: str, request_id: str | None = None) -> dict[str, Any]:
+    return {
+        "status": Status.ERROR.value,
+        "tool": tool,
+        "request_id": request_id or new_request_id(),
+        "idempotency_key": None,
+        "message": message,
+        "error_code": code.value,
+        "retryable": code.retryable,
+        "retry_after": None,
+        "approval_id": None,
+        "result": None,
+        "warnings": [],
+        "timestamp": rfc3339(time.time()),
+        "envelope_version": ENVELOPE_VERSION,
+    }
+
+
+def http_status(outcome: Outcome) -> int:
+    if outcome.status is Status.PENDING_APPROVAL:
+        return 202
+    if outcome.error_code is None:
+        return 200
+    return outcome.error_code.http_status
+
+
+_CALL_FIELDS = {"arguments", "purpose", "disclosure_mode", "depth", "session_id", "idempotency_key", "approval_id", "dry_run"}
+
+
+def build_app(gateway: Gateway, *, max_body_bytes: int = 2_097_152) -> Starlette:
+    """The Starlette app over one Gateway."""
+
+    async def call_tool(request: Request) -> Response:
+        tool = request.path_params["name"]
+        request_id = request.headers.get("x-request-id") or new_request_id()
+        raw = await request.body()
+        try:
+            body = parse_json_body(raw, max_body_bytes)
+            if not isinstance(body, dict):
+                raise BadRequest("request body must be a JSON object like {\"arguments\": {...}}")
+            unknown = set(body) - _CALL_FIELDS
+            if unknown:
+                raise BadRequest(f"unknown field(s) {', '.join(sorted(unknown))}; expected some of {', '.join(sorted(_CALL_FIELDS))}")
+            for name in ("purpose", "disclosure_mode", "depth", "session_id", "idempotency_key", "approval_id"):
+                if body.get(name) is not None and not isinstance(body[name], str):
+                    raise BadRequest(f"`{name}` must be a string")
+            if not isinstance(body.get("dry_run", False), bool):
+                raise BadRequest("`dry_run` must be true or false")
+        except BadRequest as exc:
+            refused = ToolCall(tool=tool, arguments=None, request_id=request_id, credentials=credentials_from(request), method="http/tools.call")
+            block = Decision.block(ErrorCode.INVALID_PARAMS, exc.message, BlockClass.SAFETY_CONTENT, stage="transport")
+            governed = await gateway.govern(refused, refusal=block, request={"tool": tool, "body_sha256": sha256_hex(raw)})
+            return JSONResponse(governed.response, status_code=400)
+        call = ToolCall(
+            tool=tool,
+            arguments=body.get("arguments"),
+            request_id=request_id,
+            credentials=credentials_from(request),
+            purpose=body.get("purpose"),
+            disclosure_mode=body.get("disclosure_mode"),
+            depth=body.get("depth"),
+            session_id=body.get("session_id"),
+            idempotency_key=body.get("idempotency_key"),
+            approval_id=body.get("approval_id"),
+            dry_run=bool(body.get("dry_run", False)),
+            method="http/tools.call",
+        )
+        governed = await gateway.govern(call, request={"tool": tool, "body": body})
+        return JSONResponse(governed.response, status_code=http_status(governed.outcome))
+
+    async def list_tools(request: Request) -> Response:
+        creds = credentials_from(request)
+        if gateway.principal_for(creds) is None:
+            return JSONResponse(error_envelope("", ErrorCode.UNAUTHENTICATED, "no valid API key"), status_code=401)
+        tools = gateway.tools_for(creds)
+        return JSONResponse(
+            {
+                "tools": [
+                    {"name": t.name, "description": t.description, "inputSchema": t.input_schema, "annotations": t.annotations}
+                    for t in tools
+                ]
+            }
+        )
+
+    def approver(request: Request) -> str | None:
+        principal = gateway.principal_for(credentials_from(request))
+        if principal is None or not ({"admin", "approver"} & set(principal.roles)):
+            return None
+        return principal.id
+
+    async def list_approvals(request: Request) -> Response:
+        if approver(request) is None:
+            return JSONResponse(error_envelope("", ErrorCode.FORBIDDEN, "approvals need a principal with role approver or admin"), status_code=403)
+        items = await gateway.approvals.pending(time.time())
+        return JSONResponse({"approvals": [_approval_json(a) for a in items]})
+
+    async def decide_approval(request: Request) -> Response:
+        who = approver(request)
+        if who is None:
+            return JSONResponse(error_envelope("", ErrorCode.FORBIDDEN, "approvals need a principal with role approver or admin"), status_code=403)
+        approval_id, verb = request.path_params["id"], request.path_params["verb"]
+        if verb not in ("approve", "deny"):
+            return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, f"unknown action {verb!r}: use :approve or :deny"), status_code=404)
+        try:
+            item = await gateway.approvals.decide(approval_id, approve=verb == "approve", by=who, now=time.time())
+        except KeyError:
+            return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, f"unknown approval {approval_id}"), status_code=404)
+        except ValueError as exc:
+            return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, str(exc)), status_code=409)
+        log.info("approval.decided", approval_id=approval_id, state=item.state, by=who)
+        return JSONResponse({"approval": _approval_json(item)})
+
+    async def jwks(request: Request) -> Response:
+        return JSONResponse(gateway.keys.jwks(), headers={"cache-control": "public, max-age=300"})
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "policy": gateway.policy.name, "policy_version": gateway.policy.version})
+
+    routes = [
+        Route("/v1/tools/{name}:call", call_tool, methods=["POST"]),
+        Route("/v1/tools", list_tools, methods=["GET"]),
+        Route("/v1/approvals", list_approvals, methods=["GET"]),
+        Route("/v1/approvals/{id}:{verb}", decide_approval, methods=["POST"]),
+        Route("/.well-known/jwks.json", jwks, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ]
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("http.unhandled", path=request.url.path)
+        return JSONResponse(error_envelope("", ErrorCode.INTERNAL_ERROR, "internal error; the call was not forwarded"), status_code=500)
+
+    return Starlette(routes=routes, exception_handlers={Exception: server_error})
+
+
+def _approval_json(a: Any) -> dict[str, Any]:
+    return {
+        "id": a.id,
+        "principal": a.principal,
+        "tool": a.tool,
+        "argument_digest": a.argument_digest,
+        "policy_version": a.policy_version,
+        "request_id": a.request_id,
+        "reason": a.reason,
+        "state": a.state,
+        "decided_by": a.decided_by,
+        "created_at": rfc3339(a.created_at),
+        "expires_at": rfc3339(a.expires_at),
+        "arguments_preview": a.arguments_preview,
+    }

@@ -1,0 +1,36 @@
+"""Dharma rules stage: evaluate the call-phase rules that can apply to this tool and combine them."""
+
+from __future__ import annotations
+
+from gateway.call import CallContext, Decision, Effect
+from gateway.policy.compile import CompiledPolicy
+from gateway.policy.evaluate import activation_for, combine, evaluate_rules
+from gateway.sanitize import redact_paths
+
+
+class DharmaRules:
+    name = "dharma_rules"
+
+    async def __call__(self, ctx: CallContext, policy: CompiledPolicy) -> Decision | None:
+        assert ctx.tool is not None
+        if not policy.rules_for(ctx.tool.name):
+            return None
+        matches = evaluate_rules(policy, ctx.tool.name, activation_for(ctx, policy))
+        decision = combine(matches, policy)
+        ctx.rules_decision = decision
+        ctx.warnings.extend(decision.warnings)
+        if decision.blocks and decision.effect is Effect.DENY:
+            return decision
+        if decision.enforced and decision.effect is Effect.REDACT:
+            ctx.arguments = redact_paths(ctx.arguments, redaction_targets(ctx, policy, decision))
+        return None
+
+
+def redaction_targets(ctx: CallContext, policy: CompiledPolicy, decision: Decision) -> list[str]:
+    """Argument paths the enforced redact rules name; a rule naming none redacts every finding."""
+    paths: list[str] = []
+    for match in decision.matched:
+        rule = policy.rule(match.rule_id)
+        if match.effect is Effect.REDACT and match.mode.value == "enforce" and rule is not None:
+            paths.extend(rule.redact or [f.path for f in ctx.findings])
+    return list(dict.fromkeys(paths))

@@ -1,0 +1,38 @@
+"""Disclosure rules stage (response phase): PERMIT, REDACT or WITHHOLD what the backend answered.
+
+WITHHOLD returns the rule set's configured no-information response exactly as configured, so a
+withheld answer cannot be told apart from a genuine "nothing found".
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from gateway import cel
+from gateway.call import CallContext, Disclosure
+from gateway.policy.compile import CompiledPolicy
+from gateway.policy.evaluate import DisclosureVerdict, activation_for, evaluate_disclosure, response_variables
+from gateway.sanitize import detect_secrets, redact_paths, redact_secrets
+
+
+def disclose(ctx: CallContext, policy: CompiledPolicy, result: Any, is_error: bool) -> tuple[Any, DisclosureVerdict | None]:
+    """Apply the disclosure rules for this tool to `result`; returns what may be returned."""
+    assert ctx.tool is not None
+    if not policy.disclosure_rules_for(ctx.tool.name):
+        return result, None
+    activation_for(ctx, policy)
+    assert ctx.variables is not None
+    findings = detect_secrets(result)
+    activation = cel.make_activation(response_variables(ctx.variables, result, is_error, findings), policy.engine)
+    verdict = evaluate_disclosure(policy, ctx.tool.name, activation)
+    if not verdict.enforced:
+        return result, verdict
+    if verdict.verdict is Disclosure.WITHHOLD:
+        return copy.deepcopy(verdict.no_information_response), verdict
+    if verdict.verdict is Disclosure.REDACT:
+        if verdict.redact:
+            result = redact_paths(result, verdict.redact)
+        if verdict.redact_secrets:
+            result, _ = redact_secrets(result)
+    return result, verdict

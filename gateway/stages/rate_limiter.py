@@ -1,0 +1,68 @@
+"""Rate limiter: GCRA limits keyed by any of principal, tool, tier, backend, with per-tool costs.
+
+A store that is down denies, unless the profile says `rate_limit_store_down: allow`.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from gateway.call import BlockClass, CallContext, Decision
+from gateway.errors import ErrorCode
+from gateway.policy.compile import CompiledPolicy, glob_match
+from gateway.stores.base import LimiterStore, StoreUnavailable
+
+log = structlog.get_logger()
+
+
+def limit_key(limit_id: str, fields: list[str], ctx: CallContext) -> str:
+    values = {
+        "principal": ctx.principal.id if ctx.principal else "",
+        "tool": ctx.call.tool,
+        "tier": (ctx.principal.tier or "") if ctx.principal else "",
+        "backend": ctx.tool.backend if ctx.tool else "",
+    }
+    return "\x1f".join([limit_id, *(f"{f}={values[f]}" for f in fields)])
+
+
+class RateLimiter:
+    name = "rate_limiter"
+
+    def __init__(self, store: LimiterStore) -> None:
+        self.store = store
+
+    async def __call__(self, ctx: CallContext, policy: CompiledPolicy) -> Decision | None:
+        if ctx.call.dry_run:
+            return None
+        cost = policy.cost_of(ctx.call.tool)
+        for limit in policy.rate_limits:
+            if not any(glob_match(ctx.call.tool, g) for g in limit.tools):
+                continue
+            try:
+                wait = await self.store.acquire(
+                    limit_key(limit.id, list(limit.key), ctx),
+                    interval=limit.per_seconds / limit.rate,
+                    burst=limit.burst,
+                    cost=cost,
+                    now=ctx.clock,
+                )
+            except StoreUnavailable as exc:
+                log.warning("rate_limit.store_down", limit=limit.id, error=str(exc))
+                if policy.rate_limit_store_down == "allow":
+                    continue
+                return Decision.block(
+                    ErrorCode.RATE_LIMITED,
+                    "rate limit store unavailable; calls are refused until it is back",
+                    BlockClass.RATE_LIMIT,
+                    stage=self.name,
+                    retry_after=1.0,
+                )
+            if wait > 0:
+                return Decision.block(
+                    ErrorCode.RATE_LIMITED,
+                    f"rate limit {limit.id} exceeded for {ctx.call.tool}; retry in {wait:.2f}s",
+                    BlockClass.RATE_LIMIT,
+                    stage=self.name,
+                    retry_after=round(wait, 3),
+                )
+        return None

@@ -1,0 +1,126 @@
+"""In-memory stores: the embedded default for one process."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict, deque
+from typing import Any
+
+from gateway.stores.base import Approval
+
+
+class MemoryLimiterStore:
+    """GCRA over a dict of theoretical arrival times: O(1) per call, no background sweeps."""
+
+    def __init__(self, max_keys: int = 100_000) -> None:
+        self._tat: OrderedDict[str, float] = OrderedDict()
+        self._max_keys = max_keys
+
+    async def acquire(self, key: str, *, interval: float, burst: int, cost: int, now: float) -> float:
+        return gcra(self._tat, key, interval=interval, burst=burst, cost=cost, now=now, max_keys=self._max_keys)
+
+
+def gcra(
+    tats: OrderedDict[str, float], key: str, *, interval: float, burst: int, cost: int, now: float, max_keys: int
+) -> float:
+    """Generic cell rate algorithm: allow if the new arrival time stays within the burst tolerance."""
+    tat = max(tats.get(key, now), now)
+    new_tat = tat + interval * cost
+    allow_at = new_tat - interval * burst
+    if allow_at > now:
+        return allow_at - now
+    tats[key] = new_tat
+    tats.move_to_end(key)
+    while len(tats) > max_keys:
+        tats.popitem(last=False)
+    return 0.0
+
+
+class MemoryApprovalStore:
+    def __init__(self) -> None:
+        self._items: dict[str, Approval] = {}
+
+    async def create(self, approval: Approval) -> None:
+        self._items[approval.id] = approval
+
+    async def get(self, approval_id: str) -> Approval | None:
+        return self._items.get(approval_id)
+
+    async def decide(self, approval_id: str, *, approve: bool, by: str, now: float) -> Approval:
+        item = self._items.get(approval_id)
+        if item is None:
+            raise KeyError(approval_id)
+        if item.state == "pending" and item.expires_at <= now:
+            item = dataclasses.replace(item, state="expired")
+        if item.state != "pending":
+            raise ValueError(f"approval {approval_id} is {item.state}, not pending")
+        item = dataclasses.replace(item, state="approved" if approve else "denied", decided_by=by)
+        self._items[approval_id] = item
+        return item
+
+    async def consume(self, approval_id: str, *, now: float) -> bool:
+        item = self._items.get(approval_id)
+        if item is None or item.state != "approved" or item.expires_at <= now:
+            return False
+        self._items[approval_id] = dataclasses.replace(item, state="used")
+        return True
+
+    async def expire(self, approval_id: str) -> None:
+        item = self._items.get(approval_id)
+        if item is not None and item.state == "pending":
+            self._items[approval_id] = dataclasses.replace(item, state="expired")
+
+    async def pending(self, now: float) -> list[Approval]:
+        return [a for a in self._items.values() if a.state == "pending" and a.expires_at > now]
+
+
+class MemoryIdempotencyStore:
+    def __init__(self, max_items: int = 10_000) -> None:
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._max = max_items
+
+    async def get(self, key: str) -> Any | None:
+        return self._items.get(key)
+
+    async def put(self, key: str, value: Any) -> None:
+        self._items[key] = value
+        while len(self._items) > self._max:
+            self._items.popitem(last=False)
+
+
+class SessionHistory:
+    """Recent calls per session and recent call/denial counts per principal, for rules.
+
+    Bounded: the last `depth` calls per session, and counts over a sliding window per principal.
+    """
+
+    def __init__(self, depth: int = 50, window: float = 3600.0, max_sessions: int = 10_000) -> None:
+        self._sessions: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
+        self._karma: OrderedDict[str, deque[tuple[float, bool]]] = OrderedDict()
+        self._depth, self._window, self._max = depth, window, max_sessions
+
+    def session(self, session_id: str | None) -> list[dict[str, Any]]:
+        if not session_id:
+            return []
+        return list(self._sessions.get(session_id, ()))
+
+    def karma(self, principal: str, now: float) -> dict[str, int]:
+        events = self._karma.get(principal)
+        if not events:
+            return {"calls": 0, "denials": 0}
+        while events and events[0][0] < now - self._window:
+            events.popleft()
+        return {"calls": len(events), "denials": sum(1 for _, denied in events if denied)}
+
+    def record(self, *, session_id: str | None, principal: str, tool: str, decision: str, denied: bool, now: float, time: str) -> None:
+        if session_id:
+            calls = self._sessions.setdefault(session_id, deque(maxlen=self._depth))
+            calls.append({"tool": tool, "decision": decision, "time": time})
+            self._sessions.move_to_end(session_id)
+            while len(self._sessions) > self._max:
+                self._sessions.popitem(last=False)
+        events = self._karma.setdefault(principal, deque(maxlen=10_000))
+        events.append((now, denied))
+        self._karma.move_to_end(principal)
+        while len(self._karma) > self._max:
+            self._karma.popitem(last=False)
