@@ -174,10 +174,14 @@ class Decision:
     warnings: tuple[str, ...] = ()
     retry_after: float | None = None
     stage: str = ""
+    approved_by: str | None = None
 
     @property
     def blocks(self) -> bool:
-        return self.enforced and self.effect in (Effect.DENY, Effect.REQUIRE_APPROVAL)
+        """An enforced deny, or an enforced require_approval no granted approval satisfies."""
+        if not self.enforced:
+            return False
+        return self.effect is Effect.DENY or (self.effect is Effect.REQUIRE_APPROVAL and self.approved_by is None)
 
     @property
     def rule_ids(self) -> tuple[str, ...]:

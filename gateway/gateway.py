@@ -238,10 +238,13 @@ class Gateway:
         entry = self._tools.get(call.tool)
         if entry is not None:
             ctx.tool = entry[0]
-        if refusal is not None:
-            ctx.principal = authenticate(policy, call.credentials)
+        ctx.principal = authenticate(policy, call.credentials)
+        if ctx.principal is not None:
+            ctx.session = self.history.session(call.session_id)
+            ctx.karma = self.history.karma(ctx.principal.id, started)
         decision = refusal or await decide(self.stages, ctx, policy)
-        ctx.argument_digest = safe_digest(ctx.arguments) if ctx.arguments else safe_digest(call.arguments)
+        if not ctx.argument_digest:
+            ctx.argument_digest = safe_digest(call.arguments)
         result: Any = None
         status = Status.BLOCKED if decision.blocks else Status.OK
         error_code = decision.code if status is Status.BLOCKED else None

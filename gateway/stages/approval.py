@@ -8,6 +8,7 @@ otherwise the gateway holds it (up to the profile's `hold_seconds`) or answers
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 
 import anyio
@@ -115,6 +116,8 @@ class ApprovalGate:
         if approval.state == "used" or not await self.store.consume(approval_id, now=ctx.clock):
             return self._block(ErrorCode.APPROVAL_DENIED, f"approval {approval_id} was already used (approvals are single use)", ctx, approval_id)
         ctx.approval_id = approval_id
+        if ctx.rules_decision is not None:
+            ctx.rules_decision = dataclasses.replace(ctx.rules_decision, approved_by=approval_id)
         return None
 
 

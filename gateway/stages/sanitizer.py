@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from audit.canon import digest
 from gateway.call import BlockClass, CallContext, Decision
 from gateway.errors import ErrorCode
 from gateway.policy.compile import CompiledPolicy
@@ -38,5 +39,6 @@ class Sanitizer:
                 stage=self.name,
             )
         ctx.arguments = result.arguments
+        ctx.argument_digest = digest(result.arguments)
         ctx.findings.extend(result.findings)
         return None

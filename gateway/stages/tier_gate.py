@@ -52,11 +52,11 @@ def visible_tools(policy: CompiledPolicy, principal: Principal, tools: list[Tool
 
 
 class Authenticate:
+    """Refuse callers the gateway could not resolve to a principal (see `authenticate`)."""
+
     name = "authenticate"
 
     async def __call__(self, ctx: CallContext, policy: CompiledPolicy) -> Decision | None:
-        if ctx.principal is None:
-            ctx.principal = authenticate(policy, ctx.call.credentials)
         if ctx.principal is None:
             return Decision.block(
                 ErrorCode.UNAUTHENTICATED,

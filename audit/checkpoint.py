@@ -1,0 +1,157 @@
+"""C2SP signed-note checkpoints of the karma ledger: sign, parse, verify. No I/O.
+
+    <origin>\\n<size>\\n<base64 root>\\n          the checkpoint body (the signed text)
+    \\n
+    — <key name> <base64(key id[4] || Ed25519 signature[64])>\\n
+
+key id = SHA-256(key name || 0x0A || 0x01 || public key[32])[:4]. Verifiers skip lines by
+other keys (that is how rotation and witness cosignatures coexist), but a line from the
+expected key that does not verify rejects the whole note. Keys are passed in; this module
+never reads key files.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from audit.errors import LedgerError
+from audit.merkle import HASH_SIZE
+
+SIG_PREFIX = "\u2014 "
+ED25519_TYPE = b"\x01"
+
+
+@dataclass(frozen=True, slots=True)
+class NoteSignature:
+    """One signature line: the key's name, its 4-byte key id and the signature bytes."""
+
+    key_name: str
+    key_id: bytes
+    signature: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A parsed checkpoint: the log's origin, its size, its Merkle root and the signatures."""
+
+    origin: str
+    size: int
+    root: bytes
+    signatures: tuple[NoteSignature, ...] = ()
+    extensions: tuple[str, ...] = ()
+
+    def body(self) -> str:
+        """The signed text of the note."""
+        lines = [self.origin, str(self.size), base64.b64encode(self.root).decode("ascii"), *self.extensions]
+        return "".join(line + "\n" for line in lines)
+
+
+def key_id(key_name: str, public_key: Ed25519PublicKey) -> bytes:
+    """Return the signed-note key id of an Ed25519 key under `key_name`."""
+    raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return hashlib.sha256(key_name.encode("utf-8") + b"\n" + ED25519_TYPE + raw).digest()[:4]
+
+
+def sign_checkpoint(
+    origin: str, size: int, root: bytes, private_key: Ed25519PrivateKey, key_name: str
+) -> str:
+    """Return the signed note for the tree head (origin, size, root)."""
+    _check_key_name(key_name)
+    if not origin or _has_control(origin):
+        raise LedgerError(f"checkpoint origin {origin!r} must be one non-empty line")
+    if size < 0 or len(root) != HASH_SIZE:
+        raise LedgerError(f"cannot sign a checkpoint at size {size} with a {len(root)}-byte root")
+    body = Checkpoint(origin, size, root).body()
+    signature = private_key.sign(body.encode("utf-8"))
+    blob = base64.b64encode(key_id(key_name, private_key.public_key()) + signature).decode("ascii")
+    return f"{body}\n{SIG_PREFIX}{key_name} {blob}\n"
+
+
+def parse_checkpoint(text: str) -> Checkpoint:
+    """Parse a signed-note checkpoint without checking any signature.
+
+    Raises:
+        LedgerError: the text is not a well-formed checkpoint note.
+    """
+    body, signatures = _split_note(text)
+    lines = body[:-1].split("\n")
+    if len(lines) < 3 or any(not line for line in lines):
+        raise LedgerError("checkpoint body must have origin, size and root lines, none empty")
+    origin, size_text, root_text, *extensions = lines
+    if not size_text.isascii() or not size_text.isdigit() or (size_text != "0" and size_text.startswith("0")):
+        raise LedgerError(f"checkpoint size {size_text!r} is not a decimal number")
+    root = _b64(root_text, "checkpoint root")
+    if len(root) != HASH_SIZE:
+        raise LedgerError(f"checkpoint root is {len(root)} bytes, expected {HASH_SIZE}")
+    return Checkpoint(origin, int(size_text), root, signatures, tuple(extensions))
+
+
+def verify_checkpoint(text: str, public_key: Ed25519PublicKey, key_name: str) -> Checkpoint:
+    """Parse `text` and check its signature by (`key_name`, `public_key`).
+
+    Raises:
+        LedgerError: malformed note, no signature by that key, or a signature that fails.
+    """
+    checkpoint = parse_checkpoint(text)
+    wanted = key_id(key_name, public_key)
+    mine = [s for s in checkpoint.signatures if s.key_name == key_name and s.key_id == wanted]
+    where = f"checkpoint for {checkpoint.origin} at size {checkpoint.size}"
+    if not mine:
+        raise LedgerError(f"{where} has no signature by key {key_name!r} (key id {wanted.hex()})")
+    signed = text[: text.rfind("\n\n") + 1].encode("utf-8")
+    for sig in mine:
+        try:
+            public_key.verify(sig.signature, signed)
+        except InvalidSignature:
+            raise LedgerError(f"{where}: the signature by key {key_name!r} does not verify") from None
+    return checkpoint
+
+
+def _split_note(text: str) -> tuple[str, tuple[NoteSignature, ...]]:
+    if not isinstance(text, str) or not text.endswith("\n"):
+        raise LedgerError("checkpoint note must be text ending in a newline")
+    cut = text.rfind("\n\n")
+    if cut < 0:
+        raise LedgerError("checkpoint note has no blank line before its signatures")
+    body, sig_block = text[: cut + 1], text[cut + 2 :]
+    if _has_control(body.replace("\n", "")):
+        raise LedgerError("checkpoint body contains control characters")
+    sig_lines = sig_block[:-1].split("\n") if sig_block else []
+    if not sig_lines:
+        raise LedgerError("checkpoint note has no signature lines")
+    return body, tuple(_parse_signature(line) for line in sig_lines)
+
+
+def _parse_signature(line: str) -> NoteSignature:
+    if not line.startswith(SIG_PREFIX):
+        raise LedgerError(f"checkpoint signature line {line[:40]!r} does not start with '{SIG_PREFIX}'")
+    name, sep, blob_text = line[len(SIG_PREFIX) :].partition(" ")
+    if not sep or not name or " " in blob_text:
+        raise LedgerError(f"checkpoint signature line {line[:40]!r} is not '— <name> <base64>'")
+    blob = _b64(blob_text, f"signature by {name!r}")
+    if len(blob) < 5:
+        raise LedgerError(f"checkpoint signature by {name!r} is too short")
+    return NoteSignature(name, blob[:4], blob[4:])
+
+
+def _b64(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError):
+        raise LedgerError(f"{what} is not valid base64") from None
+
+
+def _check_key_name(name: str) -> None:
+    if not name or "+" in name or any(c.isspace() for c in name) or _has_control(name):
+        raise LedgerError(f"key name {name!r} must be non-empty, without spaces or '+'")
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)

@@ -1,0 +1,131 @@
+"""Auditor queries over the karma ledger, and their table / JSON lines / CSV rendering.
+
+Filtering happens in the backend's indexed columns (SQL WHERE), never by decoding every
+record in Python; only matching records are decoded. Read-only.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from typing import Any, Literal
+
+from audit.canon import canonical_bytes
+from audit.records import RecordFilter, decode_record, normalize_time
+from audit.store import LedgerReader
+
+Format = Literal["table", "jsonl", "csv"]
+
+TABLE_COLUMNS: tuple[tuple[str, int], ...] = (
+    ("seq", 8),
+    ("time", 27),
+    ("principal", 20),
+    ("tool", 24),
+    ("decision", 16),
+    ("enforced", 8),
+    ("status", 10),
+    ("rules", 0),
+)
+CSV_COLUMNS = (
+    "seq", "hash", "time", "request_id", "principal", "backend", "tool", "decision", "enforced",
+    "matched_rules", "block_class", "policy_version", "approval_id", "status", "error_code",
+    "latency_ms", "args_digest", "response_digest", "tool_digest",
+)
+
+
+def query_records(
+    reader: LedgerReader,
+    *,
+    principal: str | None = None,
+    tool: str | None = None,
+    decision: str | None = None,
+    rule: str | None = None,
+    since: str | datetime | None = None,
+    until: str | datetime | None = None,
+    limit: int | None = None,
+    status: str | None = None,
+    policy_version: str | None = None,
+    request_id: str | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Yield matching records, oldest first, as flat dicts (seq, hash, then entry fields).
+
+    `since` is inclusive and `until` exclusive; both are RFC 3339 strings or datetimes
+    (naive ones are UTC). `rule` matches any id in the record's `matched_rules`.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, not {limit}")
+    where = RecordFilter(
+        principal=principal,
+        tool=tool,
+        decision=decision,
+        status=status,
+        rule=rule,
+        policy_version=policy_version,
+        request_id=request_id,
+        since=None if since is None else normalize_time(since),
+        until=None if until is None else normalize_time(until),
+        limit=limit,
+    )
+    for seq, digest, body in reader.select_records(where):
+        yield decode_record(seq, bytes(digest).hex(), bytes(body))
+
+
+def format_records(records: Iterable[dict[str, Any]], fmt: Format = "table") -> Iterator[str]:
+    """Render records as lines (no trailing newline): a fixed-width table, JSON lines or CSV."""
+    if fmt == "jsonl":
+        return (canonical_bytes(record).decode("utf-8") for record in records)
+    if fmt == "csv":
+        return _csv_lines(records)
+    if fmt == "table":
+        return _table_lines(records)
+    raise ValueError(f"unknown format {fmt!r}; use table, jsonl or csv")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return ",".join(value)
+    return canonical_bytes(value).decode("utf-8")
+
+
+def _table_lines(records: Iterable[dict[str, Any]]) -> Iterator[str]:
+    yield _table_row([name for name, _ in TABLE_COLUMNS])
+    yield _table_row(["-" * max(width, len(name)) for name, width in TABLE_COLUMNS])
+    for record in records:
+        values = {**record, "rules": record.get("matched_rules")}
+        yield _table_row([_cell(values.get(name)) for name, _ in TABLE_COLUMNS])
+
+
+def _table_row(cells: list[str]) -> str:
+    parts = []
+    for (name, width), cell in zip(TABLE_COLUMNS, cells, strict=True):
+        if not width:
+            parts.append(cell)
+            continue
+        width = max(width, len(name))
+        if len(cell) > width:
+            cell = cell[: width - 1] + "…"
+        parts.append(cell.ljust(width))
+    return "  ".join(parts).rstrip()
+
+
+def _csv_lines(records: Iterable[dict[str, Any]]) -> Iterator[str]:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+
+    def line(cells: list[str]) -> str:
+        buffer.seek(0)
+        buffer.truncate()
+        writer.writerow(cells)
+        return buffer.getvalue()[:-1]
+
+    yield line(list(CSV_COLUMNS))
+    for record in records:
+        yield line([_cell(record.get(name)) for name in CSV_COLUMNS])

@@ -1,0 +1,185 @@
+"""The record format of the karma ledger, and the values passed in and out of a store.
+
+A record is the RFC 8785 bytes of `{"entry": <entry>, "prev": <hex>, "seq": <n>}`. The entry
+is canonicalised once by the caller; the writer splices prev and seq onto it (keys
+entry < prev < seq, so the splice is itself canonical). The record hash is the RFC 9162
+leaf hash, so the records form a hash chain and the leaves of a Merkle tree at once.
+No I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from audit.canon import NotCanonicalizable, canonical_bytes
+from audit.errors import LedgerError
+
+FORMAT = "dharma-ledger/1"
+GENESIS_PREV = "0" * 64
+ENTRY_PREFIX = b'{"entry":'
+PREV_MARK = b',"prev":"'
+SEQ_MARK = b'","seq":'
+_HEX_DIGITS = b"0123456789abcdef"
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Where an entry landed: its seq (1-based) and its record hash (lowercase hex)."""
+
+    seq: int
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """One stored record: seq, record hash (hex) and the exact record bytes."""
+
+    seq: int
+    hash: str
+    body: bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return decode_record(self.seq, self.hash, self.body)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRecord:
+    """The three parts of a record's bytes."""
+
+    entry: bytes
+    prev: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class IndexFields:
+    """The entry fields copied into indexed columns (not hashed: the body is the truth)."""
+
+    time: str | None
+    principal: str | None
+    tool: str | None
+    decision: str | None
+    status: str | None
+    request_id: str | None
+    policy_version: str | None
+    rules: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordFilter:
+    """A query over the indexed columns; None means any. `since` inclusive, `until` exclusive."""
+
+    principal: str | None = None
+    tool: str | None = None
+    decision: str | None = None
+    status: str | None = None
+    rule: str | None = None
+    policy_version: str | None = None
+    request_id: str | None = None
+    since: str | None = None
+    until: str | None = None
+    limit: int | None = None
+
+
+def encode_entry(entry: Mapping[str, Any], *, ledger: str) -> bytes:
+    """Canonicalise one entry, or raise LedgerError naming the ledger."""
+    if not isinstance(entry, Mapping):
+        raise LedgerError(f"{ledger}: a ledger entry must be a JSON object, not {type(entry).__name__}")
+    try:
+        return canonical_bytes(dict(entry))
+    except NotCanonicalizable as exc:
+        raise LedgerError(f"{ledger}: entry cannot be recorded, {exc}") from exc
+
+
+def record_bytes(entry: bytes, prev: str, seq: int) -> bytes:
+    """Splice the canonical record bytes from canonical entry bytes, prev hash and seq."""
+    return b"".join((ENTRY_PREFIX, entry, PREV_MARK, prev.encode("ascii"), SEQ_MARK, b"%d}" % seq))
+
+
+def record_tail(prev: str, seq: int) -> bytes:
+    """The fixed-shape end of a record: `,"prev":"<hex>","seq":<n>}`."""
+    return b"".join((PREV_MARK, prev.encode("ascii"), SEQ_MARK, b"%d}" % seq))
+
+
+def parse_record(body: bytes) -> ParsedRecord:
+    """Split record bytes into entry bytes, prev and seq, reading the tail from the end.
+
+    Raises:
+        ValueError: the bytes do not have the record shape.
+    """
+    if not body.startswith(ENTRY_PREFIX) or not body.endswith(b"}"):
+        raise ValueError("does not have the shape {\"entry\":…,\"prev\":…,\"seq\":…}")
+    at = body.rfind(SEQ_MARK)
+    digits = body[at + len(SEQ_MARK) : -1] if at >= 0 else b""
+    if not digits.isdigit() or (len(digits) > 1 and digits.startswith(b"0")):
+        raise ValueError("has no canonical seq at its end")
+    start = at - 64 - len(PREV_MARK)
+    if start < len(ENTRY_PREFIX) or body[start : start + len(PREV_MARK)] != PREV_MARK:
+        raise ValueError("has no prev hash before its seq")
+    prev = body[start + len(PREV_MARK) : at]
+    if prev.translate(None, _HEX_DIGITS):
+        raise ValueError("has a prev that is not a lowercase hex hash")
+    return ParsedRecord(entry=body[len(ENTRY_PREFIX) : start], prev=prev.decode("ascii"), seq=int(digits))
+
+
+def decode_record(seq: int, hash_hex: str, body: bytes) -> dict[str, Any]:
+    """Return the record as one flat dict: seq, hash, then the entry's fields."""
+    entry = json.loads(body)["entry"]
+    out: dict[str, Any] = {"seq": seq, "hash": hash_hex}
+    out.update((k, v) for k, v in entry.items() if k not in out)
+    return out
+
+
+def index_fields(entry: Mapping[str, Any]) -> IndexFields:
+    """Copy the queryable fields out of an entry, normalising `time` to UTC microseconds."""
+    get = entry.get
+    raw_time = get("time")
+    return IndexFields(
+        time=normalize_time(raw_time) if isinstance(raw_time, str) else _text(raw_time),
+        principal=_text(get("principal")),
+        tool=_text(get("tool")),
+        decision=_text(get("decision")),
+        status=_text(get("status")),
+        request_id=_text(get("request_id")),
+        policy_version=_text(get("policy_version")),
+        rules=_rules(get("matched_rules")),
+    )
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        return canonical_bytes(value).decode("utf-8")
+    except NotCanonicalizable:
+        return str(value)
+
+
+def _rules(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        return tuple(dict.fromkeys(t for t in map(_text, value) if t is not None))
+    return ()
+
+
+def normalize_time(value: str | datetime) -> str:
+    """Return `value` as `YYYY-MM-DDTHH:MM:SS.ffffffZ` in UTC, so strings sort as instants.
+
+    Naive datetimes and dates are taken as UTC. A string that is not RFC 3339 comes back as
+    given (it is still stored; it just will not sort with the rest).
+    """
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    else:
+        parsed = value
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

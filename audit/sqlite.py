@@ -1,0 +1,665 @@
+"""The karma ledger on SQLite: one writer thread doing group commit, and a read-only reader.
+
+`SqliteLedger` is the single writer of a ledger file (an exclusive flock on `<path>.lock`
+enforces that across processes). Callers canonicalise their entry in their own thread and
+queue it; the writer thread takes whatever is queued (up to `batch_max`, optionally
+waiting `batch_wait_ms` for more), assigns seq and prev, inserts the batch in one
+`BEGIN IMMEDIATE … COMMIT`, advances its in-memory head, and only then answers the
+callers. A failed commit fails the whole batch and leaves the head where it was.
+
+`SqliteLedgerReader` opens the file read-only (`mode=ro`) and works next to a live writer.
+Neither ever writes to a file that is not already a ledger, except a new or empty one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import functools
+import hashlib
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import quote
+
+import anyio.to_thread
+import structlog
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from audit import merkle
+from audit.checkpoint import parse_checkpoint, sign_checkpoint
+from audit.errors import LedgerError, LedgerLocked, NotALedger
+from audit.merkle import CompactRange
+from audit.records import (
+    FORMAT,
+    GENESIS_PREV,
+    Appended,
+    IndexFields,
+    RecordFilter,
+    StoredRecord,
+    encode_entry,
+    index_fields,
+    parse_record,
+    record_bytes,
+)
+from audit.store import RawRecord
+
+log = structlog.get_logger()
+
+Synchronous = Literal["FULL", "NORMAL"]
+SQLITE_HEADER = b"SQLite format 3\x00"
+LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints")
+
+_TRIGGERS = "".join(
+    f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
+    "BEGIN SELECT RAISE(ABORT, 'karma ledger is append-only'); END;"
+    for table in LEDGER_TABLES
+    for op in ("UPDATE", "DELETE")
+)
+SCHEMA = """
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE records(
+    seq INTEGER PRIMARY KEY,
+    hash BLOB NOT NULL,
+    body BLOB NOT NULL,
+    time TEXT, principal TEXT, tool TEXT, decision TEXT, status TEXT,
+    request_id TEXT, policy_version TEXT
+);
+CREATE TABLE record_rules(seq INTEGER NOT NULL, rule_id TEXT NOT NULL);
+CREATE TABLE checkpoints(size INTEGER PRIMARY KEY, note TEXT NOT NULL, created_at TEXT NOT NULL);
+CREATE INDEX records_principal_time ON records(principal, time);
+CREATE INDEX records_tool_time ON records(tool, time);
+CREATE INDEX records_time ON records(time);
+CREATE INDEX record_rules_rule ON record_rules(rule_id, seq);
+""" + _TRIGGERS
+
+INSERT_RECORD = (
+    "INSERT INTO records(seq, hash, body, time, principal, tool, decision, status, request_id, "
+    "policy_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+INSERT_RULE = "INSERT INTO record_rules(seq, rule_id) VALUES (?, ?)"
+INSERT_CHECKPOINT = (
+    "INSERT INTO checkpoints(size, note, created_at) VALUES (?, ?, ?) ON CONFLICT(size) DO NOTHING"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Head:
+    size: int
+    hash: str
+    root: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    entry: bytes
+    fields: IndexFields
+    future: asyncio.Future[Appended]
+
+
+@dataclass(frozen=True, slots=True)
+class _CheckpointRequest:
+    private_key: Ed25519PrivateKey
+    key_name: str
+    origin: str
+    future: asyncio.Future[str]
+
+
+class _Stop:
+    pass
+
+
+_Item = _Pending | _CheckpointRequest | _Stop
+
+
+class SqliteLedger:
+    """The one writer of a SQLite karma ledger. Build it with `await SqliteLedger.open(...)`."""
+
+    def __init__(
+        self,
+        path: Path,
+        conn: sqlite3.Connection,
+        lock: _WriterLock,
+        frontier: CompactRange,
+        head_hash: str,
+        *,
+        batch_max: int,
+        batch_wait_ms: float,
+    ) -> None:
+        self._path = path
+        self._conn = conn
+        self._lock = lock
+        self._frontier = frontier
+        self._head = _Head(frontier.size, head_hash, frontier.root())
+        self._batch_max = batch_max
+        self._batch_wait = batch_wait_ms / 1000.0
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._gate = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"karma-ledger:{path.name}", daemon=True)
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "FULL",
+        batch_max: int = 256,
+        batch_wait_ms: float = 0.0,
+    ) -> SqliteLedger:
+        """Open (or create) the ledger at `path`, take its writer lock and start the writer.
+
+        `synchronous="NORMAL"` is faster but may lose the last commits on power loss (never
+        corrupts). `batch_wait_ms` > 0 waits that long for more entries once one is queued:
+        larger batches, more latency. With 0, batches form from whatever queued meanwhile.
+
+        Raises:
+            LedgerLocked: another writer holds the ledger.
+            NotALedger: the file is something else (it is left untouched).
+            LedgerError: the path cannot be used (directory, permissions, damaged ledger).
+        """
+        if synchronous not in ("FULL", "NORMAL"):
+            raise LedgerError(f"{path}: synchronous must be FULL or NORMAL, not {synchronous!r}")
+        if batch_max < 1 or batch_wait_ms < 0:
+            raise LedgerError(f"{path}: batch_max must be >= 1 and batch_wait_ms >= 0")
+        opener = functools.partial(
+            cls._open_sync, Path(path), synchronous, batch_max=batch_max, batch_wait_ms=batch_wait_ms
+        )
+        ledger = await anyio.to_thread.run_sync(opener)
+        ledger._thread.start()
+        return ledger
+
+    @classmethod
+    def _open_sync(
+        cls, path: Path, synchronous: Synchronous, *, batch_max: int, batch_wait_ms: float
+    ) -> SqliteLedger:
+        _check_location(path)
+        lock = _WriterLock(path)
+        lock.acquire()
+        try:
+            conn = _open_writer(path, synchronous)
+            try:
+                frontier, head_hash = _rebuild_head(conn, path)
+            except BaseException:
+                conn.close()
+                raise
+        except BaseException:
+            lock.release()
+            raise
+        log.info("ledger.opened", path=str(path), size=frontier.size, synchronous=synchronous)
+        return cls(path, conn, lock, frontier, head_hash, batch_max=batch_max, batch_wait_ms=batch_wait_ms)
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def size(self) -> int:
+        """Number of committed records (the seq of the last one)."""
+        return self._head.size
+
+    @property
+    def head_hash(self) -> str:
+        """Record hash (hex) of the last committed record; 64 zeros when empty."""
+        return self._head.hash
+
+    def root(self) -> bytes:
+        """Merkle root over all committed records."""
+        return self._head.root
+
+    async def append(self, entry: Mapping[str, Any]) -> Appended:
+        """Record one entry; return its seq and hash once it is committed.
+
+        The entry is canonicalised here, in the caller's thread, so a bad entry fails only
+        its caller. If the caller is cancelled after queueing, the record is still written.
+
+        Raises:
+            LedgerError: the entry is not canonical JSON, the ledger is closed, or the batch
+                holding it could not be committed (then nothing of that batch was written).
+        """
+        item = _Pending(
+            encode_entry(entry, ledger=str(self._path)),
+            index_fields(entry),
+            asyncio.get_running_loop().create_future(),
+        )
+        self._submit(item)
+        return await item.future
+
+    async def checkpoint(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> str:
+        """Sign the current head as a C2SP checkpoint, store it and return the note."""
+        request = _CheckpointRequest(private_key, key_name, origin, asyncio.get_running_loop().create_future())
+        self._submit(request)
+        return await request.future
+
+    async def aclose(self) -> None:
+        """Commit everything queued, stop the writer thread and release the writer lock."""
+        with self._gate:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_Stop())
+        await anyio.to_thread.run_sync(self._thread.join)
+        self._lock.release()
+        log.info("ledger.closed", path=str(self._path), size=self._head.size)
+
+    def _submit(self, item: _Item) -> None:
+        with self._gate:
+            if self._closed:
+                raise LedgerError(f"{self._path}: the ledger is closed")
+            self._queue.put(item)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                batch, command = self._next_batch()
+                try:
+                    if batch:
+                        self._commit(batch)
+                    if isinstance(command, _CheckpointRequest):
+                        self._sign(command)
+                except Exception as exc:  # a bug in this thread must not leave callers waiting
+                    log.exception("ledger.writer_failed", path=str(self._path))
+                    waiting = [item.future for item in batch]
+                    if isinstance(command, _CheckpointRequest):
+                        waiting.append(command.future)
+                    _settle(waiting, [LedgerError(f"{self._path}: ledger writer failed ({exc})") for _ in waiting])
+                if isinstance(command, _Stop):
+                    break
+        finally:
+            self._conn.close()
+
+    def _next_batch(self) -> tuple[list[_Pending], _CheckpointRequest | _Stop | None]:
+        first = self._queue.get()
+        if not isinstance(first, _Pending):
+            return [], first
+        batch = [first]
+        deadline = time.monotonic() + self._batch_wait
+        while len(batch) < self._batch_max:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    item = self._queue.get(timeout=remaining)
+                except queue.Empty:
+                    break
+            if not isinstance(item, _Pending):
+                return batch, item
+            batch.append(item)
+        return batch, None
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        started = time.perf_counter()
+        head = self._head
+        seq, prev = head.size, head.hash
+        rows: list[tuple[Any, ...]] = []
+        rule_rows: list[tuple[int, str]] = []
+        hashes: list[bytes] = []
+        results: list[Appended | BaseException] = []
+        sha256 = hashlib.sha256
+        for item in batch:
+            seq += 1
+            body = record_bytes(item.entry, prev, seq)
+            digest = sha256(b"\x00" + body).digest()
+            prev = digest.hex()
+            f = item.fields
+            rows.append((seq, digest, body, f.time, f.principal, f.tool, f.decision, f.status,
+                         f.request_id, f.policy_version))
+            rule_rows.extend((seq, rule) for rule in f.rules)
+            hashes.append(digest)
+            results.append(Appended(seq, prev))
+        try:
+            self._write(rows, rule_rows)
+        except sqlite3.Error as exc:
+            message = f"{self._path}: records {head.size + 1}..{seq} were not committed ({exc})"
+            log.error("ledger.batch_failed", path=str(self._path), first_seq=head.size + 1, count=len(batch),
+                      error=str(exc))
+            _settle([item.future for item in batch], [LedgerError(message) for _ in batch])
+            return
+        self._frontier.extend(hashes)
+        self._head = _Head(seq, prev, self._frontier.root())
+        log.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
+                  ms=round((time.perf_counter() - started) * 1000, 3))
+        _settle([item.future for item in batch], results)
+
+    def _write(self, rows: Sequence[tuple[Any, ...]], rule_rows: Sequence[tuple[int, str]]) -> None:
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(INSERT_RECORD, rows)
+            if rule_rows:
+                conn.executemany(INSERT_RULE, rule_rows)
+            conn.execute("COMMIT")
+        except sqlite3.Error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def _sign(self, request: _CheckpointRequest) -> None:
+        head = self._head
+        outcome: str | BaseException
+        try:
+            note = sign_checkpoint(request.origin, head.size, head.root, request.private_key, request.key_name)
+            self._conn.execute(INSERT_CHECKPOINT, (head.size, note, _utc_now()))
+            outcome = note
+            log.info("ledger.checkpoint_signed", size=head.size, origin=request.origin, key_name=request.key_name)
+        except LedgerError as exc:
+            outcome = LedgerError(f"{self._path}: {exc}")
+        except sqlite3.Error as exc:
+            outcome = LedgerError(f"{self._path}: checkpoint at size {head.size} was not stored ({exc})")
+        _settle([request.future], [outcome])
+
+
+class SqliteLedgerReader:
+    """Read-only access to a SQLite karma ledger; safe next to a live writer."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = Path(path)
+        if _inspect(self._path) == "new":
+            raise LedgerError(f"{self._path}: no karma ledger here (the file is missing or empty)")
+        self._conn = _connect_ro(self._path)
+        try:
+            _check_format(self._conn, self._path)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def __enter__(self) -> SqliteLedgerReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def size(self) -> int:
+        """The highest seq stored (equals the record count in an intact ledger)."""
+        return int(self._fetch_one("SELECT COALESCE(MAX(seq), 0) FROM records")[0])
+
+    def iter_records(self, start: int = 1) -> Iterator[RawRecord]:
+        """Yield (seq, hash bytes, record bytes) in seq order from one read snapshot."""
+        return self._select("SELECT seq, hash, body FROM records WHERE seq >= ? ORDER BY seq", (start,))
+
+    def get(self, seq: int) -> StoredRecord | None:
+        row = self._fetch_one("SELECT seq, hash, body FROM records WHERE seq = ?", (seq,))
+        return None if row is None else StoredRecord(row[0], bytes(row[1]).hex(), bytes(row[2]))
+
+    def latest_checkpoint(self) -> str | None:
+        row = self._fetch_one("SELECT note FROM checkpoints ORDER BY size DESC LIMIT 1")
+        return None if row is None else str(row[0])
+
+    def checkpoints(self) -> list[tuple[int, str]]:
+        """Every stored checkpoint as (size, note), smallest first."""
+        return list(self._select("SELECT size, note FROM checkpoints ORDER BY size"))
+
+    def leaf_hashes(self, size: int | None = None) -> list[bytes]:
+        """The stored record hashes of seq 1..size (all when None)."""
+        stop = self.size() if size is None else size
+        return [h for (h,) in self._select("SELECT hash FROM records WHERE seq <= ? ORDER BY seq", (stop,))]
+
+    def inclusion_proof(self, seq: int, size: int | None = None) -> list[bytes]:
+        """Audit path of record `seq` in the tree of the first `size` records."""
+        leaves = self.leaf_hashes(size)
+        return merkle.inclusion_proof(leaves, seq - 1)
+
+    def consistency_proof(self, old_size: int, size: int | None = None) -> list[bytes]:
+        """Proof that the first `old_size` records are a prefix of the first `size`."""
+        return merkle.consistency_proof(self.leaf_hashes(size), old_size)
+
+    def select_records(self, where: RecordFilter) -> Iterator[RawRecord]:
+        """Yield (seq, hash, body) of the records matching `where`, oldest first, via the indexes."""
+        sql, params = _filter_sql(where)
+        return self._select(sql, params)
+
+    def _select(self, sql: str, params: Sequence[Any] = ()) -> Iterator[Any]:
+        try:
+            yield from self._conn.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"{self._path}: cannot read the ledger ({exc})") from exc
+
+    def _fetch_one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        try:
+            return self._conn.execute(sql, params).fetchone()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"{self._path}: cannot read the ledger ({exc})") from exc
+
+
+_FILTER_COLUMNS = ("principal", "tool", "decision", "status", "policy_version", "request_id")
+
+
+def _filter_sql(where: RecordFilter) -> tuple[str, list[Any]]:
+    sql = "SELECT r.seq, r.hash, r.body FROM records r"
+    clauses: list[str] = []
+    params: list[Any] = []
+    if where.rule is not None:
+        sql += " JOIN record_rules rr ON rr.seq = r.seq"
+        clauses.append("rr.rule_id = ?")
+        params.append(where.rule)
+    for column in _FILTER_COLUMNS:
+        value = getattr(where, column)
+        if value is not None:
+            clauses.append(f"r.{column} = ?")
+            params.append(value)
+    if where.since is not None:
+        clauses.append("r.time >= ?")
+        params.append(where.since)
+    if where.until is not None:
+        clauses.append("r.time < ?")
+        params.append(where.until)
+    if clauses:
+        sql += " WHERE " + " AND ".join(clauses)
+    sql += " ORDER BY r.time, r.seq"
+    if where.limit is not None:
+        sql += " LIMIT ?"
+        params.append(where.limit)
+    return sql, params
+
+
+class _WriterLock:
+    """An exclusive, non-blocking flock on `<ledger>.lock`, holding the owner's pid."""
+
+    def __init__(self, ledger: Path) -> None:
+        self._ledger = ledger
+        self.path = ledger.with_name(ledger.name + ".lock")
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise LedgerError(f"{self._ledger}: cannot open lock file {self.path} ({exc.strerror})") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip()
+            os.close(fd)
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise LedgerLocked(
+                f"{self._ledger} is held by another gateway{who}: a karma ledger has exactly one "
+                f"writer (lock file {self.path})"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode("ascii"))
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def _check_location(path: Path) -> None:
+    if path.is_dir():
+        raise LedgerError(f"{path} is a directory; the karma ledger must be a file path")
+    if not path.parent.is_dir():
+        raise LedgerError(f"{path}: directory {path.parent} does not exist")
+
+
+def _inspect(path: Path) -> Literal["new", "ledger"]:
+    """Tell a new/empty file from an existing ledger, refusing anything else untouched."""
+    _check_location(path)
+    try:
+        with path.open("rb") as f:
+            header = f.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return "new"
+    except OSError as exc:
+        raise LedgerError(f"{path} cannot be read ({exc.strerror})") from exc
+    if not header:
+        return "new"
+    if header != SQLITE_HEADER:
+        raise NotALedger(f"{path} is not a Dharma karma ledger (not an SQLite database)")
+    conn = _connect_ro(path)
+    try:
+        if _fetch_schema_count(conn, path) == 0:
+            return "new"
+        _check_format(conn, path)
+    finally:
+        conn.close()
+    return "ledger"
+
+
+def _connect_ro(path: Path) -> sqlite3.Connection:
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+    try:
+        return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise LedgerError(f"{path} cannot be opened read-only ({exc})") from exc
+
+
+def _fetch_schema_count(conn: sqlite3.Connection, path: Path) -> int:
+    try:
+        return int(conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0])
+    except sqlite3.DatabaseError as exc:
+        raise NotALedger(f"{path} is not a Dharma karma ledger ({exc})") from exc
+
+
+def _check_format(conn: sqlite3.Connection, path: Path) -> None:
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+    except sqlite3.DatabaseError as exc:
+        reason = "an SQLite database without a meta table" if "no such" in str(exc) else str(exc)
+        raise NotALedger(f"{path} is not a Dharma karma ledger ({reason})") from exc
+    if row is None or row[0] != FORMAT:
+        found = "no format" if row is None else f"format {row[0]!r}"
+        raise NotALedger(f"{path} is not a Dharma karma ledger ({found}, expected {FORMAT!r})")
+
+
+def _open_writer(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
+    kind = _inspect(path)
+    try:
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise LedgerError(f"{path} cannot be opened for writing ({exc})") from exc
+    try:
+        if kind == "new":
+            conn.executescript(
+                f"BEGIN IMMEDIATE;{SCHEMA}"
+                f"INSERT INTO meta(key, value) VALUES ('format', '{FORMAT}'), ('created_at', '{_utc_now()}');"
+                "COMMIT;"
+            )
+            log.info("ledger.created", path=str(path))
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise LedgerError(f"{path}: SQLite refused WAL mode (journal_mode is {mode})")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.execute("PRAGMA busy_timeout=5000")
+        _check_format(conn, path)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise LedgerError(f"{path} cannot be prepared as a karma ledger ({exc})") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _rebuild_head(conn: sqlite3.Connection, path: Path) -> tuple[CompactRange, str]:
+    """Rebuild the Merkle frontier from the stored hashes; refuse a ledger that is damaged.
+
+    Checks that seqs are contiguous, that the last record's bytes hash to its stored hash
+    and link to the one before, and that the latest stored checkpoint matches the records.
+    """
+    latest = conn.execute("SELECT size, note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchone()
+    cp_size = -1 if latest is None else int(latest[0])
+    frontier = CompactRange()
+    cp_root = merkle.EMPTY_ROOT if cp_size == 0 else None
+    prev = last = b""
+    for seq, digest in conn.execute("SELECT seq, hash FROM records ORDER BY seq"):
+        if seq != frontier.size + 1 or not isinstance(digest, bytes) or len(digest) != merkle.HASH_SIZE:
+            raise LedgerError(
+                f"{path}: record {frontier.size + 1} is missing or damaged; the ledger will not be "
+                "written until `dharma audit verify` has been run on it"
+            )
+        frontier.append(digest)
+        prev, last = last, digest
+        if frontier.size == cp_size:
+            cp_root = frontier.root()
+    if frontier.size:
+        _check_tail(conn, path, frontier.size, last, prev.hex() if frontier.size > 1 else GENESIS_PREV)
+    if latest is not None:
+        _check_checkpoint(path, str(latest[1]), cp_size, frontier.size, cp_root)
+    return frontier, last.hex() if frontier.size else GENESIS_PREV
+
+
+def _check_tail(conn: sqlite3.Connection, path: Path, size: int, digest: bytes, prev: str) -> None:
+    body = conn.execute("SELECT body FROM records WHERE seq = ?", (size,)).fetchone()[0]
+    ok = isinstance(body, bytes) and merkle.leaf_hash(body) == digest
+    try:
+        parsed = parse_record(body) if ok else None
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.seq != size or parsed.prev != prev:
+        raise LedgerError(f"{path}: the last record ({size}) does not match its hash or its predecessor")
+
+
+def _check_checkpoint(path: Path, note: str, cp_size: int, size: int, root: bytes | None) -> None:
+    if cp_size > size:
+        raise LedgerError(f"{path}: ledger has {size} records but its checkpoint is at size {cp_size} — truncated")
+    try:
+        stored_root = parse_checkpoint(note).root
+    except LedgerError as exc:
+        raise LedgerError(f"{path}: stored checkpoint at size {cp_size} is malformed ({exc})") from exc
+    if root != stored_root:
+        raise LedgerError(f"{path}: the first {cp_size} records do not match the stored checkpoint")
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _settle(futures: Sequence[asyncio.Future[Any]], outcomes: Sequence[Any]) -> None:
+    """Hand each outcome to its future on the future's own loop: one wake-up per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
+    for future, outcome in zip(futures, outcomes, strict=True):
+        by_loop.setdefault(future.get_loop(), []).append((future, outcome))
+    for loop, pairs in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_deliver, pairs)
+        except RuntimeError:
+            log.warning("ledger.answer_dropped", reason="event loop closed", count=len(pairs))
+
+
+def _deliver(pairs: list[tuple[asyncio.Future[Any], Any]]) -> None:
+    for future, outcome in pairs:
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)

@@ -1,0 +1,53 @@
+"""The roles a karma ledger backend plays: a writer (`LedgerStore`) and a reader (`LedgerReader`).
+
+Verification and queries are written against `LedgerReader`, so every backend (SQLite today,
+PostgreSQL later) gets them for free. No I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from audit.records import Appended, RecordFilter, StoredRecord
+
+RawRecord = tuple[int, bytes, bytes]
+"""(seq, record hash as 32 raw bytes, record bytes), as fast as the backend yields them."""
+
+
+class LedgerStore(Protocol):
+    """The one writer of a ledger. `append` answers only once the record is committed."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def head_hash(self) -> str: ...
+
+    def root(self) -> bytes: ...
+
+    async def append(self, entry: Mapping[str, Any]) -> Appended: ...
+
+    async def checkpoint(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> str: ...
+
+    async def aclose(self) -> None: ...
+
+
+class LedgerReader(Protocol):
+    """Read-only access to a ledger, safe while a writer is live."""
+
+    def size(self) -> int: ...
+
+    def iter_records(self, start: int = 1) -> Iterator[RawRecord]: ...
+
+    def get(self, seq: int) -> StoredRecord | None: ...
+
+    def latest_checkpoint(self) -> str | None: ...
+
+    def checkpoints(self) -> list[tuple[int, str]]: ...
+
+    def select_records(self, where: RecordFilter) -> Iterator[RawRecord]: ...
+
+    def close(self) -> None: ...

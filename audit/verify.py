@@ -1,0 +1,187 @@
+"""Full verification of a karma ledger: recompute every record hash, the chain and the tree.
+
+Streams the records once, in seq order, and reports the first problem with the seq it
+starts at: an edited record, a missing one, reordered or renumbered ones, and, against a
+checkpoint held outside the database, truncation and rewritten history (a fork). Reads
+through `LedgerReader`; never writes. A chain that is consistent in itself proves nothing
+about truncation or a wholesale rewrite: only a checkpoint kept elsewhere does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from audit.canon import NotCanonicalizable, canonical_bytes
+from audit.checkpoint import Checkpoint, parse_checkpoint
+from audit.errors import LedgerError
+from audit.merkle import EMPTY_ROOT, CompactRange
+from audit.records import ENTRY_PREFIX, GENESIS_PREV, PREV_MARK, SEQ_MARK, parse_record
+from audit.store import LedgerReader
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """The outcome of `verify_ledger`.
+
+    `size` is the number of records found intact before the first problem (all of them
+    when ok); `root` is the Merkle root over those.
+    """
+
+    ok: bool
+    size: int
+    first_bad_seq: int | None
+    problem: str
+    root: bytes
+    checkpoints_checked: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Anchor:
+    size: int
+    root: bytes
+    label: str
+
+
+def verify_ledger(
+    reader: LedgerReader,
+    checkpoint: Checkpoint | None = None,
+    *,
+    stored_checkpoints: bool = True,
+    strict: bool = False,
+) -> VerifyReport:
+    """Recompute the ledger and compare it with `checkpoint` and the checkpoints stored in it.
+
+    Args:
+        checkpoint: a checkpoint kept outside the database (already signature-checked by
+            the caller, e.g. with `verify_checkpoint`). Catches truncation and forks.
+        stored_checkpoints: also compare with the checkpoints stored in the ledger itself
+            (these catch accidents; an attacker with file access can rewrite them too).
+        strict: also check that every entry is canonical JSON (about 20x slower).
+    """
+    try:
+        anchors = _anchors(reader, checkpoint, stored_checkpoints)
+    except LedgerError as exc:
+        return VerifyReport(False, 0, None, str(exc), EMPTY_ROOT)
+    return _Walk(anchors, strict).run(reader)
+
+
+def _anchors(reader: LedgerReader, checkpoint: Checkpoint | None, stored: bool) -> list[_Anchor]:
+    anchors = []
+    if checkpoint is not None:
+        anchors.append(_Anchor(checkpoint.size, checkpoint.root, "checkpoint"))
+    if stored:
+        for size, note in reader.checkpoints():
+            try:
+                parsed = parse_checkpoint(note)
+            except LedgerError as exc:
+                raise LedgerError(f"stored checkpoint at size {size} is malformed: {exc}") from exc
+            anchors.append(_Anchor(parsed.size, parsed.root, "stored checkpoint"))
+    return sorted(anchors, key=lambda a: (a.size, a.label != "checkpoint"))
+
+
+class _Walk:
+    """One pass over the records; holds the running chain head and Merkle frontier."""
+
+    def __init__(self, anchors: list[_Anchor], strict: bool) -> None:
+        self.anchors = anchors
+        self.strict = strict
+        self.frontier = CompactRange()
+        self.checked = 0
+        self.good_size = 0
+
+    def run(self, reader: LedgerReader) -> VerifyReport:
+        anchors = self.anchors
+        pending = 0
+        while pending < len(anchors) and anchors[pending].size == 0:
+            if (bad := self._compare(anchors[pending])) is not None:
+                return bad
+            pending += 1
+        next_stop = anchors[pending].size if pending < len(anchors) else -1
+        frontier = self.frontier
+        append = frontier.append
+        sha256 = hashlib.sha256
+        prefix, prev_mark, seq_mark = ENTRY_PREFIX, PREV_MARK, SEQ_MARK
+        prev = GENESIS_PREV.encode("ascii")
+        expected = 1
+        for seq, stored, body in reader.iter_records():
+            if seq != expected:
+                return self._bad(expected, f"record {expected} is missing (the next stored record is {seq})")
+            try:
+                digest = sha256(b"\x00" + body).digest()
+            except TypeError:
+                return self._bad(seq, f"record {seq} is not stored as bytes")
+            if digest != stored:
+                return self._bad(seq, f"record {seq} was modified: its bytes do not hash to its stored hash")
+            if not (body.endswith(b"".join((prev_mark, prev, seq_mark, b"%d}" % seq))) and body.startswith(prefix)):
+                return self._bad(*_diagnose(seq, body, prev.decode("ascii")))
+            if self.strict and (problem := _entry_problem(body)):
+                return self._bad(seq, f"record {seq} {problem}")
+            append(digest)
+            prev = digest.hex().encode("ascii")
+            expected += 1
+            while seq == next_stop:
+                if (bad := self._compare(anchors[pending])) is not None:
+                    return bad
+                pending += 1
+                next_stop = anchors[pending].size if pending < len(anchors) else -1
+        size = expected - 1
+        if pending < len(anchors):
+            anchor = max(anchors[pending:], key=lambda a: (a.label == "checkpoint", a.size))
+            return self._bad(
+                size + 1, f"ledger has {size} records but {anchor.label} at size {anchor.size} — truncated"
+            )
+        return VerifyReport(True, size, None, "", frontier.root(), self.checked)
+
+    def _compare(self, anchor: _Anchor) -> VerifyReport | None:
+        if self.frontier.root() == anchor.root:
+            self.checked += 1
+            self.good_size = anchor.size
+            return None
+        return VerifyReport(
+            False,
+            self.frontier.size,
+            None,
+            f"records 1..{anchor.size} do not match the {anchor.label} at size {anchor.size}: history was "
+            f"rewritten (a fork), somewhere in records {self.good_size + 1}..{anchor.size}",
+            self.frontier.root(),
+            self.checked,
+        )
+
+    def _bad(self, seq: int, problem: str) -> VerifyReport:
+        return VerifyReport(False, self.frontier.size, seq, problem, self.frontier.root(), self.checked)
+
+
+def _diagnose(seq: int, body: bytes, prev: str) -> tuple[int, str]:
+    """Explain why a record whose hash matches does not fit the chain at `seq`."""
+    try:
+        parsed = parse_record(body)
+    except ValueError as exc:
+        return seq, f"record {seq} is malformed: it {exc}"
+    if parsed.seq != seq:
+        return seq, (
+            f"record {seq} holds the record written as seq {parsed.seq}: records were reordered, "
+            "renumbered or removed"
+        )
+    if seq == 1:
+        return 1, "record 1 does not start the chain (its prev is not 64 zeros)"
+    return seq - 1, (
+        f"record {seq} does not link to record {seq - 1}: record {seq - 1} was changed after "
+        f"record {seq} was written (its stored hash was rewritten to match)"
+    )
+
+
+def _entry_problem(body: bytes) -> str:
+    entry = parse_record(body).entry
+    try:
+        value = json.loads(entry)
+    except ValueError:
+        return "holds an entry that is not JSON"
+    if not isinstance(value, dict):
+        return "holds an entry that is not a JSON object"
+    try:
+        canonical = canonical_bytes(value)
+    except NotCanonicalizable:
+        return "holds an entry that is not I-JSON"
+    return "" if canonical == entry else "holds an entry that is not in canonical (RFC 8785) form"

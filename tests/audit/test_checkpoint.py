@@ -1,0 +1,93 @@
+"""C2SP signed-note checkpoints: exact format, key id, verification and its failures."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from audit.checkpoint import key_id, parse_checkpoint, sign_checkpoint, verify_checkpoint
+from audit.errors import LedgerError
+
+ROOT = hashlib.sha256(b"root").digest()
+
+
+def test_note_has_the_c2sp_shape_and_key_id(key: Ed25519PrivateKey) -> None:
+    note = sign_checkpoint("example.com/karma", 42, ROOT, key, "karma-1")
+    body, sig_line = note.split("\n\n")
+    assert body == f"example.com/karma\n42\n{base64.b64encode(ROOT).decode()}"
+    assert sig_line.startswith("\u2014 karma-1 ") and sig_line.endswith("\n")
+    blob = base64.b64decode(sig_line.split(" ")[2])
+    raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    assert blob[:4] == hashlib.sha256(b"karma-1\n\x01" + raw).digest()[:4] == key_id("karma-1", key.public_key())
+    key.public_key().verify(blob[4:], (body + "\n").encode())
+
+
+def test_round_trip(key: Ed25519PrivateKey) -> None:
+    note = sign_checkpoint("example.com/karma", 0, hashlib.sha256(b"").digest(), key, "karma-1")
+    checkpoint = verify_checkpoint(note, key.public_key(), "karma-1")
+    assert (checkpoint.origin, checkpoint.size, checkpoint.root) == ("example.com/karma", 0, hashlib.sha256(b"").digest())
+    assert parse_checkpoint(note) == checkpoint
+    assert note.startswith(checkpoint.body() + "\n")
+
+
+def test_unknown_signers_are_ignored_so_cosigned_notes_verify(key: Ed25519PrivateKey) -> None:
+    witness = Ed25519PrivateKey.generate()
+    note = sign_checkpoint("o", 5, ROOT, key, "log")
+    cosigned = note + sign_checkpoint("o", 5, ROOT, witness, "witness").split("\n\n")[1]
+    assert verify_checkpoint(cosigned, key.public_key(), "log").size == 5
+    assert verify_checkpoint(cosigned, witness.public_key(), "witness").size == 5
+    assert len(parse_checkpoint(cosigned).signatures) == 2
+
+
+def test_wrong_key_or_name_is_refused(key: Ed25519PrivateKey) -> None:
+    note = sign_checkpoint("o", 5, ROOT, key, "log")
+    with pytest.raises(LedgerError, match="no signature by key 'log'"):
+        verify_checkpoint(note, Ed25519PrivateKey.generate().public_key(), "log")
+    with pytest.raises(LedgerError, match="no signature by key 'other'"):
+        verify_checkpoint(note, key.public_key(), "other")
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("\n5\n", "\n6\n"), ("o\n", "p\n")],
+)
+def test_an_edited_body_does_not_verify(key: Ed25519PrivateKey, old: str, new: str) -> None:
+    note = sign_checkpoint("o", 5, ROOT, key, "log")
+    with pytest.raises(LedgerError, match="does not verify"):
+        verify_checkpoint(note.replace(old, new, 1), key.public_key(), "log")
+
+
+def test_an_edited_root_does_not_verify(key: Ed25519PrivateKey) -> None:
+    note = sign_checkpoint("o", 5, ROOT, key, "log")
+    other = base64.b64encode(hashlib.sha256(b"other").digest()).decode()
+    with pytest.raises(LedgerError, match="does not verify"):
+        verify_checkpoint(note.replace(base64.b64encode(ROOT).decode(), other), key.public_key(), "log")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "o\n5\n",
+        "o\n5\nAAAA\n\n\u2014 log AAAAAAAA\n",
+        "o\n05\n" + base64.b64encode(ROOT).decode() + "\n\n\u2014 log AAAAAAAA\n",
+        "o\nfive\n" + base64.b64encode(ROOT).decode() + "\n\n\u2014 log AAAAAAAA\n",
+        "o\n5\n" + base64.b64encode(ROOT).decode() + "\n\n- log AAAAAAAA\n",
+        "o\n5\n" + base64.b64encode(ROOT).decode() + "\n\n\u2014 log not*base64\n",
+        "o\n5\n" + base64.b64encode(ROOT).decode() + "\n\n\u2014 log AAAAAAAA",
+        "o\n5\n" + base64.b64encode(ROOT).decode() + "\n\n",
+    ],
+)
+def test_malformed_notes_raise_ledger_error(text: str) -> None:
+    with pytest.raises(LedgerError):
+        parse_checkpoint(text)
+
+
+@pytest.mark.parametrize("name", ["", "has space", "a+b"])
+def test_bad_key_names_are_refused(key: Ed25519PrivateKey, name: str) -> None:
+    with pytest.raises(LedgerError, match="key name"):
+        sign_checkpoint("o", 1, ROOT, key, name)

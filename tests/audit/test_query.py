@@ -1,0 +1,111 @@
+"""query_records filters (through the indexes) and format_records output."""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from audit.query import format_records, query_records
+from audit.sqlite import SqliteLedger, SqliteLedgerReader
+
+from .conftest import fill, make_entry
+
+COUNT = 120
+ENTRIES = [make_entry(i) for i in range(COUNT)]
+
+
+@pytest.fixture
+async def reader(ledger_path: Path) -> SqliteLedgerReader:
+    ledger = await SqliteLedger.open(ledger_path)
+    await fill(ledger, COUNT)
+    await ledger.aclose()
+    return SqliteLedgerReader(ledger_path)
+
+
+def ids(records: object) -> list[str]:
+    return [r["request_id"] for r in records]  # type: ignore[attr-defined]
+
+
+def expected(pred: object) -> list[str]:
+    return [e["request_id"] for e in sorted(ENTRIES, key=lambda e: e["time"]) if pred(e)]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("filters", "pred"),
+    [
+        ({}, lambda e: True),
+        ({"principal": "bob"}, lambda e: e["principal"] == "bob"),
+        ({"tool": "fs.write"}, lambda e: e["tool"] == "fs.write"),
+        ({"decision": "deny"}, lambda e: e["decision"] == "deny"),
+        ({"rule": "rule-1"}, lambda e: "rule-1" in e["matched_rules"]),
+        ({"rule": "rule-all"}, lambda e: "rule-all" in e["matched_rules"]),
+        ({"rule": "nope"}, lambda e: False),
+        ({"status": "error"}, lambda e: e["status"] == "error"),
+        ({"policy_version": "pv-1"}, lambda e: e["policy_version"] == "pv-1"),
+        ({"request_id": "req-42"}, lambda e: e["request_id"] == "req-42"),
+        ({"since": "2026-11-22T01:01:00Z"}, lambda e: e["time"] >= "2026-11-22T01:01:00"),
+        ({"until": "2026-11-22T01:00:30Z"}, lambda e: e["time"] < "2026-11-22T01:00:30"),
+        (
+            {"principal": "alice", "since": datetime(2026, 11, 22, 1, 0, 30, tzinfo=UTC), "until": "2026-11-22T02:01:30+01:00"},
+            lambda e: e["principal"] == "alice" and "2026-11-22T01:00:30" <= e["time"] < "2026-11-22T01:01:30",
+        ),
+        ({"tool": "fs.read", "decision": "allow", "rule": "rule-all"},
+         lambda e: e["tool"] == "fs.read" and e["decision"] == "allow" and "rule-all" in e["matched_rules"]),
+    ],
+)
+async def test_each_filter(reader: SqliteLedgerReader, filters: dict, pred: object) -> None:
+    want = expected(pred)
+    assert ids(query_records(reader, **filters)) == want
+    assert ids(query_records(reader, **filters, limit=3)) == want[:3]
+
+
+async def test_records_carry_seq_hash_and_entry(reader: SqliteLedgerReader) -> None:
+    [record] = query_records(reader, request_id="req-5")
+    stored = reader.get(record["seq"])
+    assert stored is not None and record["hash"] == stored.hash
+    assert {k: v for k, v in record.items() if k not in ("seq", "hash")} == ENTRIES[5]
+
+
+async def test_filters_use_the_indexes(reader: SqliteLedgerReader) -> None:
+    def plan(sql: str, *params: object) -> str:
+        return " ".join(row[-1] for row in reader._conn.execute("EXPLAIN QUERY PLAN " + sql, params))  # noqa: SLF001
+
+    by_principal = "SELECT seq FROM records r WHERE r.principal = ? AND r.time >= ? ORDER BY r.time, r.seq"
+    assert "records_principal_time" in plan(by_principal, "alice", "2026")
+    assert "TEMP B-TREE" not in plan(by_principal, "alice", "2026")
+    assert "records_tool_time" in plan("SELECT seq FROM records r WHERE r.tool = ? ORDER BY r.time, r.seq", "t")
+    assert "record_rules_rule" in plan(
+        "SELECT r.seq FROM records r JOIN record_rules rr ON rr.seq = r.seq WHERE rr.rule_id = ?", "x"
+    )
+
+
+async def test_jsonl_lines_are_canonical_json(reader: SqliteLedgerReader) -> None:
+    lines = list(format_records(query_records(reader, limit=2), "jsonl"))
+    assert [json.loads(line)["request_id"] for line in lines] == ["req-0", "req-1"]
+    assert lines[0].startswith('{"approval_id":null,"args":')
+
+
+async def test_csv_has_a_header_and_one_row_per_record(reader: SqliteLedgerReader) -> None:
+    lines = list(format_records(query_records(reader, principal="bob", limit=4), "csv"))
+    rows = list(csv.DictReader(lines))
+    assert len(rows) == 4 and rows[0]["principal"] == "bob" and rows[0]["request_id"] == "req-1"
+    assert rows[0]["matched_rules"] == "rule-1,rule-all" and rows[0]["enforced"] == "true"
+
+
+async def test_table_has_fixed_columns(reader: SqliteLedgerReader) -> None:
+    lines = list(format_records(query_records(reader, limit=2)))
+    assert lines[0].split() == ["seq", "time", "principal", "tool", "decision", "enforced", "status", "rules"]
+    assert set(lines[1]) <= {"-", " "}
+    assert lines[3].split() == ["2", "2026-11-22T01:00:01.000001Z", "bob", "fs.write", "deny", "true", "ok",
+                                "rule-1,rule-all"]
+    long = {"seq": 1, "principal": "p" * 50}
+    assert "p" * 19 + "…" in list(format_records([long]))[2]
+
+
+def test_unknown_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown format 'xml'"):
+        format_records([], "xml")  # type: ignore[arg-type]

@@ -1,0 +1,94 @@
+"""The record byte format: the splice is canonical JSON, and the tail parses from the end."""
+
+from __future__ import annotations
+
+import pytest
+
+from audit.canon import canonical_bytes
+from audit.errors import LedgerError
+from audit.records import (
+    GENESIS_PREV,
+    decode_record,
+    encode_entry,
+    index_fields,
+    normalize_time,
+    parse_record,
+    record_bytes,
+)
+
+from .conftest import make_entry
+
+ENTRIES = [
+    make_entry(0),
+    make_entry(7),
+    {},
+    {"prev": "x", "seq": 3, "entry": {"nested": [1, 2.5, 1e21, None, True]}},
+    {"emoji": "😀", "ctl": "a\u0001b\"c\\d", "z": -0.0, "a": 10**15},
+    {",\"prev\":\"": ",\"seq\":1}"},
+]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize(("prev", "seq"), [(GENESIS_PREV, 1), ("ab" * 32, 2), ("0f" * 32, 1234567890123)])
+def test_spliced_record_is_the_canonical_json_of_entry_prev_seq(entry: dict, prev: str, seq: int) -> None:
+    spliced = record_bytes(encode_entry(entry, ledger="t"), prev, seq)
+    assert spliced == canonical_bytes({"entry": entry, "prev": prev, "seq": seq})
+    parsed = parse_record(spliced)
+    assert (parsed.entry, parsed.prev, parsed.seq) == (canonical_bytes(entry), prev, seq)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"{}",
+        b'{"entry":{},"prev":"' + b"0" * 64 + b'","seq":01}',
+        b'{"entry":{},"prev":"' + b"0" * 64 + b'","seq":1 }',
+        b'{"entry":{},"prev":"' + b"0" * 64 + b'","seq":-1}',
+        b'{"entry":{},"prev":"' + b"A" * 64 + b'","seq":1}',
+        b'{"entry":{},"prev":"' + b"0" * 63 + b'","seq":1}',
+        b'{"entry":{},"prev":"' + b"0" * 64 + b'","seq":}',
+        b'{"entry":{},"seq":1}',
+    ],
+)
+def test_malformed_records_do_not_parse(body: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_record(body)
+
+
+@pytest.mark.parametrize("bad", [{"x": float("nan")}, {"x": float("inf")}, {"x": 2**60}, {"x": object()}, ["a"]])
+def test_entries_that_are_not_canonical_json_raise_ledger_error_naming_the_ledger(bad: object) -> None:
+    with pytest.raises(LedgerError, match="/var/karma.db"):
+        encode_entry(bad, ledger="/var/karma.db")  # type: ignore[arg-type]
+
+
+def test_index_fields_copy_the_query_columns() -> None:
+    fields = index_fields(
+        {
+            "time": "2026-11-22T02:02:03.5+01:00",
+            "principal": "alice",
+            "tool": "fs.read",
+            "decision": "deny",
+            "status": "ok",
+            "request_id": "r1",
+            "policy_version": "pv",
+            "matched_rules": ["a", "b", "a"],
+        }
+    )
+    assert fields.time == "2026-11-22T01:02:03.500000Z"
+    assert (fields.principal, fields.tool, fields.decision, fields.status) == ("alice", "fs.read", "deny", "ok")
+    assert (fields.request_id, fields.policy_version, fields.rules) == ("r1", "pv", ("a", "b"))
+    empty = index_fields({})
+    assert empty.time is None and empty.rules == ()
+
+
+def test_normalize_time_sorts_as_instants() -> None:
+    assert normalize_time("2026-11-22T01:02:03Z") == "2026-11-22T01:02:03.000000Z"
+    assert normalize_time("2026-11-22") == "2026-11-22T00:00:00.000000Z"
+    assert normalize_time("not a time") == "not a time"
+    assert normalize_time("2026-11-22T01:02:03Z") < normalize_time("2026-11-22T01:02:03.5Z")
+
+
+def test_decode_record_flattens_seq_hash_and_entry() -> None:
+    body = record_bytes(encode_entry({"tool": "t", "seq": 99}, ledger="t"), GENESIS_PREV, 1)
+    assert decode_record(1, "ab", body) == {"seq": 1, "hash": "ab", "tool": "t"}

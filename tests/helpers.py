@@ -1,0 +1,74 @@
+"""Builders shared by the pipeline tests: a policy from YAML text, a gateway over real parts."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from audit.sqlite import SqliteLedger
+from gateway.backends import CallableBackend, ToolSpec
+from gateway.gateway import Gateway
+from gateway.policy.compile import CompiledPolicy, load_policy
+from gateway.signing import KeyStore
+
+PROFILE_HEAD = """\
+apiVersion: dharma/v1
+kind: Policy
+metadata: {name: test}
+principals:
+  - {id: alice, tier: reader, api_key_sha256: 72ee9d4355ccb9d3a4c9dbf37382e38e75c1b1a225b5bd1f729ee91bbda30c20}   # "alice-key"
+  - {id: bob, tier: writer, roles: [admin], api_key_sha256: 9b94dc1a51a38769f135edf04033ad7f2f487b6c25929be7a861cfc1ab10cf98}     # "bob-key"
+"""
+
+
+def write_policy(tmp: Path, profile: str, rules: dict[str, str] | None = None) -> Path:
+    """Write a profile (PROFILE_HEAD + `profile`) and rule files into tmp; return the profile path."""
+    (tmp / "rules").mkdir(exist_ok=True)
+    names = []
+    for name, text in (rules or {}).items():
+        (tmp / "rules" / name).write_text(textwrap.dedent(text))
+        names.append(f"rules/{name}")
+    body = PROFILE_HEAD + textwrap.dedent(profile)
+    if names:
+        body += "rule_sets: [" + ", ".join(names) + "]\n"
+    path = tmp / "policy.yaml"
+    path.write_text(body)
+    return path
+
+
+class Recorder:
+    """A callable backend that records what reached it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def backend(self, tools: dict[str, Any], annotations: dict[str, dict[str, Any]] | None = None, schemas: dict[str, Any] | None = None) -> CallableBackend:
+        def wrap(name: str, fn: Any) -> Any:
+            def tool(**kwargs: Any) -> Any:
+                self.calls.append((name, kwargs))
+                return fn(**kwargs)
+
+            return tool
+
+        return CallableBackend(
+            "test",
+            {
+                name: (
+                    wrap(name, fn),
+                    ToolSpec(name, f"{name} tool", (schemas or {}).get(name), annotations=(annotations or {}).get(name, {})),
+                )
+                for name, fn in tools.items()
+            },
+        )
+
+
+async def open_gateway(tmp: Path, policy: CompiledPolicy | Path, backends: list[Any], **kwargs: Any) -> Gateway:
+    compiled = load_policy(policy) if isinstance(policy, Path) else policy
+    ledger = await SqliteLedger.open(tmp / "ledger.db")
+    keys = KeyStore.open(tmp / "state")
+    return Gateway(compiled, backends, ledger=ledger, keys=keys, policy_path=policy if isinstance(policy, Path) else None, **kwargs)
+
+
+def text_result(value: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": value}]}

@@ -1,0 +1,517 @@
+"""The governed call end to end in process: real policy files, real SQLite ledger, real keys."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from audit.query import query_records
+from audit.sqlite import SqliteLedgerReader
+from audit.verify import verify_ledger
+from gateway.call import Status
+from gateway.errors import ErrorCode
+from gateway.gateway import envelope
+from gateway.signing import ReceiptInvalid, verify_receipt
+from tests.helpers import Recorder, open_gateway, text_result, write_policy
+
+TIERS = """\
+tiers:
+  - name: reader
+    max_sensitivity: SENSITIVE
+    grants:
+      - tools: ["read_*", "search"]
+      - annotations: {readOnlyHint: true}
+  - name: writer
+    inherits: reader
+    grants:
+      - tools: ["write_*", "health_*", "shell"]
+sensitivity:
+  - tools: ["health_*"]
+    level: RESTRICTED
+  - tools: ["search"]
+    level: STANDARD
+    escalate:
+      - when: 'has(args.depth) && args.depth == "deep"'
+        to: SENSITIVE
+"""
+
+RULES = {
+    "call.yaml": """\
+        apiVersion: dharma/v1
+        kind: RuleSet
+        metadata: {name: call}
+        rules:
+          - id: no-traversal
+            tools: ["read_*", "write_*"]
+            when: 'args.path.contains("..")'
+            effect: deny
+            message_expr: '"path leaves the sandbox: " + args.path'
+          - id: no-secrets
+            tools: ["*"]
+            when: 'findings.exists(f, f.kind == "api_key" || f.kind == "private_key")'
+            effect: deny
+            message: arguments carry a secret
+          - id: confirm-writes
+            tools: ["write_*"]
+            when: 'has(args.path) && args.path.startsWith("important/")'
+            effect: require_approval
+            message: writes to important/ need a human
+          - id: audit-big-reads
+            tools: ["read_*"]
+            when: 'has(args.path) && args.path.endsWith(".big")'
+            effect: deny
+            mode: audit
+          - id: warn-tmp
+            tools: ["write_*"]
+            when: 'has(args.path) && args.path.startsWith("tmp/")'
+            effect: warn
+            message: tmp/ is wiped nightly
+          - id: redact-card
+            tools: ["write_*"]
+            when: 'findings.exists(f, f.kind == "payment_card")'
+            effect: redact
+          - id: no-shell-after-read
+            tools: ["shell"]
+            when: '"read_secret_file" in session.tools'
+            effect: deny
+            message: no shell after reading secrets in this session
+          - id: karma-brake
+            tools: ["shell"]
+            when: 'principal.karma.denials >= 3'
+            effect: deny
+            message: too many denials lately
+          - id: allow-errors-do-not-allow
+            tools: ["shell"]
+            when: 'args.missing == 1'
+            effect: allow
+        """,
+    "disclosure.yaml": """\
+        apiVersion: dharma/v1
+        kind: DisclosureRuleSet
+        metadata: {name: disclosure}
+        no_information_response: {"content": [{"type": "text", "text": "No matching records found."}]}
+        rules:
+          - id: health-withhold
+            tools: ["health_*"]
+            when: 'request.disclosure_mode != "direct"'
+            verdict: WITHHOLD
+          - id: secrets-redact
+            tools: ["*"]
+            when: 'size(response.findings) > 0'
+            verdict: REDACT
+            redact_secrets: true
+        """,
+}
+
+
+def tools(recorder: Recorder):
+    return recorder.backend(
+        {
+            "read_file": lambda path: text_result(f"contents of {path}"),
+            "read_secret_file": lambda path: text_result("nothing here"),
+            "write_file": lambda path, content="": text_result(f"wrote {path}"),
+            "search": lambda query, depth="shallow": text_result(f"results for {query}"),
+            "health_records": lambda patient_id: text_result("No matching records found.")
+            if patient_id == "none"
+            else text_result(f"record of {patient_id}: hypertension"),
+            "shell": lambda command="", missing=None: text_result("ran"),
+            "leaky": lambda: text_result("the key is AKIAIOSFODNN7EXAMPLE"),
+            "notes": lambda: text_result("notes"),
+            "admin_only": lambda: text_result("admin"),
+        },
+        annotations={"notes": {"readOnlyHint": True}},
+    )
+
+
+@pytest.fixture
+async def setup(tmp_path: Path):
+    recorder = Recorder()
+    profile = TIERS.replace('"shell"]', '"shell", "leaky"]')
+    path = write_policy(tmp_path, profile, RULES)
+    gateway = await open_gateway(tmp_path, path, [tools(recorder)])
+    yield gateway, recorder, tmp_path
+    await gateway.aclose()
+
+
+def ledger_records(tmp: Path) -> list[dict]:
+    with SqliteLedgerReader(tmp / "ledger.db") as reader:
+        return list(query_records(reader))
+
+
+async def test_allowed_call_is_forwarded_recorded_and_signed(setup):
+    gateway, recorder, tmp = setup
+    outcome = await gateway.call("read_file", {"path": "a.txt"}, api_key="alice-key")
+    assert outcome.status is Status.OK
+    assert outcome.result == text_result("contents of a.txt")
+    assert recorder.calls == [("read_file", {"path": "a.txt"})]
+    payload = verify_receipt(outcome.receipt, gateway.keys.jwks(), response=envelope(outcome), request={"tool": "read_file", "arguments": {"path": "a.txt"}})
+    assert payload["ledger"]["seq"] == outcome.ledger_seq == 1
+    assert "decision" not in payload
+    [record] = ledger_records(tmp)
+    assert record["principal"] == "alice" and record["decision"] == "allow" and record["status"] == "ok"
+    assert record["response_digest"] == payload["resp_sha256"]
+    tampered = dict(envelope(outcome), result=text_result("contents of b.txt"))
+    with pytest.raises(ReceiptInvalid):
+        verify_receipt(outcome.receipt, gateway.keys.jwks(), response=tampered)
+
+
+async def test_deny_rule_blocks_before_the_backend_and_is_recorded(setup):
+    gateway, recorder, tmp = setup
+    outcome = await gateway.call("read_file", {"path": "../etc/passwd"}, api_key="alice-key")
+    assert outcome.status is Status.BLOCKED
+    assert outcome.error_code is ErrorCode.POLICY_BLOCKED
+    assert outcome.message == "path leaves the sandbox: ../etc/passwd"
+    assert recorder.calls == []
+    [record] = ledger_records(tmp)
+    assert record["decision"] == "deny" and record["enforced"] is True
+    assert record["matched_rules"] == ["no-traversal"] and record["block_class"] == "safety_content"
+
+
+async def test_cel_error_in_a_deny_rule_counts_as_a_match(setup):
+    gateway, recorder, _ = setup
+    # `no-traversal` reads args.path unguarded: a call without `path` errors, which denies.
+    outcome = await gateway.call("read_file", {"name": "x"}, api_key="alice-key")
+    assert outcome.error_code is ErrorCode.POLICY_BLOCKED
+    assert "condition failed" in outcome.message
+    assert recorder.calls == []
+
+
+async def test_cel_error_in_an_allow_rule_does_not_allow_and_does_not_block(setup):
+    gateway, _, _ = setup
+    outcome = await gateway.call("shell", {"command": "ls"}, api_key="bob-key")
+    assert outcome.status is Status.OK
+    assert "allow-errors-do-not-allow" not in outcome.decision.rule_ids
+
+
+async def test_audit_mode_records_would_deny_and_lets_the_call_through(setup):
+    gateway, recorder, tmp = setup
+    outcome = await gateway.call("read_file", {"path": "data.big"}, api_key="alice-key")
+    assert outcome.status is Status.OK and recorder.calls
+    assert outcome.decision.effect.value == "deny" and outcome.decision.enforced is False
+    [record] = ledger_records(tmp)
+    assert record["decision"] == "deny" and record["enforced"] is False
+    assert record["matched_rules"] == ["audit-big-reads"]
+
+
+async def test_warn_rule_returns_its_message(setup):
+    gateway, _, _ = setup
+    outcome = await gateway.call("write_file", {"path": "tmp/x", "content": "hi"}, api_key="bob-key")
+    assert outcome.status is Status.OK
+    assert outcome.warnings == ("tmp/ is wiped nightly",)
+
+
+async def test_deny_overrides_approval_and_warn(setup):
+    gateway, _, _ = setup
+    outcome = await gateway.call("write_file", {"path": "important/../x", "content": ""}, api_key="bob-key")
+    assert outcome.error_code is ErrorCode.POLICY_BLOCKED
+    assert set(outcome.decision.rule_ids) == {"no-traversal", "confirm-writes"}
+
+
+async def test_findings_reach_rules_and_secrets_never_reach_the_ledger(setup):
+    gateway, recorder, tmp = setup
+    secret = "AKIAIOSFODNN7EXAMPLE"
+    outcome = await gateway.call("search", {"query": f"key {secret}"}, api_key="alice-key")
+    assert outcome.error_code is ErrorCode.POLICY_BLOCKED and outcome.decision.rule_ids == ("no-secrets",)
+    assert recorder.calls == []
+    raw = (tmp / "ledger.db").read_bytes()
+    assert secret.encode() not in raw
+    [record] = ledger_records(tmp)
+    assert record["findings"] == ["api_key@$.query"]
+
+
+async def test_redact_rule_rewrites_arguments_before_the_backend(setup):
+    gateway, recorder, _ = setup
+    outcome = await gateway.call("write_file", {"path": "cards.txt", "content": "card 4111 1111 1111 1111"}, api_key="bob-key")
+    assert outcome.status is Status.OK
+    [(_, sent)] = recorder.calls
+    assert "4111" not in sent["content"]
+
+
+async def test_hidden_tool_answers_exactly_like_an_unknown_tool(setup):
+    gateway, recorder, _ = setup
+    hidden = await gateway.call("write_file", {"path": "x"}, api_key="alice-key")
+    unknown = await gateway.call("no_such_tool", {"path": "x"}, api_key="alice-key")
+    assert hidden.error_code is unknown.error_code is ErrorCode.TOOL_NOT_FOUND
+
+    def comparable(o, name):
+        body = envelope(o)
+        return {k: (v.replace(name, "T") if isinstance(v, str) else v) for k, v in body.items() if k not in ("request_id", "timestamp", "tool")}
+
+    assert comparable(hidden, "write_file") == comparable(unknown, "no_such_tool")
+    # schema errors must not leak that a hidden tool exists: bad arguments still say "unknown"
+    bad = await gateway.call("write_file", ["not", "an", "object"], api_key="alice-key")
+    assert bad.error_code is ErrorCode.TOOL_NOT_FOUND
+    assert recorder.calls == []
+
+
+async def test_tools_list_and_tools_call_come_from_the_same_decision(setup):
+    gateway, _, _ = setup
+    from gateway.call import Credentials
+
+    for key in ("alice-key", "bob-key"):
+        visible = {t.name for t in gateway.tools_for(Credentials(api_key=key))}
+        for name in ("read_file", "write_file", "search", "notes", "shell", "admin_only", "health_records"):
+            outcome = await gateway.call(name, {}, api_key=key, purpose="test", dry_run=True)
+            assert (outcome.error_code is not ErrorCode.TOOL_NOT_FOUND) == (name in visible), (key, name)
+    alice = {t.name for t in gateway.tools_for(Credentials(api_key="alice-key"))}
+    assert alice == {"read_file", "read_secret_file", "search", "notes"}  # notes: granted by annotation
+    assert gateway.tools_for(Credentials(api_key="wrong")) == []
+
+
+async def test_unauthenticated_calls_are_refused_and_recorded(setup):
+    gateway, recorder, tmp = setup
+    outcome = await gateway.call("read_file", {"path": "a"}, api_key="nope")
+    assert outcome.error_code is ErrorCode.UNAUTHENTICATED
+    assert recorder.calls == [] and ledger_records(tmp)[0]["principal"] is None
+
+
+async def test_sensitivity_needs_purpose_and_escalates_on_arguments(setup):
+    gateway, _, _ = setup
+    shallow = await gateway.call("search", {"query": "x"}, api_key="alice-key")
+    deep = await gateway.call("search", {"query": "x", "depth": "deep"}, api_key="alice-key")
+    deep_with_purpose = await gateway.call("search", {"query": "x", "depth": "deep"}, api_key="alice-key", purpose="research")
+    assert shallow.status is Status.OK
+    assert deep.error_code is ErrorCode.PURPOSE_REQUIRED and "SENSITIVE" in deep.message
+    assert deep_with_purpose.status is Status.OK
+
+
+async def test_tier_ceiling_forbids_more_sensitive_tools(tmp_path):
+    recorder = Recorder()
+    profile = TIERS.replace("max_sensitivity: SENSITIVE", "max_sensitivity: STANDARD")
+    gateway = await open_gateway(tmp_path, write_policy(tmp_path, profile), [tools(recorder)])
+    try:
+        outcome = await gateway.call("search", {"query": "x", "depth": "deep"}, api_key="alice-key", purpose="p")
+        assert outcome.error_code is ErrorCode.FORBIDDEN
+    finally:
+        await gateway.aclose()
+
+
+async def test_withheld_answer_is_indistinguishable_from_nothing_found(setup):
+    gateway, _, _ = setup
+    withheld = await gateway.call("health_records", {"patient_id": "p-1"}, api_key="bob-key", purpose="care")
+    genuine = await gateway.call("health_records", {"patient_id": "none"}, api_key="bob-key", purpose="care", disclosure_mode="direct")
+    direct = await gateway.call("health_records", {"patient_id": "p-1"}, api_key="bob-key", purpose="care", disclosure_mode="direct")
+    assert direct.result == text_result("record of p-1: hypertension")
+
+    def public(o):
+        return json.dumps({k: v for k, v in envelope(o).items() if k not in ("request_id", "timestamp")}, sort_keys=True)
+
+    assert public(withheld) == public(genuine)
+
+
+async def test_unknown_disclosure_mode_is_treated_as_most_restrictive(setup):
+    gateway, _, _ = setup
+    outcome = await gateway.call("health_records", {"patient_id": "p-1"}, api_key="bob-key", purpose="care", disclosure_mode="DIRECT ")
+    assert outcome.result == text_result("No matching records found.")
+
+
+async def test_secrets_in_responses_are_redacted(setup):
+    gateway, _, tmp = setup
+    outcome = await gateway.call("leaky", {}, api_key="bob-key")
+    assert "AKIAIOSFODNN7EXAMPLE" not in json.dumps(outcome.result)
+    assert ledger_records(tmp)[-1]["disclosure"] == "REDACT"
+
+
+async def test_session_history_feeds_sequence_rules(setup):
+    gateway, _, _ = setup
+    first = await gateway.call("shell", {"command": "ls"}, api_key="bob-key", session_id="s1")
+    await gateway.call("read_secret_file", {"path": "s"}, api_key="bob-key", session_id="s1")
+    after = await gateway.call("shell", {"command": "ls"}, api_key="bob-key", session_id="s1")
+    other_session = await gateway.call("shell", {"command": "ls"}, api_key="bob-key", session_id="s2")
+    assert first.status is Status.OK and other_session.status is Status.OK
+    assert after.decision.rule_ids == ("no-shell-after-read",)
+
+
+async def test_principal_karma_counts_denials(setup):
+    gateway, _, _ = setup
+    for _ in range(3):
+        await gateway.call("read_file", {"path": "../x"}, api_key="bob-key")
+    outcome = await gateway.call("shell", {"command": "ls"}, api_key="bob-key")
+    assert outcome.decision.rule_ids == ("karma-brake",)
+    assert (await gateway.call("shell", {"command": "ls"}, api_key="alice-key")).error_code is ErrorCode.TOOL_NOT_FOUND
+
+
+async def test_approval_is_bound_single_use_and_expires(setup):
+    gateway, recorder, _ = setup
+    args = {"path": "important/plan.txt", "content": "v2"}
+    held = await gateway.call("write_file", args, api_key="bob-key")
+    assert held.status is Status.PENDING_APPROVAL and held.error_code is ErrorCode.APPROVAL_REQUIRED
+    assert held.approval_id and recorder.calls == []
+    still = await gateway.call("write_file", args, api_key="bob-key", approval_id=held.approval_id)
+    assert still.error_code is ErrorCode.APPROVAL_REQUIRED
+    await gateway.approvals.decide(held.approval_id, approve=True, by="op", now=gateway.clock())
+    other = await gateway.call("write_file", {**args, "content": "evil"}, api_key="bob-key", approval_id=held.approval_id)
+    assert other.error_code is ErrorCode.APPROVAL_DENIED
+    done = await gateway.call("write_file", args, api_key="bob-key", approval_id=held.approval_id)
+    assert done.status is Status.OK and len(recorder.calls) == 1
+    again = await gateway.call("write_file", args, api_key="bob-key", approval_id=held.approval_id)
+    assert again.error_code is ErrorCode.APPROVAL_DENIED and len(recorder.calls) == 1
+    denied = await gateway.call("write_file", args, api_key="bob-key")
+    await gateway.approvals.decide(denied.approval_id, approve=False, by="op", now=gateway.clock())
+    assert (await gateway.call("write_file", args, api_key="bob-key", approval_id=denied.approval_id)).error_code is ErrorCode.APPROVAL_DENIED
+
+
+async def test_approval_hold_waits_for_a_human_and_times_out(tmp_path):
+    recorder = Recorder()
+    path = write_policy(tmp_path, TIERS + "approval: {hold_seconds: 0.3}\n", RULES)
+    gateway = await open_gateway(tmp_path, path, [tools(recorder)])
+    try:
+        args = {"path": "important/a", "content": ""}
+        timed_out = await gateway.call("write_file", args, api_key="bob-key")
+        assert timed_out.error_code is ErrorCode.APPROVAL_TIMEOUT and recorder.calls == []
+
+        async def approve_when_pending():
+            for _ in range(100):
+                pending = await gateway.approvals.pending(gateway.clock())
+                if pending:
+                    await gateway.approvals.decide(pending[0].id, approve=True, by="op", now=gateway.clock())
+                    return
+                await asyncio.sleep(0.01)
+
+        approver = asyncio.create_task(approve_when_pending())
+        held = await gateway.call("write_file", args, api_key="bob-key")
+        await approver
+        assert held.status is Status.OK and len(recorder.calls) == 1
+    finally:
+        await gateway.aclose()
+
+
+async def test_rate_limit_per_principal_with_retry_after(tmp_path):
+    recorder = Recorder()
+    limits = TIERS + "rate_limits:\n  - {id: tight, key: [principal], rate: 1, per_seconds: 60, burst: 2}\n"
+    gateway = await open_gateway(tmp_path, write_policy(tmp_path, limits), [tools(recorder)])
+    try:
+        results = [await gateway.call("read_file", {"path": "a"}, api_key="alice-key") for _ in range(3)]
+        assert [r.status for r in results] == [Status.OK, Status.OK, Status.BLOCKED]
+        assert results[2].error_code is ErrorCode.RATE_LIMITED and results[2].decision.retry_after > 50
+        assert (await gateway.call("read_file", {"path": "a"}, api_key="bob-key")).status is Status.OK
+    finally:
+        await gateway.aclose()
+
+
+async def test_tool_costs_weigh_on_the_limit(tmp_path):
+    recorder = Recorder()
+    limits = TIERS + "rate_limits:\n  - {id: tight, key: [principal], rate: 1, per_seconds: 60, burst: 3}\ntool_costs: {search: 3}\n"
+    gateway = await open_gateway(tmp_path, write_policy(tmp_path, limits), [tools(recorder)])
+    try:
+        assert (await gateway.call("search", {"query": "a"}, api_key="alice-key")).status is Status.OK
+        assert (await gateway.call("read_file", {"path": "a"}, api_key="alice-key")).error_code is ErrorCode.RATE_LIMITED
+    finally:
+        await gateway.aclose()
+
+
+async def test_circuit_breaker_opens_and_half_opens(tmp_path):
+    recorder = Recorder()
+    failures = {"n": 0}
+
+    def flaky(path):
+        failures["n"] += 1
+        raise RuntimeError("disk on fire")
+
+    backend = recorder.backend({"read_file": flaky})
+    now = [1000.0]
+    profile = TIERS + "circuit_breaker: {failure_threshold: 2, reset_seconds: 5}\n"
+    gateway = await open_gateway(tmp_path, write_policy(tmp_path, profile), [backend], clock=lambda: now[0])
+    try:
+        codes = [(await gateway.call("read_file", {"path": "a"}, api_key="alice-key")).error_code for _ in range(3)]
+        assert codes == [ErrorCode.BACKEND_ERROR, ErrorCode.BACKEND_ERROR, ErrorCode.BACKEND_UNAVAILABLE]
+        assert failures["n"] == 2
+        now[0] += 6
+        assert (await gateway.call("read_file", {"path": "a"}, api_key="alice-key")).error_code is ErrorCode.BACKEND_ERROR
+        assert failures["n"] == 3
+        assert (await gateway.call("read_file", {"path": "a"}, api_key="alice-key")).error_code is ErrorCode.BACKEND_UNAVAILABLE
+    finally:
+        await gateway.aclose()
+
+
+async def test_backend_timeout(tmp_path):
+    recorder = Recorder()
+
+    async def slow(path):
+        await asyncio.sleep(5)
+
+    gateway = await open_gateway(tmp_path, write_policy(tmp_path, TIERS + "backend_timeout_seconds: 0.1\n"), [recorder.backend({"read_file": slow})])
+    try:
+        outcome = await gateway.call("read_file", {"path": "a"}, api_key="alice-key")
+        assert outcome.error_code is ErrorCode.TIMEOUT and outcome.retryable
+    finally:
+        await gateway.aclose()
+
+
+async def test_idempotency_key_replays_without_calling_again(setup):
+    gateway, recorder, _ = setup
+    first = await gateway.call("read_file", {"path": "a"}, api_key="alice-key", idempotency_key="k1")
+    second = await gateway.call("read_file", {"path": "a"}, api_key="alice-key", idempotency_key="k1")
+    assert first.result == second.result and len(recorder.calls) == 1
+    clash = await gateway.call("read_file", {"path": "b"}, api_key="alice-key", idempotency_key="k1")
+    assert clash.error_code is ErrorCode.INVALID_PARAMS and len(recorder.calls) == 1
+
+
+async def test_dry_run_does_not_forward(setup):
+    gateway, recorder, tmp = setup
+    outcome = await gateway.call("read_file", {"path": "a"}, api_key="alice-key", dry_run=True)
+    assert outcome.status is Status.DRY_RUN and recorder.calls == []
+    assert ledger_records(tmp)[0]["dry_run"] is True
+
+
+@pytest.mark.parametrize(
+    "arguments, needle",
+    [
+        ([1, 2], "JSON object"),
+        ("text", "JSON object"),
+        ({"path": {"a": {"b": {"c": {"d": {"e": {}}}}}}}, "deeper"),
+        ({"path": "x" * 5000}, "longer"),
+        ({"path": "bad \ud800 surrogate"}, "surrogate"),
+    ],
+)
+async def test_bad_arguments_are_refused_with_where_and_recorded(tmp_path, arguments, needle):
+    recorder = Recorder()
+    profile = TIERS + "sanitizer: {max_depth: 4, max_string: 1000}\n"
+    gateway = await open_gateway(tmp_path, write_policy(tmp_path, profile), [tools(recorder)])
+    try:
+        outcome = await gateway.call("read_file", arguments, api_key="alice-key")
+        assert outcome.error_code is ErrorCode.INVALID_PARAMS
+        assert needle in outcome.message, outcome.message
+        assert recorder.calls == []
+        assert ledger_records(tmp_path)[0]["status"] == "blocked"
+        assert verify_ledger(SqliteLedgerReader(tmp_path / "ledger.db")).ok
+    finally:
+        await gateway.aclose()
+
+
+async def test_ledger_failure_fails_closed(setup):
+    gateway, _, _ = setup
+    await gateway.ledger.aclose()
+    outcome = await gateway.call("read_file", {"path": "a"}, api_key="alice-key")
+    assert outcome.status is Status.ERROR and outcome.error_code is ErrorCode.INTERNAL_ERROR
+    assert outcome.result is None
+
+
+async def test_reload_keeps_the_last_good_policy(setup):
+    gateway, _, tmp = setup
+    before = gateway.policy.version
+    (tmp / "rules" / "call.yaml").write_text("apiVersion: dharma/v1\nkind: RuleSet\nmetadata: {name: x}\nrules:\n  - id: broken\n    when: '((('\n    effect: deny\n")
+    problems = gateway.reload()
+    assert problems is not None and "CEL syntax error" in str(problems)
+    assert gateway.policy.version == before
+    (tmp / "rules" / "call.yaml").write_text("apiVersion: dharma/v1\nkind: RuleSet\nmetadata: {name: x}\nrules: []\n")
+    assert gateway.reload() is None and gateway.policy.version != before
+
+
+async def test_every_outcome_kind_lands_in_a_verifiable_ledger(setup):
+    gateway, _, tmp = setup
+    await gateway.call("read_file", {"path": "a"}, api_key="alice-key")
+    await gateway.call("read_file", {"path": "../a"}, api_key="alice-key")
+    await gateway.call("write_file", {"path": "important/x"}, api_key="bob-key")
+    await gateway.call("health_records", {"patient_id": "p"}, api_key="bob-key", purpose="x")
+    await gateway.call("nothing", {}, api_key="alice-key")
+    await asyncio.gather(*(gateway.call("read_file", {"path": f"{i}"}, api_key="alice-key") for i in range(50)))
+    records = ledger_records(tmp)
+    assert len(records) == 55
+    assert {r["status"] for r in records} >= {"ok", "blocked", "pending_approval"}
+    with SqliteLedgerReader(tmp / "ledger.db") as reader:
+        report = verify_ledger(reader)
+    assert report.ok and report.size == 55
