@@ -38,7 +38,7 @@ class LoadedDocument:
         return 1
 
 
-def _node_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], problems: list[str]) -> None:
+def _node_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], problems: list[tuple[int, Loc, str]]) -> None:
     """Record the line of every mapping value and list item; report duplicate keys."""
     lines[loc] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
@@ -47,7 +47,7 @@ def _node_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], problems: list
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.start_mark)
             line = key_node.start_mark.line + 1
             if key in seen:
-                problems.append(f"{line}:duplicate key {key!r} (first at line {seen[key]})")
+                problems.append((line, loc, f"duplicate key {key!r} (first at line {seen[key]})"))
             seen[key] = line
             _node_lines(value_node, (*loc, key), lines, problems)
             lines[(*loc, key)] = line
@@ -92,16 +92,15 @@ def parse_documents(text: str, path: str) -> list[LoadedDocument]:
         if node is None:
             continue
         lines: dict[Loc, int] = {}
-        dupes: list[str] = []
+        dupes: list[tuple[int, Loc, str]] = []
         _node_lines(node, (), lines, dupes)
-        for item in dupes:
-            line, _, message = item.partition(":")
-            problems.append(PolicyProblem(path, int(line), "", message))
         try:
             data = yaml.SafeLoader(text).construct_document(node)
         except yaml.YAMLError as exc:
             problems.append(PolicyProblem(path, node.start_mark.line + 1, "", f"malformed YAML: {exc}"))
             continue
+        for line, loc, message in dupes:
+            problems.append(PolicyProblem(path, line, _rule_id_at(data, loc), message))
         if not isinstance(data, dict):
             problems.append(PolicyProblem(path, lines[()], "", "a policy document must be a YAML mapping"))
             continue

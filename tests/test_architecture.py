@@ -1,0 +1,45 @@
+"""The decision core does no I/O: it never imports network, storage or server libraries."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+CORE = ["gateway/call.py", "gateway/pipeline.py", "gateway/cel.py", "gateway/sanitize.py", "gateway/errors.py"]
+CORE_DIRS = ["gateway/stages", "gateway/policy"]
+FORBIDDEN = {"starlette", "httpx", "sqlite3", "psycopg", "redis", "uvicorn", "socket", "subprocess"}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def core_files() -> list[Path]:
+    files = [ROOT / f for f in CORE]
+    for d in CORE_DIRS:
+        files.extend(sorted((ROOT / d).glob("*.py")))
+    return files
+
+
+def test_core_imports_no_io_libraries():
+    offenders = []
+    for file in core_files():
+        tree = ast.parse(file.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{file.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in FORBIDDEN]
+            if isinstance(node, ast.Attribute) and node.attr == "environ":
+                offenders.append(f"{file.relative_to(ROOT)}: reads os.environ")
+    assert offenders == []
+
+
+def test_only_the_adapter_imports_cel_engines():
+    for file in (ROOT / "gateway").rglob("*.py"):
+        if file.name == "cel.py":
+            continue
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Import):
+                assert not {a.name.split(".")[0] for a in node.names} & {"cel", "celpy"}, file
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                assert node.module.split(".")[0] not in {"cel", "celpy"}, file

@@ -1,0 +1,152 @@
+"""Policy files that do not load: every problem names file, line and rule id; nothing half-loads."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gateway.errors import PolicyErrors
+from gateway.policy.compile import compile_documents, load_policy, load_rule_documents
+from gateway.policy.load import parse_documents
+
+HEAD = "apiVersion: dharma/v1\nkind: RuleSet\nmetadata: {name: t}\nrules:\n"
+
+
+def problems_of(text: str, tmp_path: Path) -> list[str]:
+    path = tmp_path / "rules.yaml"
+    path.write_text(textwrap.dedent(text))
+    with pytest.raises(PolicyErrors) as info:
+        compile_documents(load_rule_documents([path]))
+    return [str(p) for p in info.value.problems]
+
+
+@pytest.mark.parametrize(
+    "body, line, needle",
+    [
+        ("  - id: a\n    effect: deny\n    when: 'args.x == \"'\n", 7, "CEL syntax error"),
+        ("  - id: a\n    effect: deny\n    when: 'argz.path == \"x\"'\n", 7, "unknown variable argz"),
+        ("  - id: a\n    effect: deny\n    when: 'response.text == \"x\"'\n", 7, "only in the response phase"),
+        ("  - id: a\n    effect: obliterate\n", 6, "effect"),
+        ("  - id: a\n    effect: deny\n    colour: red\n", 7, "unknown key 'colour'"),
+        ("  - id: a\n    effect: deny\n  - id: a\n    effect: warn\n", 7, "duplicate rule id"),
+        ("  - id: a\n    effect: deny\n    effect: allow\n", 7, "duplicate key 'effect'"),
+        ("  - id: a\n    effect: deny\n    mode: shadow\n", 7, "mode"),
+        ("  - id: a\n    effect: deny\n    when: 'args.path.startswith(\"/\")'\n", 7, "startswith"),
+    ],
+)
+def test_rule_errors_name_file_line_and_rule(tmp_path, body, line, needle):
+    found = problems_of(HEAD + body, tmp_path)
+    assert any(needle in p for p in found), found
+    hit = next(p for p in found if needle in p)
+    assert f"rules.yaml:{line}:" in hit
+    assert "[a]" in hit
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    found = problems_of(HEAD + "  - id: a\n    effect: [deny\n", tmp_path)
+    assert len(found) == 1 and "malformed YAML" in found[0] and "rules.yaml:" in found[0]
+
+
+def test_unknown_kind_and_wrong_api_version(tmp_path):
+    found = problems_of("apiVersion: dharma/v1\nkind: Rulez\nmetadata: {name: t}\n", tmp_path)
+    assert "unknown kind 'Rulez'" in found[0] and ":2:" in found[0]
+    found = problems_of("apiVersion: dharma/v2\nkind: RuleSet\nmetadata: {name: t}\n", tmp_path)
+    assert "apiVersion" in found[0] and ":1:" in found[0]
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    body = (
+        "  - id: a\n    effect: deny\n    when: 'nope == 1'\n"
+        "  - id: b\n    effect: deny\n    when: '(('\n"
+        "  - id: a\n    effect: warn\n"
+    )
+    found = problems_of(HEAD + body, tmp_path)
+    assert len(found) == 3
+    assert [p.split(":")[1] for p in found] == ["7", "10", "11"]
+
+
+def test_not_a_mapping_and_not_utf8(tmp_path):
+    assert "must be a YAML mapping" in problems_of("- just\n- a list\n", tmp_path)[0]
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(b"apiVersion: dharma/v1\nkind: RuleSet\nmetadata: {name: \xff}\n")
+    with pytest.raises(PolicyErrors) as info:
+        load_rule_documents([path])
+    assert "not UTF-8" in str(info.value)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(PolicyErrors) as info:
+        load_rule_documents([tmp_path / "absent.yaml"])
+    assert "cannot read" in str(info.value)
+
+
+def test_profile_errors(tmp_path):
+    (tmp_path / "p.yaml").write_text(
+        textwrap.dedent(
+            """\
+            apiVersion: dharma/v1
+            kind: Policy
+            metadata: {name: p}
+            principals:
+              - {id: x, tier: ghost}
+            tiers:
+              - {name: a, inherits: b}
+              - {name: b, inherits: a}
+            sensitivity:
+              - tools: ["s*"]
+                level: SENSITIVE
+                escalate:
+                  - {when: 'response.x', to: RESTRICTED}
+            rule_sets: [missing.yaml]
+            """
+        )
+    )
+    with pytest.raises(PolicyErrors) as info:
+        load_policy(tmp_path / "p.yaml")
+    assert "rule set not found: missing.yaml" in str(info.value)
+    (tmp_path / "p.yaml").write_text((tmp_path / "p.yaml").read_text().replace("rule_sets: [missing.yaml]\n", ""))
+    with pytest.raises(PolicyErrors) as info:
+        load_policy(tmp_path / "p.yaml")
+    text = str(info.value)
+    assert "unknown tier 'ghost'" in text and "inheritance cycle" in text and "unknown variable response" in text
+
+
+def test_api_key_digest_shape_is_checked(tmp_path):
+    docs = "apiVersion: dharma/v1\nkind: Policy\nmetadata: {name: p}\nprincipals:\n  - {id: x, tier: t, api_key_sha256: plaintext-key}\n"
+    with pytest.raises(PolicyErrors) as info:
+        parse_documents(docs, "p.yaml")
+    assert "p.yaml:5:" in str(info.value) and "64 lower-case hex" in str(info.value)
+
+
+def test_unguarded_optional_field_is_a_warning_not_an_error(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(HEAD + "  - id: a\n    effect: deny\n    when: 'args.path.contains(\"..\")'\n  - id: b\n    effect: deny\n    when: 'has(args.path) && args.path == \"x\"'\n")
+    policy = compile_documents(load_rule_documents([path]))
+    assert [w.rule_id for w in policy.warnings] == ["a"]
+    assert "has(args.path)" in policy.warnings[0].message
+
+
+def test_policy_version_changes_with_content(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(HEAD + "  - id: a\n    effect: deny\n")
+    first = compile_documents(load_rule_documents([path])).version
+    assert compile_documents(load_rule_documents([path])).version == first
+    path.write_text(HEAD + "  - id: a\n    effect: warn\n")
+    assert compile_documents(load_rule_documents([path])).version != first
+
+
+def test_rules_are_indexed_by_tool_glob(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        HEAD
+        + "  - {id: exact, effect: deny, tools: [read_file]}\n"
+        + "  - {id: glob, effect: deny, tools: ['read_*']}\n"
+        + "  - {id: other, effect: deny, tools: ['write_*', 'shell']}\n"
+        + "  - {id: everything, effect: warn}\n"
+    )
+    policy = compile_documents(load_rule_documents([path]))
+    assert [r.id for r in policy.rules_for("read_file")] == ["exact", "glob", "everything"]
+    assert [r.id for r in policy.rules_for("shell")] == ["other", "everything"]
+    assert [r.id for r in policy.rules_for("READ_FILE")] == ["everything"]
