@@ -128,7 +128,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from gateway.policy.compile import load_policy
     from gateway.policy.models import CaseCall
-    from gateway.policy.testing import evaluate_case
+    from gateway.policy.testing import deciding_values, evaluate_case
     from gateway.stages.tier_gate import is_granted
     from gateway.call import Principal
 
@@ -170,8 +170,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "disclosure": result.disclosure.verdict.value if result.disclosure else None,
     }
     if args.explain:
+        sources = {r.id: (r.when.source if r.when else "") for r in (*policy.rules, *policy.disclosure_rules)}
         report["considered"] = [
-            {"rule": t.rule_id, "effect": t.effect, "mode": t.mode, "value": t.value, "error": t.error, "matched": t.matched}
+            {"rule": t.rule_id, "effect": t.effect, "mode": t.mode, "value": t.value, "error": t.error, "matched": t.matched,
+             "inputs": deciding_values(sources[t.rule_id], result.variables)}
             for t in result.trace
         ]
     if args.json:
@@ -197,6 +199,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             why = f"error: {t.error} → counts as {'a match' if t.matched else 'no match'}" if t.error else f"condition = {json.dumps(t.value, default=str)}"
             _out(f"  {'MATCH' if t.matched else '     '} {t.rule_id} [{t.effect}, {t.mode}] {rule.file}:{rule.line}")
             _out(f"         when: {rule.when.source if rule.when else '(always)'}")
+            for path, value in deciding_values(rule.when.source if rule.when else "", result.variables).items():
+                _out(f"         {path} = {json.dumps(value, default=str)}")
             _out(f"         {why}")
     return EXIT_OK
 
@@ -529,6 +533,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0) and EXIT_USAGE
+    from gateway.logging import configure_logging
+
+    configure_logging("warning")  # on stderr: stdout carries the command's output (JSON, JWKS, ...)
     try:
         return int(args.func(args))
     except PolicyErrors as exc:

@@ -24,6 +24,12 @@ def scrub_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
     return event
 
 
+def ensure_logging() -> None:
+    """Configure logging to stderr unless the host application already configured structlog."""
+    if not structlog.is_configured():
+        configure_logging("warning")
+
+
 def configure_logging(level: str = "info") -> None:
     """JSON lines on stderr (stdout may be a protocol stream)."""
     structlog.configure(

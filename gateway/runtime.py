@@ -7,16 +7,19 @@ a ConfigError or PolicyErrors with a message naming what and where.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from audit.errors import LedgerError
 from audit.sqlite import SqliteLedger
 from gateway.backends import Backend, CallableBackend, HttpBackend, ToolSpec
-from gateway.config import Settings, UpstreamConfig
+from gateway.config import Settings, UpstreamConfig, load_settings
 from gateway.errors import ConfigError
 from gateway.gateway import Gateway
+from gateway.logging import ensure_logging
 from gateway.policy.compile import load_policy
 from gateway.signing import KeyStore
 from gateway.stores.sqlite_approvals import SqliteApprovalStore
@@ -49,11 +52,30 @@ def build_backend(upstream: UpstreamConfig, python_path: list[Path] | None = Non
     return backend  # type: ignore[no-any-return]
 
 
-async def open_gateway(settings: Settings) -> Gateway:
-    """Open everything a serving gateway needs; raises ConfigError/PolicyErrors on bad input."""
-    policy = load_policy(settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
+async def open_gateway(
+    settings: Settings | None = None,
+    *,
+    config: str | Path | None = None,
+    policy: str | Path | None = None,
+    backends: Sequence[Backend] = (),
+    state_root: str | Path | None = None,
+) -> Gateway:
+    """Open a Gateway: from `settings`, or from a dharma.yaml and/or a policy path plus backends.
+
+    Keys, the karma ledger and approvals live under the state root (default
+    `$DHARMA_STATE_ROOT` or ~/.dharma). Raises ConfigError/PolicyErrors on bad input.
+    """
+    ensure_logging()
+    if settings is None:
+        overrides: dict[str, Any] = {}
+        if policy is not None:
+            overrides["policy"] = str(Path(policy).resolve())
+        if state_root is not None:
+            overrides["state_root"] = str(state_root)
+        settings = load_settings(Path(config) if config else None, os.environ, overrides)
+    compiled = load_policy(settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
     keys = KeyStore.open(settings.state_dir)
-    backends = [build_backend(u, list(settings.python_path)) for u in settings.upstreams]
+    backends = [*backends, *(build_backend(u, list(settings.python_path)) for u in settings.upstreams)]
     approvals = SqliteApprovalStore(settings.approvals_path)
     try:
         ledger = await SqliteLedger.open(settings.ledger_path, synchronous=settings.ledger.synchronous)
@@ -61,7 +83,7 @@ async def open_gateway(settings: Settings) -> Gateway:
         raise ConfigError(str(exc)) from None
     try:
         return Gateway(
-            policy, backends, ledger=ledger, keys=keys, approval_store=approvals, policy_path=settings.policy
+            compiled, backends, ledger=ledger, keys=keys, approval_store=approvals, policy_path=settings.policy
         )
     except ValueError as exc:
         await ledger.aclose()

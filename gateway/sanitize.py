@@ -264,7 +264,8 @@ _PASSWORD_TEXT: Final = re.compile(
 )
 _URL_PASSWORD: Final = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:([^\s/@]+)@")
 # `[0-9](?<![0-9][0-9])` = a digit not preceded by one, written so the engine can skip to digits.
-_DIGITS_PREFILTER: Final = re.compile(r"[0-9][0-9 -]{5,}")  # needed by cards, SSNs and OTP codes
+_DIGIT_BYTES: Final = b"0123456789"
+_NUMERIC: Final = re.compile(r"[0-9][0-9 -]{5,}")  # where cards, SSNs and OTP codes can be
 _NUMBER_RUN: Final = re.compile(r"[0-9]+(?:[ -][0-9]+)*")  # digits, single spaces or dashes between
 _NUMBER_PIECE: Final = re.compile(r"[0-9]+(?:-[0-9]+)*")  # a space-free part of a run
 _SSN: Final = re.compile(r"[0-9](?<![0-9][0-9])(?<![0-9-]-[0-9])[0-9]{2}-[0-9]{2}-[0-9]{4}(?![0-9]|-[0-9])")
@@ -404,21 +405,24 @@ def _scan(s: str) -> list[_Hit]:
             g = 1 if m.group(1) is not None else 2 if m.group(2) is not None else 3
             if _PLACEHOLDER.match(m.group(g)) is None:
                 add(("password", m.start(g), m.end(g), f"password assignment in text, {m.end(g) - m.start(g)} chars"))
-    if _DIGITS_PREFILTER.search(s) is None:
+    raw = s.encode("utf-8", "surrogatepass")
+    if len(raw) - len(raw.translate(None, _DIGIT_BYTES)) < 6:  # fewer digits than the shortest code
         return hits
-    for m in _NUMBER_RUN.finditer(s):
-        if m.end() - m.start() >= 13:
-            _cards(s, m.start(), m.end(), hits)
-    if "-" in s:
-        for m in _SSN.finditer(s):
-            area, group, serial = m.group()[:3], m.group()[4:6], m.group()[7:]
-            if area not in ("000", "666") and area[0] != "9" and group != "00" and serial != "0000":
-                add(("ssn", m.start(), m.end(), "US social security number"))
-    for m in _OTP_CANDIDATE.finditer(s):
-        start, end = m.start(), m.end()
-        word = _OTP_WORDS.search(s, max(0, start - 40), start) or _OTP_WORDS.search(s, end, end + 30)
-        if word is not None:
-            add(("otp_code", start, end, f"{end - start}-digit code near {word.group().lower()!r}"))
+    for region in _NUMERIC.finditer(s):  # one pass over the text; the rest looks only at regions
+        a, b = region.span()
+        for m in _NUMBER_RUN.finditer(s, a, b):
+            if m.end() - m.start() >= 13:
+                _cards(s, m.start(), m.end(), hits)
+        if "-" in region.group():
+            for m in _SSN.finditer(s, a, b):
+                area, group, serial = m.group()[:3], m.group()[4:6], m.group()[7:]
+                if area not in ("000", "666") and area[0] != "9" and group != "00" and serial != "0000":
+                    add(("ssn", m.start(), m.end(), "US social security number"))
+        for m in _OTP_CANDIDATE.finditer(s, a, b):
+            start, end = m.start(), m.end()
+            word = _OTP_WORDS.search(s, max(0, start - 40), start) or _OTP_WORDS.search(s, end, end + 30)
+            if word is not None:
+                add(("otp_code", start, end, f"{end - start}-digit code near {word.group().lower()!r}"))
     return hits
 
 
@@ -772,6 +776,7 @@ def compile_schema(schema: Mapping[str, Any]) -> SchemaValidator:
 # --------------------------------------------------------------------------- sanitize
 
 _MAX_SAFE_INT: Final = 2**53 - 1  # beyond this, canonical JSON (the ledger digest) cannot encode it
+_JSON_TYPES: Final = frozenset({str, int, float, bool, type(None), dict, list, tuple})
 
 
 def _type_name(v: Any) -> str:
@@ -781,141 +786,126 @@ def _type_name(v: Any) -> str:
     return "number" if isinstance(v, (int, float)) else type(v).__name__
 
 
-def _same_clean(key: str, cleaned: str) -> bool:
+def _plain(v: Any, where: Callable[[], str]) -> Any:
+    """A subclass of a JSON type (StrEnum, IntEnum, OrderedDict, ...) as its base type."""
+    for base in (str, int, float, dict, list, tuple):
+        if isinstance(v, base):
+            return str.__str__(v) if base is str else base(v)
+    raise SanitizeError(f"{_type_name(v)} value is not JSON", where())
+
+
+def _clean_key(key: Any, path: str, max_string: int) -> str:
+    if not isinstance(key, str):
+        raise SanitizeError(f"object key {key!r} is not a string", path)
+    if len(key) > max_string:
+        raise SanitizeError(f"object key longer than {max_string} characters", path)
     try:
-        return _clean(key) == cleaned
-    except _BadChar:
-        return False
+        return _clean(str.__str__(key))
+    except _BadChar as exc:
+        raise SanitizeError(_bad_char_message(f"object key {json.dumps(key)}", exc), path) from None
 
 
-class _Walk:
-    """One pass over the arguments: limits, cleaning, findings. Paths are built only when needed."""
+def _collision(key: str, cleaned: str, path: str, src: dict[Any, Any]) -> SanitizeError:
+    def cleans_to(k: Any) -> bool:
+        try:
+            return isinstance(k, str) and k != key and _clean(k) == cleaned
+        except _BadChar:
+            return False
 
-    __slots__ = ("changed", "findings", "items", "limits", "size", "stack")
+    other = next((k for k in src if cleans_to(k)), cleaned)
+    return SanitizeError(
+        f"object keys {json.dumps(other)} and {json.dumps(key)} collide after cleaning "
+        f"(both become {json.dumps(cleaned)})",
+        path,
+    )
 
-    def __init__(self, limits: SanitizerLimits) -> None:
-        self.limits = limits
-        self.items = 0
-        self.size = 0
-        self.changed = False
-        self.findings: list[Finding] = []
-        self.stack: list[tuple[Any, Any, str, int]] = []
 
-    def run(self, root: dict[Any, Any]) -> dict[str, Any]:
-        if self.limits.max_depth < 1:
-            raise SanitizeError(f"nesting deeper than {self.limits.max_depth}", "$")
-        out: dict[str, Any] = {}
-        stack = self.stack
-        stack.append((root, out, "$", 1))
-        while stack:
-            src, dst, path, depth = stack.pop()
-            if type(src) is dict or isinstance(src, dict):
-                self.count(2 * len(src), 2 + 2 * len(src), path)
-                for key, value in src.items():
-                    ck = self.key(key, path, src, dst)
-                    dst[ck] = self.value(value, path, ck, depth)
+def _walk(root: dict[Any, Any], limits: SanitizerLimits) -> tuple[dict[str, Any], list[Finding], bool]:
+    """One iterative pass: limits, JSON types, cleaning, findings. Paths are built only when needed."""
+    max_depth, max_string, max_items, max_bytes = limits.max_depth, limits.max_string, limits.max_items, limits.max_bytes
+    if max_depth < 1:
+        raise SanitizeError(f"nesting deeper than {max_depth}", "$")
+    findings: list[Finding] = []
+    changed = False
+    items = size = 0
+    out: dict[str, Any] = {}
+    stack: list[tuple[Any, Any, str, int]] = [(root, out, "$", 1)]
+    while stack:
+        src, dst, path, depth = stack.pop()
+        is_object = type(dst) is dict
+        n = len(src)
+        items += 2 * n if is_object else n
+        size += 2 + 2 * n if is_object else 2 + n  # brackets, separators
+        if items > max_items:
+            raise SanitizeError(f"more than {max_items} values in total", path)
+        entries: Iterable[tuple[Any, Any]] = src.items() if is_object else enumerate(src)
+        for key, v in entries:
+            key_kind = None
+            if is_object:
+                raw = key
+                if type(key) is str and key.isascii() and key.isprintable() and len(key) <= max_string:
+                    size += len(key) + 2
+                else:
+                    key = _clean_key(raw, path, max_string)
+                    size += len(key.encode()) + 2
+                    if key != raw:
+                        changed = True
+                if key in dst:
+                    raise _collision(raw, key, path, src)
+                key_kind = _key_kind(key)
+            t = type(v)
+            if t not in _JSON_TYPES:
+                v = _plain(v, lambda: _child(path, key))
+                t = type(v)
+            if t is str:
+                if len(v) > max_string:
+                    raise SanitizeError(f"string longer than {max_string} characters", _child(path, key))
+                if v.isascii():
+                    c = v if v.isprintable() else _clean(v)
+                    size += len(c) + 2
+                else:
+                    try:
+                        c = _clean(v)
+                    except _BadChar as exc:
+                        raise SanitizeError(_bad_char_message("string", exc), _child(path, key)) from None
+                    if len(c) > max_string:
+                        raise SanitizeError(
+                            f"string longer than {max_string} characters after normalisation", _child(path, key)
+                        )
+                    size += len(c.encode()) + 2
+                if c is not v:
+                    changed = True
+                    v = c
+                if key_kind is not None or len(v) >= _MIN_SCAN:
+                    hits = _value_hits(v, key_kind)
+                    if hits:
+                        _findings(hits, _child(path, key), findings)
+            elif t is dict or t is list or t is tuple:
+                child = _child(path, key)
+                if depth >= max_depth:
+                    raise SanitizeError(f"nesting deeper than {max_depth}", child)
+                new: Any = {} if t is dict else []
+                stack.append((v, new, child, depth + 1))
+                v = new
+            elif t is int:
+                if not -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT:
+                    raise SanitizeError("integer outside the interoperable range ±(2**53-1)", _child(path, key))
+                size += len(str(v))
+                if key_kind == "otp_code":
+                    _findings(_value_hits(v, key_kind), _child(path, key), findings)
+            elif t is float:
+                if not math.isfinite(v):
+                    raise SanitizeError(f"{v!r} is not a JSON number", _child(path, key))
+                size += len(repr(v))
+            else:  # bool or None
+                size += 5
+            if size > max_bytes:
+                raise SanitizeError(f"arguments larger than {max_bytes} bytes", _child(path, key))
+            if is_object:
+                dst[key] = v
             else:
-                self.count(len(src), 2 + len(src), path)
-                for i, value in enumerate(src):
-                    dst.append(self.value(value, path, i, depth))
-        return out
-
-    def count(self, items: int, size: int, path: str) -> None:
-        self.items += items
-        if self.items > self.limits.max_items:
-            raise SanitizeError(f"more than {self.limits.max_items} values in total", path)
-        self.size += size
-        if self.size > self.limits.max_bytes:
-            raise SanitizeError(f"arguments larger than {self.limits.max_bytes} bytes", path)
-
-    def key(self, key: Any, path: str, src: dict[Any, Any], dst: dict[str, Any]) -> str:
-        if type(key) is not str:
-            if not isinstance(key, str):
-                raise SanitizeError(f"object key {key!r} is not a string", path)
-            key = str.__str__(key)
-        if len(key) > self.limits.max_string:
-            raise SanitizeError(f"object key longer than {self.limits.max_string} characters", path)
-        if key.isascii() and key.isprintable():
-            ck = key
-            self.size += len(key) + 2
-        else:
-            try:
-                ck = _clean(key)
-            except _BadChar as exc:
-                raise SanitizeError(_bad_char_message(f"object key {json.dumps(key)}", exc), path) from None
-            self.size += len(ck.encode()) + 2
-            if ck != key:
-                self.changed = True
-        if ck in dst:
-            other = next((k for k in src if isinstance(k, str) and k != key and _same_clean(k, ck)), ck)
-            raise SanitizeError(
-                f"object keys {json.dumps(other)} and {json.dumps(key)} collide after cleaning "
-                f"(both become {json.dumps(ck)})",
-                path,
-            )
-        return ck
-
-    def value(self, v: Any, path: str, key: str | int, depth: int) -> Any:
-        t = type(v)
-        if t is str:
-            return self.string(v, path, key)
-        if t is int:
-            if not -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT:
-                raise SanitizeError("integer outside the interoperable range ±(2**53-1)", _child(path, key))
-            self.size += len(str(v))
-            if type(key) is str and _key_kind(key) == "otp_code":
-                _findings(_value_hits(v, "otp_code"), _child(path, key), self.findings)
-        elif t is bool:
-            self.size += 5
-        elif v is None:
-            self.size += 4
-        elif t is float:
-            if not math.isfinite(v):
-                raise SanitizeError(f"{v!r} is not a JSON number", _child(path, key))
-            self.size += len(repr(v))
-        elif t is dict or t is list or t is tuple:
-            child = _child(path, key)
-            if depth >= self.limits.max_depth:
-                raise SanitizeError(f"nesting deeper than {self.limits.max_depth}", child)
-            new: Any = {} if t is dict else []
-            self.stack.append((v, new, child, depth + 1))
-            return new
-        elif isinstance(v, (str, int, float, dict, list, tuple)):  # subclasses (StrEnum, IntEnum, ...)
-            base = next(b for b in (str, int, float, dict, list, tuple) if isinstance(v, b))
-            return self.value(str.__str__(v) if base is str else base(v), path, key, depth)
-        else:
-            raise SanitizeError(f"{_type_name(v)} value is not JSON", _child(path, key))
-        if self.size > self.limits.max_bytes:
-            raise SanitizeError(f"arguments larger than {self.limits.max_bytes} bytes", _child(path, key))
-        return v
-
-    def string(self, s: str, path: str, key: str | int) -> str:
-        limits = self.limits
-        if len(s) > limits.max_string:
-            raise SanitizeError(f"string longer than {limits.max_string} characters", _child(path, key))
-        if s.isascii():
-            c = s if s.isprintable() else _clean(s)
-            self.size += len(c) + 2
-        else:
-            try:
-                c = _clean(s)
-            except _BadChar as exc:
-                raise SanitizeError(_bad_char_message("string", exc), _child(path, key)) from None
-            if len(c) > limits.max_string:
-                raise SanitizeError(
-                    f"string longer than {limits.max_string} characters after normalisation", _child(path, key)
-                )
-            self.size += len(c.encode()) + 2
-        if self.size > limits.max_bytes:
-            raise SanitizeError(f"arguments larger than {limits.max_bytes} bytes", _child(path, key))
-        if c is not s:
-            self.changed = True
-        key_kind = _key_kind(key) if type(key) is str else None
-        if key_kind is not None or len(c) >= _MIN_SCAN:
-            hits = _value_hits(c, key_kind)
-            if hits:
-                _findings(hits, _child(path, key), self.findings)
-        return c
+                dst.append(v)
+    return out, findings, changed
 
 
 def sanitize(
@@ -935,10 +925,8 @@ def sanitize(
         arguments = {}
     elif not isinstance(arguments, dict):
         raise SanitizeError(f"arguments must be a JSON object, got {_type_name(arguments)}", "$")
-    walk = _Walk(limits)
-    cleaned = walk.run(arguments)
+    cleaned, findings, changed = _walk(arguments, limits)
     if input_schema is not None:
         validator = input_schema if isinstance(input_schema, SchemaValidator) else compile_schema(input_schema)
         validator.validate(cleaned)
-    return Sanitized(arguments=cleaned, findings=tuple(walk.findings), changed=walk.changed)
-
+    return Sanitized(arguments=cleaned, findings=tuple(findings), changed=changed)

@@ -8,6 +8,7 @@ must not smuggle a different call past the one the policy saw).
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -60,6 +61,32 @@ def parse_json_body(raw: bytes, limit: int) -> Any:
         raise BadRequest(f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise BadRequest("request body nests too deeply") from None
+    except ValueError as exc:  # e.g. an integer literal past Python's int-conversion digit limit
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused as soon as it is known to exceed `limit` (never buffered past it)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BadRequest(f"request body is {int(declared)} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(f"request body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def request_id_from(request: Request) -> str:
+    """The caller's `X-Request-ID` when it is a sane token (it goes into the ledger and receipt), else a new id."""
+    given = request.headers.get("x-request-id", "")
+    return given if _REQUEST_ID.fullmatch(given) else new_request_id()
 
 
 def credentials_from(request: Request) -> Credentials:
@@ -104,9 +131,10 @@ def build_app(gateway: Gateway, *, max_body_bytes: int = 2_097_152) -> Starlette
 
     async def call_tool(request: Request) -> Response:
         tool = request.path_params["name"]
-        request_id = request.headers.get("x-request-id") or new_request_id()
-        raw = await request.body()
+        request_id = request_id_from(request)
+        raw: bytes | None = None
         try:
+            raw = await read_body(request, max_body_bytes)
             body = parse_json_body(raw, max_body_bytes)
             if not isinstance(body, dict):
                 raise BadRequest("request body must be a JSON object like {\"arguments\": {...}}")
@@ -121,7 +149,7 @@ def build_app(gateway: Gateway, *, max_body_bytes: int = 2_097_152) -> Starlette
         except BadRequest as exc:
             refused = ToolCall(tool=tool, arguments=None, request_id=request_id, credentials=credentials_from(request), method="http/tools.call")
             block = Decision.block(ErrorCode.INVALID_PARAMS, exc.message, BlockClass.SAFETY_CONTENT, stage="transport")
-            governed = await gateway.govern(refused, refusal=block, request={"tool": tool, "body_sha256": sha256_hex(raw)})
+            governed = await gateway.govern(refused, refusal=block, request={"tool": tool, "body_sha256": sha256_hex(raw) if raw is not None else None})
             return JSONResponse(governed.response, status_code=400)
         call = ToolCall(
             tool=tool,

@@ -7,6 +7,7 @@ No I/O beyond reading the test files.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,6 +42,7 @@ class CaseResult:
     trace: tuple[RuleTrace, ...]
     disclosure: DisclosureVerdict | None
     error: str | None = None
+    variables: dict[str, Any] = field(default_factory=dict)
 
 
 def evaluate_case(
@@ -87,7 +89,35 @@ def evaluate_case(
         verdict = evaluate_disclosure(
             policy, call.tool, cel.make_activation(response_variables(variables, response, False, found), policy.engine), trace
         )
-    return CaseResult(decision, sensitivity, tuple(findings), tuple(trace), verdict)
+    shown = {**variables, "response": {"result": response}} if response is not None else variables
+    return CaseResult(decision, sensitivity, tuple(findings), tuple(trace), verdict, variables=shown)
+
+
+_PATH = re.compile(r"\b(?:args|principal|tool|request|session|response|findings)(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def deciding_values(source: str, variables: dict[str, Any]) -> dict[str, Any]:
+    """The values of the variable paths an expression reads (`args.path` → '../x'), for explanations.
+
+    A path that does not exist is shown as `<missing>`: that is what makes an unguarded rule error.
+    """
+    values: dict[str, Any] = {}
+    paths = []
+    for match in _PATH.finditer(source):
+        path = match.group(0)
+        if source[match.end():].lstrip().startswith("("):
+            path = path.rsplit(".", 1)[0]  # a method call: show its receiver
+        paths.append(path)
+    for path in dict.fromkeys(paths):
+        node: Any = variables
+        for part in path.split("."):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                node = "<missing>"
+                break
+        values[path] = node
+    return values
 
 
 @dataclass(slots=True)

@@ -1,0 +1,33 @@
+"""The README's Python example runs as written and shows an allowed and a denied call."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_python_example_runs(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    [example] = re.findall(r"```python\n(.*?)```", readme, re.S)
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [l for l in proc.stdout.splitlines() if l.startswith(("ok ", "blocked "))]
+    assert lines[0].startswith("ok {'content'") and " 1 " in lines[0]
+    assert lines[1].startswith("blocked policy_blocked")
+
+
+def test_public_surface_is_pinned():
+    import gateway
+
+    assert gateway.__all__ == sorted(gateway.__all__)
+    assert set(gateway.__all__) == {
+        "Backend", "BackendResult", "CallError", "CallableBackend", "ConfigError", "Decision", "Effect",
+        "ErrorCode", "Gateway", "GatewayError", "HttpBackend", "Outcome", "PolicyErrors", "Status", "ToolSpec",
+        "open_gateway",
+    }
