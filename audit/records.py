@@ -10,6 +10,7 @@ No I/O here.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,6 +25,7 @@ ENTRY_PREFIX = b'{"entry":'
 PREV_MARK = b',"prev":"'
 SEQ_MARK = b'","seq":'
 _HEX_DIGITS = b"0123456789abcdef"
+_CANONICAL_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,10 @@ class ParsedRecord:
 
 @dataclass(frozen=True, slots=True)
 class IndexFields:
-    """The entry fields copied into indexed columns (not hashed: the body is the truth)."""
+    """The entry fields copied into indexed columns (not hashed: the body is the truth).
+
+    `matched_rules` is not here: the SQLite schema indexes it from the record bytes.
+    """
 
     time: str | None
     principal: str | None
@@ -66,7 +71,6 @@ class IndexFields:
     status: str | None
     request_id: str | None
     policy_version: str | None
-    rules: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +150,6 @@ def index_fields(entry: Mapping[str, Any]) -> IndexFields:
         status=_text(get("status")),
         request_id=_text(get("request_id")),
         policy_version=_text(get("policy_version")),
-        rules=_rules(get("matched_rules")),
     )
 
 
@@ -159,14 +162,6 @@ def _text(value: Any) -> str | None:
         return str(value)
 
 
-def _rules(value: Any) -> tuple[str, ...]:
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, (list, tuple)):
-        return tuple(dict.fromkeys(t for t in map(_text, value) if t is not None))
-    return ()
-
-
 def normalize_time(value: str | datetime) -> str:
     """Return `value` as `YYYY-MM-DDTHH:MM:SS.ffffffZ` in UTC, so strings sort as instants.
 
@@ -174,6 +169,8 @@ def normalize_time(value: str | datetime) -> str:
     given (it is still stored; it just will not sort with the rest).
     """
     if isinstance(value, str):
+        if _CANONICAL_TIME.fullmatch(value):
+            return value
         try:
             parsed = datetime.fromisoformat(value)
         except ValueError:

@@ -78,13 +78,25 @@ CREATE INDEX records_principal_time ON records(principal, time);
 CREATE INDEX records_tool_time ON records(tool, time);
 CREATE INDEX records_time ON records(time);
 CREATE INDEX record_rules_rule ON record_rules(rule_id, seq);
+CREATE TRIGGER records_index_rules AFTER INSERT ON records BEGIN
+    INSERT INTO record_rules(seq, rule_id)
+    SELECT DISTINCT NEW.seq, value FROM json_each(CAST(NEW.body AS TEXT), '$.entry.matched_rules')
+    WHERE type = 'text' AND typeof(key) != 'text';
+END;
 """ + _TRIGGERS
 
-INSERT_RECORD = (
-    "INSERT INTO records(seq, hash, body, time, principal, tool, decision, status, request_id, "
-    "policy_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-INSERT_RULE = "INSERT INTO record_rules(seq, rule_id) VALUES (?, ?)"
+RECORD_COLUMNS = "seq, hash, body, time, principal, tool, decision, status, request_id, policy_version"
+INSERT_CHUNK = 1000
+WAIT_SLICE = 0.0002
+
+
+@functools.cache
+def _insert_sql(rows: int) -> str:
+    """One INSERT of `rows` records."""
+    row = "(" + ",".join("?" * (RECORD_COLUMNS.count(",") + 1)) + ")"
+    return f"INSERT INTO records({RECORD_COLUMNS}) VALUES {','.join([row] * rows)}"
+
+
 INSERT_CHECKPOINT = (
     "INSERT INTO checkpoints(size, note, created_at) VALUES (?, ?, ?) ON CONFLICT(size) DO NOTHING"
 )
@@ -180,7 +192,7 @@ class SqliteLedger:
     def _open_sync(
         cls, path: Path, synchronous: Synchronous, *, batch_max: int, batch_wait_ms: float
     ) -> SqliteLedger:
-        _check_location(path)
+        _inspect(path)  # refuse a foreign file before leaving a lock file next to it
         lock = _WriterLock(path)
         lock.acquire()
         try:
@@ -276,22 +288,24 @@ class SqliteLedger:
             self._conn.close()
 
     def _next_batch(self) -> tuple[list[_Pending], _CheckpointRequest | _Stop | None]:
+        """Block for one item, let more arrive for up to batch_wait, then drain the queue.
+
+        The wait polls the queue size while sleeping rather than taking items one by one,
+        so producers are not interrupted by a writer waking up for every entry.
+        """
         first = self._queue.get()
         if not isinstance(first, _Pending):
             return [], first
+        if self._batch_wait > 0:
+            deadline = time.monotonic() + self._batch_wait
+            while self._queue.qsize() < self._batch_max - 1 and (left := deadline - time.monotonic()) > 0:
+                time.sleep(min(left, WAIT_SLICE))
         batch = [first]
-        deadline = time.monotonic() + self._batch_wait
         while len(batch) < self._batch_max:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    item = self._queue.get(timeout=remaining)
-                except queue.Empty:
-                    break
+                break
             if not isinstance(item, _Pending):
                 return batch, item
             batch.append(item)
@@ -302,7 +316,6 @@ class SqliteLedger:
         head = self._head
         seq, prev = head.size, head.hash
         rows: list[tuple[Any, ...]] = []
-        rule_rows: list[tuple[int, str]] = []
         hashes: list[bytes] = []
         results: list[Appended | BaseException] = []
         sha256 = hashlib.sha256
@@ -314,11 +327,10 @@ class SqliteLedger:
             f = item.fields
             rows.append((seq, digest, body, f.time, f.principal, f.tool, f.decision, f.status,
                          f.request_id, f.policy_version))
-            rule_rows.extend((seq, rule) for rule in f.rules)
             hashes.append(digest)
             results.append(Appended(seq, prev))
         try:
-            self._write(rows, rule_rows)
+            self._write(rows)
         except sqlite3.Error as exc:
             message = f"{self._path}: records {head.size + 1}..{seq} were not committed ({exc})"
             log.error("ledger.batch_failed", path=str(self._path), first_seq=head.size + 1, count=len(batch),
@@ -331,13 +343,14 @@ class SqliteLedger:
                   ms=round((time.perf_counter() - started) * 1000, 3))
         _settle([item.future for item in batch], results)
 
-    def _write(self, rows: Sequence[tuple[Any, ...]], rule_rows: Sequence[tuple[int, str]]) -> None:
+    def _write(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Insert a batch in one transaction, as multi-row INSERTs; the rule index fills by trigger."""
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(INSERT_RECORD, rows)
-            if rule_rows:
-                conn.executemany(INSERT_RULE, rule_rows)
+            for start in range(0, len(rows), INSERT_CHUNK):
+                chunk = rows[start : start + INSERT_CHUNK]
+                conn.execute(_insert_sql(len(chunk)), [value for row in chunk for value in row])
             conn.execute("COMMIT")
         except sqlite3.Error:
             if conn.in_transaction:
@@ -545,6 +558,8 @@ def _connect_ro(path: Path) -> sqlite3.Connection:
 def _fetch_schema_count(conn: sqlite3.Connection, path: Path) -> int:
     try:
         return int(conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0])
+    except sqlite3.OperationalError as exc:
+        raise LedgerError(f"{path} cannot be read ({exc})") from exc
     except sqlite3.DatabaseError as exc:
         raise NotALedger(f"{path} is not a Dharma karma ledger ({exc})") from exc
 
@@ -552,9 +567,12 @@ def _fetch_schema_count(conn: sqlite3.Connection, path: Path) -> int:
 def _check_format(conn: sqlite3.Connection, path: Path) -> None:
     try:
         row = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such" not in str(exc):
+            raise LedgerError(f"{path} cannot be read ({exc})") from exc
+        raise NotALedger(f"{path} is not a Dharma karma ledger (an SQLite database without our meta table)") from exc
     except sqlite3.DatabaseError as exc:
-        reason = "an SQLite database without a meta table" if "no such" in str(exc) else str(exc)
-        raise NotALedger(f"{path} is not a Dharma karma ledger ({reason})") from exc
+        raise NotALedger(f"{path} is not a Dharma karma ledger ({exc})") from exc
     if row is None or row[0] != FORMAT:
         found = "no format" if row is None else f"format {row[0]!r}"
         raise NotALedger(f"{path} is not a Dharma karma ledger ({found}, expected {FORMAT!r})")
@@ -563,7 +581,7 @@ def _check_format(conn: sqlite3.Connection, path: Path) -> None:
 def _open_writer(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
     kind = _inspect(path)
     try:
-        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, cached_statements=INSERT_CHUNK + 8)
     except sqlite3.Error as exc:
         raise LedgerError(f"{path} cannot be opened for writing ({exc})") from exc
     try:

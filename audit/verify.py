@@ -68,7 +68,7 @@ def verify_ledger(
 
 
 def _anchors(reader: LedgerReader, checkpoint: Checkpoint | None, stored: bool) -> list[_Anchor]:
-    anchors = []
+    anchors: list[_Anchor] = []
     if checkpoint is not None:
         anchors.append(_Anchor(checkpoint.size, checkpoint.root, "checkpoint"))
     if stored:
@@ -90,20 +90,16 @@ class _Walk:
         self.frontier = CompactRange()
         self.checked = 0
         self.good_size = 0
+        self.pending = 0
 
     def run(self, reader: LedgerReader) -> VerifyReport:
-        anchors = self.anchors
-        pending = 0
-        while pending < len(anchors) and anchors[pending].size == 0:
-            if (bad := self._compare(anchors[pending])) is not None:
-                return bad
-            pending += 1
-        next_stop = anchors[pending].size if pending < len(anchors) else -1
-        frontier = self.frontier
-        append = frontier.append
+        if (bad := self._reach(0)) is not None:
+            return bad
+        next_stop = self._next_stop()
+        append = self.frontier.append
         sha256 = hashlib.sha256
-        prefix, prev_mark, seq_mark = ENTRY_PREFIX, PREV_MARK, SEQ_MARK
-        prev = GENESIS_PREV.encode("ascii")
+        prefix, strict = ENTRY_PREFIX, self.strict
+        tail_head = PREV_MARK + GENESIS_PREV.encode("ascii") + SEQ_MARK
         expected = 1
         for seq, stored, body in reader.iter_records():
             if seq != expected:
@@ -114,25 +110,38 @@ class _Walk:
                 return self._bad(seq, f"record {seq} is not stored as bytes")
             if digest != stored:
                 return self._bad(seq, f"record {seq} was modified: its bytes do not hash to its stored hash")
-            if not (body.endswith(b"".join((prev_mark, prev, seq_mark, b"%d}" % seq))) and body.startswith(prefix)):
-                return self._bad(*_diagnose(seq, body, prev.decode("ascii")))
-            if self.strict and (problem := _entry_problem(body)):
+            if not (body.endswith(b"%b%d}" % (tail_head, seq)) and body.startswith(prefix)):
+                return self._bad(*_diagnose(seq, body, tail_head[len(PREV_MARK) : -len(SEQ_MARK)].decode()))
+            if strict and (problem := _entry_problem(body)):
                 return self._bad(seq, f"record {seq} {problem}")
             append(digest)
-            prev = digest.hex().encode("ascii")
+            tail_head = b"%b%b%b" % (PREV_MARK, digest.hex().encode("ascii"), SEQ_MARK)
             expected += 1
-            while seq == next_stop:
-                if (bad := self._compare(anchors[pending])) is not None:
+            if seq == next_stop:
+                if (bad := self._reach(seq)) is not None:
                     return bad
-                pending += 1
-                next_stop = anchors[pending].size if pending < len(anchors) else -1
-        size = expected - 1
-        if pending < len(anchors):
-            anchor = max(anchors[pending:], key=lambda a: (a.label == "checkpoint", a.size))
+                next_stop = self._next_stop()
+        return self._finish(expected - 1)
+
+    def _reach(self, size: int) -> VerifyReport | None:
+        """Compare the tree with every anchor at `size` (the walk has just reached it)."""
+        while self.pending < len(self.anchors) and self.anchors[self.pending].size == size:
+            if (bad := self._compare(self.anchors[self.pending])) is not None:
+                return bad
+            self.pending += 1
+        return None
+
+    def _next_stop(self) -> int:
+        return self.anchors[self.pending].size if self.pending < len(self.anchors) else -1
+
+    def _finish(self, size: int) -> VerifyReport:
+        left = self.anchors[self.pending :]
+        if left:
+            anchor = max(left, key=lambda a: (a.label == "checkpoint", a.size))
             return self._bad(
                 size + 1, f"ledger has {size} records but {anchor.label} at size {anchor.size} — truncated"
             )
-        return VerifyReport(True, size, None, "", frontier.root(), self.checked)
+        return VerifyReport(True, size, None, "", self.frontier.root(), self.checked)
 
     def _compare(self, anchor: _Anchor) -> VerifyReport | None:
         if self.frontier.root() == anchor.root:

@@ -402,6 +402,18 @@ def _celpy_env() -> tuple[Any, dict[str, Any]]:
                 return celtypes.BoolType(celtypes.StringType(name.value) in member)
             return PyEvalError(f"has() needs a map, got {type(member).__name__}", TypeError, None)
 
+        def member_dot_arg(self, tree: Any) -> Any:
+            # Spec (and Rust): comprehensions range over lists and maps only; celpy also
+            # iterates strings character by character, so `"/srv".exists(r, ...)` held there.
+            member_tree, method = tree.children[:2]
+            if method.value in _MACROS:
+                target = self.visit(member_tree)
+                if isinstance(target, PyEvalError):
+                    return target
+                if not isinstance(target, (list, dict)) or isinstance(target, str):
+                    return PyEvalError(f"{method.value}() needs a list or map, got {type(target).__name__}", TypeError, None)
+            return super().member_dot_arg(tree)
+
     class _StrictRunner(celpy.InterpretedRunner):  # type: ignore[misc]
         def evaluate(self, context: Any) -> Any:
             return _StrictEvaluator(ast=self.ast, activation=self.new_activation()).evaluate(context)

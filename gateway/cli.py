@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from gateway.config import PACKAGE_ROOT, Settings, load_settings
+from audit.errors import LedgerError
 from gateway.errors import ConfigError, GatewayError, PolicyErrors
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -50,6 +52,36 @@ def _json_arg(text: str | None, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{what} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+
+
+def _json_object_arg(text: str | None, what: str) -> dict[str, Any]:
+    value = _json_arg(text, what)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UsageError(f"{what} must be a JSON object like '{{\"path\": \"a.txt\"}}', not {type(value).__name__}")
+    return value
+
+
+def _time_arg(text: str) -> str:
+    """An RFC 3339 time (or date) for --since/--until; anything else is a usage error, not an empty result."""
+    from datetime import datetime
+
+    try:
+        datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an RFC 3339 time: {text!r} (e.g. 2026-11-22T00:00:00Z)") from None
+    return text
+
+
+def _count_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, not {text!r}")
+    return value
 
 
 def _out(line: str = "") -> None:
@@ -142,9 +174,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         principal = {"id": found.id, "tier": found.tier, "roles": list(found.roles), "claims": found.claims}
     call = CaseCall(
         tool=args.tool,
-        args=_json_arg(args.args, "--args") or {},
+        args=_json_object_arg(args.args, "--args"),
         principal=principal,
-        annotations=_json_arg(args.annotations, "--annotations") or {},
+        annotations=_json_object_arg(args.annotations, "--annotations"),
         purpose=args.purpose,
         disclosure_mode=args.disclosure_mode,
         depth=args.depth,
@@ -422,10 +454,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         gateway = await open_gateway(settings)
-        app = build_app(gateway, max_body_bytes=settings.server.max_body_bytes)
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: Any) -> AsyncIterator[None]:
+            try:
+                yield
+            finally:
+                # Runs in uvicorn's shutdown, before it re-raises a captured SIGTERM (which would
+                # otherwise kill the process before the ledger writer and backends are closed).
+                await gateway.aclose()
+
+        app = build_app(gateway, max_body_bytes=settings.server.max_body_bytes, lifespan=lifespan)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
         try:
             await server.serve()
+        except SystemExit:  # uvicorn exits 1 when it cannot listen; that is a configuration error
+            raise ConfigError(f"cannot serve on {host}:{port} (the address is in use or not available)") from None
         finally:
             await gateway.aclose()
 
@@ -494,9 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool")
     p.add_argument("--decision")
     p.add_argument("--rule")
-    p.add_argument("--since", help="RFC 3339 time, e.g. 2026-11-22T00:00:00Z")
-    p.add_argument("--until")
-    p.add_argument("--limit", type=int)
+    p.add_argument("--since", type=_time_arg, help="RFC 3339 time, e.g. 2026-11-22T00:00:00Z (inclusive)")
+    p.add_argument("--until", type=_time_arg, help="RFC 3339 time (exclusive)")
+    p.add_argument("--limit", type=_count_arg)
     p.add_argument("--format", choices=["table", "jsonl", "csv"], default="table")
     p.set_defaults(func=cmd_audit_query)
     p = audit.add_parser("checkpoint", help="print a signed checkpoint of the ledger's head (keep it elsewhere)")
@@ -546,6 +590,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"dharma: {exc}\n")
         return EXIT_USAGE
     except GatewayError as exc:
+        sys.stderr.write(f"dharma: {exc}\n")
+        return EXIT_USAGE
+    except LedgerError as exc:  # a ledger that cannot be opened or read as one
         sys.stderr.write(f"dharma: {exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:

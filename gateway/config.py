@@ -100,6 +100,8 @@ def env_layer(env: Mapping[str, str]) -> dict[str, Any]:
         if not name.startswith(ENV_PREFIX) or name == "DHARMA_CONFIG":
             continue
         parts = name[len(ENV_PREFIX):].lower().split("__")
+        if parts[0] not in Settings.model_fields:
+            continue  # DHARMA_* variables of other programs (e.g. the demo's) are not settings
         try:
             value = yaml.safe_load(raw) if raw.strip() else raw
         except yaml.YAMLError:

@@ -8,6 +8,7 @@ must not smuggle a different call past the one the policy saw).
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from typing import Any
@@ -17,6 +18,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Lifespan
 
 from audit.canon import sha256_hex
 from gateway.call import BlockClass, Credentials, Decision, Outcome, Status, ToolCall
@@ -123,11 +125,19 @@ def http_status(outcome: Outcome) -> int:
     return outcome.error_code.http_status
 
 
+def retry_headers(envelope: dict[str, Any]) -> dict[str, str]:
+    """`Retry-After` (whole seconds, rounded up) for rate-limited and unavailable answers."""
+    wait = envelope.get("retry_after")
+    if isinstance(wait, (int, float)) and wait > 0:
+        return {"retry-after": str(math.ceil(wait))}
+    return {}
+
+
 _CALL_FIELDS = {"arguments", "purpose", "disclosure_mode", "depth", "session_id", "idempotency_key", "approval_id", "dry_run"}
 
 
-def build_app(gateway: Gateway, *, max_body_bytes: int = 2_097_152) -> Starlette:
-    """The Starlette app over one Gateway."""
+def build_app(gateway: Gateway, *, max_body_bytes: int = 2_097_152, lifespan: Lifespan[Starlette] | None = None) -> Starlette:
+    """The Starlette app over one Gateway; `lifespan` lets the server close the gateway on shutdown."""
 
     async def call_tool(request: Request) -> Response:
         tool = request.path_params["name"]
@@ -166,7 +176,7 @@ def build_app(gateway: Gateway, *, max_body_bytes: int = 2_097_152) -> Starlette
             method="http/tools.call",
         )
         governed = await gateway.govern(call, request={"tool": tool, "body": body})
-        return JSONResponse(governed.response, status_code=http_status(governed.outcome))
+        return JSONResponse(governed.response, status_code=http_status(governed.outcome), headers=retry_headers(governed.response))
 
     async def list_tools(request: Request) -> Response:
         creds = credentials_from(request)
@@ -229,7 +239,7 @@ def build_app(gateway: Gateway, *, max_body_bytes: int = 2_097_152) -> Starlette
         log.exception("http.unhandled", path=request.url.path)
         return JSONResponse(error_envelope("", ErrorCode.INTERNAL_ERROR, "internal error; the call was not forwarded"), status_code=500)
 
-    return Starlette(routes=routes, exception_handlers={Exception: server_error})
+    return Starlette(routes=routes, exception_handlers={Exception: server_error}, lifespan=lifespan)
 
 
 def _approval_json(a: Any) -> dict[str, Any]:

@@ -299,6 +299,9 @@ def test_schema_error_message_does_not_echo_secrets() -> None:
         {"properties": {"a": {"$ref": "#/$defs/missing"}}},
         {"properties": {"a": {"$ref": "https://example.com/remote.json"}}},  # never fetched
         {"minimum": float("nan")},
+        {"$schema": 5},
+        {"type": "object", "properties": []},
+        {1: "x"},
         ["not", "an", "object"],
     ],
 )
@@ -378,7 +381,7 @@ JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJ
 PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA0Z3\n-----END RSA PRIVATE KEY-----"
 
 # (kind, value that must be found, the secret text that must never show up afterwards)
-POSITIVES: list[tuple[str, Any, str]] = [
+POSITIVES: list[tuple[str, Any, str | None]] = [
     ("api_key", {"q": f"use {AWS} now"}, AWS),
     ("api_key", {"q": "ASIAY34FZKBOKMUTVV7A"}, "ASIAY34FZKBOKMUTVV7A"),
     ("api_key", {"q": GITHUB}, GITHUB),
@@ -403,6 +406,7 @@ POSITIVES: list[tuple[str, Any, str]] = [
     ("password", {"password": "hunter2"}, "hunter2"),
     ("password", {"db": {"DB_PASSWD": "pw1"}}, "pw1"),
     ("password", {"client_secret": "abc123"}, "abc123"),
+    ("password", {"user": {"new-password": "abc123", "passwordConfirmation": "abc123"}}, "abc123"),
     ("password", {"q": "login with password=Tr0ub4dor&3 please"}, "Tr0ub4dor"),
     ("password", {"q": '{"user": "bob", "password": "correct horse"}'}, "correct horse"),
     ("password", {"q": "postgres://bob:s3cr3tpw@db.internal:5432/app"}, "s3cr3tpw"),
@@ -446,6 +450,7 @@ NEGATIVES: list[Any] = [
     {"password": ""},
     {"password_min_length": 12},
     {"passwords_enabled": True},
+    {"password_required": "yes", "password_policy": "strict", "secret_name": "prod/db"},
     {"secret_name": "prod/db"},
     {"q": "https://example.com:8443/path"},
     {"q": "mailto:bob@example.com"},

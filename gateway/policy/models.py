@@ -7,9 +7,9 @@ the pipeline runs. Unknown keys are errors everywhere (`extra="forbid"`). No I/O
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from gateway.call import BlockClass, Disclosure, Effect, Mode, Sensitivity
 
@@ -110,7 +110,10 @@ class PrincipalSpec(Strict):
     id: str
     tier: str
     roles: list[str] = Field(default_factory=list)
-    api_key_sha256: list[str] = Field(default_factory=list)
+    api_key_sha256: Annotated[
+        list[str],
+        WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}),
+    ] = Field(default_factory=list)
     local_user: str | None = None
     claims: dict[str, Any] = Field(default_factory=dict)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,12 +20,18 @@ COUNT = 120
 ENTRIES = [make_entry(i) for i in range(COUNT)]
 
 
-@pytest.fixture
-async def reader(ledger_path: Path) -> SqliteLedgerReader:
-    ledger = await SqliteLedger.open(ledger_path)
-    await fill(ledger, COUNT)
-    await ledger.aclose()
-    return SqliteLedgerReader(ledger_path)
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqliteLedgerReader]:
+    path = tmp_path_factory.mktemp("query") / "karma.db"
+
+    async def build() -> None:
+        ledger = await SqliteLedger.open(path)
+        await fill(ledger, COUNT)
+        await ledger.aclose()
+
+    asyncio.run(build())
+    with SqliteLedgerReader(path) as opened:
+        yield opened
 
 
 def ids(records: object) -> list[str]:
@@ -109,3 +117,16 @@ async def test_table_has_fixed_columns(reader: SqliteLedgerReader) -> None:
 def test_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown format 'xml'"):
         format_records([], "xml")  # type: ignore[arg-type]
+
+
+async def test_the_rule_index_is_built_from_the_record_bytes(ledger_path: Path) -> None:
+    ledger = await SqliteLedger.open(ledger_path)
+    await ledger.append({"matched_rules": ["a", "a", "b", 7, None]})
+    await ledger.append({"matched_rules": "a"})
+    await ledger.append({"matched_rules": {"x": "a"}})
+    await ledger.append({"other": ["a"]})
+    await ledger.aclose()
+    with SqliteLedgerReader(ledger_path) as reader:
+        assert [r["seq"] for r in query_records(reader, rule="a")] == [1, 2]
+        assert [r["seq"] for r in query_records(reader, rule="b")] == [1]
+        assert list(reader._conn.execute("SELECT count(*) FROM record_rules WHERE seq = 1")) == [(2,)]  # noqa: SLF001

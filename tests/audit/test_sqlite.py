@@ -264,10 +264,10 @@ async def test_a_foreign_sqlite_database_is_refused_untouched(tmp_path: Path) ->
     conn.commit()
     conn.close()
     before = path.read_bytes()
-    with pytest.raises(NotALedger, match="without a meta table"):
+    with pytest.raises(NotALedger, match="without our meta table"):
         await SqliteLedger.open(path)
     assert path.read_bytes() == before
-    assert not Path(f"{path}-wal").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
 
 
 async def test_a_sqlite_database_with_another_format_is_refused(tmp_path: Path) -> None:
@@ -339,3 +339,35 @@ async def test_reader_works_after_the_writer_is_gone(ledger_path: Path) -> None:
         assert [seq for seq, _, _ in reader.iter_records(start=3)] == [3, 4]
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
             reader._conn.execute("INSERT INTO meta VALUES ('x', 'y')")  # noqa: SLF001
+
+
+async def test_a_batch_larger_than_one_insert_statement_is_still_one_transaction(ledger_path: Path) -> None:
+    ledger = await SqliteLedger.open(ledger_path, batch_max=3000, batch_wait_ms=200)
+    with capture_logs() as logs:
+        await fill(ledger, 2500)
+    assert max(e["count"] for e in logs if e["event"] == "ledger.batch_committed") > 1000
+    await ledger.aclose()
+    from audit.verify import verify_ledger
+
+    with SqliteLedgerReader(ledger_path) as reader:
+        report = verify_ledger(reader)
+        assert report.ok and report.size == 2500
+
+
+async def test_a_cancelled_caller_does_not_disturb_the_writer(ledger: SqliteLedger) -> None:
+    task = asyncio.create_task(ledger.append(make_entry(0)))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await ledger.append(make_entry(1))).seq == 2
+    with pytest.raises(LedgerError, match="must be a JSON object"):
+        await ledger.append(["not", "an", "object"])  # type: ignore[arg-type]
+    assert ledger.size == 2
+
+
+async def test_a_corrupt_sqlite_file_is_not_a_ledger(tmp_path: Path) -> None:
+    path = tmp_path / "broken.db"
+    path.write_bytes(b"SQLite format 3\x00" + b"\xff" * 2000)
+    with pytest.raises(NotALedger, match="broken.db is not a Dharma karma ledger"):
+        await SqliteLedger.open(path)

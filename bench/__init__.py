@@ -1,0 +1,176 @@
+"""Dharma Gateway benchmarks: figures for design §8 (performance budget).
+
+Run `python -m bench` (all, ~3 minutes), `python -m bench --quick` (seconds) or
+`python -m bench --only decision` (names: decision, governed, ledger_verify, ledger_query).
+These print figures; nothing here asserts on speed (see bench/README.md).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+BENCHMARKS: tuple[str, ...] = ("decision", "governed", "ledger_verify", "ledger_query")
+
+
+@dataclass(frozen=True)
+class Options:
+    quick: bool = False
+    workdir: str | None = None  # where ledgers go (default: a temporary directory)
+
+
+@dataclass
+class Target:
+    """One budget line of design §8 and what this run measured against it."""
+
+    name: str
+    measured: float | None
+    limit: float
+    unit: str
+    higher_is_better: bool
+    note: str = ""
+
+    def line(self) -> str:
+        op = ">=" if self.higher_is_better else "<="
+        head = f"{self.name}: target {op} {fmt_num(self.limit)} {self.unit}"
+        if self.measured is None:
+            return f"NOT MEASURED  {head}{' (' + self.note + ')' if self.note else ''}"
+        got = f"measured {fmt_num(self.measured)} {self.unit}"
+        met = self.measured >= self.limit if self.higher_is_better else self.measured <= self.limit
+        if met:
+            verdict = "MET"
+            margin = (self.measured / self.limit) if self.higher_is_better else (self.limit / max(self.measured, 1e-12))
+            how = f"{margin:.1f}x headroom"
+        else:
+            verdict = "MISSED"
+            factor = (self.limit / max(self.measured, 1e-12)) if self.higher_is_better else (self.measured / self.limit)
+            how = f"by {factor:.2f}x"
+        note = f"; {self.note}" if self.note else ""
+        return f"{verdict:<7}{head}: {got} ({how}{note})"
+
+
+@dataclass
+class Results:
+    targets: list[Target] = field(default_factory=list)
+
+    def add(self, target: Target) -> None:
+        self.targets.append(target)
+
+
+# ---- measurement --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stats:
+    n: int
+    p50: float  # seconds
+    p99: float
+    mean: float
+    minimum: float
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Stats:
+        ordered = sorted(samples)
+        n = len(ordered)
+        return cls(n, _pct(ordered, 50), _pct(ordered, 99), statistics.fmean(ordered), ordered[0])
+
+
+def _pct(ordered: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of sorted samples."""
+    if not ordered:
+        return math.nan
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def sample_sync(fn: Callable[[], Any], *, seconds: float, min_n: int = 20, max_n: int = 200_000, warmup: int = 20) -> Stats:
+    """Time `fn()` call by call until `seconds` have passed (at least `min_n` calls)."""
+    for _ in range(warmup):
+        fn()
+    clock = time.perf_counter
+    out: list[float] = []
+    gc.collect()
+    deadline = clock() + seconds
+    while len(out) < max_n and (len(out) < min_n or clock() < deadline):
+        t0 = clock()
+        fn()
+        out.append(clock() - t0)
+    return Stats.of(out)
+
+
+async def sample_async(fn: Callable[[], Any], *, seconds: float, min_n: int = 20, max_n: int = 200_000, warmup: int = 20) -> Stats:
+    """Time `await fn()` call by call until `seconds` have passed (at least `min_n` calls)."""
+    for _ in range(warmup):
+        await fn()
+    clock = time.perf_counter
+    out: list[float] = []
+    gc.collect()
+    deadline = clock() + seconds
+    while len(out) < max_n and (len(out) < min_n or clock() < deadline):
+        t0 = clock()
+        await fn()
+        out.append(clock() - t0)
+    return Stats.of(out)
+
+
+# ---- printing -----------------------------------------------------------------------
+
+
+def fmt_num(x: float) -> str:
+    if x >= 100:
+        return f"{x:,.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.3g}"
+
+
+def fmt_time(seconds: float) -> str:
+    """A duration in µs below 1 ms, else in ms."""
+    if math.isnan(seconds):
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]], note: str = "") -> None:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    print(f"\n== {title}")
+    if note:
+        for line in note.splitlines():
+            print(f"   {line}")
+    print("   " + "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths))))
+    print("   " + "  ".join("-" * w for w in widths))
+    for row in cells:
+        print("   " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    sys.stdout.flush()
+
+
+def quiet_logging() -> None:
+    """Warnings only, to stderr: the per-call `call.decided` info line is not part of these figures."""
+    from gateway.logging import configure_logging
+
+    configure_logging("warning")
+    logging.getLogger().setLevel(logging.WARNING)
+
+
+def info_logging_to_devnull() -> Any:
+    """The production logging chain (info, JSON, secret scrubbing) writing to /dev/null."""
+    from gateway.logging import configure_logging
+
+    sink = open(os.devnull, "w")  # noqa: SIM115 - closed by the caller
+    saved, sys.stderr = sys.stderr, sink
+    try:
+        configure_logging("info")
+    finally:
+        sys.stderr = saved
+    return sink

@@ -1,0 +1,484 @@
+"""The `dharma` CLI end to end: real subprocesses (`python -m gateway`) on a tmp state root, over
+ledgers, keys and approvals written by a real in-process Gateway; one real `dharma serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+import yaml
+
+from audit.sqlite import SqliteLedgerReader
+from gateway.errors import ConfigError
+from tests.conftest import DEMO_UPSTREAM, KEYS, REPO, OpenGateway, write_policy
+
+STANDARD = REPO / "policies" / "standard.yaml"
+SHIPPED_RULES = sorted((REPO / "rules").glob("*.yaml")) if (REPO / "rules").is_dir() else []
+needs_rules = pytest.mark.skipif(not any(p.name.endswith("_test.yaml") for p in SHIPPED_RULES), reason="rules/ not written yet")
+
+
+@dataclass
+class Run:
+    rc: int
+    out: str
+    err: str
+
+
+def cli_env(state_root: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DHARMA_")}
+    env.update(DHARMA_STATE_ROOT=str(state_root), PYTHONPATH=str(REPO), **extra)
+    return env
+
+
+def dharma(*args: str | Path, state_root: Path, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 30) -> Run:
+    """Run `python -m gateway ARGS`; never a traceback, whatever the outcome."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd or state_root.parent,
+        env=env or cli_env(state_root),
+    )
+    assert "Traceback" not in done.stderr and "Traceback" not in done.stdout, done.stderr
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+def dharma_many(runs: Sequence[Sequence[str | Path]], state_root: Path, cwd: Path | None = None) -> list[Run]:
+    """Run several independent CLI invocations concurrently (each is still its own process)."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(lambda a: dharma(*a, state_root=state_root, cwd=cwd), runs))
+
+
+# ---- policy author: check, test, eval, schema -----------------------------------------------
+
+RULE_HEAD = "apiVersion: dharma/v1\nkind: RuleSet\nmetadata: {name: t}\nrules:\n"
+BROKEN_FILES = {
+    # name: (text, line of the problem, rule id named, words in the message)
+    "malformed.yaml": ("apiVersion: dharma/v1\nkind: RuleSet\nmetadata: {name: t\nrules: []\n", 4, None, "malformed YAML"),
+    "unknown_key.yaml": (RULE_HEAD + "  - id: r-key\n    effect: deny\n    whenn: 'true'\n", 7, "r-key", "unknown key 'whenn'"),
+    "cel_syntax.yaml": (RULE_HEAD + "  - id: r-syntax\n    effect: deny\n    when: 'args.x ==== 1'\n", 7, "r-syntax", "CEL syntax error"),
+    "unknown_var.yaml": (RULE_HEAD + "  - id: r-var\n    effect: deny\n    when: 'bogus.x == 1'\n", 7, "r-var", "unknown variable bogus"),
+    "response_in_call.yaml": (RULE_HEAD + "  - id: r-resp\n    effect: deny\n    when: 'response.isError'\n", 7, "r-resp", "response"),
+    "unknown_effect.yaml": (RULE_HEAD + "  - id: r-effect\n    effect: obliterate\n", 6, "r-effect", "obliterate"),
+    "duplicate_id.yaml": (RULE_HEAD + "  - id: r-dup\n    effect: deny\n  - id: r-dup\n    effect: warn\n", 7, "r-dup", "duplicate rule id"),
+}
+
+
+def test_check_shipped_files(state_root: Path) -> None:
+    run = dharma("check", state_root=state_root)
+    assert run.rc == 0, run.out + run.err
+    assert "0 error(s)" in run.out
+
+
+def test_check_reports_file_line_and_rule(tmp_path: Path, state_root: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name, (text, *_rest) in BROKEN_FILES.items():
+        (bad / name).write_text(text, encoding="utf-8")
+    one_file, run = dharma_many([("check", bad / "unknown_effect.yaml"), ("check", bad)], state_root)
+    assert one_file.rc == 1 and "1 error(s)" in one_file.out, one_file.out
+    # the directory: every problem in every file, one line each
+    assert run.rc == 1, run.out + run.err
+    assert f"{len(BROKEN_FILES)} file(s) checked: {len(BROKEN_FILES)} error(s)" in run.out, run.out
+    lines = run.out.splitlines()
+    for name, (_, line, rule_id, words) in BROKEN_FILES.items():
+        [reported] = [entry for entry in lines if entry.startswith(f"{bad / name}:")]
+        assert reported.startswith(f"{bad / name}:{line}: "), reported
+        assert words in reported and "error" in reported, reported
+        if rule_id:
+            assert f"[{rule_id}]" in reported, reported
+
+
+RULES_UNDER_TEST = RULE_HEAD + """\
+  - id: no-dotdot
+    tools: ["read_*"]
+    when: 'has(args.path) && args.path.contains("..")'
+    effect: deny
+  - id: never-used
+    tools: ["launch_missiles"]
+    effect: deny
+"""
+RULE_CASES = """\
+apiVersion: dharma/v1
+kind: RuleTest
+metadata: {name: t}
+rules: [r.yaml]
+cases:
+  - name: traversal is denied
+    call: {tool: read_file, args: {path: "../x"}}
+    expect: {decision: deny, rules: [no-dotdot]}
+  - name: plain read wrongly expected denied
+    call: {tool: read_file, args: {path: "a.txt"}}
+    expect: {decision: deny}
+"""
+
+
+def test_test_command_reports_failures_and_unexercised_rules(tmp_path: Path, state_root: Path) -> None:
+    rules = tmp_path / "rt"
+    rules.mkdir()
+    (rules / "r.yaml").write_text(RULES_UNDER_TEST, encoding="utf-8")
+    (rules / "r_test.yaml").write_text(RULE_CASES, encoding="utf-8")
+    run = dharma("test", rules, state_root=state_root)
+    assert run.rc == 1, run.out + run.err
+    assert "FAIL" in run.out and "plain read wrongly expected denied" in run.out
+    assert "expected deny, got allow" in run.out
+    assert "traversal is denied" not in run.out  # passing cases are quiet without -v
+    assert "not exercised: never-used" in run.out
+    assert "1 passed, 1 failed" in run.out
+
+
+@needs_rules
+def test_test_command_on_shipped_rules(state_root: Path) -> None:
+    run = dharma("test", state_root=state_root)
+    assert run.rc == 0, run.out + run.err
+    assert " 0 failed" in run.out
+
+
+def test_eval_explains_the_deciding_rule(policy_path: Path, state_root: Path) -> None:
+    base = ["eval", "--policy", policy_path, "--tool", "read_file", "--args", '{"path":"../x"}', "--principal", "reader", "--explain"]
+    text, as_json, bad_json, not_object, bad_principal = dharma_many(
+        [
+            base,
+            [*base, "--json"],
+            ["eval", "--policy", policy_path, "--tool", "read_file", "--args", "{not json"],
+            ["eval", "--policy", policy_path, "--tool", "read_file", "--args", '["../x"]'],
+            ["eval", "--policy", policy_path, "--tool", "read_file", "--principal", "nobody"],
+        ],
+        state_root,
+    )
+    assert text.rc == 0, text.err
+    assert "decision: deny" in text.out
+    assert "MATCH fs-no-traversal [deny, enforce]" in text.out
+    assert 'when: has(args.path) && args.path.contains("..")' in text.out
+    assert 'args.path = "../x"' in text.out and "condition = true" in text.out
+    assert "granted to reader (tier reader): yes" in text.out
+    report = json.loads(as_json.out)
+    assert report["decision"] == "deny" and report["matched"] == ["fs-no-traversal"]
+    [considered] = [c for c in report["considered"] if c["rule"] == "fs-no-traversal"]
+    assert considered["matched"] is True and considered["value"] is True
+    assert bad_json.rc == 2 and "--args is not valid JSON" in bad_json.err
+    assert not_object.rc == 2 and "--args must be a JSON object" in not_object.err
+    assert bad_principal.rc == 2 and "nobody" in bad_principal.err
+
+
+@needs_rules
+def test_eval_on_standard_profile(state_root: Path) -> None:
+    run = dharma("eval", "--policy", STANDARD, "--tool", "read_file", "--args", '{"path":"../x"}', "--principal", "demo-reader", "--explain", state_root=state_root)
+    assert run.rc == 0, run.err
+    assert "decision: deny" in run.out and "MATCH " in run.out and "when: " in run.out
+    assert 'args.path = "../x"' in run.out
+
+
+@pytest.fixture(scope="module")
+def schema_validator(tmp_path_factory: pytest.TempPathFactory) -> jsonschema.Draft202012Validator:
+    root = tmp_path_factory.mktemp("schema")
+    run = dharma("schema", state_root=root)
+    assert run.rc == 0
+    schema = json.loads(run.out)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_schema_validates_rule_files(schema_validator: jsonschema.Draft202012Validator, policy_path: Path) -> None:
+    docs = [yaml.safe_load(policy_path.read_text()), yaml.safe_load((policy_path.parent / "rules.yaml").read_text())]
+    for path in SHIPPED_RULES:
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    for doc in docs:
+        schema_validator.validate(doc)
+    broken = yaml.safe_load(RULE_HEAD + "  - id: r\n    effect: deny\n    whenn: 'true'\n")
+    assert not schema_validator.is_valid(broken)
+    assert not schema_validator.is_valid({**docs[1], "rules": [{"id": "r", "effect": "obliterate"}]})
+    assert not schema_validator.is_valid({**docs[0], "kind": "Polcy"})
+
+
+def test_schema_accepts_shipped_profiles(schema_validator: jsonschema.Draft202012Validator) -> None:
+    for profile in sorted((REPO / "policies").glob("*.yaml")):
+        schema_validator.validate(yaml.safe_load(profile.read_text()))
+
+
+# ---- auditor: verify, checkpoint, query ----------------------------------------------------
+
+
+@pytest.fixture
+async def recorded(demo_gateway: Any, sandbox: Path) -> dict[str, Any]:
+    """A ledger written by real governed calls; the gateway is closed so the file is at rest."""
+    gw = demo_gateway
+    (sandbox / "a.txt").write_text("A", encoding="utf-8")
+    outcomes = [
+        await gw.call("read_file", {"path": "a.txt"}, api_key=KEYS["reader"]),
+        await gw.call("read_file", {"path": "../etc/passwd"}, api_key=KEYS["reader"]),
+        await gw.call("list_directory", {}, api_key=KEYS["reader"]),
+        await gw.call("write_file", {"path": "b.txt", "content": "B"}, api_key=KEYS["operator"]),
+        await gw.call("read_file", {"path": "../x"}, api_key=KEYS["operator"]),
+        await gw.call("search", {"query": "ledger"}, api_key=KEYS["admin"]),
+    ]
+    await gw.aclose()
+    return {"ledger": gw.ledger.path, "outcomes": outcomes}
+
+
+def _tamper(source: Path, target: Path, *statements: str, edit: tuple[int, bytes, bytes] | None = None) -> Path:
+    shutil.copy(source, target)
+    conn = sqlite3.connect(target, isolation_level=None)
+    try:
+        for table in ("records", "record_rules"):
+            conn.execute(f"DROP TRIGGER IF EXISTS {table}_no_update")
+            conn.execute(f"DROP TRIGGER IF EXISTS {table}_no_delete")
+        for sql in statements:
+            conn.execute(sql)
+        if edit is not None:
+            seq, old, new = edit
+            (body,) = conn.execute("SELECT body FROM records WHERE seq = ?", (seq,)).fetchone()
+            assert old in body
+            conn.execute("UPDATE records SET body = ? WHERE seq = ?", (bytes(body).replace(old, new, 1), seq))
+    finally:
+        conn.close()
+    return target
+
+
+async def test_audit_verify_detects_tampering(recorded: dict[str, Any], tmp_path: Path, state_root: Path) -> None:
+    ledger: Path = recorded["ledger"]
+    assert not Path(str(ledger) + "-wal").exists() or Path(str(ledger) + "-wal").stat().st_size == 0
+    edited = _tamper(ledger, tmp_path / "edited.db", edit=(2, b"../etc/passwd", b"notes.txt"))
+    deleted = _tamper(ledger, tmp_path / "deleted.db", "DELETE FROM records WHERE seq = 3")
+    swapped = _tamper(
+        ledger, tmp_path / "swapped.db",
+        "UPDATE records SET seq = -4 WHERE seq = 4",
+        "UPDATE records SET seq = 4 WHERE seq = 5",
+        "UPDATE records SET seq = 5 WHERE seq = -4",
+    )
+    intact, *bad = dharma_many(
+        [["audit", "verify"], *[["audit", "verify", "--ledger", p] for p in (edited, deleted, swapped)]], state_root
+    )
+    assert intact.rc == 0 and intact.out.startswith("OK") and "6 records" in intact.out, intact.out + intact.err
+    for run, seq in zip(bad, (2, 3, 4), strict=True):
+        assert run.rc == 1, run.out + run.err
+        assert run.out.startswith("FAIL") and f"at seq {seq}:" in run.out, run.out
+
+
+async def test_audit_verify_detects_truncation_against_a_checkpoint(recorded: dict[str, Any], tmp_path: Path, state_root: Path) -> None:
+    checkpoint = dharma("audit", "checkpoint", state_root=state_root)
+    assert checkpoint.rc == 0, checkpoint.err
+    assert "\n6\n" in checkpoint.out  # the C2SP note: origin, size, root hash, signature
+    saved = tmp_path / "checkpoint.txt"
+    saved.write_text(checkpoint.out, encoding="utf-8")
+    truncated = _tamper(recorded["ledger"], tmp_path / "truncated.db", "DELETE FROM record_rules WHERE seq >= 5", "DELETE FROM records WHERE seq >= 5")
+    intact, with_checkpoint = dharma_many(
+        [["audit", "verify", "--checkpoint", saved], ["audit", "verify", "--ledger", truncated, "--checkpoint", saved]],
+        state_root,
+    )
+    assert intact.rc == 0 and "1 checkpoint(s) matched" in intact.out, intact.out + intact.err
+    assert with_checkpoint.rc == 1 and "truncated" in with_checkpoint.out.lower(), with_checkpoint.out
+
+
+async def test_audit_query_filters_and_formats(recorded: dict[str, Any], state_root: Path) -> None:
+    outcomes = recorded["outcomes"]
+    runs = dharma_many(
+        [
+            ["audit", "query", "--principal", "reader", "--format", "jsonl"],
+            ["audit", "query", "--decision", "deny", "--format", "table"],
+            ["audit", "query", "--rule", "fs-no-traversal", "--format", "csv"],
+            ["audit", "query", "--since", outcomes[2].timestamp, "--until", outcomes[4].timestamp, "--format", "jsonl"],
+            ["audit", "query", "--since", "last tuesday"],
+        ],
+        state_root,
+    )
+    *runs, bad_time = runs
+    assert bad_time.rc == 2 and "not an RFC 3339 time" in bad_time.err  # not an empty result
+    assert all(r.rc == 0 for r in runs), [r.err for r in runs]
+    jsonl, table, csv_run, window = runs
+    denied_ids = [outcomes[1].request_id, outcomes[4].request_id]
+
+    reader_records = [json.loads(line) for line in jsonl.out.splitlines()]
+    assert [r["request_id"] for r in reader_records] == [o.request_id for o in outcomes[:3]]
+    assert {r["principal"] for r in reader_records} == {"reader"}
+
+    table_lines = table.out.splitlines()  # header, rule, one row per denied call
+    assert table_lines[0].split() == ["seq", "time", "principal", "tool", "decision", "enforced", "status", "rules"]
+    assert len(table_lines) == 4
+    assert table_lines[2].split()[2:5] == ["reader", "read_file", "deny"] and "fs-no-traversal" in table_lines[2]
+    assert table_lines[3].split()[2:5] == ["operator", "read_file", "deny"]
+
+    csv_lines = csv_run.out.splitlines()
+    header = csv_lines[0].split(",")
+    assert header[:5] == ["seq", "hash", "time", "request_id", "principal"] and len(csv_lines) == 3
+    assert [line.split(",")[header.index("request_id")] for line in csv_lines[1:]] == denied_ids
+    assert all("fs-no-traversal" in line for line in csv_lines[1:])
+    # --since is inclusive, --until exclusive
+    assert [json.loads(line)["request_id"] for line in window.out.splitlines()] == [o.request_id for o in outcomes[2:4]]
+
+
+def test_config_errors_exit_2(tmp_path: Path, state_root: Path) -> None:
+    text_file = tmp_path / "notes.txt"
+    text_file.write_text("this is not a ledger\n", encoding="utf-8")
+    unknown_key = tmp_path / "dharma.yaml"
+    unknown_key.write_text("policy: policy.yaml\nledgr: {path: x.db}\n", encoding="utf-8")
+    not_a_ledger, missing_config, bad_key = dharma_many(
+        [
+            ["audit", "verify", "--ledger", text_file],
+            ["--config", tmp_path / "nope.yaml", "audit", "verify"],
+            ["--config", unknown_key, "keys", "jwks"],
+        ],
+        state_root,
+    )
+    assert not_a_ledger.rc == 2 and "not a Dharma karma ledger" in not_a_ledger.err and str(text_file) in not_a_ledger.err
+    assert text_file.read_text() == "this is not a ledger\n"
+    assert missing_config.rc == 2 and "nope.yaml" in missing_config.err
+    assert bad_key.rc == 2 and "ledgr" in bad_key.err and "unknown key" in bad_key.err
+
+
+@pytest.mark.xfail(strict=True, reason="gateway/config.py env_layer reads DHARMA_DEMO_SANDBOX as a settings key `demo_sandbox`")
+def test_demo_sandbox_variable_does_not_break_the_cli(tmp_path: Path) -> None:
+    from gateway.config import load_settings
+
+    # what every `dharma` command does with its environment (a subprocess would exit 2 the same way)
+    load_settings(None, {"DHARMA_STATE_ROOT": str(tmp_path), "DHARMA_DEMO_SANDBOX": str(tmp_path)})
+
+
+# ---- approvals -----------------------------------------------------------------------------
+
+
+async def test_approvals_decided_by_the_cli_reach_the_gateway(demo_gateway: Any, sandbox: Path, state_root: Path) -> None:
+    gw = demo_gateway
+    for name in ("x.txt", "y.txt"):
+        (sandbox / name).write_text(name, encoding="utf-8")
+    held_x = await gw.call("delete_file", {"path": "x.txt"}, api_key=KEYS["operator"])
+    held_y = await gw.call("delete_file", {"path": "y.txt"}, api_key=KEYS["operator"])
+    assert held_x.status.value == held_y.status.value == "pending_approval"
+
+    listed = dharma("approvals", "list", "--json", state_root=state_root)
+    assert listed.rc == 0
+    pending = [json.loads(line) for line in listed.out.splitlines()]
+    assert [(p["id"], p["tool"], p["principal"]) for p in pending] == [
+        (held_x.approval_id, "delete_file", "operator"), (held_y.approval_id, "delete_file", "operator")
+    ]
+    approve, deny, unknown = dharma_many(
+        [
+            ["approvals", "approve", held_x.approval_id, "--by", "alice"],
+            ["approvals", "deny", held_y.approval_id],
+            ["approvals", "approve", "apr_does_not_exist"],
+        ],
+        state_root,
+    )
+    assert approve.rc == 0 and f"{held_x.approval_id} approved by alice" in approve.out
+    assert deny.rc == 0 and "denied" in deny.out
+    assert unknown.rc == 1 and "unknown approval" in unknown.out
+
+    done = await gw.call("delete_file", {"path": "x.txt"}, api_key=KEYS["operator"], approval_id=held_x.approval_id)
+    assert done.status.value == "ok", done.message
+    assert not (sandbox / "x.txt").exists()
+    refused = await gw.call("delete_file", {"path": "y.txt"}, api_key=KEYS["operator"], approval_id=held_y.approval_id)
+    assert refused.error_code is not None and refused.error_code.value == "approval_denied"
+    assert (sandbox / "y.txt").exists()
+    again, table = dharma_many([["approvals", "approve", held_x.approval_id], ["approvals", "list"]], state_root)
+    assert again.rc == 1 and "not pending" in again.out
+    assert table.rc == 0 and "no pending approvals" in table.out
+
+
+# ---- keys and receipts ---------------------------------------------------------------------
+
+
+async def test_receipt_verify_offline(demo_gateway: Any, sandbox: Path, state_root: Path, tmp_path: Path) -> None:
+    from gateway.server import build_app
+
+    (sandbox / "a.txt").write_text("A", encoding="utf-8")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(demo_gateway)), base_url="http://t") as http:
+        response = await http.post("/v1/tools/read_file:call", json={"arguments": {"path": "a.txt"}}, headers={"x-api-key": KEYS["reader"]})
+    envelope = response.json()
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(envelope), encoding="utf-8")
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(json.dumps({**envelope, "result": {"content": [{"type": "text", "text": "B"}]}}), encoding="utf-8")
+
+    jwks = dharma("keys", "jwks", state_root=state_root)
+    assert jwks.rc == 0
+    assert json.loads(jwks.out)["keys"][0]["kid"] == demo_gateway.keys.kid  # stdout is pure JSON
+    jwks_file = tmp_path / "jwks.json"
+    jwks_file.write_text(jwks.out, encoding="utf-8")
+    ok, bad = dharma_many(
+        [["receipt", "verify", saved, "--jwks", jwks_file], ["receipt", "verify", tampered, "--jwks", jwks_file]],
+        state_root,
+    )
+    assert ok.rc == 0 and ok.out.startswith("OK") and envelope["request_id"] in ok.out, ok.out + ok.err
+    assert bad.rc == 1 and "digest mismatch" in bad.out
+
+
+def test_corrupted_key_file_is_a_config_error(state_root: Path) -> None:
+    from gateway.signing import KeyStore
+
+    KeyStore.open(state_root)
+    [pem] = (state_root / "keys").glob("receipt-*.pem")
+    pem.write_text("garbage, not a key\n", encoding="utf-8")
+    run = dharma("keys", "jwks", state_root=state_root)
+    assert run.rc == 2
+    assert str(pem) in run.err and run.out == ""
+
+
+# ---- serve, and the one-writer rule --------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_serve_and_second_writer_refused(tmp_path: Path, state_root: Path, policy_path: Path, open_test_gateway: OpenGateway) -> None:
+    config = tmp_path / "dharma.yaml"
+    config.write_text(
+        yaml.safe_dump({"policy": str(policy_path), "python_path": [str(REPO)], "upstreams": [DEMO_UPSTREAM], "log_level": "warning"}),
+        encoding="utf-8",
+    )
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "--config", str(config), "serve", "--port", str(port)],
+        env=cli_env(state_root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=base, timeout=5) as http:
+            deadline = time.monotonic() + 20
+            while True:
+                assert server.poll() is None, server.communicate()
+                try:
+                    health = await http.get("/healthz")
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, "dharma serve did not start"
+                    time.sleep(0.05)
+            assert health.json()["policy"] == "test-profile"
+            response = await http.post("/v1/tools/list_directory:call", json={"arguments": {}}, headers={"authorization": f"Bearer {KEYS['reader']}"})
+            assert response.status_code == 200 and response.json()["status"] == "ok"
+            jwks = (await http.get("/.well-known/jwks.json")).json()
+
+        with pytest.raises(ConfigError, match="held by another gateway"):
+            await open_test_gateway(policy_path)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            _, err = server.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            raise
+    assert "Traceback" not in err
+    with SqliteLedgerReader(state_root / "ledger.db") as reader:
+        [record] = [reader.get(1).to_dict()]  # type: ignore[union-attr]
+    assert record["request_id"] == response.json()["request_id"]
+    from gateway.signing import verify_receipt
+
+    verify_receipt(response.json()["receipt"], jwks, response={k: v for k, v in response.json().items() if k != "receipt"})
+    # the writer lock was released on SIGTERM: the ledger opens again
+    gw = await open_test_gateway(policy_path)
+    assert gw.ledger.size == 1
