@@ -2,29 +2,39 @@
 
     gateway = await open_gateway(policy="policies/standard.yaml", backends=[CallableBackend.from_functions("tools", [read_file])])
     outcome = await gateway.call("read_file", {"path": "README.txt"}, api_key="...")
+
+Exports are loaded on first use, so `dharma` commands that need little start fast.
 """
 
-from gateway.backends import Backend, BackendResult, CallableBackend, HttpBackend, ToolSpec
-from gateway.call import Decision, Effect, Outcome, Status
-from gateway.errors import CallError, ConfigError, ErrorCode, GatewayError, PolicyErrors
-from gateway.gateway import Gateway
-from gateway.runtime import open_gateway
+from __future__ import annotations
 
-__all__ = [
-    "Backend",
-    "BackendResult",
-    "CallError",
-    "CallableBackend",
-    "ConfigError",
-    "Decision",
-    "Effect",
-    "ErrorCode",
-    "Gateway",
-    "GatewayError",
-    "HttpBackend",
-    "Outcome",
-    "PolicyErrors",
-    "Status",
-    "ToolSpec",
-    "open_gateway",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Backend": "gateway.backends",
+    "BackendResult": "gateway.backends",
+    "CallError": "gateway.errors",
+    "CallableBackend": "gateway.backends",
+    "ConfigError": "gateway.errors",
+    "Decision": "gateway.call",
+    "Effect": "gateway.call",
+    "ErrorCode": "gateway.errors",
+    "Gateway": "gateway.gateway",
+    "GatewayError": "gateway.errors",
+    "HttpBackend": "gateway.backends",
+    "Outcome": "gateway.call",
+    "PolicyErrors": "gateway.errors",
+    "Status": "gateway.call",
+    "ToolSpec": "gateway.backends",
+    "open_gateway": "gateway.runtime",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gateway' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gateway.errors import ConfigError
 
 ENV_PREFIX = "DHARMA_"
+#: DHARMA_* variables that are not settings: read by the CLI (CONFIG) or the demo backend.
+NOT_SETTINGS = frozenset({"DHARMA_CONFIG", "DHARMA_DEMO_SANDBOX"})
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -97,11 +99,11 @@ def env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     """`DHARMA_LEDGER__PATH=/x` → {"ledger": {"path": "/x"}}; values may be YAML scalars or lists."""
     layer: dict[str, Any] = {}
     for name, raw in env.items():
-        if not name.startswith(ENV_PREFIX) or name == "DHARMA_CONFIG":
+        if not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS:
             continue
         parts = name[len(ENV_PREFIX):].lower().split("__")
         if parts[0] not in Settings.model_fields:
-            continue  # DHARMA_* variables of other programs (e.g. the demo's) are not settings
+            raise ConfigError(f"environment variable {name}: no setting {parts[0]!r} (known: {', '.join(Settings.model_fields)})")
         try:
             value = yaml.safe_load(raw) if raw.strip() else raw
         except yaml.YAMLError:

@@ -390,6 +390,7 @@ class Gateway:
                 ledger_seq=appended.seq,
                 ledger_hash=appended.hash,
                 now=datetime.fromtimestamp(self.clock(), UTC),
+                response_sha256=response_digest,
             )
         except NotCanonicalizable:
             token = None

@@ -19,7 +19,7 @@ def scrub_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
     for key in list(event):
         if any(word in key.lower() for word in _SECRET_KEYS):
             event[key] = "[REDACTED]"
-        elif isinstance(event[key], str) and key != "event":
+        elif isinstance(event[key], str) and len(event[key]) >= 12 and key != "event":
             event[key], _ = redact_secrets(event[key])
     return event
 

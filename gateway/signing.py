@@ -451,8 +451,12 @@ def build_receipt(
     ledger_seq: int,
     ledger_hash: str,
     now: datetime,
+    response_sha256: str | None = None,
 ) -> str:
     """Sign a receipt binding the request, the response as returned and its ledger record.
+
+    ``response_sha256`` may carry the digest of the response (without receipt) when the
+    caller already computed it, so the response is canonicalised once per call.
 
     ``response`` may already carry a receipt key; it is excluded by ``strip_receipt``. The payload
     carries no decision field, by design (§5).
@@ -470,7 +474,7 @@ def build_receipt(
         "time": _rfc3339(now),
         "request_id": request_id,
         "req_sha256": digest(request),
-        "resp_sha256": digest(strip_receipt(response)),
+        "resp_sha256": response_sha256 or digest(strip_receipt(response)),
         "ledger": {"seq": ledger_seq, "hash": ledger_hash},
     }
     return active.sign(payload)

@@ -14,6 +14,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
+
 def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 

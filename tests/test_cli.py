@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import jsonschema
 import pytest
@@ -25,7 +26,8 @@ import yaml
 
 from audit.sqlite import SqliteLedgerReader
 from gateway.errors import ConfigError
-from tests.conftest import DEMO_UPSTREAM, KEYS, REPO, OpenGateway, write_policy
+from gateway.signing import verify_receipt
+from tests.conftest import DEMO_UPSTREAM, KEYS, REPO, OpenGateway
 
 STANDARD = REPO / "policies" / "standard.yaml"
 SHIPPED_RULES = sorted((REPO / "rules").glob("*.yaml")) if (REPO / "rules").is_dir() else []
@@ -339,14 +341,6 @@ def test_config_errors_exit_2(tmp_path: Path, state_root: Path) -> None:
     assert bad_key.rc == 2 and "ledgr" in bad_key.err and "unknown key" in bad_key.err
 
 
-@pytest.mark.xfail(strict=True, reason="gateway/config.py env_layer reads DHARMA_DEMO_SANDBOX as a settings key `demo_sandbox`")
-def test_demo_sandbox_variable_does_not_break_the_cli(tmp_path: Path) -> None:
-    from gateway.config import load_settings
-
-    # what every `dharma` command does with its environment (a subprocess would exit 2 the same way)
-    load_settings(None, {"DHARMA_STATE_ROOT": str(tmp_path), "DHARMA_DEMO_SANDBOX": str(tmp_path)})
-
-
 # ---- approvals -----------------------------------------------------------------------------
 
 
@@ -435,16 +429,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_serve_and_second_writer_refused(tmp_path: Path, state_root: Path, policy_path: Path, open_test_gateway: OpenGateway) -> None:
+async def test_serve_and_second_writer_refused(
+    tmp_path: Path, state_root: Path, sandbox: Path, policy_path: Path, open_test_gateway: OpenGateway
+) -> None:
     config = tmp_path / "dharma.yaml"
     config.write_text(
-        yaml.safe_dump({"policy": str(policy_path), "python_path": [str(REPO)], "upstreams": [DEMO_UPSTREAM], "log_level": "warning"}),
+        yaml.safe_dump({"policy": str(policy_path), "python_path": [str(REPO)], "upstreams": [DEMO_UPSTREAM], "log_level": "info"}),
         encoding="utf-8",
     )
     port = _free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "gateway", "--config", str(config), "serve", "--port", str(port)],
-        env=cli_env(state_root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=cli_env(state_root, DHARMA_DEMO_SANDBOX=str(sandbox)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
         base = f"http://127.0.0.1:{port}"
@@ -457,14 +453,20 @@ async def test_serve_and_second_writer_refused(tmp_path: Path, state_root: Path,
                     break
                 except httpx.TransportError:
                     assert time.monotonic() < deadline, "dharma serve did not start"
-                    time.sleep(0.05)
+                    await anyio.sleep(0.05)
             assert health.json()["policy"] == "test-profile"
-            response = await http.post("/v1/tools/list_directory:call", json={"arguments": {}}, headers={"authorization": f"Bearer {KEYS['reader']}"})
-            assert response.status_code == 200 and response.json()["status"] == "ok"
+            response = await http.post(
+                "/v1/tools/write_file:call", json={"arguments": {"path": "served.txt", "content": "via serve"}},
+                headers={"authorization": f"Bearer {KEYS['operator']}"},
+            )
+            assert response.status_code == 200 and response.json()["status"] == "ok", response.text
+            assert (sandbox / "served.txt").read_text() == "via serve"  # DHARMA_DEMO_SANDBOX reached the demo backend
             jwks = (await http.get("/.well-known/jwks.json")).json()
 
         with pytest.raises(ConfigError, match="held by another gateway"):
             await open_test_gateway(policy_path)
+        port_taken = dharma("--config", config, "--state-root", tmp_path / "other", "serve", "--port", str(port), state_root=state_root)
+        assert port_taken.rc == 2 and f"cannot serve on 127.0.0.1:{port}" in port_taken.err
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -473,11 +475,10 @@ async def test_serve_and_second_writer_refused(tmp_path: Path, state_root: Path,
             server.kill()
             raise
     assert "Traceback" not in err
+    assert '"event": "ledger.closed"' in err  # SIGTERM shut down gracefully: the ledger writer was closed
     with SqliteLedgerReader(state_root / "ledger.db") as reader:
         [record] = [reader.get(1).to_dict()]  # type: ignore[union-attr]
     assert record["request_id"] == response.json()["request_id"]
-    from gateway.signing import verify_receipt
-
     verify_receipt(response.json()["receipt"], jwks, response={k: v for k, v in response.json().items() if k != "receipt"})
     # the writer lock was released on SIGTERM: the ledger opens again
     gw = await open_test_gateway(policy_path)

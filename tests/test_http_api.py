@@ -3,7 +3,6 @@ keys, demo and test backends), through httpx's ASGI transport; one real HTTP ups
 
 from __future__ import annotations
 
-import base64
 import json
 import socket
 import threading
@@ -86,11 +85,6 @@ def record_for(gw: Any, request_id: str) -> dict[str, Any]:
     return found[0]
 
 
-def receipt_payload(token: str) -> dict[str, Any]:
-    part = token.split(".")[1]
-    return json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
-
-
 def without(envelope: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {k: v for k, v in envelope.items() if k not in keys}
 
@@ -134,13 +128,16 @@ async def test_allowed_call_envelope_receipt_and_ledger(demo_gateway: Any, http:
 
     jwks = (await http.get("/.well-known/jwks.json")).json()
     body = without(env, "receipt")
-    payload = verify_receipt(env["receipt"], jwks, response=body)
+    request = {"tool": "read_file", "body": {"arguments": {"path": "hello.txt"}}}  # the request as the gateway saw it
+    payload = verify_receipt(env["receipt"], jwks, response=body, request=request)
     assert payload["request_id"] == env["request_id"]
     assert "decision" not in payload
     with pytest.raises(ReceiptInvalid, match="digest mismatch"):
         verify_receipt(env["receipt"], jwks, response={**body, "result": {"content": [{"type": "text", "text": "forged"}]}})
     with pytest.raises(ReceiptInvalid, match="digest mismatch"):
         verify_receipt(env["receipt"], jwks, response={**body, "status": "error"})
+    with pytest.raises(ReceiptInvalid, match="digest mismatch for request"):
+        verify_receipt(env["receipt"], jwks, response=body, request={"tool": "read_file", "body": {"arguments": {"path": "other.txt"}}})
 
     with SqliteLedgerReader(demo_gateway.ledger.path) as reader:
         stored = reader.get(payload["ledger"]["seq"])

@@ -172,6 +172,29 @@ class CompiledPolicy:
     backend_timeout_seconds: float = 30.0
     disclosure_modes: tuple[str, ...] = ("direct", "summary", "none")
     warnings: tuple[PolicyProblem, ...] = ()
+    _memo: dict[tuple[str, str], Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def _cached(self, kind: str, tool: str, build: Any) -> Any:
+        key = (kind, tool)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = build()
+            if len(self._memo) < 65_536:
+                self._memo[key] = hit
+        return hit
+
+    def call_references(self, tool: str) -> frozenset[str]:
+        """Top-level variables the call-phase rules for `tool` read: only these are converted."""
+        return self._cached("call-refs", tool, lambda: _references(self.rules_for(tool), ("when", "message_expr")))
+
+    def disclosure_references(self, tool: str) -> frozenset[str]:
+        return self._cached("disclosure-refs", tool, lambda: _references(self.disclosure_rules_for(tool), ("when",)))
+
+    def sensitivity_for(self, tool: str) -> tuple[CompiledSensitivity, ...]:
+        """The sensitivity classes whose globs match `tool`."""
+        return self._cached(
+            "sensitivity", tool, lambda: tuple(c for c in self.sensitivity if any(glob_match(tool, g) for g in c.tools))
+        )
 
     def rules_for(self, tool: str) -> tuple[CompiledRule, ...]:
         return self.rule_index.candidates(tool)  # type: ignore[no-any-return]
@@ -204,6 +227,16 @@ class CompiledPolicy:
         if mode in self.disclosure_modes:
             return mode  # type: ignore[return-value]
         return self.disclosure_modes[-1]
+
+
+def _references(rules: tuple[Any, ...], fields: tuple[str, ...]) -> frozenset[str]:
+    names: set[str] = set()
+    for rule in rules:
+        for name in fields:
+            expr = getattr(rule, name, None)
+            if expr is not None:
+                names |= expr.references
+    return frozenset(names)
 
 
 # ---- compilation --------------------------------------------------------------------

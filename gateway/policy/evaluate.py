@@ -32,7 +32,6 @@ from gateway.policy.compile import (
     CompiledDisclosureRule,
     CompiledPolicy,
     CompiledRule,
-    glob_match,
 )
 
 MAX_MESSAGE = 1024
@@ -275,9 +274,7 @@ def classify(
     """
     level = Sensitivity.STANDARD
     reasons: list[str] = []
-    for cls in policy.sensitivity:
-        if not any(glob_match(tool, g) for g in cls.tools):
-            continue
+    for cls in policy.sensitivity_for(tool):
         if cls.level.rank > level.rank:
             level = cls.level
         if activation is None:
@@ -290,9 +287,9 @@ def classify(
     return level, reasons
 
 
-def activation_for(ctx: CallContext, policy: CompiledPolicy) -> cel.Activation:
-    """The call's CEL activation, built once and kept on the context for every later rule."""
-    if ctx.activation is None:
+def variables_for(ctx: CallContext) -> dict[str, Any]:
+    """The call's variables as plain values, built once (cheap: no engine conversion)."""
+    if ctx.variables is None:
         assert ctx.principal is not None and ctx.tool is not None
         ctx.variables = call_variables(
             call=ctx.call,
@@ -307,5 +304,18 @@ def activation_for(ctx: CallContext, policy: CompiledPolicy) -> cel.Activation:
             karma=ctx.karma,
             now=ctx.now,
         )
-        ctx.activation = cel.make_activation(ctx.variables, policy.engine)
+    return ctx.variables
+
+
+def activation_for(ctx: CallContext, policy: CompiledPolicy) -> cel.Activation:
+    """The call's CEL activation, built once and shared by every call-phase rule.
+
+    Only the variables this tool's rules read are converted for the engine: converting the
+    session history for rules that never look at it was most of a decision's cost.
+    """
+    if ctx.activation is None:
+        assert ctx.tool is not None
+        variables = variables_for(ctx)
+        names = policy.call_references(ctx.tool.name)
+        ctx.activation = cel.make_activation({k: variables[k] for k in names}, policy.engine)
     return ctx.activation  # type: ignore[no-any-return]

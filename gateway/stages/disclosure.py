@@ -12,7 +12,7 @@ from typing import Any
 from gateway import cel
 from gateway.call import CallContext, Disclosure
 from gateway.policy.compile import CompiledPolicy
-from gateway.policy.evaluate import DisclosureVerdict, activation_for, evaluate_disclosure, response_variables
+from gateway.policy.evaluate import DisclosureVerdict, evaluate_disclosure, response_variables, variables_for
 from gateway.sanitize import detect_secrets, redact_paths, redact_secrets
 
 
@@ -21,10 +21,10 @@ def disclose(ctx: CallContext, policy: CompiledPolicy, result: Any, is_error: bo
     assert ctx.tool is not None
     if not policy.disclosure_rules_for(ctx.tool.name):
         return result, None
-    activation_for(ctx, policy)
-    assert ctx.variables is not None
     findings = detect_secrets(result)
-    activation = cel.make_activation(response_variables(ctx.variables, result, is_error, findings), policy.engine)
+    variables = response_variables(variables_for(ctx), result, is_error, findings)
+    names = policy.disclosure_references(ctx.tool.name)
+    activation = cel.make_activation({k: variables[k] for k in names}, policy.engine)
     verdict = evaluate_disclosure(policy, ctx.tool.name, activation)
     if not verdict.enforced:
         return result, verdict

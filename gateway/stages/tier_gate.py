@@ -13,8 +13,8 @@ from typing import Any
 
 from gateway.call import BlockClass, CallContext, Credentials, Decision, Principal, Sensitivity, ToolInfo
 from gateway.errors import ErrorCode
-from gateway.policy.compile import CompiledPolicy
-from gateway.policy.evaluate import activation_for, call_variables, classify
+from gateway.policy.compile import ESCALATION_VARIABLES, CompiledPolicy
+from gateway.policy.evaluate import call_variables, classify
 from gateway import cel
 
 
@@ -92,28 +92,24 @@ class TierGate:
     async def __call__(self, ctx: CallContext, policy: CompiledPolicy) -> Decision | None:
         assert ctx.principal is not None and ctx.tool is not None
         ctx.disclosure_mode = policy.normalise_disclosure_mode(ctx.call.disclosure_mode)
-        escalating = any(s.escalate for s in policy.sensitivity)
         probe = None
-        if escalating:
-            probe = cel.make_activation(
-                call_variables(
-                    call=ctx.call,
-                    principal=ctx.principal,
-                    tool=ctx.tool,
-                    annotations=ctx.annotations,
-                    sensitivity=Sensitivity.STANDARD,
-                    arguments=ctx.arguments,
-                    disclosure_mode=ctx.disclosure_mode,
-                    findings=(),
-                    session=[],
-                    karma={},
-                    now=ctx.now,
-                ),
-                policy.engine,
+        if any(c.escalate for c in policy.sensitivity_for(ctx.tool.name)):
+            variables = call_variables(
+                call=ctx.call,
+                principal=ctx.principal,
+                tool=ctx.tool,
+                annotations=ctx.annotations,
+                sensitivity=Sensitivity.STANDARD,
+                arguments=ctx.arguments,
+                disclosure_mode=ctx.disclosure_mode,
+                findings=(),
+                session=[],
+                karma={},
+                now=ctx.now,
             )
+            probe = cel.make_activation({k: variables[k] for k in ESCALATION_VARIABLES}, policy.engine)
         level, reasons = classify(policy, ctx.tool.name, probe)
         ctx.sensitivity = level
-        activation_for(ctx, policy)
         tier = policy.tiers.get(ctx.principal.tier or "")
         why = f" ({'; '.join(reasons)})" if reasons else ""
         if tier is not None and level.rank > tier.max_sensitivity.rank:

@@ -91,12 +91,13 @@ class MemoryIdempotencyStore:
 class SessionHistory:
     """Recent calls per session and recent call/denial counts per principal, for rules.
 
-    Bounded: the last `depth` calls per session, and counts over a sliding window per principal.
+    Bounded: the last `depth` calls per session, and counts over a sliding window per
+    principal, kept as running totals so reading them costs O(expired events).
     """
 
     def __init__(self, depth: int = 50, window: float = 3600.0, max_sessions: int = 10_000) -> None:
         self._sessions: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
-        self._karma: OrderedDict[str, deque[tuple[float, bool]]] = OrderedDict()
+        self._karma: OrderedDict[str, _Karma] = OrderedDict()
         self._depth, self._window, self._max = depth, window, max_sessions
 
     def session(self, session_id: str | None) -> list[dict[str, Any]]:
@@ -105,12 +106,11 @@ class SessionHistory:
         return list(self._sessions.get(session_id, ()))
 
     def karma(self, principal: str, now: float) -> dict[str, int]:
-        events = self._karma.get(principal)
-        if not events:
+        k = self._karma.get(principal)
+        if k is None:
             return {"calls": 0, "denials": 0}
-        while events and events[0][0] < now - self._window:
-            events.popleft()
-        return {"calls": len(events), "denials": sum(1 for _, denied in events if denied)}
+        k.expire(now - self._window)
+        return {"calls": len(k.events), "denials": k.denials}
 
     def record(self, *, session_id: str | None, principal: str, tool: str, decision: str, denied: bool, now: float, time: str) -> None:
         if session_id:
@@ -119,8 +119,31 @@ class SessionHistory:
             self._sessions.move_to_end(session_id)
             while len(self._sessions) > self._max:
                 self._sessions.popitem(last=False)
-        events = self._karma.setdefault(principal, deque(maxlen=10_000))
-        events.append((now, denied))
+        k = self._karma.get(principal)
+        if k is None:
+            k = self._karma[principal] = _Karma()
+        k.add(now, denied)
         self._karma.move_to_end(principal)
         while len(self._karma) > self._max:
             self._karma.popitem(last=False)
+
+
+class _Karma:
+    """A principal's recent events with a running denial count."""
+
+    __slots__ = ("events", "denials")
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self.events: deque[tuple[float, bool]] = deque()
+        self.denials = 0
+
+    def add(self, now: float, denied: bool) -> None:
+        self.events.append((now, denied))
+        self.denials += denied
+        if len(self.events) > self.LIMIT:
+            self.denials -= self.events.popleft()[1]
+
+    def expire(self, before: float) -> None:
+        while self.events and self.events[0][0] < before:
+            self.denials -= self.events.popleft()[1]

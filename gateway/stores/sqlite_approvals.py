@@ -5,6 +5,7 @@ process reaches the gateway that holds the call. Each operation is one short tra
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import anyio
@@ -31,7 +32,7 @@ class SqliteApprovalStore:
         self.path = path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with self._connect() as conn:
+            with closing(self._connect()) as conn, conn:
                 conn.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(f"{path}: cannot open the approvals store: {exc}") from None
@@ -46,7 +47,7 @@ class SqliteApprovalStore:
 
     async def create(self, approval: Approval) -> None:
         def op() -> None:
-            with self._connect() as conn:
+            with closing(self._connect()) as conn, conn:
                 conn.execute(
                     f"INSERT INTO approvals({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                     (
@@ -59,7 +60,7 @@ class SqliteApprovalStore:
         await self._run(op)
 
     def get_sync(self, approval_id: str) -> Approval | None:
-        with self._connect() as conn:
+        with closing(self._connect()) as conn, conn:
             row = conn.execute(f"SELECT {_COLUMNS} FROM approvals WHERE id = ?", (approval_id,)).fetchone()
         return Approval(*row) if row else None
 
@@ -98,7 +99,7 @@ class SqliteApprovalStore:
 
     async def consume(self, approval_id: str, *, now: float) -> bool:
         def op() -> bool:
-            with self._connect() as conn:
+            with closing(self._connect()) as conn, conn:
                 cur = conn.execute(
                     "UPDATE approvals SET state = 'used' WHERE id = ? AND state = 'approved' AND expires_at > ?",
                     (approval_id, now),
@@ -109,13 +110,13 @@ class SqliteApprovalStore:
 
     async def expire(self, approval_id: str) -> None:
         def op() -> None:
-            with self._connect() as conn:
+            with closing(self._connect()) as conn, conn:
                 conn.execute("UPDATE approvals SET state = 'expired' WHERE id = ? AND state = 'pending'", (approval_id,))
 
         await self._run(op)
 
     def pending_sync(self, now: float) -> list[Approval]:
-        with self._connect() as conn:
+        with closing(self._connect()) as conn, conn:
             rows = conn.execute(
                 f"SELECT {_COLUMNS} FROM approvals WHERE state = 'pending' AND expires_at > ? ORDER BY created_at",
                 (now,),
