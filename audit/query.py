@@ -31,7 +31,7 @@ TABLE_COLUMNS: tuple[tuple[str, int], ...] = (
 CSV_COLUMNS = (
     "seq", "hash", "time", "request_id", "principal", "backend", "tool", "decision", "enforced",
     "matched_rules", "block_class", "policy_version", "approval_id", "status", "error_code",
-    "latency_ms", "args_digest", "response_digest", "tool_digest",
+    "latency_us", "args_digest", "response_digest", "tool_digest",
 )
 
 

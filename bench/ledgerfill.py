@@ -53,7 +53,7 @@ def entry(i: int, total: int) -> dict[str, Any]:
         "response_digest": f"sha256:{(i * 7919) % (1 << 64):064x}",
         "status": "blocked" if decision in ("deny", "require_approval") else "ok",
         "error_code": "policy_blocked" if decision == "deny" else None,
-        "latency_ms": 0.42,
+        "latency_us": 420,
         "tool_digest": "sha256:" + "cd" * 32,
         "dry_run": False,
     }

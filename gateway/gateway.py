@@ -183,6 +183,19 @@ class Gateway:
         log.info("policy.reloaded", path=str(target), version=fresh.version)
         return None
 
+    # ---- approvals -------------------------------------------------------------------
+
+    async def pending_approvals(self) -> list[Any]:
+        """Held calls waiting for a human, oldest first."""
+        return await self.approvals.pending(self.clock())
+
+    async def approve(self, approval_id: str, *, by: str) -> Any:
+        """Approve a held call; the caller then repeats it with `approval_id` (single use)."""
+        return await self.approvals.decide(approval_id, approve=True, by=by, now=self.clock())
+
+    async def deny(self, approval_id: str, *, by: str) -> Any:
+        return await self.approvals.decide(approval_id, approve=False, by=by, now=self.clock())
+
     # ---- calls -----------------------------------------------------------------------
 
     async def call(
@@ -321,7 +334,7 @@ class Gateway:
         body = render(outcome)
         response_digest = safe_digest(body)
         stored_args, _ = redact_secrets(ctx.arguments) if ctx.arguments else (None, ())
-        latency_ms = round((self.clock() - started) * 1000, 3)
+        latency_us = int((self.clock() - started) * 1_000_000)
         matched = list(decision.matched)
         if ctx.rules_decision is not None and ctx.rules_decision is not decision:
             matched = list(ctx.rules_decision.matched)
@@ -354,7 +367,7 @@ class Gateway:
             "response_digest": response_digest,
             "status": outcome.status.value,
             "error_code": outcome.error_code.value if outcome.error_code else None,
-            "latency_ms": latency_ms,
+            "latency_us": latency_us,
             "tool_digest": ctx.tool.digest if ctx.tool else None,
             "dry_run": call.dry_run,
         }
@@ -394,7 +407,7 @@ class Gateway:
             )
         except NotCanonicalizable:
             token = None
-        final = replace(outcome, receipt=token, ledger_seq=appended.seq, ledger_hash=appended.hash, latency_ms=latency_ms)
+        final = replace(outcome, receipt=token, ledger_seq=appended.seq, ledger_hash=appended.hash, latency_ms=latency_us / 1000)
         response = dict(body)
         if token is not None:
             response["receipt"] = token

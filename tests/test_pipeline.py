@@ -342,7 +342,8 @@ async def test_approval_is_bound_single_use_and_expires(setup):
     assert held.approval_id and recorder.calls == []
     still = await gateway.call("write_file", args, api_key="bob-key", approval_id=held.approval_id)
     assert still.error_code is ErrorCode.APPROVAL_REQUIRED
-    await gateway.approvals.decide(held.approval_id, approve=True, by="op", now=gateway.clock())
+    assert [a.id for a in await gateway.pending_approvals()] == [held.approval_id]
+    await gateway.approve(held.approval_id, by="op")
     other = await gateway.call("write_file", {**args, "content": "evil"}, api_key="bob-key", approval_id=held.approval_id)
     assert other.error_code is ErrorCode.APPROVAL_DENIED
     done = await gateway.call("write_file", args, api_key="bob-key", approval_id=held.approval_id)
@@ -350,7 +351,7 @@ async def test_approval_is_bound_single_use_and_expires(setup):
     again = await gateway.call("write_file", args, api_key="bob-key", approval_id=held.approval_id)
     assert again.error_code is ErrorCode.APPROVAL_DENIED and len(recorder.calls) == 1
     denied = await gateway.call("write_file", args, api_key="bob-key")
-    await gateway.approvals.decide(denied.approval_id, approve=False, by="op", now=gateway.clock())
+    await gateway.deny(denied.approval_id, by="op")
     assert (await gateway.call("write_file", args, api_key="bob-key", approval_id=denied.approval_id)).error_code is ErrorCode.APPROVAL_DENIED
 
 
