@@ -237,6 +237,8 @@ class Gateway:
         render: Callable[[Outcome], dict[str, Any]] = envelope,
         request: Any = None,
         refusal: Decision | None = None,
+        tool: ToolInfo | None = None,
+        backend: Backend | None = None,
     ) -> Governed:
         """Run one call through the pipeline, the backend, the ledger and the signer.
 
@@ -244,11 +246,13 @@ class Gateway:
         signed over exactly that body. `request` is what the receipt's request digest covers
         (default: the tool name and arguments as received). `refusal` is a block the transport
         already decided (malformed input): it is recorded and signed like any other decision.
+        `tool` and `backend` let a transport that proxies one upstream session (MCP) supply the
+        tool definition it saw and the connection to forward on, instead of the catalog's.
         """
         started = self.clock()
         policy = self.policy
         ctx = CallContext(call=call, now=datetime.fromtimestamp(started, UTC), clock=started)
-        entry = self._tools.get(call.tool)
+        entry = (tool, backend) if tool is not None and backend is not None else self._tools.get(call.tool)
         if entry is not None:
             ctx.tool = entry[0]
         ctx.principal = authenticate(policy, call.credentials)
