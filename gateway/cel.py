@@ -349,6 +349,8 @@ class Expression:
         """Evaluate against ``activation``; return plain Python or raise CelEvalError."""
         try:
             raw = self._run(activation.for_engine(self.engine))
+            if raw is True or raw is False:
+                return raw  # the common case: skip normalisation
         except CelError:
             raise
         except Exception as exc:

@@ -150,3 +150,39 @@ def test_rules_are_indexed_by_tool_glob(tmp_path):
     assert [r.id for r in policy.rules_for("read_file")] == ["exact", "glob", "everything"]
     assert [r.id for r in policy.rules_for("shell")] == ["other", "everything"]
     assert [r.id for r in policy.rules_for("READ_FILE")] == ["everything"]
+
+
+def test_guard_skip_never_changes_a_decision(tmp_path):
+    """Skipping `has(args.x) && …` rules when x is absent gives the same matches as evaluating them."""
+    import itertools
+
+    from gateway import cel
+    from gateway.policy.evaluate import evaluate_rules
+
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        HEAD
+        + "  - {id: g1, effect: deny, when: 'has(args.path) && args.path.contains(\"..\")'}\n"
+        + "  - {id: g2, effect: warn, when: 'has(args.cmd) && size(args.cmd) > 3'}\n"
+        + "  - {id: g3, effect: deny, when: 'has(args.n) && args.n > 2 || has(args.path)'}\n"
+        + "  - {id: g4, effect: deny, when: 'has(args.n) && args.missing == 1'}\n"
+    )
+    policy = compile_documents(load_rule_documents([path]))
+    assert [r.guard for r in policy.rules] == ["path", "cmd", None, "n"]
+    values = {"path": ["../x", "ok"], "cmd": ["rm -rf", "ls"], "n": [1, 5]}
+    for present in itertools.product([False, True], repeat=3):
+        for picks in itertools.product(*values.values()):
+            args = {k: v for (k, v), keep in zip(zip(values, picks), present) if keep}
+            activation = cel.make_activation({"args": args}, policy.engine)
+            full = [m.rule_id for m in evaluate_rules(policy, "t", activation)]
+            skipped = [m.rule_id for m in evaluate_rules(policy, "t", activation, arguments=args)]
+            assert skipped == full, args
+
+
+def test_leading_guard_only_for_plain_conjunctions():
+    from gateway.policy.compile import leading_guard
+
+    assert leading_guard('has(args.path) && args.path.contains("..")') == "path"
+    assert leading_guard("has(args.a) && x || y") is None
+    assert leading_guard("has(args.a) ? x : y") is None
+    assert leading_guard("args.a && has(args.b)") is None

@@ -47,6 +47,7 @@ class CompiledRule:
     redact: tuple[str, ...]
     file: str
     line: int
+    guard: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +244,20 @@ def _references(rules: tuple[Any, ...], fields: tuple[str, ...]) -> frozenset[st
 
 
 _UNGUARDED = re.compile(r"\bargs\.([A-Za-z_][A-Za-z0-9_]*)")
+_LEADING_GUARD = re.compile(r"\s*has\(\s*args\.([A-Za-z_][A-Za-z0-9_]*)\s*\)\s*&&")
+
+
+def leading_guard(source: str | None) -> str | None:
+    """The argument a condition of the form `has(args.x) && …` needs, if that is its whole shape.
+
+    Such a condition is false whenever `x` is absent, so the rule can be skipped without calling
+    the engine. Only conditions with no `||` and no `?` anywhere qualify (so the `&&` is surely
+    the top-level operator).
+    """
+    if not source or "||" in source or "?" in source:
+        return None
+    match = _LEADING_GUARD.match(source)
+    return match.group(1) if match else None
 
 
 class _Compiler:
@@ -332,6 +347,7 @@ def compile_documents(
                         redact=tuple(r.redact),
                         file=doc.path,
                         line=doc.line_of(loc),
+                        guard=leading_guard(r.when),
                     )
                 )
         elif isinstance(model, DisclosureRuleSet):

@@ -164,11 +164,23 @@ def _message(rule: CompiledRule, activation: cel.Activation) -> str:
 
 
 def evaluate_rules(
-    policy: CompiledPolicy, tool: str, activation: cel.Activation, trace: list[RuleTrace] | None = None
+    policy: CompiledPolicy,
+    tool: str,
+    activation: cel.Activation,
+    trace: list[RuleTrace] | None = None,
+    arguments: dict[str, Any] | None = None,
 ) -> list[RuleMatch]:
-    """Run the rules that can apply to `tool`; return those that matched (errors included per effect)."""
+    """Run the rules that can apply to `tool`; return those that matched (errors included per effect).
+
+    With `arguments`, a rule guarded as `has(args.x) && …` is skipped when `x` is absent (its
+    condition is false then; see compile.leading_guard).
+    """
     matches: list[RuleMatch] = []
     for rule in policy.rules_for(tool):
+        if arguments is not None and rule.guard is not None and rule.guard not in arguments:
+            if trace is not None:
+                trace.append(RuleTrace(rule.id, rule.effect.value, rule.mode.value, False, None, False))
+            continue
         value, error = _condition(rule.when, activation)
         matched = value is True and error is None
         if error is not None and rule.effect in RESTRICTIVE:
