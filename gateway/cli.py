@@ -545,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_audit_query)
     p = audit.add_parser("checkpoint", help="print a signed checkpoint of the ledger's head (keep it elsewhere)")
     p.add_argument("--ledger")
-    p.add_argument("--origin", default="dharma-gateway/karma-ledger")
+    p.add_argument("--origin", default="dharma-gateway/karma-ledger", help="checkpoint origin line")
     p.set_defaults(func=cmd_audit_checkpoint)
 
     approvals = sub.add_parser("approvals", help="list, approve or deny held calls").add_subparsers(dest="approvals_command", required=True)

@@ -32,6 +32,7 @@ from gateway.call import (
     ToolInfo,
 )
 from gateway.errors import CallError, ErrorCode, PolicyErrors
+from gateway.logging import ensure_logging
 from gateway.pipeline import decide
 from gateway.policy.compile import CompiledPolicy, load_policy
 from gateway.sanitize import redact_secrets
@@ -49,6 +50,7 @@ from gateway.stores.memory import MemoryApprovalStore, MemoryIdempotencyStore, M
 
 log = structlog.get_logger()
 ENVELOPE_VERSION = "1"
+LEDGER_ORIGIN = "dharma-gateway/karma-ledger"
 
 
 class Ledger(Protocol):
@@ -121,6 +123,7 @@ class Gateway:
         clock: Clock = time.time,
         policy_path: Path | None = None,
     ) -> None:
+        ensure_logging()
         self.policy = policy
         self.policy_path = policy_path
         self.ledger = ledger
@@ -427,8 +430,15 @@ class Gateway:
         return Governed(final, response)
 
     async def aclose(self) -> None:
+        """Close backends, sign a checkpoint of the ledger head into the ledger, close it."""
         for backend in self._backends.values():
             await backend.aclose()
+        checkpoint = getattr(self.ledger, "checkpoint", None)
+        if checkpoint is not None and self.keys is not None and getattr(self.ledger, "size", 0):
+            try:
+                await checkpoint(self.keys.checkpoint_key, self.keys.checkpoint_key_name, LEDGER_ORIGIN)
+            except Exception as exc:
+                log.warning("ledger.checkpoint_failed", error=str(exc))
         await self.ledger.aclose()
 
 

@@ -235,7 +235,7 @@ def _tamper(source: Path, target: Path, *statements: str, edit: tuple[int, bytes
     shutil.copy(source, target)
     conn = sqlite3.connect(target, isolation_level=None)
     try:
-        for table in ("records", "record_rules"):
+        for table in ("records", "record_rules", "checkpoints"):
             conn.execute(f"DROP TRIGGER IF EXISTS {table}_no_update")
             conn.execute(f"DROP TRIGGER IF EXISTS {table}_no_delete")
         for sql in statements:
@@ -276,12 +276,13 @@ async def test_audit_verify_detects_truncation_against_a_checkpoint(recorded: di
     assert "\n6\n" in checkpoint.out  # the C2SP note: origin, size, root hash, signature
     saved = tmp_path / "checkpoint.txt"
     saved.write_text(checkpoint.out, encoding="utf-8")
-    truncated = _tamper(recorded["ledger"], tmp_path / "truncated.db", "DELETE FROM record_rules WHERE seq >= 5", "DELETE FROM records WHERE seq >= 5")
+    truncated = _tamper(recorded["ledger"], tmp_path / "truncated.db", "DELETE FROM record_rules WHERE seq >= 5", "DELETE FROM records WHERE seq >= 5", "DELETE FROM checkpoints")
     intact, with_checkpoint = dharma_many(
         [["audit", "verify", "--checkpoint", saved], ["audit", "verify", "--ledger", truncated, "--checkpoint", saved]],
         state_root,
     )
-    assert intact.rc == 0 and "1 checkpoint(s) matched" in intact.out, intact.out + intact.err
+    # the external checkpoint plus the one the gateway stored when it closed
+    assert intact.rc == 0 and "2 checkpoint(s) matched" in intact.out, intact.out + intact.err
     assert with_checkpoint.rc == 1 and "truncated" in with_checkpoint.out.lower(), with_checkpoint.out
 
 

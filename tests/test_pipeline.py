@@ -516,3 +516,19 @@ async def test_every_outcome_kind_lands_in_a_verifiable_ledger(setup):
     with SqliteLedgerReader(tmp / "ledger.db") as reader:
         report = verify_ledger(reader)
     assert report.ok and report.size == 55
+
+
+async def test_closing_signs_a_checkpoint_that_verify_checks(tmp_path):
+    from audit.checkpoint import verify_checkpoint
+
+    recorder = Recorder()
+    gateway = await open_gateway(tmp_path, write_policy(tmp_path, TIERS), [tools(recorder)])
+    await gateway.call("read_file", {"path": "a"}, api_key="alice-key")
+    await gateway.call("read_file", {"path": "b"}, api_key="alice-key")
+    keys = gateway.keys
+    await gateway.aclose()
+    with SqliteLedgerReader(tmp_path / "ledger.db") as reader:
+        note = reader.latest_checkpoint()
+        report = verify_ledger(reader)
+    checkpoint = verify_checkpoint(note, keys.checkpoint_key.public_key(), keys.checkpoint_key_name)
+    assert checkpoint.size == 2 and report.ok and report.checkpoints_checked == 1

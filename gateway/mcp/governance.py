@@ -1,0 +1,238 @@
+"""MCP-specific governance shared by the stdio and HTTP transports. Pure: no I/O.
+
+- `tools/list`: filtered per principal with the same compiled policy that gates `tools/call`
+  (`visible_tools`), order kept, `nextCursor` kept, `cacheScope: "private"` on 2026 results.
+- Tool names: only an exact match of a listed name is a tool. A name that differs by case,
+  Unicode compatibility form (NFKC) or look-alike characters is unknown, like any other
+  unknown name (`lookalike_of` only names the tool it imitates, for the log).
+- Rendering a governed outcome as the JSON-RPC answer to `tools/call`:
+  refusal → `{content:[text], isError:true, _meta:{"dharma.gateway/decision": {...}}}`;
+  hidden or unknown tool → exactly what the backend answers for an unknown tool (the transport
+  asks the backend about a random name that cannot exist and substitutes the requested name,
+  so hidden and unknown are answered by the same code path, byte for byte);
+  allowed → the backend's result, with the receipt merged into `result._meta`.
+- Redaction keeps `structuredContent` valid against the tool's `outputSchema`, or the result
+  becomes `isError`. WITHHOLD returns the configured no-information result as configured.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+import unicodedata
+from typing import Any
+
+from audit.canon import digest
+from gateway.call import Outcome, Status, ToolInfo
+from gateway.errors import ErrorCode
+from gateway.mcp import jsonrpc
+from gateway.sanitize import SanitizeError, compile_schema
+from gateway.signing import RECEIPT_META_KEY
+
+DECISION_META_KEY = "dharma.gateway/decision"
+PURPOSE_META_KEY = "dharma.gateway/purpose"
+PROBE_PREFIX = "dharmaGatewayNoSuchTool"
+
+# Characters that render like Latin letters (the common Cyrillic and Greek confusables).
+_CONFUSABLES = str.maketrans(
+    {
+        "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "у": "y", "х": "x", "і": "i", "ј": "j", "ѕ": "s",
+        "ԁ": "d", "ɡ": "g", "һ": "h", "ⅼ": "l", "ո": "n", "ս": "u", "ԝ": "w", "ᴠ": "v",
+        "А": "A", "В": "B", "Е": "E", "К": "K", "М": "M", "Н": "H", "О": "O", "Р": "P", "С": "C", "Т": "T",
+        "Х": "X", "У": "Y", "І": "I", "Ј": "J", "Ѕ": "S",
+        "α": "a", "ο": "o", "ρ": "p", "ν": "v", "ι": "i", "κ": "k", "τ": "t", "υ": "u",
+        "Α": "A", "Β": "B", "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N",
+        "Ο": "O", "Ρ": "P", "Τ": "T", "Υ": "Y", "Χ": "X",
+    }
+)
+
+
+def skeleton(name: str) -> str:
+    """A comparison key under which look-alike names collide (NFKC, confusables, case)."""
+    return unicodedata.normalize("NFKC", name).translate(_CONFUSABLES).casefold()
+
+
+def lookalike_of(name: str, names: list[str] | set[str] | dict[str, Any]) -> str | None:
+    """The listed tool `name` imitates (same skeleton, different spelling), or None."""
+    if name in names:
+        return None
+    key = skeleton(name)
+    for other in names:
+        if skeleton(other) == key:
+            return other
+    return None
+
+
+def probe_name() -> str:
+    """A tool name no backend has: asked in place of a hidden or unknown name."""
+    return PROBE_PREFIX + secrets.token_hex(8)
+
+
+# ---- tool definitions -------------------------------------------------------------------
+
+
+def definition_digest(tool: dict[str, Any]) -> str:
+    """Digest of what a model is shown about a tool: pinned, and recorded in the ledger."""
+    return digest(
+        {
+            "name": tool.get("name"),
+            "title": tool.get("title"),
+            "description": tool.get("description"),
+            "inputSchema": tool.get("inputSchema"),
+            "outputSchema": tool.get("outputSchema"),
+            "annotations": tool.get("annotations"),
+        }
+    )
+
+
+def tool_info(tool: dict[str, Any], backend: str, *, changed: bool = False) -> ToolInfo:
+    annotations = tool.get("annotations")
+    schema = tool.get("inputSchema")
+    output = tool.get("outputSchema")
+    return ToolInfo(
+        name=tool["name"],
+        backend=backend,
+        description=tool.get("description") if isinstance(tool.get("description"), str) else "",
+        annotations=dict(annotations) if isinstance(annotations, dict) else {},
+        input_schema=schema if isinstance(schema, dict) else None,
+        output_schema=output if isinstance(output, dict) else None,
+        digest=definition_digest(tool),
+        changed=changed,
+    )
+
+
+def filter_list_result(result: dict[str, Any], visible: set[str], *, modern: bool) -> dict[str, Any]:
+    """The `tools/list` result with only `visible` tools, order and every other field kept."""
+    tools = result.get("tools")
+    out = dict(result)
+    if isinstance(tools, list):
+        out["tools"] = [t for t in tools if isinstance(t, dict) and t.get("name") in visible]
+    if modern:
+        out["cacheScope"] = "private"
+    return out
+
+
+# ---- answers to tools/call ---------------------------------------------------------------
+
+
+def decision_meta(outcome: Outcome) -> dict[str, Any]:
+    d = outcome.decision
+    meta: dict[str, Any] = {
+        "error_code": outcome.error_code.value if outcome.error_code else None,
+        "retryable": outcome.retryable,
+        "status": outcome.status.value,
+        "request_id": outcome.request_id,
+    }
+    if d.block_class is not None:
+        meta["block_class"] = d.block_class.value
+    if d.rule_ids:
+        meta["rules"] = list(d.rule_ids)
+    if d.retry_after is not None:
+        meta["retry_after"] = d.retry_after
+    if outcome.approval_id:
+        meta["approval_id"] = outcome.approval_id
+    return meta
+
+
+_ADVICE = {
+    ErrorCode.POLICY_BLOCKED: "Do not retry this call as is; change the request or ask the user.",
+    ErrorCode.FORBIDDEN: "This caller may not use this tool this way; do not retry.",
+    ErrorCode.PURPOSE_REQUIRED: "Retry with a purpose in params._meta[\"dharma.gateway/purpose\"].",
+    ErrorCode.RATE_LIMITED: "Wait before retrying.",
+    ErrorCode.INVALID_PARAMS: "Fix the arguments and call again.",
+    ErrorCode.APPROVAL_REQUIRED: "A human must approve this call; tell the user and retry once approved.",
+    ErrorCode.APPROVAL_DENIED: "A human declined this call; do not retry it.",
+    ErrorCode.APPROVAL_TIMEOUT: "Nobody approved this call in time; ask the user before retrying.",
+    ErrorCode.BACKEND_UNAVAILABLE: "The tool server is unavailable; retry later.",
+    ErrorCode.TIMEOUT: "The tool server did not answer in time; retry later.",
+    ErrorCode.BACKEND_ERROR: "The tool server failed; retry later or try another approach.",
+}
+
+
+def refusal_result(outcome: Outcome, *, modern: bool) -> dict[str, Any]:
+    """A refused (or failed) call as a normal tool result the model can read and act on."""
+    code = outcome.error_code or ErrorCode.INTERNAL_ERROR
+    message = outcome.message or code.value.replace("_", " ")
+    advice = _ADVICE.get(code, "")
+    verb = "Blocked by Dharma Gateway policy" if outcome.status is not Status.ERROR else "Dharma Gateway could not complete the call"
+    text = f"{verb} ({code.value}): {message}" + (f" {advice}" if advice else "")
+    body: dict[str, Any] = {
+        "content": [{"type": "text", "text": text}],
+        "isError": True,
+        "_meta": {DECISION_META_KEY: decision_meta(outcome)},
+    }
+    if modern:
+        body["resultType"] = "complete"
+    return body
+
+
+def unknown_tool_answer(template: dict[str, Any] | None, probe: str, name: str) -> dict[str, Any]:
+    """The backend's answer about `probe` with `name` in its place (or -32602 "Unknown tool")."""
+    if template is None or ("result" not in template and "error" not in template):
+        return {"error": {"code": jsonrpc.INVALID_PARAMS, "message": f"Unknown tool: {name}"}}
+    body = {k: template[k] for k in ("result", "error") if k in template}
+    return _substitute(body, probe, name)  # type: ignore[no-any-return]
+
+
+def _substitute(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(old, new)
+    if isinstance(value, dict):
+        return {_substitute(k, old, new): _substitute(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, old, new) for v in value]
+    return value
+
+
+def with_receipt(result: dict[str, Any], token: str | None) -> dict[str, Any]:
+    """The result with the receipt merged into `_meta` (other keys kept)."""
+    if token is None:
+        return result
+    meta = result.get("_meta")
+    merged = dict(meta) if isinstance(meta, dict) else {}
+    merged[RECEIPT_META_KEY] = token
+    return {**result, "_meta": merged}
+
+
+def as_call_result(value: Any, *, modern: bool) -> dict[str, Any]:
+    """A configured value (e.g. a no-information response) made into a CallToolResult if it is not one."""
+    if isinstance(value, dict) and isinstance(value.get("content"), list):
+        out = value
+    else:
+        text = value if isinstance(value, str) else jsonrpc.dumps(value).decode()
+        out = {"content": [{"type": "text", "text": text}]}
+    if modern and "resultType" not in out:
+        out = {**out, "resultType": "complete"}
+    return out
+
+
+def check_structured(result: dict[str, Any], tool: ToolInfo | None, *, modern: bool) -> dict[str, Any]:
+    """After redaction: keep a result whose structuredContent still fits outputSchema, else isError."""
+    if tool is None or tool.output_schema is None or result.get("isError"):
+        return result
+    if "structuredContent" in result:
+        try:
+            compile_schema(tool.output_schema).validate(result["structuredContent"])
+            return result
+        except SanitizeError as exc:
+            problem = exc.message
+        except Exception as exc:  # an unusable schema: do not claim the result is valid
+            problem = f"outputSchema unusable: {exc}"
+
+    else:
+        problem = "structuredContent was removed"
+    body: dict[str, Any] = {
+        "content": [{"type": "text", "text": (
+            "Dharma Gateway redacted part of this tool's result, and the redacted result no longer "
+            f"matches the tool's output schema ({problem}). The result is withheld; ask the user "
+            "for another way to get what you need.")}],
+        "isError": True,
+        "_meta": {DECISION_META_KEY: {"error_code": None, "retryable": False, "status": "redacted"}},
+    }
+    if modern:
+        body["resultType"] = "complete"
+    return body
+
+
+def copy_result(value: Any) -> Any:
+    return copy.deepcopy(value)

@@ -1,0 +1,226 @@
+"""Strict JSON-RPC 2.0 parsing and error builders for the MCP proxy. No I/O.
+
+`parse(line)` turns one framed message (one stdio line, one HTTP body) into a `Parsed` value:
+a request, a notification, a response, a batch of those, or an `Invalid` carrying the error the
+sender must get back. It is strict where laxness would let a message mean two things to two
+parsers: duplicate object keys anywhere are rejected (Python's `json` keeps the last value,
+other parsers keep the first), non-standard constants (NaN, Infinity) are rejected, ids must be
+strings or integers (never null, floats or booleans), and `jsonrpc` must be exactly "2.0".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+REQUEST_CANCELLED = -32800
+#: Our own code for "the upstream server failed"; outside the reserved -32768..-32000 range.
+BACKEND_FAILED = -31001
+
+RpcId = str | int
+
+
+class DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+
+
+def loads(data: bytes | str) -> Any:
+    """Decode JSON strictly. Raises DuplicateKey or ValueError."""
+    text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+    return _DECODER.decode(text)
+
+
+def dumps(message: Any) -> bytes:
+    """Compact UTF-8 JSON, as the SDKs write it (non-ASCII kept as is)."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def valid_id(value: Any) -> bool:
+    return (isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)))
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: RpcId
+    method: str
+    params: Any
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    method: str
+    params: Any
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    id: RpcId | None
+    message: dict[str, Any]
+
+    @property
+    def is_error(self) -> bool:
+        return "error" in self.message
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """A message that must not travel on: `error` is the JSON-RPC error to send back to `id`."""
+
+    id: RpcId | None
+    code: int
+    reason: str
+    method: str | None = None
+
+
+Single = Request | Notification | Response | Invalid
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    items: tuple[Single, ...] = field(default_factory=tuple)
+
+
+Parsed = Single | Batch
+
+
+_ID_PREFIX = re.compile(rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,200}")')
+
+
+def sniff_id(prefix: bytes) -> RpcId | None:
+    """The id of a message we will not parse (too large), when it is written first, else None."""
+    m = _ID_PREFIX.match(prefix[:4096])
+    if not m:
+        return None
+    try:
+        value = json.loads(m.group(1))
+    except ValueError:
+        return None
+    return value if valid_id(value) else None
+
+
+def classify(obj: Any) -> Single:
+    """Classify one decoded JSON value as a request, notification, response or invalid message."""
+    if not isinstance(obj, dict):
+        return Invalid(None, INVALID_REQUEST, f"Invalid Request: a JSON-RPC message must be an object, not {_kind(obj)}")
+    raw_id = obj.get("id")
+    rpc_id = raw_id if valid_id(raw_id) else None
+    if obj.get("jsonrpc") != "2.0":
+        what = "missing" if "jsonrpc" not in obj else f"{obj['jsonrpc']!r}"
+        return Invalid(rpc_id, INVALID_REQUEST, f'Invalid Request: "jsonrpc" must be "2.0" (got {what})')
+    if "method" in obj:
+        method = obj["method"]
+        if not isinstance(method, str) or not method:
+            return Invalid(rpc_id, INVALID_REQUEST, 'Invalid Request: "method" must be a non-empty string')
+        if "result" in obj or "error" in obj:
+            return Invalid(rpc_id, INVALID_REQUEST, "Invalid Request: a message cannot be both a request and a response")
+        params = obj.get("params")
+        if "params" in obj and not isinstance(params, (dict, list)):
+            return Invalid(rpc_id, INVALID_REQUEST, 'Invalid Request: "params" must be an object or an array', method)
+        if "id" not in obj:
+            return Notification(method, params, obj)
+        if not valid_id(raw_id):
+            return Invalid(None, INVALID_REQUEST, 'Invalid Request: "id" must be a string or an integer', method)
+        return Request(raw_id, method, params, obj)
+    if "result" in obj or "error" in obj:
+        if ("result" in obj) == ("error" in obj):
+            return Invalid(None, INVALID_REQUEST, "Invalid Request: a response has exactly one of result and error")
+        if raw_id is not None and not valid_id(raw_id):
+            return Invalid(None, INVALID_REQUEST, 'Invalid Request: response "id" must be a string or an integer')
+        return Response(raw_id, obj)
+    return Invalid(rpc_id, INVALID_REQUEST, "Invalid Request: neither a request, a notification nor a response")
+
+
+def parse(data: bytes | str) -> Parsed:
+    """Parse one framed message strictly (see module docstring)."""
+    try:
+        obj = loads(data)
+    except DuplicateKey as exc:
+        return Invalid(_top_level_id(data), INVALID_REQUEST, f"Invalid Request: duplicate key {exc.key!r} in the message")
+    except (ValueError, UnicodeDecodeError) as exc:
+        return Invalid(None, PARSE_ERROR, f"Parse error: {_short(exc)}")
+    if isinstance(obj, list):
+        if not obj:
+            return Invalid(None, INVALID_REQUEST, "Invalid Request: empty batch")
+        return Batch(tuple(classify(item) for item in obj))
+    return classify(obj)
+
+
+def _top_level_id(data: bytes | str) -> RpcId | None:
+    """Best-effort id of a message with duplicate keys, only when `id` itself is not duplicated."""
+    try:
+        obj = json.loads(data, object_pairs_hook=lambda pairs: pairs)
+    except ValueError:
+        return None
+    if not isinstance(obj, list):
+        return None
+    ids = [v for k, v in obj if k == "id"]
+    return ids[0] if len(ids) == 1 and valid_id(ids[0]) else None
+
+
+def _kind(obj: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(obj), "a number" if isinstance(obj, (int, float)) else type(obj).__name__
+    )
+
+
+def _short(exc: Exception) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    if isinstance(exc, UnicodeDecodeError):
+        return "the message is not UTF-8"
+    return str(exc)
+
+
+# ---- builders ---------------------------------------------------------------------------
+
+
+def error(rpc_id: RpcId | None, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        body["data"] = data
+    return {"jsonrpc": "2.0", "id": rpc_id, "error": body}
+
+
+def result(rpc_id: RpcId | None, value: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rpc_id, "result": value}
+
+
+def request(rpc_id: RpcId, method: str, params: Any = None) -> dict[str, Any]:
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "id": rpc_id, "method": method}
+    if params is not None:
+        msg["params"] = params
+    return msg
+
+
+def notification(method: str, params: Any = None) -> dict[str, Any]:
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        msg["params"] = params
+    return msg
