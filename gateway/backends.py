@@ -96,9 +96,9 @@ class CallableBackend:
             raise CallError(ErrorCode.TOOL_NOT_FOUND, f"Unknown tool: {tool}")
         fn = entry[0]
         try:
-            with anyio.fail_after(timeout):
-                value = fn(**arguments)
-                if inspect.isawaitable(value):
+            value = fn(**arguments)
+            if inspect.isawaitable(value):
+                with anyio.fail_after(timeout):  # a plain function cannot be interrupted anyway
                     value = await value
         except TimeoutError:
             raise CallError(ErrorCode.TIMEOUT, f"tool {tool} did not answer within {timeout:g}s") from None

@@ -562,6 +562,10 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_parser("jwks", help="print the public keys as a JWKS").set_defaults(func=cmd_keys_jwks)
     keys.add_parser("rotate", help="make a new active key; old ones stay published").set_defaults(func=cmd_keys_rotate)
 
+    from gateway.mcp import register_cli  # `dharma stdio` and `dharma tools pins|accept`
+
+    register_cli(sub, _settings)
+
     receipt = sub.add_parser("receipt", help="verify signed receipts offline").add_subparsers(dest="receipt_command", required=True)
     p = receipt.add_parser("verify")
     p.add_argument("response", help="a saved response (HTTP envelope, MCP result or JSON-RPC response)")

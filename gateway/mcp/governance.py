@@ -206,6 +206,28 @@ def as_call_result(value: Any, *, modern: bool) -> dict[str, Any]:
     return out
 
 
+def mirror_structured(result: dict[str, Any], original: Any) -> dict[str, Any]:
+    """After redaction: rewrite a text block that mirrored the original structuredContent as JSON."""
+    if not isinstance(original, dict) or "structuredContent" not in result:
+        return result
+    before = original.get("structuredContent")
+    after = result["structuredContent"]
+    content = result.get("content")
+    if before == after or not isinstance(content, list):
+        return result
+    blocks = []
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
+            try:
+                mirrored = jsonrpc.loads(block["text"]) == before
+            except ValueError:
+                mirrored = False
+            if mirrored:
+                block = {**block, "text": jsonrpc.dumps(after).decode()}
+        blocks.append(block)
+    return {**result, "content": blocks}
+
+
 def check_structured(result: dict[str, Any], tool: ToolInfo | None, *, modern: bool) -> dict[str, Any]:
     """After redaction: keep a result whose structuredContent still fits outputSchema, else isError."""
     if tool is None or tool.output_schema is None or result.get("isError"):
