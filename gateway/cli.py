@@ -185,7 +185,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     annotations = policy.annotations_for(call.tool, call.annotations)
     granted = is_granted(policy, Principal(principal["id"], principal["tier"]), call.tool, annotations) if args.principal else None
     d = result.decision
-    report = {
+    report: dict[str, Any] = {
         "policy": policy.name,
         "policy_version": policy.version,
         "engine": policy.engine,
@@ -202,7 +202,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "disclosure": result.disclosure.verdict.value if result.disclosure else None,
     }
     if args.explain:
-        sources = {r.id: (r.when.source if r.when else "") for r in (*policy.rules, *policy.disclosure_rules)}
+        sources = {r.id: (r.when.source if r.when else "") for r in policy.all_rules()}
         report["considered"] = [
             {"rule": t.rule_id, "effect": t.effect, "mode": t.mode, "value": t.value, "error": t.error, "matched": t.matched,
              "inputs": deciding_values(sources[t.rule_id], result.variables)}
@@ -224,7 +224,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if report["disclosure"]:
         _out(f"disclosure: {report['disclosure']}")
     if args.explain:
-        rules = {r.id: r for r in (*policy.rules, *policy.disclosure_rules)}
+        rules = {r.id: r for r in policy.all_rules()}
         _out(f"rules considered for {call.tool}: {len(result.trace)} of {len(rules)}")
         for t in result.trace:
             rule = rules[t.rule_id]
@@ -240,7 +240,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     from gateway.policy.models import KINDS
 
-    schema = {
+    schema: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "Dharma Gateway policy file (apiVersion dharma/v1)",
         "oneOf": [],

@@ -434,7 +434,7 @@ class Gateway:
         for backend in self._backends.values():
             await backend.aclose()
         checkpoint = getattr(self.ledger, "checkpoint", None)
-        if checkpoint is not None and self.keys is not None and getattr(self.ledger, "size", 0):
+        if checkpoint is not None and self.keys is not None and getattr(self.ledger, "size", None):
             try:
                 await checkpoint(self.keys.checkpoint_key, self.keys.checkpoint_key_name, LEDGER_ORIGIN)
             except Exception as exc:

@@ -203,11 +203,12 @@ class CompiledPolicy:
     def disclosure_rules_for(self, tool: str) -> tuple[CompiledDisclosureRule, ...]:
         return self.disclosure_index.candidates(tool)  # type: ignore[no-any-return]
 
+    def all_rules(self) -> tuple[CompiledRule | CompiledDisclosureRule, ...]:
+        """Call-phase then response-phase rules."""
+        return (*self.rules, *self.disclosure_rules)
+
     def rule(self, rule_id: str) -> CompiledRule | CompiledDisclosureRule | None:
-        for rule in (*self.rules, *self.disclosure_rules):
-            if rule.id == rule_id:
-                return rule
-        return None
+        return next((rule for rule in self.all_rules() if rule.id == rule_id), None)
 
     def cost_of(self, tool: str) -> int:
         for pattern, cost in self.tool_costs:

@@ -65,7 +65,7 @@ def _rule_id_at(data: Any, loc: Loc) -> str:
     return ""
 
 
-def _format_pydantic(error: dict[str, Any]) -> str:
+def _format_pydantic(error: Any) -> str:
     loc = ".".join(str(part) for part in error["loc"])
     if error["type"] == "extra_forbidden":
         return f"unknown key {error['loc'][-1]!r}" + (f" in {'.'.join(map(str, error['loc'][:-1]))}" if len(error["loc"]) > 1 else "")

@@ -73,7 +73,7 @@ def evaluate_case(
     annotations = policy.annotations_for(call.tool, call.annotations)
     mode = policy.normalise_disclosure_mode(call.disclosure_mode)
     karma = {"calls": len(call.session), "denials": sum(1 for c in call.session if c.get("decision") == "deny")}
-    base = dict(
+    base: dict[str, Any] = dict(
         call=tool_call, principal=principal, tool=tool, annotations=annotations, arguments=arguments,
         disclosure_mode=mode, findings=findings, session=list(call.session), karma=karma, now=now,
     )
@@ -187,7 +187,7 @@ def run_tests(paths: list[Path], *, engine: str | None = None) -> RuleTestReport
         assert isinstance(doc.model, RuleTest)
         base = Path(doc.path).parent
         policy = compile_documents(load_rule_documents([base / r for r in doc.model.rules]), engine=engine)
-        for rule in (*policy.rules, *policy.disclosure_rules):
+        for rule in policy.all_rules():
             report.rules.setdefault(rule.id, f"{rule.file}:{rule.line}")
         for i, case in enumerate(doc.model.cases):
             result = evaluate_case(policy, case.call, case.response)
