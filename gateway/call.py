@@ -82,15 +82,35 @@ class Status(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class VerifiedJwt:
+    """A bearer JWT the HTTP front already verified (signature, issuer, audience, expiry).
+
+    Only `gateway.http_auth` makes these. `subject` is the configured principal claim (`sub`
+    by default); `tier` is what the configured tier claim names, after the settings' mapping.
+    """
+
+    subject: str
+    claims: dict[str, Any] = field(default_factory=dict)
+    tier: str | None = None
+
+    def __repr__(self) -> str:
+        return f"VerifiedJwt(subject={self.subject!r}, tier={self.tier!r})"
+
+
+@dataclass(frozen=True, slots=True)
 class Credentials:
     """What the caller presented; the tier gate turns it into a Principal."""
 
     api_key: str | None = None
     bearer: str | None = None
     local_user: str | None = None
+    jwt: VerifiedJwt | None = None
 
     def __repr__(self) -> str:  # never print secrets
-        return f"Credentials(api_key={'***' if self.api_key else None}, local_user={self.local_user!r})"
+        return (
+            f"Credentials(api_key={'***' if self.api_key else None}, local_user={self.local_user!r}, "
+            f"jwt={self.jwt!r})"
+        )
 
 
 @dataclass(frozen=True, slots=True)

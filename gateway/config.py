@@ -10,16 +10,17 @@ import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.errors import ConfigError
 
 ENV_PREFIX = "DHARMA_"
 #: DHARMA_* variables that are not settings: read by the CLI (CONFIG) or the demo backend.
-NOT_SETTINGS = frozenset({"DHARMA_CONFIG", "DHARMA_DEMO_SANDBOX"})
+NOT_SETTINGS = frozenset({"DHARMA_CONFIG", "DHARMA_DEMO_SANDBOX", "DHARMA_TEST_CACHE", "DHARMA_CONFORMANCE_CACHE",
+                          "DHARMA_CONFORMANCE_NODE"})
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,15 +36,30 @@ class ToolConfig(Strict):
     annotations: dict[str, Any] = Field(default_factory=dict)
 
 
+MCP_UPSTREAM_TYPES = ("mcp_http", "mcp_stdio")
+
+
 class UpstreamConfig(Strict):
-    """A backend: Python callables (`target: module:attr`) or a plain HTTP tool API (`url`)."""
+    """A backend: Python callables (`target: module:attr`), a plain HTTP tool API (`url`), or an
+    MCP server reached over Streamable HTTP (`mcp_http`: `url`) or launched over stdio
+    (`mcp_stdio`: `command`, `args`, `env`). MCP upstreams are served at `/mcp`; `prefix` is put
+    in front of their tool names (`prefix: fs_` → the client sees `fs_read_file`)."""
 
     id: str
-    type: Literal["python", "http"]
+    type: Literal["python", "http", "mcp_http", "mcp_stdio"]
     target: str | None = None
     url: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     tools: list[ToolConfig] = Field(default_factory=list)
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    prefix: str = ""
+    forward_host: bool = Field(default=False, description="mcp_http: send the client's Host header upstream")
+
+    @property
+    def is_mcp(self) -> bool:
+        return self.type in MCP_UPSTREAM_TYPES
 
 
 class LedgerSettings(Strict):
@@ -57,6 +73,49 @@ class ServerSettings(Strict):
     max_body_bytes: int = Field(default=2_097_152, gt=0)
 
 
+JwsAlgorithm = Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
+
+
+class JwtSettings(Strict):
+    """Bearer JWTs: where the signing keys are, and what a token must say to be accepted."""
+
+    jwks: str = Field(description="JWKS as a file path (relative to dharma.yaml) or an https:// URL (http:// only on loopback)")
+    issuer: str | list[str] = Field(description="accepted `iss` value(s)")
+    audience: str | list[str] | None = Field(default=None, description="accepted `aud` value(s); default: auth.resource_url")
+    algorithms: list[JwsAlgorithm] = Field(default_factory=lambda: list(get_args(JwsAlgorithm)))
+    leeway_seconds: float = Field(default=30.0, ge=0, le=300)
+    jwks_cache_seconds: float = Field(default=300.0, gt=0)
+    jwks_min_refetch_seconds: float = Field(default=10.0, ge=0, description="at most one refetch on an unknown kid per interval")
+    principal_claim: str = "sub"
+    tier_claim: str | None = None
+    tier_map: dict[str, str] = Field(default_factory=dict, description="tier-claim value -> policy tier; empty: the value is the tier")
+
+
+class AuthSettings(Strict):
+    """HTTP authentication (`gateway.http_auth`): the gateway as an OAuth 2.1 resource server."""
+
+    resource_url: str | None = Field(default=None, description="canonical URL of this gateway's MCP endpoint; default http://<host>:<port>/mcp")
+    authorization_servers: list[str] = Field(default_factory=list)
+    scopes_supported: list[str] = Field(default_factory=list)
+    required_scopes: list[str] = Field(default_factory=list)
+    allowed_origins: list[str] = Field(default_factory=list)
+    protect: list[str] = Field(default_factory=lambda: ["/mcp", "/v1/"])
+    defer: list[str] = Field(default_factory=lambda: ["/v1/"], description="protected paths whose unauthenticated calls the endpoint answers (and records)")
+    jwt: JwtSettings | None = None
+
+
+class McpHttpSettings(Strict):
+    """The MCP Streamable HTTP endpoint of `dharma serve`."""
+
+    path: str = "/mcp"
+    #: A local user name callers without credentials are treated as (resolved by the policy's
+    #: `local_user` principals). Off by default: /mcp then answers 401 without an API key.
+    anonymous_user: str | None = None
+    hold_seconds: float = Field(default=50.0, gt=0, description="how long a call held for approval waits")
+    progress_interval: float = Field(default=5.0, gt=0, description="seconds between progress notes while holding")
+    session_idle_seconds: float = Field(default=1800.0, gt=0, description="legacy sessions unused this long are dropped")
+
+
 class Settings(Strict):
     policy: Path = PACKAGE_ROOT / "policies" / "standard.yaml"
     rules: list[Path] = Field(default_factory=list)
@@ -65,8 +124,36 @@ class Settings(Strict):
     ledger: LedgerSettings = LedgerSettings()
     server: ServerSettings = ServerSettings()
     upstreams: list[UpstreamConfig] = Field(default_factory=list)
+    mcp: McpHttpSettings = McpHttpSettings()
     python_path: list[Path] = Field(default_factory=list, description="directories to import python upstreams from")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    auth: AuthSettings = AuthSettings()
+
+    @model_validator(mode="after")
+    def _mcp_names_do_not_collide(self) -> Settings:
+        """Upstream ids are unique; MCP tool-name prefixes can never make two upstreams' names meet."""
+        ids = [u.id for u in self.upstreams]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"upstream id {dup[0]!r} is used more than once")
+        mcp = [u for u in self.upstreams if u.is_mcp]
+        for u in mcp:
+            if u.type == "mcp_http" and not u.url:
+                raise ValueError(f"upstream {u.id}: type mcp_http needs `url`")
+            if u.type == "mcp_stdio" and not u.command:
+                raise ValueError(f"upstream {u.id}: type mcp_stdio needs `command`")
+        for i, a in enumerate(mcp):
+            for b in mcp[i + 1:]:
+                if a.prefix == b.prefix:
+                    what = f"prefix {a.prefix!r}" if a.prefix else "no prefix"
+                    raise ValueError(
+                        f"MCP upstreams {a.id!r} and {b.id!r} both have {what}: their tool names could collide; "
+                        "give each a distinct `prefix` (e.g. prefix: fs_)")
+                if a.prefix and b.prefix and (a.prefix.startswith(b.prefix) or b.prefix.startswith(a.prefix)):
+                    raise ValueError(
+                        f"MCP upstreams {a.id!r} and {b.id!r}: prefix {a.prefix!r} and {b.prefix!r} overlap, "
+                        "so a tool name could belong to either; use prefixes where neither starts the other")
+        return self
 
     @property
     def state_dir(self) -> Path:
@@ -131,6 +218,9 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
         if not ledger["path"].startswith("~"):
             ledger["path"] = str((base / ledger["path"]).resolve())
         out["ledger"] = ledger
+    jwt = out["auth"].get("jwt") if isinstance(out.get("auth"), dict) else None
+    if isinstance(jwt, dict) and isinstance(jwt.get("jwks"), str) and "://" not in jwt["jwks"] and not jwt["jwks"].startswith("~"):
+        out["auth"] = {**out["auth"], "jwt": {**jwt, "jwks": str((base / jwt["jwks"]).resolve())}}
     return out
 
 

@@ -36,7 +36,7 @@ from gateway.logging import ensure_logging
 from gateway.pipeline import decide
 from gateway.policy.compile import CompiledPolicy, load_policy
 from gateway.sanitize import redact_secrets
-from gateway.signing import KeyStore, build_receipt
+from gateway.signing import KeyStore, build_receipt, strip_receipt
 from gateway.stages import Stage
 from gateway.stages.approval import ApprovalGate
 from gateway.stages.circuit_breaker import CircuitBreaker
@@ -339,7 +339,7 @@ class Gateway:
     ) -> Governed:
         call, decision = ctx.call, outcome.decision
         body = render(outcome)
-        response_digest = safe_digest(body)
+        response_digest = safe_digest(strip_receipt(body))  # the form verifiers digest
         stored_args, _ = redact_secrets(ctx.arguments) if ctx.arguments else (None, ())
         latency_us = int((self.clock() - started) * 1_000_000)
         matched = list(decision.matched)

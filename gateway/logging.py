@@ -24,6 +24,17 @@ def scrub_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
     return event
 
 
+class _StderrLogger:
+    """Writes each event to whatever `sys.stderr` is at that moment (it may be swapped, e.g. by test capture)."""
+
+    def msg(self, message: str) -> None:
+        stream = sys.stderr
+        stream.write(message + "\n")
+        stream.flush()
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = failure = msg
+
+
 def ensure_logging() -> None:
     """Configure logging to stderr unless the host application already configured structlog."""
     if not structlog.is_configured():
@@ -42,6 +53,6 @@ def configure_logging(level: str = "info") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *_: _StderrLogger(),
         cache_logger_on_first_use=True,
     )

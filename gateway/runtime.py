@@ -75,16 +75,20 @@ async def open_gateway(
         settings = load_settings(Path(config) if config else None, os.environ, overrides)
     compiled = load_policy(settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
     keys = KeyStore.open(settings.state_dir)
-    backends = [*backends, *(build_backend(u, list(settings.python_path)) for u in settings.upstreams)]
+    # MCP upstreams are not catalog backends: their tools are listed live, per session, at /mcp
+    # (gateway.transports.mcp_http); `build_app` finds them through `gateway.settings`.
+    backends = [*backends, *(build_backend(u, list(settings.python_path)) for u in settings.upstreams if not u.is_mcp)]
     approvals = SqliteApprovalStore(settings.approvals_path)
     try:
         ledger = await SqliteLedger.open(settings.ledger_path, synchronous=settings.ledger.synchronous)
     except LedgerError as exc:
         raise ConfigError(str(exc)) from None
     try:
-        return Gateway(
+        gateway = Gateway(
             compiled, backends, ledger=ledger, keys=keys, approval_store=approvals, policy_path=settings.policy
         )
+        gateway.settings = settings  # type: ignore[attr-defined]  # read by server.build_app (MCP upstreams)
+        return gateway
     except ValueError as exc:
         await ledger.aclose()
         raise ConfigError(str(exc)) from None

@@ -136,8 +136,23 @@ def retry_headers(envelope: dict[str, Any]) -> dict[str, str]:
 _CALL_FIELDS = {"arguments", "purpose", "disclosure_mode", "depth", "session_id", "idempotency_key", "approval_id", "dry_run"}
 
 
-def build_app(gateway: Gateway, *, max_body_bytes: int = 2_097_152, lifespan: Lifespan[Starlette] | None = None) -> Starlette:
-    """The Starlette app over one Gateway; `lifespan` lets the server close the gateway on shutdown."""
+def build_app(
+    gateway: Gateway,
+    *,
+    max_body_bytes: int = 2_097_152,
+    lifespan: Lifespan[Starlette] | None = None,
+    mcp: Any = None,
+) -> Starlette:
+    """The Starlette app over one Gateway; `lifespan` lets the server close the gateway on shutdown.
+
+    `/mcp` (MCP Streamable HTTP) is mounted when `mcp` (a `McpHttpApp`) is given, or when the
+    gateway was opened from Settings that name MCP upstreams (`type: mcp_http | mcp_stdio`).
+    """
+    settings = getattr(gateway, "settings", None)  # set by runtime.open_gateway
+    if mcp is None and settings is not None:
+        from gateway.transports.mcp_http import build_mcp_app
+
+        mcp = build_mcp_app(gateway, settings, max_body_bytes=max_body_bytes)
 
     async def call_tool(request: Request) -> Response:
         tool = request.path_params["name"]
@@ -234,12 +249,32 @@ def build_app(gateway: Gateway, *, max_body_bytes: int = 2_097_152, lifespan: Li
         Route("/.well-known/jwks.json", jwks, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]
+    if mcp is not None:
+        path = getattr(getattr(getattr(gateway, "settings", None), "mcp", None), "path", "/mcp")
+        routes.append(Route(path, mcp))  # a pure ASGI app: SSE is streamed, never buffered
+        lifespan = _closing(mcp, lifespan)
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("http.unhandled", path=request.url.path)
         return JSONResponse(error_envelope("", ErrorCode.INTERNAL_ERROR, "internal error; the call was not forwarded"), status_code=500)
 
     return Starlette(routes=routes, exception_handlers={Exception: server_error}, lifespan=lifespan)
+
+
+def _closing(mcp: Any, inner: Lifespan[Starlette] | None) -> Lifespan[Starlette]:
+    """Run the MCP endpoint (its upstreams' background tasks) around `inner` (if any)."""
+    import contextlib
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> Any:
+        async with mcp.running():
+            if inner is None:
+                yield
+            else:
+                async with inner(app):
+                    yield
+
+    return lifespan
 
 
 def _approval_json(a: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import hashlib
 import hmac
 from typing import Any
 
-from gateway.call import BlockClass, CallContext, Credentials, Decision, Principal, Sensitivity, ToolInfo
+from gateway.call import BlockClass, CallContext, Credentials, Decision, Principal, Sensitivity, ToolInfo, VerifiedJwt
 from gateway.errors import ErrorCode
 from gateway.policy.compile import ESCALATION_VARIABLES, CompiledPolicy
 from gateway.policy.evaluate import call_variables, classify
@@ -19,7 +19,10 @@ from gateway import cel
 
 
 def authenticate(policy: CompiledPolicy, credentials: Credentials) -> Principal | None:
-    """Resolve the caller: an API key (compared by SHA-256 digest, constant time) or the local user."""
+    """Resolve the caller: an API key (compared by SHA-256 digest, constant time), a verified
+    JWT (see `principal_for_jwt`) or the local user."""
+    if credentials.jwt is not None:
+        return principal_for_jwt(policy, credentials.jwt)
     if credentials.api_key:
         presented = hashlib.sha256(credentials.api_key.encode("utf-8", "surrogatepass")).digest()
         found: Principal | None = None
@@ -32,6 +35,21 @@ def authenticate(policy: CompiledPolicy, credentials: Credentials) -> Principal 
         for p in policy.principals:
             if p.local_user in (credentials.local_user, "*"):
                 return Principal(p.id, p.tier, p.roles, p.claims)
+    return None
+
+
+def principal_for_jwt(policy: CompiledPolicy, token: VerifiedJwt) -> Principal | None:
+    """A policy principal whose id is the token's subject, else the tier the token names.
+
+    The token's claims are visible to rules as `principal.claims`; a principal's own `claims`
+    in the policy win over the token's (the policy is the administrator's word). A token
+    naming no known principal and no known tier resolves to nobody (fail closed).
+    """
+    for p in policy.principals:
+        if p.id == token.subject:
+            return Principal(p.id, p.tier, p.roles, {**token.claims, **p.claims})
+    if token.tier is not None and token.tier in policy.tiers:
+        return Principal(token.subject, token.tier, (), dict(token.claims))
     return None
 
 

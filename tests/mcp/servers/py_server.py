@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from mcp.server.mcpserver import Context, MCPServer
 
 mcp = MCPServer("dharma-test-server")
-CALLS = os.environ.get("DHARMA_TEST_CALL_LOG")
+CALLS = os.environ.get("MCP_TEST_CALL_LOG")
 
 
 def _log(name: str) -> None:

@@ -1,0 +1,228 @@
+"""A client for an upstream MCP server over Streamable HTTP (httpx, streaming).
+
+One `McpHttpUpstream` per configured `mcp_http` upstream. It does HTTP only: it sends the bytes
+and headers it is given and hands back an `UpstreamReply` whose SSE messages are yielded as
+they arrive (never buffered). SSE `id:`/`retry:` fields stay here: when an upstream closes a
+POST's event stream before the answer came (2025-11-25 polling), this client resumes it itself
+(GET + `Last-Event-ID`), so the gateway's own clients never see an event id and can never ask the
+upstream to replay an event the gateway did not govern (the replay hole, notes §2.4).
+
+Failures leave as `UpstreamError` (`timeout` / `unavailable`), never as httpx exceptions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+import structlog
+
+from gateway.mcp import jsonrpc
+
+log = structlog.get_logger()
+
+MAX_RESUMES = 5
+
+
+class UpstreamError(Exception):
+    """The upstream could not be reached (`unavailable`) or did not answer in time (`timeout`)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(slots=True)
+class UpstreamReply:
+    """An upstream HTTP answer: status, headers, and either a body or a stream of SSE messages."""
+
+    status: int
+    headers: dict[str, str]
+    sse: bool
+    body: bytes = b""
+    _events: AsyncIterator[bytes] | None = None
+    session_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    async def messages(self) -> AsyncIterator[bytes]:
+        """The data of each SSE message (priming events and comments skipped), or the JSON body once."""
+        if not self.sse:
+            if self.body.strip():
+                yield self.body
+            return
+        assert self._events is not None
+        async for data in self._events:
+            yield data
+
+
+@dataclass(slots=True)
+class _Event:
+    id: str | None = None
+    data: list[str] = field(default_factory=list)
+    retry: int | None = None
+
+
+async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[_Event]:
+    """Parse text/event-stream lines into events (only the fields MCP uses)."""
+    event = _Event()
+    async for line in lines:
+        if line == "":
+            if event.data or event.id is not None or event.retry is not None:
+                yield event
+            event = _Event()
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            event.data.append(value)
+        elif name == "id":
+            event.id = value
+        elif name == "retry" and value.isdigit():
+            event.retry = int(value)
+    if event.data:
+        yield event
+
+
+class McpHttpUpstream:
+    """An MCP server behind Streamable HTTP, shared by every client session the gateway serves."""
+
+    kind = "mcp_http"
+
+    def __init__(
+        self,
+        id: str,
+        url: str,
+        *,
+        prefix: str = "",
+        headers: Mapping[str, str] | None = None,
+        forward_host: bool = False,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.id = id
+        self.url = url
+        self.prefix = prefix
+        self.forward_host = forward_host
+        self.static_headers = {k.lower(): v for k, v in (headers or {}).items()}
+        timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
+        limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport, follow_redirects=False)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def _headers(self, headers: Mapping[str, str]) -> dict[str, str]:
+        out = dict(headers)
+        out.update(self.static_headers)
+        return out
+
+    @contextlib.asynccontextmanager
+    async def post(self, body: bytes, headers: Mapping[str, str], *, expect_id: jsonrpc.RpcId | None = None) -> AsyncIterator[UpstreamReply]:
+        """POST one message; with `expect_id`, an event stream closed early is resumed until that answer."""
+        async with self._send("POST", body, headers) as (response, reply):
+            if reply.sse:
+                reply._events = self._stream(response, headers, expect_id)
+            yield reply
+
+    @contextlib.asynccontextmanager
+    async def get(self, headers: Mapping[str, str]) -> AsyncIterator[UpstreamReply]:
+        """Open the standalone GET stream (never with `Last-Event-ID`: the gateway does not resume it)."""
+        async with self._send("GET", None, headers) as (response, reply):
+            if reply.sse:
+                reply._events = self._stream(response, headers, None)
+            yield reply
+
+    async def delete(self, headers: Mapping[str, str]) -> UpstreamReply:
+        async with self._send("DELETE", None, headers) as (_response, reply):
+            return reply
+
+    @contextlib.asynccontextmanager
+    async def _send(self, method: str, body: bytes | None, headers: Mapping[str, str]) -> AsyncIterator[tuple[httpx.Response, UpstreamReply]]:
+        request = self._client.build_request(method, self.url, content=body, headers=self._headers(headers))
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise UpstreamError("timeout", f"upstream {self.id} did not answer: {type(exc).__name__}") from None
+        except (httpx.TransportError, OSError) as exc:
+            raise UpstreamError("unavailable", f"upstream {self.id} is unreachable: {type(exc).__name__}") from None
+        try:
+            ctype = response.headers.get("content-type", "")
+            sse = response.status_code == 200 and ctype.startswith("text/event-stream")
+            reply = UpstreamReply(
+                status=response.status_code,
+                headers={k.lower(): v for k, v in response.headers.items()},
+                sse=sse,
+                session_id=response.headers.get("mcp-session-id"),
+            )
+            if not sse:
+                try:
+                    reply.body = await response.aread()
+                except httpx.HTTPError as exc:
+                    raise UpstreamError("unavailable", f"upstream {self.id} broke off its answer: {type(exc).__name__}") from None
+            yield response, reply
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+    async def _stream(self, response: httpx.Response, headers: Mapping[str, str], expect_id: jsonrpc.RpcId | None) -> AsyncIterator[bytes]:
+        last_id: str | None = None
+        retry_ms = 1000
+        answered = expect_id is None
+        current: httpx.Response | None = response
+        resumes = 0
+        try:
+            while True:
+                assert current is not None
+                try:
+                    async for event in sse_events(current.aiter_lines()):
+                        if event.id:
+                            last_id = event.id
+                        if event.retry is not None:
+                            retry_ms = event.retry
+                        if not event.data or not "".join(event.data).strip():
+                            continue  # a priming event: it only carries an id
+                        data = "\n".join(event.data).encode("utf-8")
+                        if not answered and _is_answer_to(data, expect_id):
+                            answered = True
+                        yield data
+                except httpx.HTTPError as exc:
+                    if answered or last_id is None:
+                        raise UpstreamError("unavailable", f"upstream {self.id} broke off its event stream: {type(exc).__name__}") from None
+                if answered or last_id is None or resumes >= MAX_RESUMES:
+                    if not answered:
+                        raise UpstreamError("unavailable", f"upstream {self.id} closed the event stream before answering")
+                    return
+                resumes += 1
+                await anyio.sleep(min(retry_ms, 5000) / 1000)
+                if current is not response:
+                    await current.aclose()
+                resume_headers = {k: v for k, v in headers.items() if k.lower() not in ("content-type", "mcp-method", "mcp-name")}
+                resume_headers["last-event-id"] = last_id
+                resume_headers["accept"] = "text/event-stream"
+                request = self._client.build_request("GET", self.url, headers=self._headers(resume_headers))
+                try:
+                    current = await self._client.send(request, stream=True)
+                except httpx.HTTPError as exc:
+                    raise UpstreamError("unavailable", f"upstream {self.id}: resuming its event stream failed: {type(exc).__name__}") from None
+                log.debug("upstream.stream_resumed", upstream=self.id, status=current.status_code)
+                if current.status_code != 200:
+                    raise UpstreamError("unavailable", f"upstream {self.id}: resuming its event stream got HTTP {current.status_code}")
+        finally:
+            if current is not None and current is not response:
+                with anyio.CancelScope(shield=True):
+                    await current.aclose()
+
+
+def _is_answer_to(data: bytes, rpc_id: jsonrpc.RpcId | None) -> bool:
+    try:
+        msg = jsonrpc.loads(data)
+    except ValueError:
+        return False
+    return isinstance(msg, dict) and ("result" in msg or "error" in msg) and msg.get("id") == rpc_id and type(msg.get("id")) is type(rpc_id)

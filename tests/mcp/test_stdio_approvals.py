@@ -1,0 +1,98 @@
+"""Approvals over MCP stdio: elicitation when the client declared it, otherwise a hold that a
+human ends with `dharma approvals approve|deny` (progress on the client's token meanwhile), and
+a client cancel that drops the hold."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client, StdioServerParameters
+
+from gateway.stores.sqlite_approvals import SqliteApprovalStore
+from tests.mcp.conftest import REPO, backend_calls, gateway_command, gateway_env, ledger_records, test_server_command
+
+
+def _params(tmp_path: Path, state: Path, policy: Path, *extra: str) -> StdioServerParameters:
+    command = gateway_command(state, policy, test_server_command(), *extra)
+    return StdioServerParameters(command=command[0], args=command[1:], cwd=str(REPO), env=gateway_env(tmp_path))
+
+
+@pytest.mark.parametrize("approve", [True, False])
+async def test_elicitation_asks_the_client(tmp_path: Path, state: Path, mcp_policy: Path, approve: bool) -> None:
+    asked: list[Any] = []
+
+    async def on_elicit(ctx: Any, params: Any) -> types.ElicitResult:
+        asked.append(params)
+        return types.ElicitResult(action="accept", content={"approve": approve})
+
+    async with Client(_params(tmp_path, state, mcp_policy), elicitation_callback=on_elicit, mode="legacy") as client:
+        result = await client.call_tool("write_note", {"path": "important/plan.md", "text": "ship it"})
+    assert len(asked) == 1
+    assert "Dharma Gateway" in asked[0].message and "write_note" in asked[0].message
+    if approve:
+        assert not result.is_error and result.content[0].text == "wrote 7 characters to important/plan.md"
+        assert backend_calls(tmp_path) == ["write_note"]
+    else:
+        assert result.is_error
+        assert result.meta["dharma.gateway/decision"]["error_code"] == "approval_denied"
+        assert backend_calls(tmp_path) == []
+    decisions = [r["decision"] for r in ledger_records(state) if r["tool"] == "write_note"]
+    assert decisions[0] == "require_approval" and len(decisions) == 2
+
+
+async def test_hold_until_approved_by_the_cli_with_progress(tmp_path: Path, state: Path, mcp_policy: Path) -> None:
+    progress: list[tuple[float, str | None]] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append((done, message))
+
+    async def approve_when_pending() -> None:
+        store = SqliteApprovalStore(state / "approvals.db")
+        with anyio.fail_after(20):
+            while not (pending := store.pending_sync(time.time())):
+                await anyio.sleep(0.1)
+        done = await anyio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-m", "gateway", "--state-root", str(state), "approvals", "approve", pending[0].id, "--by", "tester"],
+            capture_output=True, text=True, cwd=str(REPO)))
+        assert done.returncode == 0, done.stderr
+
+    params = _params(tmp_path, state, mcp_policy, "--hold-seconds", "20", "--progress-interval", "0.2")
+    async with Client(params, mode="legacy") as client:  # no elicitation declared
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(approve_when_pending)
+            result = await client.call_tool("write_note", {"path": "important/a.md", "text": "abc"},
+                                            progress_callback=on_progress)
+    assert not result.is_error and result.content[0].text == "wrote 3 characters to important/a.md"
+    assert progress and "waiting for a human to approve apr_" in (progress[0][1] or "")
+    assert backend_calls(tmp_path) == ["write_note"]
+
+
+async def test_hold_times_out_without_a_decision(raw_gateway, tmp_path: Path) -> None:
+    gw = await raw_gateway("--hold-seconds", "0.3")
+    await gw.initialize()
+    answer = await gw.call(1, "write_note", {"path": "important/b.md", "text": "x"})
+    assert answer["result"]["_meta"]["dharma.gateway/decision"]["error_code"] == "approval_timeout"
+    assert backend_calls(tmp_path) == []
+
+
+async def test_client_cancel_drops_the_hold(raw_gateway, tmp_path: Path, state: Path) -> None:
+    gw = await raw_gateway("--hold-seconds", "30", "--progress-interval", "0.1")
+    await gw.initialize()
+    await gw.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {
+        "name": "write_note", "arguments": {"path": "important/c.md", "text": "x"}, "_meta": {"progressToken": "tok"}}})
+    first = await gw.recv()
+    assert first["method"] == "notifications/progress" and first["params"]["progressToken"] == "tok"
+    await gw.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5, "reason": "user abort"}})
+    later = await gw.quiet(0.6)
+    assert not [m for m in later if m.get("id") == 5]  # no answer to a cancelled request
+    store = SqliteApprovalStore(state / "approvals.db")
+    assert store.pending_sync(time.time()) == []  # the hold (and its approval) is gone
+    assert (await gw.call(6, "echo", {"text": "next"}))["result"]["content"][0]["text"] == "echo: next"
+    assert backend_calls(tmp_path) == ["echo"]

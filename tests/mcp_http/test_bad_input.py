@@ -1,0 +1,89 @@
+"""Bad input over HTTP: the right JSON-RPC error, the endpoint keeps serving, the ledger records it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.mcp_http.conftest import serve_gateway, toy_server, upstream, write_profile
+from tests.mcp_http.raw import Raw, answer, ledger_text
+
+CASES = [
+    ("invalid json", b'{"jsonrpc": "2.0", "id": 1, "method": ', 400, -32700, "Parse error"),
+    ("not an object", b'"tools/call"', 400, -32600, "must be an object"),
+    ("number", b"42", 400, -32600, "must be an object"),
+    ("missing jsonrpc", b'{"id": 1, "method": "tools/call", "params": {"name": "echo"}}', 400, -32600, '"jsonrpc" must be "2.0"'),
+    ("wrong jsonrpc", b'{"jsonrpc": "1.0", "id": 1, "method": "tools/call", "params": {"name": "echo"}}', 400, -32600, '"jsonrpc" must be "2.0"'),
+    ("call without name", b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"arguments": {}}}', 400, -32602, "needs `name`"),
+    ("arguments not an object", b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo", "arguments": [1]}}',
+     400, -32602, "`arguments` must be an object"),
+]
+
+
+async def test_bad_messages_get_clear_errors_and_are_recorded(toy_url: str, tmp_path: Path) -> None:
+    async with serve_gateway(tmp_path, [upstream(toy_url)]) as gw:
+        async with Raw(gw.url) as c:
+            await c.initialize()
+            for label, body, status, code, text in CASES:
+                r = await c.post(body)
+                assert r.status_code == status, label
+                error = answer(r)["error"]
+                assert error["code"] == code and text in error["message"], (label, error)
+            huge = b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"message":"' + b"x" * 2_200_000 + b'"}}}'
+            r = await c.post(huge)
+            assert r.status_code == 413 and answer(r)["error"]["code"] == -32600 and "exceeds" in answer(r)["error"]["message"]
+            assert answer(r)["id"] == 5
+            unknown = await c.post({"jsonrpc": "2.0", "id": 6, "method": "no/such/method"})
+            assert answer(unknown)["error"]["code"] == -32601
+            ok = await c.call("echo", {"message": "fine"})
+            assert "echo: fine" in ok.text
+    ledger = ledger_text(tmp_path / "state")
+    assert ledger.count('"stage":"mcp_http"') >= len(CASES) + 1
+
+
+async def test_upstream_crash_mid_call_is_an_error_and_counts_against_the_breaker(tmp_path: Path) -> None:
+    with toy_server(tmp_path) as (url, proc):
+        async with serve_gateway(tmp_path, [upstream(url)]) as gw:
+            async with Raw(gw.url) as c:
+                await c.initialize()
+                r = await c.call("crash")
+                result = answer(r)["result"]
+                assert result["isError"] is True
+                assert result["_meta"]["dharma.gateway/decision"]["error_code"] in ("backend_unavailable", "backend_error")
+                proc.wait(5)
+                again = await c.call("echo", {"message": "x"})  # the upstream is gone: a second failure
+                assert answer(again)["result"]["isError"] is True
+                third = await c.call("echo", {"message": "x"})  # the breaker is open now
+                assert answer(third)["result"]["_meta"]["dharma.gateway/decision"]["error_code"] == "backend_unavailable"
+                health = await c.http.get(gw.base + "/healthz")
+                assert health.status_code == 200  # still serving
+    assert '"tool":"crash"' in ledger_text(tmp_path / "state")
+
+
+async def test_upstream_that_never_answers_times_out(toy_url: str, tmp_path: Path) -> None:
+    policy = write_profile(tmp_path / "policy", backend_timeout_seconds=1.0)
+    async with serve_gateway(tmp_path, [upstream(toy_url)], policy) as gw:
+        async with Raw(gw.url) as c:
+            await c.initialize()
+            r = await c.call("hang")
+            result = answer(r)["result"]
+            assert result["isError"] is True and result["_meta"]["dharma.gateway/decision"]["error_code"] == "timeout"
+            ok = await c.call("echo", {"message": "after"})
+            assert "echo: after" in ok.text
+    assert '"error_code":"timeout"' in ledger_text(tmp_path / "state")
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+async def test_modern_is_post_only(toy_url: str, tmp_path: Path, method: str) -> None:
+    async with serve_gateway(tmp_path, [upstream(toy_url)]) as gw:
+        async with Raw(gw.url) as c:
+            r = await c.http.request(method, gw.url, headers={"mcp-protocol-version": "2026-07-28"})
+            assert r.status_code == 405
+
+
+async def test_unauthenticated_gets_401(toy_url: str, tmp_path: Path) -> None:
+    async with serve_gateway(tmp_path, [upstream(toy_url)]) as gw:
+        async with Raw(gw.url, key="wrong") as c:
+            r = await c.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+            assert r.status_code == 401 and "www-authenticate" in r.headers

@@ -1,0 +1,59 @@
+"""The official conformance suite (`@modelcontextprotocol/conformance`, three passes) against the
+fixture directly and through `dharma serve` with the permissive profile; `compare.sh` must find
+no difference beyond the one the gateway makes on purpose.
+
+The deliberate difference: event streams reach clients without SSE `id:`/`retry:` fields or
+priming events, so a client can never resume (replay) an upstream stream the gateway did not
+govern (docs/mcp-http.md, "Resumed streams"). The gateway resumes upstream streams itself, so
+`server-sse-polling` still passes as a scenario; only its three resumability checks report
+INFO/WARNING instead of SUCCESS. Any other delta fails this test.
+
+Slow (about 90 s, plus a one-time install of about 290 MB into the conformance cache); skipped
+when ../shared/conformance is absent or DHARMA_SKIP_CONFORMANCE is set.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+from tests.mcp_http.conftest import CONFORMANCE
+
+EXPECTED_CHECK_DELTAS = {
+    "0.2.0-alpha.12@2025-11-25/server-sse-polling server-sse-disconnect-resume",
+    "0.2.0-alpha.12@2025-11-25/server-sse-polling server-sse-priming-event",
+    "0.2.0-alpha.12@2025-11-25/server-sse-polling server-sse-retry-field",
+}
+
+
+def test_conformance_suite_through_the_gateway(tmp_path) -> None:
+    script = CONFORMANCE / "check_gateway.sh"
+    if not script.exists():
+        pytest.skip(f"the conformance runner is not at {script} (../shared/conformance relative to the repo)")
+    if os.environ.get("DHARMA_SKIP_CONFORMANCE"):
+        pytest.skip("DHARMA_SKIP_CONFORMANCE is set")
+    state = tmp_path / "state"
+    gateway = (
+        f'DHARMA_STATE_ROOT={state} DHARMA_UPSTREAMS="[{{id: fixture, type: mcp_http, url: $UPSTREAM_URL}}]" '
+        f"DHARMA_MCP__ANONYMOUS_USER=conformance PYTHONPATH={REPO} "
+        f'exec {sys.executable} -m gateway serve --policy {REPO / "policies" / "permissive.yaml"} --port "$PORT"'
+    )
+    started = time.monotonic()
+    done = subprocess.run(["bash", str(script), "--label", "dharma-pytest", "--gateway", gateway], capture_output=True,
+                          text=True, timeout=1800, env={**os.environ, "PYTHON": sys.executable})
+    took = time.monotonic() - started
+    out = done.stdout + done.stderr
+    print(out[-4000:], f"\nconformance through the gateway took {took:.0f}s")
+    if done.returncode == 2:
+        pytest.skip(f"the conformance runner could not be set up: {out[-1000:]}")
+    scenarios = re.search(r"^(\d+) scenario\(s\) differ", out, re.M)
+    assert scenarios is not None and scenarios.group(1) == "0", out[-4000:]
+    deltas = set(re.findall(r"^\s+(\S+/\S+ \S+): \S+ -> \S+$", out, re.M))
+    assert deltas <= EXPECTED_CHECK_DELTAS, sorted(deltas - EXPECTED_CHECK_DELTAS)
+    assert out.count("total: 118 passed, 0 failed") == 2, out[-2000:]  # direct, then through the gateway
