@@ -221,6 +221,25 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
     jwt = out["auth"].get("jwt") if isinstance(out.get("auth"), dict) else None
     if isinstance(jwt, dict) and isinstance(jwt.get("jwks"), str) and "://" not in jwt["jwks"] and not jwt["jwks"].startswith("~"):
         out["auth"] = {**out["auth"], "jwt": {**jwt, "jwks": str((base / jwt["jwks"]).resolve())}}
+    if isinstance(out.get("upstreams"), list):
+        out["upstreams"] = [_resolve_upstream(u, base) if isinstance(u, dict) else u for u in out["upstreams"]]
+    return out
+
+
+def _relative(value: Any) -> bool:
+    return isinstance(value, str) and (value in (".", "..") or value.startswith(("./", "../")))
+
+
+def _resolve_upstream(upstream: dict[str, Any], base: Path) -> dict[str, Any]:
+    """An mcp_stdio `command` or `env` value written as ./x or ../x is relative to dharma.yaml.
+
+    Symlinks are kept: a venv's `bin/python` must stay the venv's, not the interpreter it links to.
+    """
+    out = dict(upstream)
+    if _relative(out.get("command")):
+        out["command"] = os.path.normpath(base / out["command"])
+    if isinstance(out.get("env"), dict):
+        out["env"] = {k: os.path.normpath(base / v) if _relative(v) else v for k, v in out["env"].items()}
     return out
 
 

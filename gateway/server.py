@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -23,6 +24,7 @@ from starlette.types import Lifespan
 from audit.canon import sha256_hex
 from gateway.call import BlockClass, Credentials, Decision, Outcome, Status, ToolCall
 from gateway.errors import ErrorCode
+from gateway.http_auth import HttpAuth, credentials_in, http_auth_options, protected_resource_routes, resource_url_for
 from gateway.gateway import ENVELOPE_VERSION, Gateway, new_request_id, rfc3339
 
 log = structlog.get_logger()
@@ -92,6 +94,10 @@ def request_id_from(request: Request) -> str:
 
 
 def credentials_from(request: Request) -> Credentials:
+    """What the auth middleware resolved (API key, verified JWT, local user), else the headers."""
+    given = credentials_in(request.scope)
+    if given is not None:
+        return given
     key = request.headers.get("x-api-key")
     auth = request.headers.get("authorization", "")
     if not key and auth[:7].lower() == "bearer ":
@@ -258,7 +264,20 @@ def build_app(
         log.exception("http.unhandled", path=request.url.path)
         return JSONResponse(error_envelope("", ErrorCode.INTERNAL_ERROR, "internal error; the call was not forwarded"), status_code=500)
 
-    return Starlette(routes=routes, exception_handlers={Exception: server_error}, lifespan=lifespan)
+    middleware: list[Middleware] = []
+    if settings is not None:
+        auth = settings.auth
+        routes += protected_resource_routes(
+            resource_url_for(auth, settings.server, settings.mcp.path), auth.authorization_servers, auth.scopes_supported
+        )
+        middleware.append(
+            Middleware(
+                HttpAuth,
+                **http_auth_options(settings, resolve=gateway.principal_for),
+                error_body=lambda code, message: error_envelope("", code, message),
+            )
+        )
+    return Starlette(routes=routes, middleware=middleware, exception_handlers={Exception: server_error}, lifespan=lifespan)
 
 
 def _closing(mcp: Any, inner: Lifespan[Starlette] | None) -> Lifespan[Starlette]:

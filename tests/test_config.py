@@ -1,0 +1,61 @@
+"""Settings: file < DHARMA_* environment < flags, paths relative to dharma.yaml, typos are errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import load_settings
+from gateway.errors import ConfigError
+
+
+def write(tmp: Path, text: str) -> Path:
+    path = tmp / "dharma.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_paths_are_relative_to_the_config_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    config = write(
+        tmp_path / "sub",
+        "policy: ../p.yaml\nledger: {path: data/ledger.db}\nupstreams:\n"
+        "  - {id: s, type: mcp_stdio, command: ../venv/bin/python, args: [-m, x], env: {PYTHONPATH: .., MODE: fast}}\n"
+        "  - {id: t, type: mcp_stdio, command: npx, prefix: t_}\n",
+    )
+    settings = load_settings(config, {})
+    assert settings.policy == tmp_path / "p.yaml"
+    assert settings.ledger_path == tmp_path / "sub" / "data" / "ledger.db"
+    stdio, bare = settings.upstreams
+    assert stdio.command == str(tmp_path / "venv" / "bin" / "python")
+    assert stdio.env == {"PYTHONPATH": str(tmp_path), "MODE": "fast"}
+    assert bare.command == "npx"  # a program name is looked up on PATH, not resolved
+
+
+def test_environment_overrides_the_file_and_flags_override_both(tmp_path):
+    config = write(tmp_path, "server: {port: 9000}\nledger: {synchronous: FULL}\n")
+    env = {"DHARMA_SERVER__PORT": "9100", "DHARMA_LEDGER__SYNCHRONOUS": "NORMAL"}
+    settings = load_settings(config, env, {"server": {"port": 9200}})
+    assert settings.server.port == 9200 and settings.ledger.synchronous == "NORMAL"
+    assert load_settings(config, env).server.port == 9100
+
+
+@pytest.mark.parametrize(
+    "text, env, needle",
+    [
+        ("servr: {port: 1}\n", {}, "servr: unknown key"),
+        ("server: {port: 99999}\n", {}, "server.port"),
+        ("", {"DHARMA_STATEROOT": "/x"}, "DHARMA_STATEROOT"),
+        ("policy: [\n", {}, "malformed YAML"),
+    ],
+)
+def test_bad_settings_name_what_and_where(tmp_path, text, env, needle):
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, text), env)
+    assert needle in str(info.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_settings(tmp_path / "absent.yaml", {})
