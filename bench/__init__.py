@@ -1,7 +1,8 @@
 """Dharma Gateway benchmarks: figures for design §8 (performance budget).
 
-Run `python -m bench` (all, ~3 minutes), `python -m bench --quick` (seconds) or
-`python -m bench --only decision` (names: decision, governed, ledger_verify, ledger_query).
+Run `python -m bench` (all, ~4 minutes), `python -m bench --quick` (seconds) or
+`python -m bench --only decision` (names: decision, governed, ledger_verify, ledger_query,
+mcp_stdio, mcp_http).
 These print figures; nothing here asserts on speed (see bench/README.md).
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-BENCHMARKS: tuple[str, ...] = ("decision", "governed", "ledger_verify", "ledger_query")
+BENCHMARKS: tuple[str, ...] = ("decision", "governed", "ledger_verify", "ledger_query", "mcp_stdio", "mcp_http")
 
 
 @dataclass(frozen=True)
