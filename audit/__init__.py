@@ -9,7 +9,9 @@ core can use `audit.canon` without pulling in sqlite3):
     merkle       RFC 9162 tree hash, compact range, inclusion and consistency proofs
     checkpoint   C2SP signed-note checkpoints (Ed25519)
     store        the LedgerStore / LedgerReader protocols
-    sqlite       SqliteLedger (one writer, group commit) and SqliteLedgerReader
+    sqlite       SqliteLedger (one writer, group commit); SqliteLedgerReader is importable here
+    sqlite_read  SqliteLedgerReader (read-only, next to a live writer)
+    sqlite_files the ledger file: schema, format and damage checks, the writer lock
     verify       verify_ledger: recompute everything, name the first bad seq
     query        query_records / format_records for auditors
 """

@@ -1,4 +1,4 @@
-"""The karma ledger on SQLite: one writer thread doing group commit, and a read-only reader.
+"""The karma ledger on SQLite: `SqliteLedger`, one writer thread doing group commit.
 
 `SqliteLedger` is the single writer of a ledger file (an exclusive flock on `<path>.lock`
 enforces that across processes). Callers canonicalise their entry in their own thread and
@@ -7,14 +7,14 @@ waiting `batch_wait_ms` for more), assigns seq and prev, inserts the batch in on
 `BEGIN IMMEDIATE … COMMIT`, advances its in-memory head, and only then answers the
 callers. A failed commit fails the whole batch and leaves the head where it was.
 
-`SqliteLedgerReader` opens the file read-only (`mode=ro`) and works next to a live writer.
-Neither ever writes to a file that is not already a ledger, except a new or empty one.
+It never writes to a file that is not already a ledger, except a new or empty one (the checks
+are in `audit.sqlite_files`). Reading is `audit.sqlite_read`'s `SqliteLedgerReader`, also
+importable from here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import functools
 import hashlib
 import os
@@ -22,68 +22,33 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import quote
 
 import anyio.to_thread
 import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit import merkle
-from audit.checkpoint import parse_checkpoint, sign_checkpoint
-from audit.errors import LedgerError, LedgerLocked, NotALedger
+from audit.checkpoint import sign_checkpoint
+from audit.errors import LedgerError
 from audit.merkle import CompactRange
 from audit.records import (
     FORMAT,
-    GENESIS_PREV,
     Appended,
     IndexFields,
-    RecordFilter,
-    StoredRecord,
     encode_entry,
     index_fields,
-    parse_record,
     record_bytes,
 )
-from audit.store import RawRecord
+from audit.sqlite_files import SCHEMA, _check_format, _inspect, _rebuild_head, _WriterLock
+from audit.sqlite_read import SqliteLedgerReader  # noqa: F401  (importable from here, as before)
 
 log = structlog.get_logger()
 
 Synchronous = Literal["FULL", "NORMAL"]
-SQLITE_HEADER = b"SQLite format 3\x00"
-LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints")
-
-_TRIGGERS = "".join(
-    f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
-    "BEGIN SELECT RAISE(ABORT, 'karma ledger is append-only'); END;"
-    for table in LEDGER_TABLES
-    for op in ("UPDATE", "DELETE")
-)
-SCHEMA = """
-CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE records(
-    seq INTEGER PRIMARY KEY,
-    hash BLOB NOT NULL,
-    body BLOB NOT NULL,
-    time TEXT, principal TEXT, tool TEXT, decision TEXT, status TEXT,
-    request_id TEXT, policy_version TEXT
-);
-CREATE TABLE record_rules(seq INTEGER NOT NULL, rule_id TEXT NOT NULL);
-CREATE TABLE checkpoints(size INTEGER PRIMARY KEY, note TEXT NOT NULL, created_at TEXT NOT NULL);
-CREATE INDEX records_principal_time ON records(principal, time);
-CREATE INDEX records_tool_time ON records(tool, time);
-CREATE INDEX records_time ON records(time);
-CREATE INDEX record_rules_rule ON record_rules(rule_id, seq);
-CREATE TRIGGER records_index_rules AFTER INSERT ON records BEGIN
-    INSERT INTO record_rules(seq, rule_id)
-    SELECT DISTINCT NEW.seq, value FROM json_each(CAST(NEW.body AS TEXT), '$.entry.matched_rules')
-    WHERE type = 'text' AND typeof(key) != 'text';
-END;
-""" + _TRIGGERS
 
 RECORD_COLUMNS = "seq, hash, body, time, principal, tool, decision, status, request_id, policy_version"
 INSERT_CHUNK = 1000
@@ -372,212 +337,6 @@ class SqliteLedger:
         _settle([request.future], [outcome])
 
 
-class SqliteLedgerReader:
-    """Read-only access to a SQLite karma ledger; safe next to a live writer."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._path = Path(path)
-        if _inspect(self._path) == "new":
-            raise LedgerError(f"{self._path}: no karma ledger here (the file is missing or empty)")
-        self._conn = _connect_ro(self._path)
-        try:
-            _check_format(self._conn, self._path)
-        except BaseException:
-            self._conn.close()
-            raise
-
-    @property
-    def path(self) -> Path:
-        return self._path
-
-    def __enter__(self) -> SqliteLedgerReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._conn.close()
-
-    def size(self) -> int:
-        """The highest seq stored (equals the record count in an intact ledger)."""
-        return int(self._fetch_one("SELECT COALESCE(MAX(seq), 0) FROM records")[0])
-
-    def iter_records(self, start: int = 1) -> Iterator[RawRecord]:
-        """Yield (seq, hash bytes, record bytes) in seq order from one read snapshot."""
-        return self._select("SELECT seq, hash, body FROM records WHERE seq >= ? ORDER BY seq", (start,))
-
-    def get(self, seq: int) -> StoredRecord | None:
-        row = self._fetch_one("SELECT seq, hash, body FROM records WHERE seq = ?", (seq,))
-        return None if row is None else StoredRecord(row[0], bytes(row[1]).hex(), bytes(row[2]))
-
-    def latest_checkpoint(self) -> str | None:
-        row = self._fetch_one("SELECT note FROM checkpoints ORDER BY size DESC LIMIT 1")
-        return None if row is None else str(row[0])
-
-    def checkpoints(self) -> list[tuple[int, str]]:
-        """Every stored checkpoint as (size, note), smallest first."""
-        return list(self._select("SELECT size, note FROM checkpoints ORDER BY size"))
-
-    def leaf_hashes(self, size: int | None = None) -> list[bytes]:
-        """The stored record hashes of seq 1..size (all when None)."""
-        stop = self.size() if size is None else size
-        return [h for (h,) in self._select("SELECT hash FROM records WHERE seq <= ? ORDER BY seq", (stop,))]
-
-    def inclusion_proof(self, seq: int, size: int | None = None) -> list[bytes]:
-        """Audit path of record `seq` in the tree of the first `size` records."""
-        leaves = self.leaf_hashes(size)
-        return merkle.inclusion_proof(leaves, seq - 1)
-
-    def consistency_proof(self, old_size: int, size: int | None = None) -> list[bytes]:
-        """Proof that the first `old_size` records are a prefix of the first `size`."""
-        return merkle.consistency_proof(self.leaf_hashes(size), old_size)
-
-    def select_records(self, where: RecordFilter) -> Iterator[RawRecord]:
-        """Yield (seq, hash, body) of the records matching `where`, oldest first, via the indexes."""
-        sql, params = _filter_sql(where)
-        return self._select(sql, params)
-
-    def _select(self, sql: str, params: Sequence[Any] = ()) -> Iterator[Any]:
-        try:
-            yield from self._conn.execute(sql, params)
-        except sqlite3.Error as exc:
-            raise LedgerError(f"{self._path}: cannot read the ledger ({exc})") from exc
-
-    def _fetch_one(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        try:
-            return self._conn.execute(sql, params).fetchone()
-        except sqlite3.Error as exc:
-            raise LedgerError(f"{self._path}: cannot read the ledger ({exc})") from exc
-
-
-_FILTER_COLUMNS = ("principal", "tool", "decision", "status", "policy_version", "request_id")
-
-
-def _filter_sql(where: RecordFilter) -> tuple[str, list[Any]]:
-    sql = "SELECT r.seq, r.hash, r.body FROM records r"
-    clauses: list[str] = []
-    params: list[Any] = []
-    if where.rule is not None:
-        sql += " JOIN record_rules rr ON rr.seq = r.seq"
-        clauses.append("rr.rule_id = ?")
-        params.append(where.rule)
-    for column in _FILTER_COLUMNS:
-        value = getattr(where, column)
-        if value is not None:
-            clauses.append(f"r.{column} = ?")
-            params.append(value)
-    if where.since is not None:
-        clauses.append("r.time >= ?")
-        params.append(where.since)
-    if where.until is not None:
-        clauses.append("r.time < ?")
-        params.append(where.until)
-    if clauses:
-        sql += " WHERE " + " AND ".join(clauses)
-    sql += " ORDER BY r.time, r.seq"
-    if where.limit is not None:
-        sql += " LIMIT ?"
-        params.append(where.limit)
-    return sql, params
-
-
-class _WriterLock:
-    """An exclusive, non-blocking flock on `<ledger>.lock`, holding the owner's pid."""
-
-    def __init__(self, ledger: Path) -> None:
-        self._ledger = ledger
-        self.path = ledger.with_name(ledger.name + ".lock")
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise LedgerError(f"{self._ledger}: cannot open lock file {self.path} ({exc.strerror})") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode("ascii", "replace").strip()
-            os.close(fd)
-            who = f" (pid {holder})" if holder.isdigit() else ""
-            raise LedgerLocked(
-                f"{self._ledger} is held by another gateway{who}: a karma ledger has exactly one "
-                f"writer (lock file {self.path})"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode("ascii"))
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-
-def _check_location(path: Path) -> None:
-    if path.is_dir():
-        raise LedgerError(f"{path} is a directory; the karma ledger must be a file path")
-    if not path.parent.is_dir():
-        raise LedgerError(f"{path}: directory {path.parent} does not exist")
-
-
-def _inspect(path: Path) -> Literal["new", "ledger"]:
-    """Tell a new/empty file from an existing ledger, refusing anything else untouched."""
-    _check_location(path)
-    try:
-        with path.open("rb") as f:
-            header = f.read(len(SQLITE_HEADER))
-    except FileNotFoundError:
-        return "new"
-    except OSError as exc:
-        raise LedgerError(f"{path} cannot be read ({exc.strerror})") from exc
-    if not header:
-        return "new"
-    if header != SQLITE_HEADER:
-        raise NotALedger(f"{path} is not a Dharma karma ledger (not an SQLite database)")
-    conn = _connect_ro(path)
-    try:
-        if _fetch_schema_count(conn, path) == 0:
-            return "new"
-        _check_format(conn, path)
-    finally:
-        conn.close()
-    return "ledger"
-
-
-def _connect_ro(path: Path) -> sqlite3.Connection:
-    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
-    try:
-        return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-    except sqlite3.Error as exc:
-        raise LedgerError(f"{path} cannot be opened read-only ({exc})") from exc
-
-
-def _fetch_schema_count(conn: sqlite3.Connection, path: Path) -> int:
-    try:
-        return int(conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0])
-    except sqlite3.OperationalError as exc:
-        raise LedgerError(f"{path} cannot be read ({exc})") from exc
-    except sqlite3.DatabaseError as exc:
-        raise NotALedger(f"{path} is not a Dharma karma ledger ({exc})") from exc
-
-
-def _check_format(conn: sqlite3.Connection, path: Path) -> None:
-    try:
-        row = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
-    except sqlite3.OperationalError as exc:
-        if "no such" not in str(exc):
-            raise LedgerError(f"{path} cannot be read ({exc})") from exc
-        raise NotALedger(f"{path} is not a Dharma karma ledger (an SQLite database without our meta table)") from exc
-    except sqlite3.DatabaseError as exc:
-        raise NotALedger(f"{path} is not a Dharma karma ledger ({exc})") from exc
-    if row is None or row[0] != FORMAT:
-        found = "no format" if row is None else f"format {row[0]!r}"
-        raise NotALedger(f"{path} is not a Dharma karma ledger ({found}, expected {FORMAT!r})")
-
-
 def _open_writer(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
     kind = _inspect(path)
     try:
@@ -605,56 +364,6 @@ def _open_writer(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
-
-
-def _rebuild_head(conn: sqlite3.Connection, path: Path) -> tuple[CompactRange, str]:
-    """Rebuild the Merkle frontier from the stored hashes; refuse a ledger that is damaged.
-
-    Checks that seqs are contiguous, that the last record's bytes hash to its stored hash
-    and link to the one before, and that the latest stored checkpoint matches the records.
-    """
-    latest = conn.execute("SELECT size, note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchone()
-    cp_size = -1 if latest is None else int(latest[0])
-    frontier = CompactRange()
-    cp_root = merkle.EMPTY_ROOT if cp_size == 0 else None
-    prev = last = b""
-    for seq, digest in conn.execute("SELECT seq, hash FROM records ORDER BY seq"):
-        if seq != frontier.size + 1 or not isinstance(digest, bytes) or len(digest) != merkle.HASH_SIZE:
-            raise LedgerError(
-                f"{path}: record {frontier.size + 1} is missing or damaged; the ledger will not be "
-                "written until `dharma audit verify` has been run on it"
-            )
-        frontier.append(digest)
-        prev, last = last, digest
-        if frontier.size == cp_size:
-            cp_root = frontier.root()
-    if frontier.size:
-        _check_tail(conn, path, frontier.size, last, prev.hex() if frontier.size > 1 else GENESIS_PREV)
-    if latest is not None:
-        _check_checkpoint(path, str(latest[1]), cp_size, frontier.size, cp_root)
-    return frontier, last.hex() if frontier.size else GENESIS_PREV
-
-
-def _check_tail(conn: sqlite3.Connection, path: Path, size: int, digest: bytes, prev: str) -> None:
-    body = conn.execute("SELECT body FROM records WHERE seq = ?", (size,)).fetchone()[0]
-    ok = isinstance(body, bytes) and merkle.leaf_hash(body) == digest
-    try:
-        parsed = parse_record(body) if ok else None
-    except ValueError:
-        parsed = None
-    if parsed is None or parsed.seq != size or parsed.prev != prev:
-        raise LedgerError(f"{path}: the last record ({size}) does not match its hash or its predecessor")
-
-
-def _check_checkpoint(path: Path, note: str, cp_size: int, size: int, root: bytes | None) -> None:
-    if cp_size > size:
-        raise LedgerError(f"{path}: ledger has {size} records but its checkpoint is at size {cp_size} — truncated")
-    try:
-        stored_root = parse_checkpoint(note).root
-    except LedgerError as exc:
-        raise LedgerError(f"{path}: stored checkpoint at size {cp_size} is malformed ({exc})") from exc
-    if root != stored_root:
-        raise LedgerError(f"{path}: the first {cp_size} records do not match the stored checkpoint")
 
 
 def _utc_now() -> str:
