@@ -20,12 +20,16 @@ from __future__ import annotations
 import copy
 import secrets
 import unicodedata
+from collections.abc import Sequence
 from typing import Any
 
 from audit.canon import digest
-from gateway.call import Outcome, Status, ToolInfo
-from gateway.errors import ErrorCode
+from gateway.backends import BackendResult
+from gateway.call import BlockClass, Credentials, Decision, Effect, Outcome, Status, ToolCall, ToolInfo
+from gateway.errors import CallError, ErrorCode
 from gateway.mcp import jsonrpc
+from gateway.mcp.versions import HEADER_MISMATCH
+from gateway.policy.compile import CompiledPolicy
 from gateway.sanitize import SanitizeError, compile_schema
 from gateway.signing import RECEIPT_META_KEY
 
@@ -89,10 +93,11 @@ def tool_info(tool: dict[str, Any], backend: str, *, changed: bool = False) -> T
     annotations = tool.get("annotations")
     schema = tool.get("inputSchema")
     output = tool.get("outputSchema")
+    description = tool.get("description")
     return ToolInfo(
         name=tool["name"],
         backend=backend,
-        description=tool.get("description") if isinstance(tool.get("description"), str) else "",
+        description=description if isinstance(description, str) else "",
         annotations=dict(annotations) if isinstance(annotations, dict) else {},
         input_schema=schema if isinstance(schema, dict) else None,
         output_schema=output if isinstance(output, dict) else None,
@@ -258,3 +263,146 @@ def check_structured(result: dict[str, Any], tool: ToolInfo | None, *, modern: b
 
 def copy_result(value: Any) -> Any:
     return copy.deepcopy(value)
+
+
+def render_outcome(
+    outcome: Outcome,
+    *,
+    raw_result: Any,
+    raw_error: dict[str, Any] | None,
+    tool: ToolInfo | None,
+    modern: bool,
+    unknown_template: dict[str, Any] | None,
+    probe: str,
+    no_information: Sequence[Any],
+) -> tuple[str, dict[str, Any]]:
+    """Render a governed `tools/call` outcome as the client's answer (receipt not yet added).
+
+    Returns ("result", CallToolResult) or ("error", {"error": ...}). A hidden or unknown tool gets
+    the backend's own unknown-tool answer (`unknown_template`, its reply about `probe`); an
+    allowed result the pipeline rewrote keeps its mirrored text and `outputSchema` consistent;
+    the backend's own JSON-RPC error passes on as it came.
+
+    Args:
+        raw_result: the backend's result before the pipeline (to tell a rewritten one apart).
+        raw_error: the backend's JSON-RPC error object, if it answered with one.
+        no_information: the no-information responses of the tool's disclosure rules (WITHHOLD).
+    """
+    if outcome.error_code is ErrorCode.TOOL_NOT_FOUND:
+        answer = unknown_tool_answer(unknown_template, probe, outcome.tool)
+        if "error" in answer:
+            return "error", {"error": answer["error"]}
+        return "result", answer["result"]
+    if outcome.status is Status.OK:
+        result = outcome.result
+        if result is not raw_result:
+            if any(result == v for v in no_information):
+                return "result", as_call_result(result, modern=modern)
+            if isinstance(result, dict):
+                return "result", check_structured(mirror_structured(result, raw_result), tool, modern=modern)
+        if isinstance(result, dict):
+            return "result", result
+        return "result", as_call_result(result, modern=modern)
+    if outcome.status is Status.ERROR and raw_error is not None:
+        return "error", {"error": raw_error}
+    return "result", refusal_result(outcome, modern=modern)
+
+
+class BackendRpcError(CallError):
+    """The backend answered a call with a JSON-RPC error; `error` is that object, to pass on as it came."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        code = error.get("code")
+        mapped = ErrorCode.INVALID_PARAMS if code in _CLIENT_FAULTS else ErrorCode.BACKEND_ERROR
+        super().__init__(mapped, f"the MCP server answered error {code}: {error.get('message')}")
+        self.error = error
+
+
+#: Backend error codes that mean the call itself was wrong (not that the backend failed).
+_CLIENT_FAULTS = frozenset({jsonrpc.INVALID_REQUEST, jsonrpc.METHOD_NOT_FOUND, jsonrpc.INVALID_PARAMS, HEADER_MISMATCH})
+
+
+def backend_result(response: dict[str, Any]) -> BackendResult:
+    """The backend's JSON-RPC answer to a forwarded call as a `BackendResult`.
+
+    Raises:
+        BackendRpcError: the answer is a JSON-RPC error.
+    """
+    if "error" in response:
+        error = response["error"]
+        raise BackendRpcError(error if isinstance(error, dict) else {"code": jsonrpc.INTERNAL_ERROR, "message": str(error)})
+    result = response.get("result")
+    return BackendResult(result, is_error=isinstance(result, dict) and bool(result.get("isError")))
+
+
+class AnswerRecorder:
+    """The part of a transport's Backend adapter that both transports share: it keeps the backend's
+    raw answer (`raw_result` / `raw_error`) so `render_outcome` can tell what the pipeline changed."""
+
+    def __init__(self) -> None:
+        self.raw_result: Any = None
+        self.raw_error: dict[str, Any] | None = None
+
+    def tools(self) -> list[ToolInfo]:
+        return []
+
+    def record(self, response: dict[str, Any]) -> BackendResult:
+        """Keep and convert the backend's answer (`backend_result`), remembering an error object too."""
+        try:
+            answer = backend_result(response)
+        except BackendRpcError as exc:
+            self.raw_error = exc.error
+            raise
+        self.raw_result = answer.result
+        return answer
+
+    async def aclose(self) -> None:
+        return None
+
+
+def runs_as_task(params: Any, *, modern: bool) -> bool:
+    """Whether a legacy (2025-11-25) `tools/call` asks to run as a task (`params.task`)."""
+    return not modern and isinstance(params, dict) and params.get("task") is not None
+
+
+def task_conflicts(policy: CompiledPolicy, tool: str) -> bool:
+    """Whether the policy may redact or withhold `tool`'s result (so it must not run as a task).
+
+    A task's result comes later, from `tasks/result`, past the point where the gateway governs a
+    call's answer (notes §3, the v1 advice). Holds are caught when they happen: a task-augmented
+    call the pipeline holds for approval is refused instead, since a task cannot wait for a human.
+    """
+    if policy.disclosure_rules_for(tool):
+        return True
+    return any(rule.effect is Effect.REDACT for rule in policy.rules_for(tool))
+
+
+def task_refusal(tool: str) -> Decision:
+    """The block for a task-augmented call to a tool the policy may hold or redact."""
+    return Decision.block(
+        ErrorCode.POLICY_BLOCKED,
+        f"Dharma Gateway does not run '{tool}' as a task: the policy may hold this tool for a human's "
+        "approval or redact its result, and a task's result would bypass that. Call the tool again "
+        "without `task` (a normal call waits for the answer).",
+        BlockClass.APPROVAL,
+        stage="mcp_tasks",
+    )
+
+
+def tool_call(name: str, arguments: Any, meta: Any, *, request_id: str, credentials: Credentials, method: str,
+              protocol_version: str | None, session_id: str | None) -> ToolCall:
+    """The `ToolCall` an MCP `tools/call` (or a refused message, `method`) is governed as.
+
+    The purpose comes from `_meta["dharma.gateway/purpose"]` when the client gave a string.
+    """
+    purpose = meta.get(PURPOSE_META_KEY) if isinstance(meta, dict) else None
+    return ToolCall(
+        tool=name,
+        arguments=arguments,
+        request_id=request_id,
+        credentials=credentials,
+        purpose=purpose if isinstance(purpose, str) else None,
+        method=method,
+        protocol_version=protocol_version,
+        session_id=session_id,
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -60,7 +60,8 @@ def dumps(message: Any) -> bytes:
     return json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-def valid_id(value: Any) -> bool:
+def valid_id(value: Any) -> TypeGuard[RpcId]:
+    """A JSON-RPC id as MCP allows it: a string or an integer (never null, a float or a boolean)."""
     return (isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)))
 
 
@@ -128,7 +129,7 @@ def sniff_id(prefix: bytes) -> RpcId | None:
 def classify(obj: Any) -> Single:
     """Classify one decoded JSON value as a request, notification, response or invalid message."""
     if not isinstance(obj, dict):
-        return Invalid(None, INVALID_REQUEST, f"Invalid Request: a JSON-RPC message must be an object, not {_kind(obj)}")
+        return Invalid(None, INVALID_REQUEST, f"Invalid Request: a JSON-RPC message must be an object, not {kind(obj)}")
     raw_id = obj.get("id")
     rpc_id = raw_id if valid_id(raw_id) else None
     if obj.get("jsonrpc") != "2.0":
@@ -184,7 +185,8 @@ def _top_level_id(data: bytes | str) -> RpcId | None:
     return ids[0] if len(ids) == 1 and valid_id(ids[0]) else None
 
 
-def _kind(obj: Any) -> str:
+def kind(obj: Any) -> str:
+    """How to name a JSON value's type in an error message ("an array", "null", ...)."""
     return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(obj), "a number" if isinstance(obj, (int, float)) else type(obj).__name__
     )

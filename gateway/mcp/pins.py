@@ -11,6 +11,7 @@ share a state root) and replaced atomically.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import fcntl
 import json
@@ -115,9 +116,9 @@ class PinStore:
                 )
         return rows
 
-    def accept(self, backend: str, tool: str | None = None) -> list[str]:
+    def accept(self, backend: str, tool: str | None = None) -> builtins.list[str]:
         """Pin the last seen definition of `tool` (or of every changed tool of `backend`)."""
-        accepted: list[str] = []
+        accepted: builtins.list[str] = []
         with self._locked() as data:
             pins = data["backends"].get(backend)
             if pins is None:

@@ -27,13 +27,8 @@ from typing import Any
 
 from gateway.mcp import jsonrpc
 from gateway.mcp.jsonrpc import Batch, Invalid, Notification, Request, Response, RpcId
+from gateway.mcp.versions import BATCH_VERSIONS, ID_PREFIX, META_CAPABILITIES, META_VERSION, MODERN_VERSIONS
 
-META_VERSION = "io.modelcontextprotocol/protocolVersion"
-META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
-MODERN_VERSIONS = frozenset({"2026-07-28"})
-#: Revisions whose stdio transport carries JSON-RPC batches (arrays).
-BATCH_VERSIONS = frozenset({"2025-03-26"})
-ID_PREFIX = "dharma.gateway/"
 
 # ---- actions ------------------------------------------------------------------------------
 
@@ -330,7 +325,7 @@ class McpSession:
         pending = self._keys.pop(key, None) if key is not None else None
         if pending is not None and pending.method == "tools/call":
             rid = key[1] if isinstance(key, tuple) else None
-            if self._governed.get(rid) is pending:
+            if rid is not None and self._governed.get(rid) is pending:
                 del self._governed[rid]
             self._forwarded_calls.discard(rid)
         if pending is None or pending.batch is None:

@@ -16,13 +16,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-HEADER_MISMATCH = -32020
+from gateway.mcp.versions import META_VERSION
+
 PROTOCOL_VERSION = "mcp-protocol-version"
 METHOD = "mcp-method"
 NAME = "mcp-name"
 PARAM_PREFIX = "mcp-param-"
-META_VERSION = "io.modelcontextprotocol/protocolVersion"
-META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 NAME_BEARING = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
 
 _B64 = re.compile(r"^=\?base64\?(?P<payload>.*)\?=$")

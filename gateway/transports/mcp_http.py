@@ -9,9 +9,12 @@ body's `_meta` protocol version):
   ids behind it, and binds the session to the principal that opened it (another principal
   presenting the id gets 404, like an unknown session). POST replies mirror the upstream's shape
   (JSON or SSE); the GET stream merges every upstream's; DELETE ends the session everywhere.
-  Event streams reach the client **without `id:`/`retry:` fields and without priming events**,
-  and `Last-Event-ID` is never forwarded: a client cannot make an upstream replay an event the
-  gateway did not govern. The gateway resumes upstream streams itself (`upstream_http`).
+  Event streams carry the **gateway's own** event ids (priming events with `retry:` for
+  2025-11-25+ clients), never the upstream's; a GET with `Last-Event-ID` replays from the
+  session's store of events the gateway governed and sent (`mcp_events`), and `Last-Event-ID` is
+  never forwarded, so a client cannot make an upstream replay an event the gateway did not
+  govern. The gateway resumes upstream streams itself (`upstream_http`) and closes the client's
+  stream when the upstream closes its own early (SSE polling).
   Server→client requests and notifications pass through on the stream they came on.
 - **2026-07-28**: POST only (GET/DELETE 405). `Mcp-Method`/`Mcp-Name`/`Mcp-Param-*` are checked
   against the body (-32020, HTTP 400) and recomputed for what is forwarded. A client disconnect
@@ -31,11 +34,8 @@ upstream. The client's credentials (Authorization, X-API-Key, cookies) are never
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
-import hashlib
-import hmac
 import json
 import math
 import secrets
@@ -52,27 +52,35 @@ from gateway.backends import BackendResult
 from gateway.call import BlockClass, Credentials, Decision, Outcome, Principal, Status, ToolCall, ToolInfo
 from gateway.errors import CallError, ErrorCode
 from gateway.gateway import Gateway, new_request_id
+from gateway.mcp import approval as ap
 from gateway.mcp import governance as gov
+from gateway.mcp import holding
 from gateway.mcp import jsonrpc
 from gateway.mcp.jsonrpc import Batch, Invalid, Notification, Request, Response
 from gateway.mcp.pins import PinStore
+from gateway.mcp.versions import (
+    BATCH_VERSIONS,
+    HEADER_MISMATCH,
+    ID_PREFIX,
+    LEGACY_VERSIONS,
+    META_CAPABILITIES,
+    META_VERSION,
+    MODERN_VERSIONS,
+    UNSUPPORTED_VERSION,
+    at_least,
+)
 from gateway.stages.tier_gate import is_granted, visible_tools
 from gateway.transports import mcp_headers as mh
+from gateway.transports.mcp_events import EventStore, StreamLog
 from gateway.transports.upstream_http import UpstreamError, UpstreamReply
 
 log = structlog.get_logger()
 
-MODERN_VERSIONS = frozenset({"2026-07-28"})
-LEGACY_VERSIONS = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
-BATCH_VERSIONS = frozenset({"2025-03-26"})
-ID_PREFIX = "dharma.gateway/"
-APPROVAL_INPUT = "dharma.gateway/approval"
-STATE_PREFIX = "dgw1."
-HEADER_MISMATCH = -32020
-UNSUPPORTED_VERSION = -32022
 UNAUTHORIZED = -31002
 #: Where the authentication middleware (`gateway.http_auth.HttpAuth`) leaves what it verified.
 STATE_CREDENTIALS = "dharma.credentials"
+#: The reconnection delay (ms) the gateway's priming events suggest to resuming clients.
+RETRY_MS = 1000
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache, no-transform", "x-accel-buffering": "no"}
 #: Client headers forwarded upstream (with the routing headers); nothing that authenticates the client.
 FORWARDED = ("accept", "content-type", "mcp-protocol-version", "origin", "user-agent")
@@ -103,6 +111,8 @@ class _Head:
 @dataclass(slots=True)
 class _Event:
     data: bytes
+    id: str | None = None
+    retry: int | None = None
 
 
 @dataclass(slots=True)
@@ -114,25 +124,60 @@ class _Final:
 
 class Reply:
     """The answer to one HTTP request, produced while the handler runs: JSON, or an event stream
-    that opens on the first event (or explicitly, to mirror an upstream that answered SSE)."""
+    that opens on the first event (or explicitly, to mirror an upstream that answered SSE).
+
+    A resumable reply (`resumable`, legacy 2025-11-25+ clients) numbers its events with the
+    gateway's own ids, primes its stream (an id, `retry:`, empty data) and keeps every event it
+    sends in the session's `EventStore`. `detach()` ends the HTTP response early, as the upstream
+    did; the handler keeps running and its later events go to the store only, for the client to
+    fetch with GET + `Last-Event-ID`.
+    """
 
     def __init__(self, base_headers: dict[str, str] | None = None) -> None:
         self._send, self.stream = anyio.create_memory_object_stream[object](math.inf)
         self.sse = False
         self.done = False
+        self.detached = False
         self.base_headers = base_headers or {}
         self.message: Any = None  # the last final JSON-RPC message (for batches)
+        self.store: EventStore | None = None
+        self.log: StreamLog | None = None
 
-    async def open_sse(self, status: int = 200, headers: dict[str, str] | None = None) -> None:
+    def resumable(self, store: EventStore) -> None:
+        """Number and keep this reply's events in `store` if it becomes an event stream."""
+        if not self.sse:
+            self.store = store
+
+    async def open_sse(self, status: int = 200, headers: dict[str, str] | None = None, *, log: StreamLog | None = None) -> None:
         if not self.sse and not self.done:
             self.sse = True
             await self._send.send(_Head(status, {**SSE_HEADERS, **self.base_headers, **(headers or {})}))
+            if self.store is not None:
+                if log is not None:
+                    self.log = log
+                else:
+                    self.log = self.store.open()
+                    await self._send.send(_Event(b"", self.store.append(self.log, b""), RETRY_MS))
 
     async def event(self, data: bytes) -> None:
         if self.done:
             return
         await self.open_sse()
-        await self._send.send(_Event(data))
+        event_id = self.store.append(self.log, data) if self.store is not None and self.log is not None else None
+        if not self.detached:
+            await self._send.send(_Event(data, event_id))
+
+    async def resend(self, event_id: str, data: bytes) -> None:
+        """Send an event again with its original id (a replay from the store; not stored twice)."""
+        if not self.done and not self.detached:
+            await self.open_sse()
+            await self._send.send(_Event(data, event_id))
+
+    async def detach(self) -> None:
+        """End the client's event stream now (the upstream closed its own early); keep governing."""
+        if self.sse and self.log is not None and not self.done and not self.detached:
+            self.detached = True
+            await self._send.send(_Final(None))
 
     async def final(self, body: bytes | dict[str, Any] | None, status: int = 200, headers: dict[str, str] | None = None) -> None:
         if self.done:
@@ -140,20 +185,24 @@ class Reply:
         data = jsonrpc.dumps(body) if isinstance(body, dict) else body
         if isinstance(body, dict):
             self.message = body
-        self.done = True
         if self.sse:
             if data:
-                await self._send.send(_Event(data))
-            await self._send.send(_Final(None))
+                await self.event(data)
+            self.done = True
+            if not self.detached:
+                await self._send.send(_Final(None))
         else:
+            self.done = True
             hdrs = {**self.base_headers, **(headers or {})}
             if data and "content-type" not in hdrs:
                 hdrs["content-type"] = "application/json"
             await self._send.send(_Final(data, status, hdrs))
-        self._send.close()
+        self.close()
 
     def close(self) -> None:
         self._send.close()
+        if self.store is not None and self.log is not None:
+            self.store.finish(self.log)
 
 
 class _Collect(Reply):
@@ -162,7 +211,7 @@ class _Collect(Reply):
     async def event(self, data: bytes) -> None:
         return None
 
-    async def open_sse(self, status: int = 200, headers: dict[str, str] | None = None) -> None:
+    async def open_sse(self, status: int = 200, headers: dict[str, str] | None = None, *, log: StreamLog | None = None) -> None:
         return None
 
     async def final(self, body: bytes | dict[str, Any] | None, status: int = 200, headers: dict[str, str] | None = None) -> None:
@@ -208,6 +257,7 @@ class HttpSession:
     catalog: Catalog = field(default_factory=Catalog)
     waiters: dict[str, _Waiter] = field(default_factory=dict)
     holds: dict[Any, anyio.CancelScope] = field(default_factory=dict)
+    events: EventStore = field(default_factory=EventStore)
     last_used: float = field(default_factory=time.monotonic)
     counter: int = 0
 
@@ -261,7 +311,7 @@ class McpHttpApp:
         self.session_idle_seconds = session_idle_seconds
         self.sessions: dict[str, HttpSession] = {}
         self.modern_catalog = Catalog()
-        self._seal_key = secrets.token_bytes(32)
+        self._sealer = ap.StateSealer(secrets.token_bytes(32))
         self._counter = 0
         self._by_prefix = sorted(self.upstreams, key=lambda u: len(u.prefix), reverse=True)
 
@@ -332,9 +382,13 @@ class McpHttpApp:
             return Credentials(local_user=self.anonymous_user)
         return Credentials()
 
-    async def _run(self, receive: Receive, send: Send, work: Callable[[Reply], Awaitable[None]], base: dict[str, str]) -> None:
-        """Run a handler and stream its Reply; a client disconnect cancels the handler (and so the upstream request)."""
+    async def _run(self, receive: Receive, send: Send, work: Callable[[Reply], Awaitable[None]], base: dict[str, str],
+                   store: EventStore | None = None) -> None:
+        """Run a handler and stream its Reply; a client disconnect cancels the handler (and so the
+        upstream request), unless the reply was detached: then the handler finishes into the store."""
         reply = Reply(base)
+        if store is not None:
+            reply.resumable(store)
 
         async def run() -> None:
             try:
@@ -349,7 +403,8 @@ class McpHttpApp:
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
-                    tg.cancel_scope.cancel()
+                    if not reply.detached:
+                        tg.cancel_scope.cancel()
                     return
 
         async with anyio.create_task_group() as tg:
@@ -359,7 +414,8 @@ class McpHttpApp:
                 await _write(reply, send)
             except OSError:
                 pass
-            tg.cancel_scope.cancel()
+            if not reply.detached:
+                tg.cancel_scope.cancel()
 
     # ---- POST ---------------------------------------------------------------------------
 
@@ -376,9 +432,9 @@ class McpHttpApp:
         parsed = jsonrpc.parse(body)
         if not ctx.modern and isinstance(parsed, Request) and isinstance(parsed.params, dict):
             meta = parsed.params.get("_meta")
-            if isinstance(meta, dict) and isinstance(meta.get(mh.META_VERSION), str) and version not in LEGACY_VERSIONS \
-                    and meta[mh.META_VERSION] not in LEGACY_VERSIONS:
-                ctx.modern, ctx.version = True, meta[mh.META_VERSION]
+            if isinstance(meta, dict) and isinstance(meta.get(META_VERSION), str) and version not in LEGACY_VERSIONS \
+                    and meta[META_VERSION] not in LEGACY_VERSIONS:
+                ctx.modern, ctx.version = True, meta[META_VERSION]
         if not ctx.modern:
             sid = headers.get("mcp-session-id")
             if sid is not None:
@@ -388,7 +444,8 @@ class McpHttpApp:
                     return
                 session.last_used = time.monotonic()
                 ctx.session = session
-        await self._run(receive, send, lambda reply: self._message(ctx, reply, parsed, body), {})
+        store = ctx.session.events if ctx.session is not None and resumable_version(version) else None
+        await self._run(receive, send, lambda reply: self._message(ctx, reply, parsed, body), {}, store)
 
     async def _message(self, ctx: Ctx, reply: Reply, parsed: jsonrpc.Parsed, raw: bytes) -> None:
         if isinstance(parsed, Batch):
@@ -436,7 +493,7 @@ class McpHttpApp:
         if ctx.modern:
             params = _obj(item.params)
             ctx.meta = _obj(params.get("_meta"))
-            enveloped = mh.META_VERSION in ctx.meta and mh.META_CAPABILITIES in ctx.meta
+            enveloped = META_VERSION in ctx.meta and META_CAPABILITIES in ctx.meta
             # Same order as the SDK's ladder: a request without the envelope is the upstream's to refuse.
             problem = mh.check(ctx.raw_headers, item.message) if item.method != "tools/call" and enveloped else None
             if problem is not None:
@@ -494,6 +551,7 @@ class McpHttpApp:
                 extra = on_head(up) if on_head is not None else self._session_header(ctx)
                 if up.sse:
                     await reply.open_sse(up.status, extra)
+                    up.on_pause = reply.detach
                     async for chunk in up.messages():
                         out = await self._from_upstream(ctx, upstream, chunk, expect_id, on_answer)
                         if out is not None:
@@ -598,6 +656,9 @@ class McpHttpApp:
         caps = params.get("capabilities")
         session.capabilities = dict(caps) if isinstance(caps, dict) else {}
         ctx.session = session
+        requested = params.get("protocolVersion")
+        if isinstance(requested, str) and resumable_version(requested):
+            reply.resumable(session.events)
         others_have_tools = False
         for other in self.upstreams[1:]:
             rid = session.originate()
@@ -651,7 +712,23 @@ class McpHttpApp:
             await reply.final(jsonrpc.error(None, -32000, "Bad Request: Missing session ID"), 400)
             return
         ctx.session = session
-        # Last-Event-ID is dropped on purpose: nothing the gateway sent carried an event id.
+        # Last-Event-ID never goes upstream: a resume replays the gateway's own store (only events it
+        # governed and sent on this session); an id it did not issue here resumes nothing.
+        last = ctx.headers.get("last-event-id")
+        found = session.events.find(last) if last else None
+        stream: StreamLog | None = None
+        if found is not None:
+            stream, after = found
+            reply.resumable(session.events)
+            await reply.open_sse(200, self._session_header(ctx), log=stream)
+            async for event_id, data in session.events.follow(stream, after, wait=not stream.standalone):
+                await reply.resend(event_id, data)
+            if not stream.standalone:
+                await reply.final(None)
+                return
+        elif resumable_version(ctx.version):
+            reply.resumable(session.events)
+            stream = session.events.open(standalone=True)
         async with anyio.create_task_group() as tg:
             async def pump(upstream: Upstream, primary: bool) -> None:
                 headers = self._up_headers(ctx, upstream)
@@ -660,11 +737,12 @@ class McpHttpApp:
                 try:
                     async with upstream.get(headers) as up:
                         if not up.sse:
-                            if primary:
-                                await reply.final(up.body or None, up.status, {k: v for k, v in up.headers.items() if k in ("content-type", "allow")})
+                            if primary:  # after a replay the stream is open already: it just ends
+                                await reply.final(None if reply.sse else up.body or None, up.status,
+                                                  {k: v for k, v in up.headers.items() if k in ("content-type", "allow")})
                                 tg.cancel_scope.cancel()
                             return
-                        await reply.open_sse(200, self._session_header(ctx))
+                        await reply.open_sse(200, self._session_header(ctx), log=stream)
                         async for chunk in up.messages():
                             out = await self._from_upstream(ctx, upstream, chunk, None, None)
                             if out is not None:
@@ -846,17 +924,10 @@ class McpHttpApp:
     # ---- tools/call ---------------------------------------------------------------------
 
     def _call(self, ctx: Ctx, name: str, arguments: Any, meta: Any, method: str = "tools/call") -> ToolCall:
-        purpose = meta.get(gov.PURPOSE_META_KEY) if isinstance(meta, dict) else None
-        return ToolCall(
-            tool=name,
-            arguments=arguments,
-            request_id=new_request_id(),
-            credentials=ctx.credentials,
-            purpose=purpose if isinstance(purpose, str) else None,
-            method=method,
+        return gov.tool_call(
+            name, arguments, meta, request_id=new_request_id(), credentials=ctx.credentials, method=method,
             protocol_version=ctx.session.version if ctx.session is not None and ctx.session.version else ctx.version,
-            session_id=ctx.session.id if ctx.session is not None else None,
-        )
+            session_id=ctx.session.id if ctx.session is not None else None)
 
     async def _record_refusal(self, ctx: Ctx, name: str, method: str, reason: str, code: int = jsonrpc.INVALID_REQUEST) -> None:
         """Bad input goes in the ledger like any other decision."""
@@ -883,22 +954,22 @@ class McpHttpApp:
         arguments = params.get("arguments")
         if arguments is not None and not isinstance(arguments, dict):
             await self._refuse(ctx, reply, req, name, jsonrpc.INVALID_PARAMS,
-                               f"Invalid params: `arguments` must be an object, not {jsonrpc._kind(arguments)}")
+                               f"Invalid params: `arguments` must be an object, not {jsonrpc.kind(arguments)}")
             return
         meta = params.get("_meta")
         if ctx.modern:
-            if not isinstance(meta, dict) or mh.META_VERSION not in meta or mh.META_CAPABILITIES not in meta:
+            if not isinstance(meta, dict) or META_VERSION not in meta or META_CAPABILITIES not in meta:
                 await self._refuse(ctx, reply, req, name, jsonrpc.INVALID_PARAMS,
-                                   f"params._meta must be an object carrying the required '{mh.META_VERSION}' and "
-                                   f"'{mh.META_CAPABILITIES}' envelope keys")
+                                   f"params._meta must be an object carrying the required '{META_VERSION}' and "
+                                   f"'{META_CAPABILITIES}' envelope keys")
                 return
-            if meta[mh.META_VERSION] not in MODERN_VERSIONS:
+            if meta[META_VERSION] not in MODERN_VERSIONS:
                 problem = mh.check(ctx.raw_headers, req.message)
                 if problem is not None:
                     await self._refuse(ctx, reply, req, name, HEADER_MISMATCH, problem)
                     return
                 await self._refuse(ctx, reply, req, name, UNSUPPORTED_VERSION, "Unsupported protocol version",
-                                   data={"supported": sorted(MODERN_VERSIONS), "requested": meta[mh.META_VERSION]})
+                                   data={"supported": sorted(MODERN_VERSIONS), "requested": meta[META_VERSION]})
                 return
         catalog = self._catalog(ctx)
         route = self._route(name)
@@ -912,13 +983,15 @@ class McpHttpApp:
                 await self._refuse(ctx, reply, req, name, HEADER_MISMATCH, problem)
                 return
         approval_id: str | None = None
-        if isinstance(params.get("requestState"), str) and params["requestState"].startswith(STATE_PREFIX):
-            opened = await self._open_state(ctx, req, name, arguments)
-            if isinstance(opened, str) and opened.startswith("!"):
-                await self._refuse(ctx, reply, req, name, jsonrpc.INVALID_PARAMS, opened[1:])
+        if isinstance(params.get("requestState"), str) and params["requestState"].startswith(ap.STATE_PREFIX):
+            opened = await holding.apply_state(self.gateway, self._sealer, params, principal=ctx.principal.id, tool=name,
+                                               arguments=arguments, now=time.time())
+            if isinstance(opened, tuple):
+                await self._refuse(ctx, reply, req, name, jsonrpc.INVALID_PARAMS, opened[0])
                 return
             approval_id = opened
-            req = _strip_state(req)
+            stripped = ap.strip_state(_obj(req.params))
+            req = Request(req.id, req.method, stripped, {**req.message, "params": stripped})
         upstream, upstream_name = (entry[0], route[1]) if entry is not None and route is not None else (route or (self.primary, name))
         info: ToolInfo | None = None
         if entry is not None:
@@ -935,10 +1008,17 @@ class McpHttpApp:
         call = self._call(ctx, name, arguments, meta)
         if approval_id is not None:
             call = dataclasses.replace(call, approval_id=approval_id)
-        can_elicit = _can_elicit(meta.get(mh.META_CAPABILITIES) if ctx.modern and isinstance(meta, dict) else (ctx.session.capabilities if ctx.session else {}))
+        task = visible and gov.runs_as_task(params, modern=ctx.modern)
+        refusal = gov.task_refusal(name) if task and gov.task_conflicts(policy, name) else None
+        can_elicit = ap.can_elicit(meta.get(META_CAPABILITIES) if ctx.modern and isinstance(meta, dict) else (ctx.session.capabilities if ctx.session else {}))
         outcome, message, status = await self._govern_once(ctx, reply, call, req, info, upstream, upstream_name, probe,
-                                                           mrtr=ctx.modern and can_elicit)
-        if outcome.status is Status.PENDING_APPROVAL and outcome.approval_id and not (ctx.modern and can_elicit):
+                                                           mrtr=ctx.modern and can_elicit, refusal=refusal)
+        if outcome.status is Status.PENDING_APPROVAL and outcome.approval_id and task:
+            await self.gateway.approvals.expire(outcome.approval_id)  # a task cannot wait for a human
+            call = dataclasses.replace(call, request_id=new_request_id())
+            outcome, message, status = await self._govern_once(ctx, reply, call, req, info, upstream, upstream_name, probe,
+                                                               mrtr=False, refusal=gov.task_refusal(name))
+        elif outcome.status is Status.PENDING_APPROVAL and outcome.approval_id and not (ctx.modern and can_elicit):
             waited = await self._wait_for_approval(ctx, reply, req, outcome, name, arguments, can_elicit)
             if not waited:
                 return
@@ -948,7 +1028,7 @@ class McpHttpApp:
 
     async def _govern_once(self, ctx: Ctx, reply: Reply, call: ToolCall, req: Request, info: ToolInfo | None,
                            upstream: Upstream, upstream_name: str, probe: tuple[str, dict[str, Any] | None, int] | None,
-                           *, mrtr: bool) -> tuple[Outcome, dict[str, Any], int]:
+                           *, mrtr: bool, refusal: Decision | None = None) -> tuple[Outcome, dict[str, Any], int]:
         forwarder = _Forwarder(self, ctx, reply, req, upstream, upstream_name, info)
         rendered: dict[str, Any] = {}
 
@@ -957,13 +1037,13 @@ class McpHttpApp:
                 body = self._input_required(ctx, outcome, call)
                 rendered.update(kind="result", body=body, status=200)
                 return body
-            kind, body, status = _render(outcome, forwarder, info, ctx.modern, probe, call.tool, self.gateway)
+            kind, body, status = _render(outcome, forwarder, info, ctx.modern, probe, self.gateway)
             rendered.update(kind=kind, body=body, status=status)
             return body
 
         params = _obj(req.params)
         governed = await self.gateway.govern(call, render=render, request={"method": "tools/call", "params": params},
-                                             tool=info, backend=forwarder if info is not None else None)
+                                             refusal=refusal, tool=info, backend=forwarder if info is not None else None)
         if rendered.get("kind") == "error":
             return governed.outcome, {"jsonrpc": "2.0", "id": req.id, "error": rendered["body"]["error"]}, rendered["status"]
         if "body" not in rendered:  # the ledger failed: govern rendered the failure itself
@@ -990,47 +1070,10 @@ class McpHttpApp:
 
     # ---- approvals ----------------------------------------------------------------------
 
-    def _seal(self, payload: dict[str, Any]) -> str:
-        body = base64.urlsafe_b64encode(json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()).decode().rstrip("=")
-        mac = hmac.new(self._seal_key, body.encode(), hashlib.sha256).hexdigest()
-        return f"{STATE_PREFIX}{body}.{mac}"
-
     def _input_required(self, ctx: Ctx, outcome: Outcome, call: ToolCall) -> dict[str, Any]:
-        state = self._seal({"a": outcome.approval_id, "p": ctx.principal.id, "t": call.tool,
-                            "d": _args_digest(call.arguments), "e": int(time.time() + self.hold_seconds * 6)})
-        return {
-            "resultType": "input_required",
-            "inputRequests": {APPROVAL_INPUT: {"method": "elicitation/create", "params": _approval_form(outcome, call.tool, call.arguments, modern=True)}},
-            "requestState": state,
-            "_meta": {gov.DECISION_META_KEY: gov.decision_meta(outcome)},
-        }
-
-    async def _open_state(self, ctx: Ctx, req: Request, name: str, arguments: Any) -> str:
-        """Verify our `requestState` and apply the approval answer; the approval id, or "!reason"."""
-        params = _obj(req.params)
-        token = params["requestState"][len(STATE_PREFIX):]
-        body, _, mac = token.rpartition(".")
-        good = hmac.new(self._seal_key, body.encode(), hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(mac, good):
-            return "!Invalid params: requestState was not issued by this gateway or was altered"
-        try:
-            state = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-        except ValueError:
-            return "!Invalid params: requestState is malformed"
-        if state.get("e", 0) < time.time():
-            return "!Invalid params: requestState has expired; call the tool again"
-        if state.get("p") != ctx.principal.id or state.get("t") != name or state.get("d") != _args_digest(arguments):
-            return "!Invalid params: requestState belongs to a different call"
-        approval_id = state["a"]
-        answers = _obj(params.get("inputResponses"))
-        answer = answers.get(APPROVAL_INPUT)
-        current = await self.gateway.approvals.get(approval_id)
-        if current is not None and current.state == "pending":
-            if _accepted(answer):
-                await self.gateway.approve(approval_id, by=f"mcp-elicitation:{ctx.principal.id}")
-            elif isinstance(answer, dict):
-                await self.gateway.deny(approval_id, by=f"mcp-elicitation:{ctx.principal.id}")
-        return str(approval_id)
+        return self._sealer.input_required(outcome, principal=ctx.principal.id, tool=call.tool, arguments=call.arguments,
+                                           expires=time.time() + self.hold_seconds * 6,
+                                           decision_meta={gov.DECISION_META_KEY: gov.decision_meta(outcome)})
 
     async def _wait_for_approval(self, ctx: Ctx, reply: Reply, req: Request, outcome: Outcome, name: str,
                                  arguments: Any, can_elicit: bool) -> bool:
@@ -1049,14 +1092,10 @@ class McpHttpApp:
             with scope:
                 if session is not None and can_elicit:
                     verdict = await self._elicit(session, reply, outcome, name, arguments)
-                    if verdict is True:
-                        await self.gateway.approve(approval_id, by=f"mcp-elicitation:{ctx.principal.id}")
-                    elif verdict is False:
-                        await self.gateway.deny(approval_id, by=f"mcp-elicitation:{ctx.principal.id}")
-                    else:
-                        await self.gateway.approvals.expire(approval_id)
+                    await holding.settle(self.gateway, approval_id, verdict, by=f"mcp-elicitation:{ctx.principal.id}")
                 else:
-                    await self._hold(reply, approval_id, token)
+                    await holding.hold(self.gateway, approval_id, token, lambda note: reply.event(jsonrpc.dumps(note)),
+                                       seconds=self.hold_seconds, interval=self.progress_interval)
         finally:
             if session is not None:
                 session.holds.pop(("c", req.id), None)
@@ -1067,30 +1106,8 @@ class McpHttpApp:
             return False
         return True
 
-    async def _hold(self, reply: Reply, approval_id: str, token: Any) -> None:
-        started = time.monotonic()
-        last = -self.progress_interval
-        count = 0
-        with anyio.move_on_after(self.hold_seconds):
-            while True:
-                current = await self.gateway.approvals.get(approval_id)
-                if current is not None and current.state != "pending":
-                    return
-                now = time.monotonic() - started
-                if token is not None and now - last >= self.progress_interval:
-                    count += 1
-                    last = now
-                    await reply.event(jsonrpc.dumps(jsonrpc.notification("notifications/progress", {
-                        "progressToken": token, "progress": count,
-                        "message": f"Dharma Gateway: waiting for a human to approve {approval_id} "
-                                   f"(dharma approvals approve {approval_id})"})))
-                await anyio.sleep(0.05)
-        await self.gateway.approvals.expire(approval_id)
-
     async def _elicit(self, session: HttpSession, reply: Reply, outcome: Outcome, name: str, arguments: Any) -> bool | None:
-        params = _approval_form(outcome, name, arguments, modern=False)
-        if (session.version or "") >= "2025-11-25":
-            params = {"mode": "form", **params}
+        params = ap.approval_form(outcome, name, arguments, version=session.version)
         rid = session.originate()
         waiter = session.waiters[rid] = _Waiter()
         try:
@@ -1098,13 +1115,13 @@ class McpHttpApp:
             with anyio.move_on_after(self.hold_seconds):
                 await waiter.event.wait()
                 result = (waiter.value or {}).get("result")
-                return _accepted(result)
+                return ap.accepted(result)
             return None
         finally:
             session.waiters.pop(rid, None)
 
 
-class _Forwarder:
+class _Forwarder(gov.AnswerRecorder):
     """The Backend `Gateway.govern` forwards an allowed call through: one upstream POST, whose
     intermediate messages (progress, logs, server requests) stream to the client as they come."""
 
@@ -1113,12 +1130,8 @@ class _Forwarder:
         self.app, self.ctx, self.reply, self.req = app, ctx, reply, req
         self.upstream, self.upstream_name, self.info = upstream, upstream_name, info
         self.id = upstream.id
-        self.raw_result: Any = None
-        self.raw_error: dict[str, Any] | None = None
+        super().__init__()
         self.status = 200
-
-    def tools(self) -> list[ToolInfo]:
-        return []
 
     async def send(self, tool: str, arguments: dict[str, Any], *, timeout: float) -> BackendResult:
         req, ctx, app = self.req, self.ctx, self.app
@@ -1138,6 +1151,7 @@ class _Forwarder:
                 self.status = up.status
                 if up.sse:
                     await self.reply.open_sse(200, app._session_header(ctx))
+                    up.on_pause = self.reply.detach
                 stream = up.messages().__aiter__()
                 while response is None:
                     with anyio.fail_after(timeout):
@@ -1165,94 +1179,25 @@ class _Forwarder:
             raise CallError(code, exc.message) from None
         if response is None:
             raise CallError(ErrorCode.BACKEND_ERROR, f"the MCP server {self.upstream.id} answered HTTP {self.status} without a result")
-        if "error" in response:
-            error = response["error"] if isinstance(response["error"], dict) else {"code": jsonrpc.INTERNAL_ERROR, "message": str(response["error"])}
-            self.raw_error = error
-            rpc_code = error.get("code")
-            mapped = ErrorCode.INVALID_PARAMS if rpc_code in (-32600, -32601, -32602, HEADER_MISMATCH) else ErrorCode.BACKEND_ERROR
-            raise CallError(mapped, f"the MCP server answered error {rpc_code}: {error.get('message')}")
-        result = response.get("result")
-        self.raw_result = result
-        return BackendResult(result, is_error=isinstance(result, dict) and bool(result.get("isError")))
-
-    async def aclose(self) -> None:
-        return None
+        return self.record(response)
 
 
 # ---- helpers --------------------------------------------------------------------------------
 
 
 def _render(outcome: Outcome, forwarder: _Forwarder, info: ToolInfo | None, modern: bool,
-            probe: tuple[str, dict[str, Any] | None, int] | None, name: str, gateway: Gateway) -> tuple[str, dict[str, Any], int]:
-    """("result" | "error", body, HTTP status): what the client gets (receipt not yet added)."""
+            probe: tuple[str, dict[str, Any] | None, int] | None, gateway: Gateway) -> tuple[str, dict[str, Any], int]:
+    """("result" | "error", body, HTTP status): the shared rendering, with the status HTTP mirrors."""
+    probe_name, template, probe_status = probe or ("", None, 400 if modern else 200)
+    kind, body = gov.render_outcome(
+        outcome, raw_result=forwarder.raw_result, raw_error=forwarder.raw_error, tool=info, modern=modern,
+        unknown_template=template, probe=probe_name,
+        no_information=[r.no_information_response for r in gateway.policy.disclosure_rules_for(outcome.tool)])
     if outcome.error_code is ErrorCode.TOOL_NOT_FOUND:
-        probe_name, template, status = probe or ("", None, 400 if modern else 200)
-        answer = gov.unknown_tool_answer(template, probe_name, name)
-        if "error" in answer:
-            return "error", {"error": answer["error"]}, status if template is not None else (400 if modern else 200)
-        return "result", answer["result"], status
-    if outcome.status is Status.OK:
-        result = outcome.result
-        if result is not forwarder.raw_result:
-            nir = [r.no_information_response for r in gateway.policy.disclosure_rules_for(name)]
-            if any(result == v for v in nir):
-                return "result", gov.as_call_result(result, modern=modern), 200
-            if isinstance(result, dict):
-                return "result", gov.check_structured(result, info, modern=modern), 200
-        if isinstance(result, dict):
-            return "result", result, 200
-        return "result", gov.as_call_result(result, modern=modern), 200
-    if outcome.status is Status.ERROR and forwarder.raw_error is not None:
-        return "error", {"error": forwarder.raw_error}, forwarder.status if forwarder.status >= 400 else 200
-    return "result", gov.refusal_result(outcome, modern=modern), 200
-
-
-def _strip_state(req: Request) -> Request:
-    params = dict(req.params) if isinstance(req.params, dict) else {}
-    params.pop("requestState", None)
-    answers = params.get("inputResponses")
-    if isinstance(answers, dict):
-        rest = {k: v for k, v in answers.items() if k != APPROVAL_INPUT}
-        if rest:
-            params["inputResponses"] = rest
-        else:
-            params.pop("inputResponses")
-    message = {**req.message, "params": params}
-    return Request(req.id, req.method, params, message)
-
-
-def _args_digest(arguments: Any) -> str:
-    return hashlib.sha256(jsonrpc.dumps(arguments or {})).hexdigest()
-
-
-def _accepted(answer: Any) -> bool:
-    if not isinstance(answer, dict) or answer.get("action") != "accept":
-        return False
-    content = answer.get("content")
-    return isinstance(content, dict) and content.get("approve") is True
-
-
-def _can_elicit(capabilities: Any) -> bool:
-    return isinstance(capabilities, dict) and isinstance(capabilities.get("elicitation"), dict)
-
-
-def _approval_form(outcome: Outcome, name: str, arguments: Any, *, modern: bool) -> dict[str, Any]:
-    preview = jsonrpc.dumps(arguments or {}).decode()
-    if len(preview) > 300:
-        preview = preview[:297] + "..."
-    form: dict[str, Any] = {
-        "message": f"Dharma Gateway asks: allow the call to '{name}' with {preview}? "
-                   f"({outcome.message}; approval {outcome.approval_id})",
-        "requestedSchema": {
-            "type": "object",
-            "properties": {"approve": {"type": "boolean", "title": "Approve this call",
-                                       "description": f"Dharma Gateway approval {outcome.approval_id}"}},
-            "required": ["approve"],
-        },
-    }
-    if modern:
-        form = {"mode": "form", **form}
-    return form
+        return kind, body, probe_status if kind == "result" or template is not None else (400 if modern else 200)
+    if kind == "error":
+        return kind, body, forwarder.status if forwarder.status >= 400 else 200
+    return kind, body, 200
 
 
 async def _read_body(receive: Receive, limit: int) -> tuple[bytes, int | None]:
@@ -1300,7 +1245,7 @@ async def _write(reply: Reply, send: Send) -> None:
                     await send({"type": "http.response.start", "status": 200,
                                 "headers": [(k.encode(), v.encode()) for k, v in SSE_HEADERS.items()]})
                     started = True
-                await send({"type": "http.response.body", "body": b"event: message\ndata: " + item.data + b"\n\n", "more_body": True})
+                await send({"type": "http.response.body", "body": _sse_bytes(item), "more_body": True})
             elif isinstance(item, _Final):
                 if started:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -1316,6 +1261,21 @@ async def _write(reply: Reply, send: Send) -> None:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     else:
         await _plain(send, 500, jsonrpc.error(None, jsonrpc.INTERNAL_ERROR, "Dharma Gateway produced no answer"))
+
+
+def _sse_bytes(event: _Event) -> bytes:
+    """One event on the wire: a priming event is only an id (and `retry:`), with empty data."""
+    head = b"id: " + event.id.encode() + b"\n" if event.id is not None else b""
+    if event.retry is not None:
+        head += b"retry: " + str(event.retry).encode() + b"\n"
+    if not event.data:
+        return head + b"data: \n\n"
+    return head + b"event: message\ndata: " + event.data + b"\n\n"
+
+
+def resumable_version(version: str | None) -> bool:
+    """Whether a legacy client at `version` can resume a stream (it parses priming events): 2025-11-25 on."""
+    return at_least(version, "2025-11-25")
 
 
 def build_mcp_app(gateway: Gateway, settings: Any, *, max_body_bytes: int) -> McpHttpApp | None:

@@ -19,10 +19,10 @@ do with each message; this module only does the I/O:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -38,13 +38,13 @@ from gateway.backends import BackendResult
 from gateway.call import BlockClass, Credentials, Decision, Outcome, Status, ToolCall, ToolInfo
 from gateway.errors import CallError, ErrorCode
 from gateway.gateway import Gateway, new_request_id, rfc3339
+from gateway.mcp import approval as ap
 from gateway.mcp import governance as gov
+from gateway.mcp import holding
 from gateway.mcp import jsonrpc
+from gateway.mcp.framing import CHUNK, DEFAULT_MAX_MESSAGE_BYTES, SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize
 from gateway.mcp.pins import PinStore
 from gateway.mcp.session import (
-    META_CAPABILITIES,
-    META_VERSION,
-    MODERN_VERSIONS,
     CancelHeld,
     GovernCall,
     ListAnswer,
@@ -55,60 +55,13 @@ from gateway.mcp.session import (
     ToClient,
     ToServer,
 )
+from gateway.mcp.versions import MODERN_VERSIONS
 from gateway.stages.tier_gate import is_granted, visible_tools
+from gateway.transports.upstream_stdio import stop_process
 
+#: Seconds a call waits for a crashed server to be restarted and re-initialized.
+RESTART_GRACE = 15.0
 log = structlog.get_logger()
-
-DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-SERVER_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
-CHUNK = 1 << 16
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Oversize:
-    prefix: bytes
-    size: int
-
-
-class LineSplitter:
-    """Split a byte stream on b"\\n" with no line-length limit up to `limit`; longer lines become
-    `Oversize` (their bytes are dropped as they arrive, only a prefix is kept for the id)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._parts: list[bytes] = []
-        self._size = 0
-        self._over: bytes | None = None
-
-    def feed(self, chunk: bytes) -> list[bytes | Oversize]:
-        out: list[bytes | Oversize] = []
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
-                self._add(chunk[start:])
-                return out
-            self._add(chunk[start:nl])
-            out.append(self._take())
-            start = nl + 1
-
-    def _add(self, piece: bytes) -> None:
-        if not piece:
-            return
-        self._size += len(piece)
-        if self._over is not None:
-            return
-        if self._size > self.limit:
-            self._over = (b"".join(self._parts) + piece[:4096])[:4096]
-            self._parts = []
-        else:
-            self._parts.append(piece)
-
-    def _take(self) -> bytes | Oversize:
-        line: bytes | Oversize = Oversize(self._over, self._size) if self._over is not None else b"".join(self._parts)
-        self._parts, self._size, self._over = [], 0, None
-        return line
-
 
 class _Waiter:
     __slots__ = ("event", "value", "error", "side")
@@ -146,7 +99,7 @@ class ClientPipes:
     """Our stdin/stdout as async byte streams (asyncio pipes; threads when they are not pipes)."""
 
     def __init__(self, stdin: Any = None, stdout: Any = None) -> None:
-        self._in = stdin or sys.stdin.buffer
+        self._in: Any = stdin or sys.stdin.buffer
         self._out = stdout or sys.stdout.buffer
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -169,7 +122,7 @@ class ClientPipes:
     async def read(self) -> bytes:
         if self._reader is not None:
             return await self._reader.read(CHUNK)
-        return await anyio.to_thread.run_sync(self._in.read1, CHUNK)  # type: ignore[no-any-return]
+        return await anyio.to_thread.run_sync(self._in.read1, CHUNK)
 
     async def write(self, data: bytes) -> None:
         if self._writer is not None:
@@ -214,6 +167,7 @@ class StdioProxy:
         self.credentials = Credentials(local_user=local_user if local_user is not None else _login())
         self.max_message_bytes = max_message_bytes
         self.hold_seconds = hold_seconds
+        self._sealer = ap.StateSealer(secrets.token_bytes(32))
         self.progress_interval = progress_interval
         self.env = env
         self.session = McpSession()
@@ -302,22 +256,8 @@ class StdioProxy:
             await self._do(self.session.answer(key, message))
 
     async def _stop_backend(self) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        with contextlib.suppress(Exception):
-            assert proc.stdin is not None
-            await proc.stdin.aclose()
-        with anyio.move_on_after(2):
-            await proc.wait()
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-        with anyio.move_on_after(2):
-            await proc.wait()
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+        if self._proc is not None:
+            await stop_process(self._proc)
 
     # ---- pumps -------------------------------------------------------------------------
 
@@ -373,6 +313,10 @@ class StdioProxy:
         assert self._tg is not None
         for action in actions:
             if isinstance(action, ToServer):
+                # While the server restarts, client traffic waits for it (written to the dead one,
+                # a request would never be answered); after the timeout it is sent regardless.
+                with anyio.move_on_after(max(self.gateway.policy.backend_timeout_seconds, RESTART_GRACE)):
+                    await self._ready.wait()
                 await self._send_server(action.data)
             elif isinstance(action, ToClient):
                 await self._send_client(action.data)
@@ -422,8 +366,9 @@ class StdioProxy:
             self.session.forget(rid)
 
     async def _wait_ready(self, timeout: float) -> None:
+        """Wait for a (re)started server; a restart gets at least RESTART_GRACE, whatever the call timeout."""
         if not self._ready.is_set():
-            with anyio.fail_after(timeout):
+            with anyio.fail_after(max(timeout, RESTART_GRACE)):
                 await self._ready.wait()
 
     # ---- tools/list --------------------------------------------------------------------
@@ -488,18 +433,13 @@ class StdioProxy:
 
     # ---- tools/call --------------------------------------------------------------------
 
+    def _principal_id(self) -> str:
+        principal = self.gateway.principal_for(self.credentials)
+        return principal.id if principal is not None else ""
+
     def _call(self, name: str, arguments: Any, version: str | None, meta: Any, method: str = "tools/call") -> ToolCall:
-        purpose = meta.get(gov.PURPOSE_META_KEY) if isinstance(meta, dict) else None
-        return ToolCall(
-            tool=name,
-            arguments=arguments,
-            request_id=new_request_id(),
-            credentials=self.credentials,
-            purpose=purpose if isinstance(purpose, str) else None,
-            method=method,
-            protocol_version=version,
-            session_id=self.session.nonce,
-        )
+        return gov.tool_call(name, arguments, meta, request_id=new_request_id(), credentials=self.credentials, method=method,
+                             protocol_version=version, session_id=self.session.nonce)
 
     async def _govern_call(self, action: GovernCall) -> None:
         try:
@@ -523,9 +463,19 @@ class StdioProxy:
         arguments = params.get("arguments") if params is not None else None
         if arguments is not None and not isinstance(arguments, dict):
             await self._refuse(key, req.id, self._call(name, None, version, meta), jsonrpc.INVALID_PARAMS,
-                               f"Invalid params: `arguments` must be an object, not {jsonrpc._kind(arguments)}")
+                               f"Invalid params: `arguments` must be an object, not {jsonrpc.kind(arguments)}")
             return
         assert params is not None
+        approval_id: str | None = None
+        if modern and isinstance(params.get("requestState"), str) and params["requestState"].startswith(ap.STATE_PREFIX):
+            opened = await holding.apply_state(self.gateway, self._sealer, params, principal=self._principal_id(), tool=name,
+                                               arguments=arguments, now=time.time())
+            if isinstance(opened, tuple):
+                await self._refuse(key, req.id, self._call(name, arguments, version, meta), jsonrpc.INVALID_PARAMS, opened[0])
+                return
+            approval_id = opened
+            params = ap.strip_state(params)
+            req = jsonrpc.Request(req.id, req.method, params, {**req.message, "params": params})
         if self.session.tools_stale or name not in self.session.tools:
             await self._refresh_catalog(meta if isinstance(meta, dict) else None, modern)
         definition = self.session.tools.get(name)
@@ -549,9 +499,18 @@ class StdioProxy:
             probe = gov.probe_name()
             template = await self._probe_unknown(req, probe)
         call = self._call(name, arguments, version, meta)
-        governed = await self._govern_once(call, req, key, info, modern, template, probe)
+        if approval_id is not None:
+            call = dataclasses.replace(call, approval_id=approval_id)
+        mrtr = modern and ap.can_elicit(action.capabilities)
+        task = visible and gov.runs_as_task(params, modern=modern)
+        refusal = gov.task_refusal(name) if task and gov.task_conflicts(policy, name) else None
+        governed = await self._govern_once(call, req, key, info, modern, template, probe, refusal, mrtr=mrtr)
         outcome = governed[0]
-        if outcome.status is Status.PENDING_APPROVAL and outcome.approval_id:
+        if outcome.status is Status.PENDING_APPROVAL and outcome.approval_id and task:
+            await self.gateway.approvals.expire(outcome.approval_id)  # a task cannot wait for a human
+            call = dataclasses.replace(call, request_id=new_request_id())
+            governed = await self._govern_once(call, req, key, info, modern, template, probe, gov.task_refusal(name))
+        elif outcome.status is Status.PENDING_APPROVAL and outcome.approval_id and not mrtr:
             waited = await self._wait_for_approval(action, outcome, name, arguments, modern)
             if not waited:
                 return
@@ -572,12 +531,26 @@ class StdioProxy:
         modern: bool,
         template: dict[str, Any] | None,
         probe: str | None,
+        refusal: Decision | None = None,
+        *,
+        mrtr: bool = False,
     ) -> tuple[Outcome, dict[str, Any]]:
+        """Govern the call once; with `mrtr` (a 2026 client that can elicit) a hold becomes an
+        `input_required` result carrying the gateway's sealed `requestState`, and nothing waits."""
         forwarder = _Forwarder(self, req, key)
         rendered: dict[str, Any] = {}
 
         def render(outcome: Outcome) -> dict[str, Any]:
-            kind, body = _render(outcome, forwarder, info, modern, template, probe, call.tool, self.gateway)
+            if mrtr and outcome.status is Status.PENDING_APPROVAL and outcome.approval_id:
+                body = self._sealer.input_required(
+                    outcome, principal=self._principal_id(), tool=call.tool, arguments=call.arguments,
+                    expires=time.time() + self.hold_seconds * 6, decision_meta={gov.DECISION_META_KEY: gov.decision_meta(outcome)})
+                rendered["kind"], rendered["body"] = "result", body
+                return body
+            kind, body = gov.render_outcome(
+                outcome, raw_result=forwarder.raw_result, raw_error=forwarder.raw_error, tool=info, modern=modern,
+                unknown_template=template, probe=probe or "",
+                no_information=[r.no_information_response for r in self.gateway.policy.disclosure_rules_for(call.tool)])
             rendered["kind"], rendered["body"] = kind, body
             return body
 
@@ -586,6 +559,7 @@ class StdioProxy:
             call,
             render=render,
             request={"method": "tools/call", "params": params},
+            refusal=refusal,
             tool=info,
             backend=forwarder if info is not None else None,
         )
@@ -658,22 +632,18 @@ class StdioProxy:
         log.warning("approval.pending", approval_id=approval_id, tool=name, reason=outcome.message,
                     hint=f"dharma approvals approve {approval_id}")
         params = action.request.params if isinstance(action.request.params, dict) else {}
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-        token = meta.get("progressToken")
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
         scope = anyio.CancelScope()
         self._holds[action.key] = scope
         try:
             with scope:
                 if not modern and self.session.client_can_elicit(action.capabilities):
-                    verdict = await self._elicit(approval_id, name, arguments, outcome.message)
-                    if verdict is True:
-                        await self.gateway.approve(approval_id, by="mcp-elicitation")
-                    elif verdict is False:
-                        await self.gateway.deny(approval_id, by="mcp-elicitation")
-                    else:
-                        await self.gateway.approvals.expire(approval_id)
+                    verdict = await self._elicit(outcome, name, arguments)
+                    await holding.settle(self.gateway, approval_id, verdict, by="mcp-elicitation")
                 else:
-                    await self._hold(approval_id, token)
+                    await holding.hold(self.gateway, approval_id, token, lambda note: self._send_client(jsonrpc.dumps(note)),
+                                       seconds=self.hold_seconds, interval=self.progress_interval)
         finally:
             self._holds.pop(action.key, None)
         if scope.cancelled_caught:
@@ -684,56 +654,15 @@ class StdioProxy:
             return False
         return True
 
-    async def _hold(self, approval_id: str, token: Any) -> None:
-        started = time.monotonic()
-        last = -self.progress_interval
-        count = 0
-        with anyio.move_on_after(self.hold_seconds):
-            while True:
-                current = await self.gateway.approvals.get(approval_id)
-                if current is not None and current.state != "pending":
-                    return
-                now = time.monotonic() - started
-                if token is not None and now - last >= self.progress_interval:
-                    count += 1
-                    last = now
-                    note = jsonrpc.notification("notifications/progress", {
-                        "progressToken": token,
-                        "progress": count,
-                        "message": f"Dharma Gateway: waiting for a human to approve {approval_id} "
-                                   f"(dharma approvals approve {approval_id})",
-                    })
-                    await self._send_client(jsonrpc.dumps(note))
-                await anyio.sleep(0.05)
-        await self.gateway.approvals.expire(approval_id)
-
-    async def _elicit(self, approval_id: str, name: str, arguments: Any, reason: str) -> bool | None:
-        preview = jsonrpc.dumps(arguments or {}).decode()
-        if len(preview) > 300:
-            preview = preview[:297] + "..."
-        params: dict[str, Any] = {
-            "message": f"Dharma Gateway asks: allow the call to '{name}' with {preview}? "
-                       f"({reason}; approval {approval_id})",
-            "requestedSchema": {
-                "type": "object",
-                "properties": {"approve": {"type": "boolean", "title": "Approve this call",
-                                           "description": f"Dharma Gateway approval {approval_id}"}},
-                "required": ["approve"],
-            },
-        }
-        if (self.session.protocol_version or "") >= "2025-11-25":
-            params = {"mode": "form", **params}
+    async def _elicit(self, outcome: Outcome, name: str, arguments: Any) -> bool | None:
+        params = ap.approval_form(outcome, name, arguments, version=self.session.protocol_version)
         rid, data = self.session.originate("client", "elicitation/create", params)
         waiter = self._waiters[rid] = _Waiter("client")
         try:
             await self._send_client(data)
             with anyio.move_on_after(self.hold_seconds):
                 response = await waiter.wait()
-                result = response.get("result")
-                if isinstance(result, dict) and result.get("action") == "accept":
-                    content = result.get("content")
-                    return isinstance(content, dict) and content.get("approve") is True
-                return False
+                return ap.accepted(response.get("result"))
             cancel = jsonrpc.notification("notifications/cancelled", {"requestId": rid, "reason": "approval timed out"})
             await self._send_client(jsonrpc.dumps(cancel))
             return None
@@ -742,7 +671,7 @@ class StdioProxy:
             self.session.forget(rid)
 
 
-class _Forwarder:
+class _Forwarder(gov.AnswerRecorder):
     """The Backend `Gateway.govern` forwards an allowed call through: this session's server."""
 
     def __init__(self, proxy: StdioProxy, request: jsonrpc.Request, key: object) -> None:
@@ -750,11 +679,7 @@ class _Forwarder:
         self.id = proxy.backend_id
         self.request = request
         self.key = key
-        self.raw_result: Any = None
-        self.raw_error: dict[str, Any] | None = None
-
-    def tools(self) -> list[ToolInfo]:
-        return []
+        super().__init__()
 
     async def send(self, tool: str, arguments: dict[str, Any], *, timeout: float) -> BackendResult:
         proxy, req = self.proxy, self.request
@@ -782,51 +707,7 @@ class _Forwarder:
         finally:
             if proxy._waiters.get(req.id) is waiter:
                 del proxy._waiters[req.id]
-        if "error" in response:
-            error = response["error"] if isinstance(response["error"], dict) else {"code": jsonrpc.INTERNAL_ERROR, "message": str(response["error"])}
-            self.raw_error = error
-            code = error.get("code")
-            mapped = ErrorCode.INVALID_PARAMS if code in (-32600, -32601, -32602) else ErrorCode.BACKEND_ERROR
-            raise CallError(mapped, f"the MCP server answered error {code}: {error.get('message')}")
-        result = response.get("result")
-        self.raw_result = result
-        return BackendResult(result, is_error=isinstance(result, dict) and bool(result.get("isError")))
-
-    async def aclose(self) -> None:
-        return None
-
-
-def _render(
-    outcome: Outcome,
-    forwarder: _Forwarder,
-    info: ToolInfo | None,
-    modern: bool,
-    template: dict[str, Any] | None,
-    probe: str | None,
-    name: str,
-    gateway: Gateway,
-) -> tuple[str, dict[str, Any]]:
-    """("result" | "error", body): what the client gets for this outcome (receipt not yet added)."""
-    if outcome.error_code is ErrorCode.TOOL_NOT_FOUND:
-        answer = gov.unknown_tool_answer(template, probe or "", name)
-        if "error" in answer:
-            return "error", {"error": answer["error"]}
-        return "result", answer["result"]
-    if outcome.status is Status.OK:
-        result = outcome.result
-        if result is not forwarder.raw_result:
-            nir = [r.no_information_response for r in gateway.policy.disclosure_rules_for(name)]
-            if any(result == v for v in nir):
-                return "result", gov.as_call_result(result, modern=modern)
-            if isinstance(result, dict):
-                result = gov.mirror_structured(result, forwarder.raw_result)
-                return "result", gov.check_structured(result, info, modern=modern)
-        if isinstance(result, dict):
-            return "result", result
-        return "result", gov.as_call_result(result, modern=modern)
-    if outcome.status is Status.ERROR and forwarder.raw_error is not None:
-        return "error", {"error": forwarder.raw_error}
-    return "result", gov.refusal_result(outcome, modern=modern)
+        return self.record(response)
 
 
 def _login() -> str:

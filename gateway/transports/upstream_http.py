@@ -4,8 +4,10 @@ One `McpHttpUpstream` per configured `mcp_http` upstream. It does HTTP only: it 
 and headers it is given and hands back an `UpstreamReply` whose SSE messages are yielded as
 they arrive (never buffered). SSE `id:`/`retry:` fields stay here: when an upstream closes a
 POST's event stream before the answer came (2025-11-25 polling), this client resumes it itself
-(GET + `Last-Event-ID`), so the gateway's own clients never see an event id and can never ask the
-upstream to replay an event the gateway did not govern (the replay hole, notes §2.4).
+(GET + `Last-Event-ID`), after telling the caller (`UpstreamReply.on_pause`) so the gateway can
+close its own client's stream the same way. The gateway's clients never see an upstream event id
+and can never ask the upstream to replay an event the gateway did not govern (the replay hole,
+notes §2.4); the gateway numbers and replays its own events (`mcp_events`).
 
 Failures leave as `UpstreamError` (`timeout` / `unavailable`), never as httpx exceptions.
 """
@@ -13,7 +15,7 @@ Failures leave as `UpstreamError` (`timeout` / `unavailable`), never as httpx ex
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +50,9 @@ class UpstreamReply:
     _events: AsyncIterator[bytes] | None = None
     session_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Called when the upstream closed its event stream before the answer, before this client
+    #: resumes it (so the gateway can close its own client's stream the same way).
+    on_pause: Callable[[], Awaitable[None]] | None = None
 
     async def messages(self) -> AsyncIterator[bytes]:
         """The data of each SSE message (priming events and comments skipped), or the JSON body once."""
@@ -128,7 +133,7 @@ class McpHttpUpstream:
         """POST one message; with `expect_id`, an event stream closed early is resumed until that answer."""
         async with self._send("POST", body, headers) as (response, reply):
             if reply.sse:
-                reply._events = self._stream(response, headers, expect_id)
+                reply._events = self._stream(response, headers, expect_id, reply)
             yield reply
 
     @contextlib.asynccontextmanager
@@ -136,7 +141,7 @@ class McpHttpUpstream:
         """Open the standalone GET stream (never with `Last-Event-ID`: the gateway does not resume it)."""
         async with self._send("GET", None, headers) as (response, reply):
             if reply.sse:
-                reply._events = self._stream(response, headers, None)
+                reply._events = self._stream(response, headers, None, reply)
             yield reply
 
     async def delete(self, headers: Mapping[str, str]) -> UpstreamReply:
@@ -171,7 +176,8 @@ class McpHttpUpstream:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
 
-    async def _stream(self, response: httpx.Response, headers: Mapping[str, str], expect_id: jsonrpc.RpcId | None) -> AsyncIterator[bytes]:
+    async def _stream(self, response: httpx.Response, headers: Mapping[str, str], expect_id: jsonrpc.RpcId | None,
+                      reply: UpstreamReply) -> AsyncIterator[bytes]:
         last_id: str | None = None
         retry_ms = 1000
         answered = expect_id is None
@@ -180,6 +186,7 @@ class McpHttpUpstream:
         try:
             while True:
                 assert current is not None
+                clean = True
                 try:
                     async for event in sse_events(current.aiter_lines()):
                         if event.id:
@@ -193,6 +200,7 @@ class McpHttpUpstream:
                             answered = True
                         yield data
                 except httpx.HTTPError as exc:
+                    clean = False
                     if answered or last_id is None:
                         raise UpstreamError("unavailable", f"upstream {self.id} broke off its event stream: {type(exc).__name__}") from None
                 if answered or last_id is None or resumes >= MAX_RESUMES:
@@ -200,6 +208,8 @@ class McpHttpUpstream:
                         raise UpstreamError("unavailable", f"upstream {self.id} closed the event stream before answering")
                     return
                 resumes += 1
+                if resumes == 1 and clean and reply.on_pause is not None:
+                    await reply.on_pause()
                 await anyio.sleep(min(retry_ms, 5000) / 1000)
                 if current is not response:
                     await current.aclose()

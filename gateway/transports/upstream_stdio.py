@@ -8,7 +8,7 @@
 - 2026-07-28: one shared process, spawned on first use. Request ids are remapped (clients'
   ids may repeat across clients) and mapped back on the answers.
 
-Lines of any length (the stdio proxy's `LineSplitter`); the server's stderr goes to the log.
+Lines of any length (`gateway.mcp.framing.LineSplitter`); the server's stderr goes to the log.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import anyio.abc
 import structlog
 
 from gateway.mcp import jsonrpc
-from gateway.transports.mcp_stdio import SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize
+from gateway.mcp.framing import SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize
 from gateway.transports.upstream_http import UpstreamError, UpstreamReply
 
 log = structlog.get_logger()
@@ -152,7 +152,7 @@ class McpStdioUpstream:
             raise UpstreamError("unavailable", f"cannot start upstream {self.id} ({self.command[0]}): {exc.strerror or exc}") from None
         process = _Process(self.id, proc, remap)
         if self.task_group is None:
-            await _stop(process)
+            await stop_process(process.proc)
             raise UpstreamError("unavailable", f"upstream {self.id}: the gateway's MCP endpoint is not running")
         self.task_group.start_soon(process.pump)
         self.task_group.start_soon(process.stderr)
@@ -222,12 +222,12 @@ class McpStdioUpstream:
         process = self._sessions.pop(sid, None) if sid else None
         if process is None:
             return UpstreamReply(404, {}, False)
-        await _stop(process)
+        await stop_process(process.proc)
         return UpstreamReply(200, {}, False)
 
     async def aclose(self) -> None:
         for process in [*self._sessions.values(), *([self._shared] if self._shared else [])]:
-            await _stop(process)
+            await stop_process(process.proc)
         self._sessions.clear()
         self._shared = None
 
@@ -243,9 +243,8 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return None
 
 
-async def _stop(process: _Process) -> None:
-    """Close stdin, wait, then terminate, then kill (the stdio shutdown sequence)."""
-    proc = process.proc
+async def stop_process(proc: anyio.abc.Process) -> None:
+    """Close stdin, wait, then terminate, then kill (the stdio shutdown sequence); shielded from cancellation."""
     with anyio.CancelScope(shield=True):
         with contextlib.suppress(Exception):
             if proc.stdin is not None:

@@ -24,15 +24,19 @@ def _params(tmp_path: Path, state: Path, policy: Path, *extra: str) -> StdioServ
     return StdioServerParameters(command=command[0], args=command[1:], cwd=str(REPO), env=gateway_env(tmp_path))
 
 
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
 @pytest.mark.parametrize("approve", [True, False])
-async def test_elicitation_asks_the_client(tmp_path: Path, state: Path, mcp_policy: Path, approve: bool) -> None:
+async def test_elicitation_asks_the_client(tmp_path: Path, state: Path, mcp_policy: Path, approve: bool, mode: str) -> None:
+    # Legacy: `elicitation/create` with a gateway id. 2026-07-28 (no server→client requests): an
+    # `input_required` result with the gateway's sealed requestState; the SDK client retries with
+    # the answer (the same code as /mcp).
     asked: list[Any] = []
 
     async def on_elicit(ctx: Any, params: Any) -> types.ElicitResult:
         asked.append(params)
         return types.ElicitResult(action="accept", content={"approve": approve})
 
-    async with Client(_params(tmp_path, state, mcp_policy), elicitation_callback=on_elicit, mode="legacy") as client:
+    async with Client(_params(tmp_path, state, mcp_policy), elicitation_callback=on_elicit, mode=mode) as client:
         result = await client.call_tool("write_note", {"path": "important/plan.md", "text": "ship it"})
     assert len(asked) == 1
     assert "Dharma Gateway" in asked[0].message and "write_note" in asked[0].message
@@ -96,3 +100,23 @@ async def test_client_cancel_drops_the_hold(raw_gateway, tmp_path: Path, state: 
     assert store.pending_sync(time.time()) == []  # the hold (and its approval) is gone
     assert (await gw.call(6, "echo", {"text": "next"}))["result"]["content"][0]["text"] == "echo: next"
     assert backend_calls(tmp_path) == ["echo"]
+
+
+async def test_2026_request_state_is_bound_to_the_call(raw_gateway, tmp_path: Path) -> None:
+    gw = await raw_gateway()
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+    args = {"path": "important/plan.md", "text": "ship it"}
+    first = await gw.call(1, "write_note", args, _meta=meta)
+    state = first["result"]["requestState"]
+    assert first["result"]["resultType"] == "input_required" and state.startswith("dgw1.")
+    answer = {"dharma.gateway/approval": {"action": "accept", "content": {"approve": True}}}
+    other = await gw.call(2, "write_note", {**args, "text": "other"}, _meta=meta, requestState=state, inputResponses=answer)
+    assert other["error"]["code"] == -32602 and "different call" in other["error"]["message"]
+    forged = state[:-1] + ("1" if state.endswith("0") else "0")
+    tampered = await gw.call(3, "write_note", args, _meta=meta, requestState=forged, inputResponses=answer)
+    assert tampered["error"]["code"] == -32602
+    assert backend_calls(tmp_path) == []
+    done = await gw.call(4, "write_note", args, _meta=meta, requestState=state, inputResponses=answer)
+    assert done["result"]["content"][0]["text"] == "wrote 7 characters to important/plan.md"
+    assert backend_calls(tmp_path) == ["write_note"]

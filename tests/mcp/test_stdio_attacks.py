@@ -173,3 +173,22 @@ async def test_sdk_client_sees_refusals_as_tool_errors(tmp_path: Path, state: Pa
         assert report.structured_content == {"title": "q3", "secret": "[REDACTED]"}
         assert "sk_live" not in json.dumps([c.model_dump() for c in report.content])
     assert "write_note" not in backend_calls(tmp_path)
+
+
+async def test_task_augmented_calls_to_held_or_redacted_tools_are_refused(raw_gateway, tmp_path: Path) -> None:
+    # 2025-11-25 `params.task`: the result would come later from tasks/result, past governance.
+    gw = await raw_gateway()
+    await gw.initialize("2025-11-25")
+    task = {"ttl": 60000}
+    redacted = await gw.call(1, "get_report", {"title": "q3"}, task=task)
+    held = await gw.call(2, "write_note", {"path": "important/plan.md", "text": "x"}, task=task)
+    for answer in (redacted, held):
+        result = answer["result"]
+        assert result["isError"] is True and "as a task" in result["content"][0]["text"]
+        assert result["_meta"]["dharma.gateway/decision"]["error_code"] == "policy_blocked"
+        assert "dharma.gateway/receipt" in result["_meta"]
+    hidden = await gw.call(3, "admin_reset", {}, task=task)  # hidden stays indistinguishable from unknown
+    assert "as a task" not in json.dumps(hidden)
+    assert backend_calls(tmp_path) == []
+    plain = await gw.call(4, "get_report", {"title": "q3"})  # without `task` the call is governed as usual
+    assert plain["result"].get("isError") is not True and backend_calls(tmp_path) == ["get_report"]

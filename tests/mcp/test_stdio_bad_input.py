@@ -80,14 +80,15 @@ async def test_backend_crash_mid_call_is_an_error_and_the_gateway_keeps_serving(
     # the server was restarted and re-initialized behind the client's back
     ok = await gw.call(2, "echo", {"text": "after crash"})
     assert ok["result"]["content"][0]["text"] == "echo: after crash"
-    # the breaker counted it: three failures (threshold 3) open it
-    for i in range(2):
-        await gw.call(10 + i, "crash", {})
+    # the breaker counts failures in a row (the echo above closed it again): three more open it
+    for i in range(3):
+        crashed = await gw.call(10 + i, "crash", {})
+        assert crashed["result"]["_meta"]["dharma.gateway/decision"]["error_code"] == "backend_unavailable"
     fast = await gw.call(20, "echo", {"text": "x"})
     assert fast["result"]["isError"] is True
     assert fast["result"]["_meta"]["dharma.gateway/decision"]["error_code"] == "backend_unavailable"
     records = [r for r in ledger_records(state) if r["tool"] == "crash"]
-    assert len(records) == 3 and all(r["error_code"] == "backend_unavailable" for r in records)
+    assert len(records) == 4 and all(r["error_code"] == "backend_unavailable" for r in records)
     # a pass-through request still works (only governed calls go through the breaker)
     await gw.send({"jsonrpc": "2.0", "id": 30, "method": "ping"})
     assert (await gw.response(30))["result"] == {}

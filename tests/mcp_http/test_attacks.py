@@ -7,9 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.mcp_http.conftest import serve_gateway, upstream
+from tests.mcp_http.conftest import serve_gateway, upstream, write_profile
 from tests.mcp_http.raw import LEGACY, Raw, answer, ledger_text, messages
 from tests.mcp_http.toy_server import SECRET
+
+
+def _event_ids(text: str) -> list[str]:
+    return [line[3:].strip() for line in text.splitlines() if line.startswith("id:")]
 
 
 async def test_resumed_stream_cannot_replay_an_unredacted_result(toy_url: str, tmp_path: Path) -> None:
@@ -18,7 +22,7 @@ async def test_resumed_stream_cannot_replay_an_unredacted_result(toy_url: str, t
         await direct.initialize()
         r = await direct.call("read_config")
         assert SECRET in r.text
-        ids = [line[3:].strip() for line in r.text.splitlines() if line.startswith("id:")]
+        ids = _event_ids(r.text)
         assert ids, "the toy server must number its events for this test to mean anything"
         replayed = await direct.listen({"last-event-id": ids[0]}, 0.5)
         assert SECRET in replayed  # the hole exists upstream
@@ -28,10 +32,40 @@ async def test_resumed_stream_cannot_replay_an_unredacted_result(toy_url: str, t
             r = await c.call("read_config")
             assert r.headers["content-type"].startswith("text/event-stream")
             assert SECRET not in r.text and "REDACTED" in r.text
-            assert not [line for line in r.text.splitlines() if line.startswith(("id:", "retry:"))]
+            # The gateway numbers the stream itself (priming event first, with retry:), never with the upstream's ids.
+            own = _event_ids(r.text)
+            assert own and not set(own) & set(ids) and "retry:" in r.text.split("\n\n")[0]
+            assert all(len(i.partition(".")[0]) >= 20 for i in own)  # opaque, unguessable
             for guess in [*ids, *map(str, range(1, 40))]:
                 replay = await c.listen({"last-event-id": guess}, 0.05)
-                assert SECRET not in replay
+                assert SECRET not in replay and "REDACTED" not in replay  # not ours: nothing is replayed
+            # Resuming from the gateway's own priming id replays what the gateway sent: the governed result.
+            replay = await c.listen({"last-event-id": own[0]}, 0.5)
+            assert SECRET not in replay and "REDACTED" in replay
+
+
+async def test_stream_closed_by_the_upstream_resumes_from_the_gateway_store(toy_url: str, tmp_path: Path) -> None:
+    # The upstream closes its POST stream mid-call (SSE polling). The gateway closes the client's
+    # stream the same way, resumes the upstream itself, governs the answer, and replays only that.
+    async with serve_gateway(tmp_path, [upstream(toy_url)]) as gw:
+        async with Raw(gw.url) as c:
+            await c.initialize()
+            r = await c.call("read_polled")
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            assert not [m for m in messages(r) if "result" in m or "error" in m]  # closed before the answer
+            primed = _event_ids(r.text)
+            assert len(primed) == 1 and "retry:" in r.text
+            async with Raw(gw.url) as other:  # another session cannot use this session's ids
+                await other.initialize()
+                stolen = await other.listen({"last-event-id": primed[0]}, 1.0)
+                assert "config polled" not in stolen and SECRET not in stolen
+            replay = await c.listen({"last-event-id": primed[0]}, 3.0)
+            assert SECRET not in replay and "config polled" in replay and "REDACTED" in replay
+            got = [m for m in (json.loads(line[5:]) for line in replay.splitlines() if line.startswith("data:") and line[5:].strip())
+                   if m.get("id") == c.next_id]
+            assert len(got) == 1 and got[0]["result"]["_meta"]["dharma.gateway/receipt"]
+            again = await c.listen({"last-event-id": primed[0]}, 1.0)  # replayable while the store keeps it
+            assert again.count(f'"id":{c.next_id},"result"') == 1 and SECRET not in again
 
 
 async def test_modern_headers_must_match_the_body(toy_url: str, tmp_path: Path) -> None:
@@ -168,3 +202,25 @@ async def test_client_credentials_never_reach_the_upstream(tmp_path: Path) -> No
     assert seen
     for headers in seen:
         assert "authorization" not in headers and "x-api-key" not in headers and "cookie" not in headers
+
+
+async def test_task_augmented_calls_to_held_or_redacted_tools_are_refused(toy_url: str, tmp_path: Path) -> None:
+    task = {"ttl": 60000}
+    async with serve_gateway(tmp_path, [upstream(toy_url)]) as gw:
+        async with Raw(gw.url) as c:
+            await c.initialize()
+            for name, args in (("read_config", {}), ("delete_file", {"path": "/tmp/x"})):  # redacted; held
+                r = await c.call(name, args, task=task)
+                result = answer(r)["result"]
+                assert result["isError"] is True and "as a task" in result["content"][0]["text"], r.text
+                assert SECRET not in r.text and "deleted" not in r.text
+                assert "dharma.gateway/receipt" in result["_meta"]
+            hidden = await c.call("admin_reset", {}, task=task)
+            assert "as a task" not in hidden.text and "reset done" not in hidden.text
+    # A tool the policy neither holds nor redacts may run as a task (the upstream decides how).
+    policy = write_profile(tmp_path / "plain", rule_sets=["rules.yaml"])
+    async with serve_gateway(tmp_path / "b", [upstream(toy_url)], policy) as gw:
+        async with Raw(gw.url) as c:
+            await c.initialize()
+            r = await c.call("echo", {"message": "hi"}, task=task)
+            assert "as a task" not in r.text and "echo: hi" in r.text

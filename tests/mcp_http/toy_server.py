@@ -61,6 +61,14 @@ def build() -> MCPServer:
         return f"config {name}: token={SECRET} region=eu"
 
     @mcp.tool()
+    async def read_polled(ctx: Context) -> str:
+        """Close the SSE stream mid-call (2025-11-25 polling), then answer with the credential."""
+        await anyio.sleep(0.05)
+        await ctx.close_sse_stream()
+        await anyio.sleep(0.2)
+        return f"config polled: token={SECRET} region=eu"
+
+    @mcp.tool()
     def delete_file(path: str) -> str:
         """Delete a file (needs a human's approval under the test policy)."""
         return f"deleted {path}"

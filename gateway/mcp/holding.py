@@ -1,0 +1,70 @@
+"""Holding a call for a human, shared by the stdio and HTTP transports: wait for the approval to
+be decided (CLI/HTTP, or the client's elicitation answer) or to time out, sending progress on
+the client's token meanwhile so its request does not time out. The transports only say how a
+note reaches their client.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from gateway.gateway import Gateway
+from gateway.mcp import approval as ap
+
+#: How often the approval store is asked whether a held call has been decided (seconds).
+POLL_SECONDS = 0.05
+
+
+async def hold(gateway: Gateway, approval_id: str, token: Any, notify: Callable[[dict[str, Any]], Awaitable[None]],
+               *, seconds: float, interval: float) -> None:
+    """Wait until `approval_id` is decided or `seconds` pass (then it expires); progress every `interval`."""
+    started = time.monotonic()
+    last = -interval
+    count = 0
+    with anyio.move_on_after(seconds):
+        while True:
+            current = await gateway.approvals.get(approval_id)
+            if current is not None and current.state != "pending":
+                return
+            now = time.monotonic() - started
+            if token is not None and now - last >= interval:
+                count += 1
+                last = now
+                await notify(ap.hold_note(token, count, approval_id))
+            await anyio.sleep(POLL_SECONDS)
+    await gateway.approvals.expire(approval_id)
+
+
+async def settle(gateway: Gateway, approval_id: str, verdict: bool | None, *, by: str) -> None:
+    """Record the client's elicitation answer: approve, deny, or (no answer) let the approval expire."""
+    if verdict is True:
+        await gateway.approve(approval_id, by=by)
+    elif verdict is False:
+        await gateway.deny(approval_id, by=by)
+    else:
+        await gateway.approvals.expire(approval_id)
+
+
+async def apply_state(gateway: Gateway, sealer: ap.StateSealer, params: dict[str, Any], *, principal: str, tool: str,
+                      arguments: Any, now: float) -> str | tuple[str]:
+    """Verify the gateway's `requestState` on a 2026 retry and record the approval answer it carries.
+
+    Returns the approval id to retry the call with, or `(reason,)` when the state must be refused
+    (altered, expired, or issued for another principal, tool or arguments).
+    """
+    opened = sealer.open(params["requestState"], principal=principal, tool=tool, arguments=arguments, now=now)
+    if isinstance(opened, tuple):
+        return opened
+    answers = params.get("inputResponses")
+    answer = answers.get(ap.APPROVAL_INPUT) if isinstance(answers, dict) else None
+    current = await gateway.approvals.get(opened)
+    if current is not None and current.state == "pending":
+        if ap.accepted(answer):
+            await gateway.approve(opened, by=f"mcp-elicitation:{principal}")
+        elif isinstance(answer, dict):
+            await gateway.deny(opened, by=f"mcp-elicitation:{principal}")
+    return opened
