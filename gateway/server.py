@@ -24,6 +24,8 @@ from starlette.types import Lifespan
 from audit.canon import sha256_hex
 from gateway.call import BlockClass, Credentials, Decision, Outcome, Status, ToolCall
 from gateway.errors import ErrorCode
+from gateway.mcp.jsonrpc import DuplicateKey
+from gateway.mcp.jsonrpc import loads as strict_json  # one strict JSON decoder for every front
 from gateway.http_auth import HttpAuth, credentials_in, http_auth_options, protected_resource_routes, resource_url_for
 from gateway.gateway import ENVELOPE_VERSION, Gateway, new_request_id, rfc3339
 
@@ -36,15 +38,6 @@ class BadRequest(Exception):
         self.message = message
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise BadRequest(f"duplicate JSON key {key!r}")
-        seen[key] = value
-    return seen
-
-
 def parse_json_body(raw: bytes, limit: int) -> Any:
     """Strict JSON: at most `limit` bytes, UTF-8, no duplicate keys, no NaN/Infinity."""
     if len(raw) > limit:
@@ -55,17 +48,15 @@ def parse_json_body(raw: bytes, limit: int) -> Any:
         raise BadRequest(f"request body is not valid UTF-8 (byte {exc.start})") from None
     if not text.strip():
         return {}
-
-    def reject_constant(name: str) -> Any:
-        raise BadRequest(f"{name} is not valid JSON")
-
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=reject_constant)
+        return strict_json(text)
     except json.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except DuplicateKey as exc:
+        raise BadRequest(f"duplicate JSON key {exc.key!r}") from None
     except RecursionError:
         raise BadRequest("request body nests too deeply") from None
-    except ValueError as exc:  # e.g. an integer literal past Python's int-conversion digit limit
+    except ValueError as exc:  # NaN/Infinity, or an integer past Python's int-conversion digit limit
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
 
 

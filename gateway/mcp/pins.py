@@ -21,10 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from gateway.mcp.governance import definition_digest
 
 PINS_FILE = "mcp-pins.json"
 
+
+log = structlog.get_logger()
 
 class PinStore:
     """Pins of tool definitions under a state root."""
@@ -150,3 +154,19 @@ def diff_definitions(old: Any, new: Any) -> list[str]:
         if a != b:
             lines.append(f"{key}: {json.dumps(a, ensure_ascii=False)[:200]} -> {json.dumps(b, ensure_ascii=False)[:200]}")
     return lines
+
+
+def observe_or_distrust(pins: PinStore, backend: str, tools: list[dict[str, Any]]) -> dict[str, bool]:
+    """Pin what is new and say which definitions changed; if the pins cannot be read or written,
+    every tool counts as changed (fail closed). Changes are logged with how to review them."""
+    try:
+        changed = pins.observe(backend, tools)
+    except (OSError, ValueError) as exc:
+        log.error("pins.unavailable", error=str(exc))
+        return {t["name"]: True for t in tools}
+    for name, is_changed in changed.items():
+        if is_changed:
+            log.warning("tool.definition_changed", backend=backend, tool=name,
+                        hint=f"review with `dharma tools pins`, accept with `dharma tools accept {backend} {name}`")
+    return changed
+

@@ -57,7 +57,7 @@ from gateway.mcp import governance as gov
 from gateway.mcp import holding
 from gateway.mcp import jsonrpc
 from gateway.mcp.jsonrpc import Batch, Invalid, Notification, Request, Response
-from gateway.mcp.pins import PinStore
+from gateway.mcp.pins import PinStore, observe_or_distrust
 from gateway.mcp.versions import (
     BATCH_VERSIONS,
     HEADER_MISMATCH,
@@ -865,27 +865,14 @@ class McpHttpApp:
                 return
             tools = [t for t in result.get("tools") or [] if isinstance(t, dict)]
             self._record(catalog, upstream, tools, first_page=first)
-            self._observe(upstream, tools)
+            observe_or_distrust(self.pins, upstream.id, tools)
             first = False
             cursor = result.get("nextCursor") if isinstance(result.get("nextCursor"), str) else None
             if not cursor:
                 return
 
-    def _observe(self, upstream: Upstream, tools: list[dict[str, Any]]) -> dict[str, bool]:
-        named = [t for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)]
-        try:
-            changed = self.pins.observe(upstream.id, named)
-        except (OSError, ValueError) as exc:
-            log.error("pins.unavailable", error=str(exc))
-            return {t["name"]: True for t in named}
-        for name, is_changed in changed.items():
-            if is_changed:
-                log.warning("tool.definition_changed", backend=upstream.id, tool=name,
-                            hint=f"review with `dharma tools pins`, accept with `dharma tools accept {upstream.id} {name}`")
-        return changed
-
     def _visible(self, principal: Principal, upstream: Upstream, named: list[tuple[str, dict[str, Any]]]) -> set[str]:
-        changed = self._observe(upstream, [t for _, t in named])
+        changed = observe_or_distrust(self.pins, upstream.id, [t for _, t in named])
         infos = [gov.tool_info({**t, "name": cname}, upstream.id, changed=changed.get(t["name"], False)) for cname, t in named]
         return {t.name for t in visible_tools(self.gateway.policy, principal, infos)}
 
@@ -995,7 +982,7 @@ class McpHttpApp:
         upstream, upstream_name = (entry[0], route[1]) if entry is not None and route is not None else (route or (self.primary, name))
         info: ToolInfo | None = None
         if entry is not None:
-            changed = self._observe(upstream, [entry[1]]).get(entry[1]["name"], True)
+            changed = observe_or_distrust(self.pins, upstream.id, [entry[1]]).get(entry[1]["name"], True)
             info = gov.tool_info({**entry[1], "name": name}, upstream.id, changed=changed)
         policy = self.gateway.policy
         visible = info is not None and is_granted(policy, ctx.principal, name, policy.annotations_for(name, info.annotations))

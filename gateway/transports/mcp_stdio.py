@@ -43,7 +43,7 @@ from gateway.mcp import governance as gov
 from gateway.mcp import holding
 from gateway.mcp import jsonrpc
 from gateway.mcp.framing import CHUNK, DEFAULT_MAX_MESSAGE_BYTES, SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize
-from gateway.mcp.pins import PinStore
+from gateway.mcp.pins import PinStore, observe_or_distrust
 from gateway.mcp.session import (
     CancelHeld,
     GovernCall,
@@ -383,25 +383,13 @@ class StdioProxy:
         tools = [t for t in result.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
         self.session.record_tools(tools, first_page=False)
         self.session.tools_stale = False
-        changed = self._observe(tools)
+        changed = observe_or_distrust(self.pins, self.backend_id, tools)
         policy = self.gateway.policy
         principal = self.gateway.principal_for(self.credentials)
         infos = [gov.tool_info(t, self.backend_id, changed=changed.get(t["name"], False)) for t in tools]
         visible = {t.name for t in visible_tools(policy, principal, infos)} if principal is not None else set()
         filtered = gov.filter_list_result(result, visible, modern=modern)
         await self._do(self.session.answer(action.key, {**response, "result": filtered}))
-
-    def _observe(self, tools: list[dict[str, Any]]) -> dict[str, bool]:
-        try:
-            changed = self.pins.observe(self.backend_id, tools)
-        except (OSError, ValueError) as exc:  # cannot read or write pins: treat every tool as changed
-            log.error("pins.unavailable", error=str(exc))
-            return {t["name"]: True for t in tools}
-        for name, is_changed in changed.items():
-            if is_changed:
-                log.warning("tool.definition_changed", backend=self.backend_id, tool=name,
-                            hint=f"review with `dharma tools pins`, accept with `dharma tools accept {self.backend_id} {name}`")
-        return changed
 
     async def _refresh_catalog(self, meta: dict[str, Any] | None, modern: bool) -> None:
         params: dict[str, Any] = {}
@@ -425,7 +413,7 @@ class StdioProxy:
                 return
             tools = [t for t in result.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
             self.session.record_tools(tools, first_page=first)
-            self._observe(tools)
+            observe_or_distrust(self.pins, self.backend_id, tools)
             first = False
             cursor = result.get("nextCursor") if isinstance(result.get("nextCursor"), str) else None
             if not cursor:
@@ -481,7 +469,7 @@ class StdioProxy:
         definition = self.session.tools.get(name)
         info: ToolInfo | None = None
         if definition is not None:
-            changed = self._observe([definition]).get(name, True)
+            changed = observe_or_distrust(self.pins, self.backend_id, [definition]).get(name, True)
             info = gov.tool_info(definition, self.backend_id, changed=changed)
         policy = self.gateway.policy
         principal = self.gateway.principal_for(self.credentials)
