@@ -216,6 +216,21 @@ class Activation:
             self._converted[engine] = native
             return native
 
+    def extend(self, variables: Mapping[str, Any]) -> Activation:
+        """Add variables (e.g. `response` for the response phase) without converting the rest again.
+
+        Names already present keep their value. Returns self.
+        """
+        added = {name: _normalise(v) for name, v in variables.items() if name not in self._plain}
+        self._plain.update(added)
+        for engine, native in self._converted.items():
+            if engine == _CELPY:
+                native.update(_celpy_context(added))
+            else:
+                for name, value in added.items():
+                    native.add_variable(name, value)
+        return self
+
 
 def make_activation(variables: Mapping[str, Any], engine: str | None = None) -> Activation:
     """Build the activation for one call; converts eagerly for ``engine``.

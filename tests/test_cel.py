@@ -244,3 +244,13 @@ def test_errors_render_position() -> None:
     assert str(cel.CelEvalError("boom")) == "boom"
     und = cel.CelUndeclared(["b", "a", "b"])
     assert und.names == ("a", "b") and und.line is None
+
+
+@pytest.mark.parametrize("engine", cel.available_engines())
+def test_activation_extend_adds_variables_without_touching_existing_ones(engine):
+    act = cel.make_activation({"args": {"n": 1}}, engine)
+    expr = cel.compile_expression("args.n == 1 && response.ok == true", declared={"args", "response"}, engine=engine)
+    with pytest.raises(cel.CelEvalError):
+        expr.evaluate(act)
+    act.extend({"response": {"ok": True}, "args": {"n": 2}})
+    assert expr.evaluate(act) is True  # `args` kept its value; `response` was added

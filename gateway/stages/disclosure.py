@@ -23,8 +23,11 @@ def disclose(ctx: CallContext, policy: CompiledPolicy, result: Any, is_error: bo
         return result, None
     findings = detect_secrets(result)
     variables = response_variables(variables_for(ctx), result, is_error, findings)
-    names = policy.disclosure_references(ctx.tool.name)
-    activation = cel.make_activation({k: variables[k] for k in names}, policy.engine)
+    needed = {k: variables[k] for k in policy.disclosure_references(ctx.tool.name)}
+    if ctx.activation is not None:  # the call phase converted most of them already
+        activation = ctx.activation.extend(needed)
+    else:
+        activation = cel.make_activation(needed, policy.engine)
     verdict = evaluate_disclosure(policy, ctx.tool.name, activation)
     if not verdict.enforced:
         return result, verdict
