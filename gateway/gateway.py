@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from audit.canon import NotCanonicalizable, canonical_bytes, digest, sha256_hex
+from audit.canon import NotCanonicalizable, digest, sha256_hex
 from gateway.backends import Backend
 from gateway.call import (
     CallContext,
@@ -358,7 +358,7 @@ class Gateway:
             "method": call.method,
             "session_id": call.session_id,
             "args_digest": ctx.argument_digest,
-            "args": _storable(stored_args),
+            "args": stored_args,  # sanitized arguments: canonical JSON by construction
             "findings": [f.kind + "@" + f.path for f in ctx.findings],
             "decision": _decision_name(decision),
             "enforced": decision.enforced,
@@ -405,7 +405,8 @@ class Gateway:
             token = build_receipt(
                 self.keys,
                 request_id=call.request_id,
-                request=_canonical_or_repr(req),
+                request=req,
+                request_sha256=safe_digest(req),
                 response=body,
                 ledger_seq=appended.seq,
                 ledger_hash=appended.hash,
@@ -445,22 +446,3 @@ class Gateway:
 def _decision_name(decision: Decision) -> str:
     """The decided effect; with `enforced` false it reads as "would deny" and so on."""
     return decision.effect.value
-
-
-def _storable(value: Any) -> Any:
-    """Arguments as the ledger keeps them: canonical JSON, or a marker when they are not JSON."""
-    if value is None:
-        return None
-    try:
-        canonical_bytes(value)
-    except NotCanonicalizable:
-        return {"unrepresentable": True}
-    return value
-
-
-def _canonical_or_repr(value: Any) -> Any:
-    try:
-        canonical_bytes(value)
-        return value
-    except NotCanonicalizable:
-        return {"nonjson": repr(value)}

@@ -142,11 +142,12 @@ def build_receipt(
     ledger_hash: str,
     now: datetime,
     response_sha256: str | None = None,
+    request_sha256: str | None = None,
 ) -> str:
     """Sign a receipt binding the request, the response as returned and its ledger record.
 
-    ``response_sha256`` may carry the digest of the response (without receipt) when the
-    caller already computed it, so the response is canonicalised once per call.
+    ``response_sha256`` / ``request_sha256`` may carry digests the caller already computed
+    (of the response without receipt, of the request), so each is canonicalised once per call.
 
     ``response`` may already carry a receipt key; it is excluded by ``strip_receipt``. The payload
     carries no decision field, by design (§5).
@@ -163,7 +164,7 @@ def build_receipt(
         "iat": int(now.timestamp()),
         "time": _rfc3339(now),
         "request_id": request_id,
-        "req_sha256": digest(request),
+        "req_sha256": request_sha256 or digest(request),
         "resp_sha256": response_sha256 or digest(strip_receipt(response)),
         "ledger": {"seq": ledger_seq, "hash": ledger_hash},
     }
