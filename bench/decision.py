@@ -2,12 +2,12 @@
 
 What is timed, per call (the same code Gateway.govern runs before it forwards):
   build the CallContext, resolve the tool, authenticate (API key, SHA-256 + constant-time
-  compare), look up session history and karma, then `gateway.pipeline.decide()` over the
+  compare), look up session history and karma, then `gateway.core.pipeline.decide()` over the
   Gateway's real stage tuple: authenticate → tool visibility → sanitizer (limits, cleaning,
   schema, secret scan, argument digest) → circuit breaker → rate limiter (no limits in the
   generated profile) → tier gate (sensitivity + escalation probe + CEL activation) → dharma
   rules (only the rules whose tool globs match) → approval.
-Baseline: a bare `gateway.sanitize.sanitize()` of the same arguments with the same schema.
+Baseline: a bare `gateway.stages.sanitizer.walk.sanitize()` of the same arguments with the same schema.
 Calls cycle through `policygen.CALL_MIX` (16 calls over 15 tools; one traversal, one secret).
 """
 
@@ -22,12 +22,12 @@ from typing import Any
 
 from bench import Options, Results, Stats, Target, fmt_time, sample_async, sample_sync, table
 from bench.policygen import CALL_MIX, OPERATOR_KEY, backend, input_schema, write_generated_policy
-from gateway import cel
-from gateway.call import CallContext, Credentials, ToolCall
-from gateway.gateway import Gateway
-from gateway.pipeline import decide
+from gateway.policy import cel
+from gateway.core.call import CallContext, Credentials, ToolCall
+from gateway.core.gateway import Gateway
+from gateway.core.pipeline import decide
 from gateway.policy.compile import CompiledPolicy, load_policy
-from gateway.sanitize import SanitizerLimits, sanitize
+from gateway.stages.sanitizer.walk import SanitizerLimits, sanitize
 from gateway.stages.tier_gate import authenticate
 
 FAST = "common-expression-language"

@@ -24,11 +24,11 @@ import yaml
 from audit.sqlite import SqliteLedger
 from bench import Options, Results, Stats, Target, fmt_time, info_logging_to_devnull, quiet_logging, sample_async, table
 from bench.policygen import backend, write_generated_policy
-from gateway.call import Status
-from gateway.errors import PolicyErrors
-from gateway.gateway import Gateway
+from gateway.core.call import Status
+from gateway.core.errors import PolicyErrors
+from gateway.core.gateway import Gateway
 from gateway.policy.compile import CompiledPolicy, load_policy
-from gateway.signing import KeyStore
+from gateway.crypto.receipts import KeyStore
 
 REPO = Path(__file__).resolve().parent.parent
 STANDARD = REPO / "policies" / "standard.yaml"

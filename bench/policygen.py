@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from gateway.backends import CallableBackend, ToolSpec
+from gateway.core.backends import ToolSpec
+from gateway.transports.upstreams.python import CallableBackend
 
 OPERATOR_KEY = "bench-operator-key"
 

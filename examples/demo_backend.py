@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gateway.backends import CallableBackend, ToolSpec
+from gateway.core.backends import ToolSpec
+from gateway.transports.upstreams.python import CallableBackend
 
 SANDBOX = Path(os.environ.get("DHARMA_DEMO_SANDBOX", Path(__file__).resolve().parent / "sandbox"))
 NO_RECORDS = {"content": [{"type": "text", "text": "No matching records found."}]}

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from gateway.cli import main
+from gateway.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "dharma.yaml"

@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gateway.errors import ConfigError
+from gateway.core.errors import ConfigError
 
 ENV_PREFIX = "DHARMA_"
 #: DHARMA_* variables that are not settings: read by the CLI (CONFIG) or the demo backend.
@@ -92,7 +92,7 @@ class JwtSettings(Strict):
 
 
 class AuthSettings(Strict):
-    """HTTP authentication (`gateway.http_auth`): the gateway as an OAuth 2.1 resource server."""
+    """HTTP authentication (`gateway.transports.http_auth`): the gateway as an OAuth 2.1 resource server."""
 
     resource_url: str | None = Field(default=None, description="canonical URL of this gateway's MCP endpoint; default http://<host>:<port>/mcp")
     authorization_servers: list[str] = Field(default_factory=list)

@@ -14,7 +14,7 @@ _SECRET_KEYS = ("api_key", "authorization", "password", "secret", "token", "priv
 
 def scrub_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Drop values whose key names a secret, and redact secrets found in string values."""
-    from gateway.sanitize import redact_secrets
+    from gateway.stages.sanitizer.walk import redact_secrets
 
     for key in list(event):
         if any(word in key.lower() for word in _SECRET_KEYS):

@@ -15,13 +15,15 @@ from typing import Any
 
 from audit.errors import LedgerError
 from audit.sqlite import SqliteLedger
-from gateway.backends import Backend, CallableBackend, HttpBackend, ToolSpec
+from gateway.core.backends import Backend, ToolSpec
+from gateway.transports.upstreams.http_api import HttpBackend
+from gateway.transports.upstreams.python import CallableBackend
 from gateway.config import Settings, UpstreamConfig, load_settings
-from gateway.errors import ConfigError
-from gateway.gateway import Gateway
+from gateway.core.errors import ConfigError
+from gateway.core.gateway import Gateway
 from gateway.logging import ensure_logging
 from gateway.policy.compile import load_policy
-from gateway.signing import KeyStore
+from gateway.crypto.receipts import KeyStore
 from gateway.stores.sqlite_approvals import SqliteApprovalStore
 
 
@@ -76,7 +78,7 @@ async def open_gateway(
     compiled = load_policy(settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
     keys = KeyStore.open(settings.state_dir)
     # MCP upstreams are not catalog backends: their tools are listed live, per session, at /mcp
-    # (gateway.transports.mcp_http); `build_app` finds them through `gateway.settings`.
+    # (gateway.transports.mcp_http.app); `build_app` finds them through `gateway.settings`.
     backends = [*backends, *(build_backend(u, list(settings.python_path)) for u in settings.upstreams if not u.is_mcp)]
     approvals = SqliteApprovalStore(settings.approvals_path)
     try:

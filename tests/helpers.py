@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from audit.sqlite import SqliteLedger
-from gateway.backends import CallableBackend, ToolSpec
-from gateway.gateway import Gateway
+from gateway.core.backends import ToolSpec
+from gateway.transports.upstreams.python import CallableBackend
+from gateway.core.gateway import Gateway
 from gateway.policy.compile import CompiledPolicy, load_policy
-from gateway.signing import KeyStore
+from gateway.crypto.receipts import KeyStore
 
 PROFILE_HEAD = """\
 apiVersion: dharma/v1

@@ -1,4 +1,4 @@
-"""gateway.cel: compile errors, reference checks, helpers, error types and activation reuse."""
+"""gateway.policy.cel: compile errors, reference checks, helpers, error types and activation reuse."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway import cel
+from gateway.policy import cel
 
 ENGINES = cel.available_engines()
 CALL = frozenset({"principal", "tool", "args", "request", "session", "findings", "now"})

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway import cel
+from gateway.policy import cel
 
 pytestmark = pytest.mark.skipif(
     set(cel.ENGINES) - set(cel.available_engines()),

@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from audit.sqlite import SqliteLedgerReader
-from gateway.errors import ConfigError
-from gateway.signing import verify_receipt
+from gateway.core.errors import ConfigError
+from gateway.crypto.receipts import verify_receipt
 from tests.conftest import DEMO_UPSTREAM, KEYS, REPO, OpenGateway
 
 STANDARD = REPO / "policies" / "standard.yaml"
@@ -386,7 +386,7 @@ async def test_approvals_decided_by_the_cli_reach_the_gateway(demo_gateway: Any,
 
 
 async def test_receipt_verify_offline(demo_gateway: Any, sandbox: Path, state_root: Path, tmp_path: Path) -> None:
-    from gateway.server import build_app
+    from gateway.transports.http_api.app import build_app
 
     (sandbox / "a.txt").write_text("A", encoding="utf-8")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(demo_gateway)), base_url="http://t") as http:
@@ -411,7 +411,7 @@ async def test_receipt_verify_offline(demo_gateway: Any, sandbox: Path, state_ro
 
 
 def test_corrupted_key_file_is_a_config_error(state_root: Path) -> None:
-    from gateway.signing import KeyStore
+    from gateway.crypto.receipts import KeyStore
 
     KeyStore.open(state_root)
     [pem] = (state_root / "keys").glob("receipt-*.pem")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import load_settings
-from gateway.errors import ConfigError
+from gateway.core.errors import ConfigError
 
 
 def write(tmp: Path, text: str) -> Path:

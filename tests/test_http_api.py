@@ -23,8 +23,9 @@ from starlette.routing import Route
 from audit.canon import digest
 from audit.sqlite import SqliteLedgerReader
 from tests.conftest import KEYS, REPO, OpenGateway, write_policy
-from gateway.backends import CallableBackend, ToolSpec
-from gateway.signing import ReceiptInvalid, jwk_thumbprint, verify_receipt
+from gateway.core.backends import ToolSpec
+from gateway.transports.upstreams.python import CallableBackend
+from gateway.crypto.receipts import ReceiptInvalid, jwk_thumbprint, verify_receipt
 
 ENVELOPE_KEYS = {
     "status", "tool", "request_id", "idempotency_key", "message", "error_code", "retryable", "retry_after",
@@ -39,7 +40,7 @@ READER = {"x-api-key": KEYS["reader"]}
 
 
 def client_for(gw: Any, *, max_body_bytes: int = 65_536) -> httpx.AsyncClient:
-    from gateway.server import build_app
+    from gateway.transports.http_api.app import build_app
 
     app = build_app(gw, max_body_bytes=max_body_bytes)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test")

@@ -27,9 +27,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from structlog.testing import capture_logs
 
-from gateway.call import Credentials, ToolCall, VerifiedJwt
+from gateway.core.call import Credentials, ToolCall, VerifiedJwt
 from gateway.config import load_settings
-from gateway.http_auth import (
+from gateway.transports.http_auth import (
     HttpAuth,
     Jwks,
     credentials_in,
@@ -626,7 +626,7 @@ async def test_mangled_tokens_only_ever_fail_as_invalid(jwks_file: Path) -> None
     canonical, so no two spellings of one token), never a crash (which would be a 500)."""
     import random
 
-    from gateway.http_auth import JwtVerifier, TokenInvalid
+    from gateway.transports.http_auth import JwtVerifier, TokenInvalid
 
     verifier = JwtVerifier(Jwks(str(jwks_file)), issuer=ISSUER, audience=RESOURCE)
     rng = random.Random(7)
@@ -653,7 +653,7 @@ async def test_mangled_tokens_only_ever_fail_as_invalid(jwks_file: Path) -> None
 
 
 def test_jwks_parsing_keeps_only_usable_signing_keys() -> None:
-    from gateway.http_auth import parse_jwks
+    from gateway.transports.http_auth import parse_jwks
 
     small = rsa.generate_private_key(public_exponent=65537, key_size=1024)
     padded = jwk(KEYS_["rsa"], "padded")

@@ -11,10 +11,10 @@ import pytest
 from audit.query import query_records
 from audit.sqlite import SqliteLedgerReader
 from audit.verify import verify_ledger
-from gateway.call import Status
-from gateway.errors import ErrorCode
-from gateway.gateway import envelope
-from gateway.signing import ReceiptInvalid, verify_receipt
+from gateway.core.call import Status
+from gateway.core.errors import ErrorCode
+from gateway.core.gateway import envelope
+from gateway.crypto.receipts import ReceiptInvalid, verify_receipt
 from tests.helpers import Recorder, open_gateway, text_result, write_policy
 
 TIERS = """\
@@ -249,7 +249,7 @@ async def test_hidden_tool_answers_exactly_like_an_unknown_tool(setup):
 
 async def test_tools_list_and_tools_call_come_from_the_same_decision(setup):
     gateway, _, _ = setup
-    from gateway.call import Credentials
+    from gateway.core.call import Credentials
 
     for key in ("alice-key", "bob-key"):
         visible = {t.name for t in gateway.tools_for(Credentials(api_key=key))}

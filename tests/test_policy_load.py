@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import PolicyErrors
+from gateway.core.errors import PolicyErrors
 from gateway.policy.compile import compile_documents, load_policy, load_rule_documents
 from gateway.policy.load import parse_documents
 
@@ -156,7 +156,7 @@ def test_guard_skip_never_changes_a_decision(tmp_path):
     """Skipping `has(args.x) && …` rules when x is absent gives the same matches as evaluating them."""
     import itertools
 
-    from gateway import cel
+    from gateway.policy import cel
     from gateway.policy.evaluate import evaluate_rules
 
     path = tmp_path / "r.yaml"

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from jsonschema.validators import Draft202012Validator
 
-from gateway.call import Finding
-from gateway.errors import ErrorCode
-from gateway.sanitize import (
+from gateway.core.call import Finding
+from gateway.core.errors import ErrorCode
+from gateway.stages.sanitizer.walk import (
     STRIPPED_RANGES,
     SanitizeError,
     SanitizerLimits,

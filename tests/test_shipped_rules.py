@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway import cel
+from gateway.policy import cel
 from gateway.policy.compile import compile_documents, load_policy, load_rule_documents
 from gateway.policy.load import read_documents
 from gateway.policy.models import CaseCall, DisclosureRuleSet, RuleSet, RuleTest

@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.canon import digest
-from gateway.errors import ConfigError
-from gateway.signing import (
+from gateway.core.errors import ConfigError
+from gateway.crypto.receipts import (
     RECEIPT_META_KEY,
     KeyStore,
     ReceiptInvalid,

@@ -42,9 +42,9 @@ def register_cli(sub: Any, settings_of: Callable[[Any], Any]) -> None:
 def _run_stdio(args: Any, settings_of: Callable[[Any], Any]) -> int:
     import anyio
 
-    from gateway.errors import ConfigError
+    from gateway.core.errors import ConfigError
     from gateway.logging import configure_logging
-    from gateway.transports.mcp_stdio import serve_stdio
+    from gateway.transports.mcp_stdio.proxy import serve_stdio
 
     command = list(args.server)
     if command and command[0] == "--":

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.call import Outcome
+from gateway.core.call import Outcome
 from gateway.mcp import jsonrpc
 from gateway.mcp.versions import at_least
 

@@ -24,14 +24,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from audit.canon import digest
-from gateway.backends import BackendResult
-from gateway.call import BlockClass, Credentials, Decision, Effect, Outcome, Status, ToolCall, ToolInfo
-from gateway.errors import CallError, ErrorCode
+from gateway.core.backends import BackendResult
+from gateway.core.call import BlockClass, Credentials, Decision, Effect, Outcome, Status, ToolCall, ToolInfo
+from gateway.core.errors import CallError, ErrorCode
 from gateway.mcp import jsonrpc
 from gateway.mcp.versions import HEADER_MISMATCH
 from gateway.policy.compile import CompiledPolicy
-from gateway.sanitize import SanitizeError, compile_schema
-from gateway.signing import RECEIPT_META_KEY
+from gateway.stages.sanitizer.walk import SanitizeError, compile_schema
+from gateway.crypto.receipts import RECEIPT_META_KEY
 
 DECISION_META_KEY = "dharma.gateway/decision"
 PURPOSE_META_KEY = "dharma.gateway/purpose"

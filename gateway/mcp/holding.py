@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from gateway.gateway import Gateway
+from gateway.core.gateway import Gateway
 from gateway.mcp import approval as ap
 
 #: How often the approval store is asked whether a held call has been decided (seconds).

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway import cel
-from gateway.call import BlockClass, Disclosure, Effect, Mode, Sensitivity
-from gateway.errors import PolicyErrors, PolicyProblem
+from gateway.policy import cel
+from gateway.core.call import BlockClass, Disclosure, Effect, Mode, Sensitivity
+from gateway.core.errors import PolicyErrors, PolicyProblem
 from gateway.policy.load import LoadedDocument, expand_paths, read_documents
 from gateway.policy.models import (
     DisclosureRuleSet,

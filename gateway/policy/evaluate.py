@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gateway import cel
-from gateway.call import (
+from gateway.policy import cel
+from gateway.core.call import (
     BlockClass,
     CallContext,
     Decision,
@@ -26,7 +26,7 @@ from gateway.call import (
     ToolCall,
     ToolInfo,
 )
-from gateway.errors import ErrorCode
+from gateway.core.errors import ErrorCode
 from gateway.policy.compile import (
     RESTRICTIVE,
     CompiledDisclosureRule,

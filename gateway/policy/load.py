@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gateway.errors import PolicyErrors, PolicyProblem
+from gateway.core.errors import PolicyErrors, PolicyProblem
 from gateway.policy.models import KINDS, Document
 
 Loc = tuple[str | int, ...]

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from gateway.call import BlockClass, Disclosure, Effect, Mode, Sensitivity
+from gateway.core.call import BlockClass, Disclosure, Effect, Mode, Sensitivity
 
 API_VERSION = "dharma/v1"
 RULE_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")

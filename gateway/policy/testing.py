@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gateway import cel
-from gateway.call import Decision, Disclosure, Finding, Principal, Sensitivity, ToolCall, ToolInfo
-from gateway.errors import ErrorCode, PolicyErrors, PolicyProblem
+from gateway.policy import cel
+from gateway.core.call import Decision, Disclosure, Finding, Principal, Sensitivity, ToolCall, ToolInfo
+from gateway.core.errors import ErrorCode, PolicyErrors, PolicyProblem
 from gateway.policy.compile import CompiledPolicy, compile_documents, load_rule_documents
 from gateway.policy.evaluate import (
     DisclosureVerdict,
@@ -29,7 +29,7 @@ from gateway.policy.evaluate import (
 )
 from gateway.policy.load import LoadedDocument, expand_paths, read_documents
 from gateway.policy.models import CaseCall, RuleTest
-from gateway.sanitize import SanitizeError, SanitizerLimits, detect_secrets, sanitize
+from gateway.stages.sanitizer.walk import SanitizeError, SanitizerLimits, detect_secrets, sanitize
 
 FIXED_NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

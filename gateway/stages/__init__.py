@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gateway.call import CallContext, Decision
+from gateway.core.call import CallContext, Decision
 from gateway.policy.compile import CompiledPolicy
 
 

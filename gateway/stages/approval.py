@@ -15,10 +15,10 @@ import anyio
 
 from audit.canon import canonical_bytes
 
-from gateway.call import BlockClass, CallContext, Decision, Effect
-from gateway.errors import ErrorCode
+from gateway.core.call import BlockClass, CallContext, Decision, Effect
+from gateway.core.errors import ErrorCode
 from gateway.policy.compile import CompiledPolicy
-from gateway.sanitize import redact_secrets
+from gateway.stages.sanitizer.walk import redact_secrets
 from gateway.stores.base import Approval, ApprovalStore
 
 

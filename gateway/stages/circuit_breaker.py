@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.call import CallContext, Decision
-from gateway.errors import ErrorCode
+from gateway.core.call import CallContext, Decision
+from gateway.core.errors import ErrorCode
 from gateway.policy.compile import CompiledPolicy
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gateway.call import CallContext, Decision, Effect
+from gateway.core.call import CallContext, Decision, Effect
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.evaluate import activation_for, combine, evaluate_rules
-from gateway.sanitize import redact_paths
+from gateway.stages.sanitizer.walk import redact_paths
 
 
 class DharmaRules:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gateway import cel
-from gateway.call import CallContext, Disclosure
+from gateway.policy import cel
+from gateway.core.call import CallContext, Disclosure
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.evaluate import DisclosureVerdict, evaluate_disclosure, response_variables, variables_for
-from gateway.sanitize import detect_secrets, redact_paths, redact_secrets
+from gateway.stages.sanitizer.walk import detect_secrets, redact_paths, redact_secrets
 
 
 def disclose(ctx: CallContext, policy: CompiledPolicy, result: Any, is_error: bool) -> tuple[Any, DisclosureVerdict | None]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import structlog
 
-from gateway.call import BlockClass, CallContext, Decision
-from gateway.errors import ErrorCode
+from gateway.core.call import BlockClass, CallContext, Decision
+from gateway.core.errors import ErrorCode
 from gateway.policy.compile import CompiledPolicy, glob_match
 from gateway.stores.base import LimiterStore, StoreUnavailable
 

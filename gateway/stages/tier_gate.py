@@ -11,11 +11,11 @@ import hashlib
 import hmac
 from typing import Any
 
-from gateway.call import BlockClass, CallContext, Credentials, Decision, Principal, Sensitivity, ToolInfo, VerifiedJwt
-from gateway.errors import ErrorCode
+from gateway.core.call import BlockClass, CallContext, Credentials, Decision, Principal, Sensitivity, ToolInfo, VerifiedJwt
+from gateway.core.errors import ErrorCode
 from gateway.policy.compile import ESCALATION_VARIABLES, CompiledPolicy
 from gateway.policy.evaluate import call_variables, classify
-from gateway import cel
+from gateway.policy import cel
 
 
 def authenticate(policy: CompiledPolicy, credentials: Credentials) -> Principal | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import anyio
 
-from gateway.errors import ConfigError
+from gateway.core.errors import ConfigError
 from gateway.stores.base import Approval
 
 _SCHEMA = """

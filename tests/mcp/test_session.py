@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.call import ToolInfo
-from gateway.cli import main as cli_main
+from gateway.core.call import ToolInfo
+from gateway.cli.main import main as cli_main
 from gateway.mcp import governance as gov
 from gateway.mcp import jsonrpc
 from gateway.mcp.pins import PinStore

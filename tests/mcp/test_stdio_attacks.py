@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mcp import Client, StdioServerParameters
 
-from gateway.signing import RECEIPT_META_KEY
+from gateway.crypto.receipts import RECEIPT_META_KEY
 from tests.mcp.conftest import REPO, backend_calls, gateway_command, gateway_env, ledger_records, test_server_command
 
 

@@ -17,7 +17,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 
-from gateway.signing import RECEIPT_META_KEY, verify_receipt
+from gateway.crypto.receipts import RECEIPT_META_KEY, verify_receipt
 from tests.mcp.conftest import CONFORMANCE, REPO, gateway_command, gateway_env, ledger_records
 
 PERMISSIVE = REPO / "policies" / "permissive.yaml"
@@ -108,7 +108,7 @@ async def test_server_everything_direct_and_through_the_gateway_agree(npm_server
     assert proxied == direct
     assert len(receipts) == 7  # every tools/call result carries one
     # the receipts verify against the gateway's JWKS and point into the ledger
-    from gateway.signing import KeyStore
+    from gateway.crypto.receipts import KeyStore
 
     jwks = KeyStore.open(state, create=False).jwks()
     payload = verify_receipt(receipts[0], jwks)

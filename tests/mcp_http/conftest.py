@@ -188,7 +188,7 @@ async def serve_gateway(tmp: Path, upstreams: list[dict[str, Any]], policy: Path
 
     from gateway.config import load_settings
     from gateway.runtime import open_gateway
-    from gateway.server import build_app
+    from gateway.transports.http_api.app import build_app
 
     policy = policy or write_profile(tmp / "policy")
     overrides = {"policy": str(policy), "state_root": str(tmp / "state"), "upstreams": upstreams,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.signing import RECEIPT_META_KEY
+from gateway.crypto.receipts import RECEIPT_META_KEY
 from tests.mcp_http.conftest import client, serve_gateway, upstream
 
 MODES = ["legacy", "2026-07-28"]

@@ -1,10 +1,10 @@
-"""The gateway's own SSE event store (`gateway.transports.mcp_events`): ids, bounds, replay."""
+"""The gateway's own SSE event store (`gateway.transports.mcp_http.events`): ids, bounds, replay."""
 
 from __future__ import annotations
 
 import anyio
 
-from gateway.transports.mcp_events import EventStore
+from gateway.transports.mcp_http.events import EventStore
 
 
 async def _replay(store: EventStore, event_id: str) -> list[bytes]:

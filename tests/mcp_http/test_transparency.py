@@ -10,7 +10,7 @@ from typing import Any
 
 import mcp_types as types
 
-from gateway.signing import RECEIPT_META_KEY
+from gateway.crypto.receipts import RECEIPT_META_KEY
 from tests.conftest import REPO
 from tests.mcp_http.conftest import client, serve_gateway, upstream
 

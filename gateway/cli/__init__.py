@@ -1,0 +1,1 @@
+"""The `dharma` command: one module per command group."""

@@ -1,0 +1,285 @@
+"""The values that travel through the pipeline: ToolCall in, Decision in the middle, Outcome out.
+
+Everything here is an immutable value except `CallContext`, the one mutable notebook that
+stages write their findings on. No I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from gateway.core.errors import ErrorCode
+
+
+class Effect(StrEnum):
+    """What a rule or stage decides. Ordered by precedence: deny overrides everything."""
+
+    ALLOW = "allow"
+    WARN = "warn"
+    REDACT = "redact"
+    REQUIRE_APPROVAL = "require_approval"
+    DENY = "deny"
+
+    @property
+    def rank(self) -> int:
+        return _EFFECT_RANK[self]
+
+
+_EFFECT_RANK = {
+    Effect.ALLOW: 0,
+    Effect.WARN: 1,
+    Effect.REDACT: 2,
+    Effect.REQUIRE_APPROVAL: 3,
+    Effect.DENY: 4,
+}
+
+
+class Mode(StrEnum):
+    """How a rule's effect is applied: enforced, returned as a warning, or only recorded."""
+
+    ENFORCE = "enforce"
+    WARN = "warn"
+    AUDIT = "audit"
+
+
+class BlockClass(StrEnum):
+    SAFETY_CONTENT = "safety_content"
+    SAFETY_TIER_GATE = "safety_tier_gate"
+    DISCLOSURE_POLICY = "disclosure_policy"
+    RATE_LIMIT = "rate_limit"
+    APPROVAL = "approval"
+
+
+class Sensitivity(StrEnum):
+    STANDARD = "STANDARD"
+    SENSITIVE = "SENSITIVE"
+    RESTRICTED = "RESTRICTED"
+
+    @property
+    def rank(self) -> int:
+        return ("STANDARD", "SENSITIVE", "RESTRICTED").index(self.value)
+
+
+class Disclosure(StrEnum):
+    """Response-phase verdicts of disclosure rules, most restrictive last."""
+
+    PERMIT = "PERMIT"
+    REDACT = "REDACT"
+    WITHHOLD = "WITHHOLD"
+
+
+class Status(StrEnum):
+    """Envelope status. A withheld answer is reported `ok`: it must look like a real one."""
+
+    OK = "ok"
+    BLOCKED = "blocked"
+    PENDING_APPROVAL = "pending_approval"
+    ERROR = "error"
+    DRY_RUN = "dry_run"
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedJwt:
+    """A bearer JWT the HTTP front already verified (signature, issuer, audience, expiry).
+
+    Only `gateway.transports.http_auth` makes these. `subject` is the configured principal claim (`sub`
+    by default); `tier` is what the configured tier claim names, after the settings' mapping.
+    """
+
+    subject: str
+    claims: dict[str, Any] = field(default_factory=dict)
+    tier: str | None = None
+
+    def __repr__(self) -> str:
+        return f"VerifiedJwt(subject={self.subject!r}, tier={self.tier!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What the caller presented; the tier gate turns it into a Principal."""
+
+    api_key: str | None = None
+    bearer: str | None = None
+    local_user: str | None = None
+    jwt: VerifiedJwt | None = None
+
+    def __repr__(self) -> str:  # never print secrets
+        return (
+            f"Credentials(api_key={'***' if self.api_key else None}, local_user={self.local_user!r}, "
+            f"jwt={self.jwt!r})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    id: str
+    tier: str | None = None
+    roles: tuple[str, ...] = ()
+    claims: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInfo:
+    """A tool as the gateway knows it: from the backend's definition plus the policy's classification."""
+
+    name: str
+    backend: str = "default"
+    description: str = ""
+    annotations: dict[str, Any] = field(default_factory=dict)
+    input_schema: dict[str, Any] | None = None
+    output_schema: dict[str, Any] | None = None
+    digest: str = ""
+    changed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One request to run a tool, as the transport received it (arguments not yet sanitized)."""
+
+    tool: str
+    arguments: Any
+    request_id: str
+    credentials: Credentials = Credentials()
+    purpose: str | None = None
+    disclosure_mode: str | None = None
+    depth: str | None = None
+    method: str = "tools/call"
+    protocol_version: str | None = None
+    session_id: str | None = None
+    idempotency_key: str | None = None
+    dry_run: bool = False
+    approval_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """Something the sanitizer detected: a secret or personal datum, and where (JSON path)."""
+
+    kind: str
+    path: str
+    detail: str = ""
+
+    def as_cel(self) -> dict[str, str]:
+        return {"kind": self.kind, "path": self.path, "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class RuleMatch:
+    """A rule whose condition held (or errored, which counts as holding for restrictive effects)."""
+
+    rule_id: str
+    effect: Effect
+    mode: Mode
+    message: str
+    by_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The pipeline's verdict on a call.
+
+    `effect` is what the policy decided; `enforced` says whether it is applied. A rule in
+    audit mode yields effect=deny, enforced=False: recorded as "would deny", call goes through.
+    """
+
+    effect: Effect
+    enforced: bool = True
+    code: ErrorCode | None = None
+    message: str = ""
+    block_class: BlockClass | None = None
+    matched: tuple[RuleMatch, ...] = ()
+    warnings: tuple[str, ...] = ()
+    retry_after: float | None = None
+    stage: str = ""
+    approved_by: str | None = None
+
+    @property
+    def blocks(self) -> bool:
+        """An enforced deny, or an enforced require_approval no granted approval satisfies."""
+        if not self.enforced:
+            return False
+        return self.effect is Effect.DENY or (self.effect is Effect.REQUIRE_APPROVAL and self.approved_by is None)
+
+    @property
+    def rule_ids(self) -> tuple[str, ...]:
+        return tuple(m.rule_id for m in self.matched)
+
+    @classmethod
+    def block(
+        cls,
+        code: ErrorCode,
+        message: str,
+        block_class: BlockClass | None,
+        *,
+        stage: str,
+        retry_after: float | None = None,
+        matched: tuple[RuleMatch, ...] = (),
+    ) -> Decision:
+        return cls(
+            effect=Effect.DENY,
+            code=code,
+            message=message,
+            block_class=block_class,
+            stage=stage,
+            retry_after=retry_after,
+            matched=matched,
+        )
+
+
+ALLOW = Decision(effect=Effect.ALLOW)
+
+
+@dataclass(slots=True)
+class CallContext:
+    """The mutable notebook one call carries through the stages.
+
+    Stages read what earlier stages wrote (principal, tool, findings) and add their own notes.
+    """
+
+    call: ToolCall
+    now: datetime
+    clock: float
+    arguments: dict[str, Any] = field(default_factory=dict)
+    principal: Principal | None = None
+    tool: ToolInfo | None = None
+    annotations: dict[str, Any] = field(default_factory=dict)
+    sensitivity: Sensitivity = Sensitivity.STANDARD
+    disclosure_mode: str = ""
+    findings: list[Finding] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    session: list[dict[str, Any]] = field(default_factory=list)
+    karma: dict[str, int] = field(default_factory=dict)
+    variables: dict[str, Any] | None = None
+    activation: Any = None
+    rules_decision: Decision | None = None
+    disclosure: Any = None
+    approval_id: str | None = None
+    argument_digest: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a governed call returns to its transport, and what the ledger recorded."""
+
+    request_id: str
+    tool: str
+    status: Status
+    decision: Decision
+    result: Any = None
+    error_code: ErrorCode | None = None
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+    receipt: str | None = None
+    ledger_seq: int | None = None
+    ledger_hash: str | None = None
+    approval_id: str | None = None
+    idempotency_key: str | None = None
+    timestamp: str = ""
+    latency_ms: float = 0.0
+
+    @property
+    def retryable(self) -> bool:
+        return bool(self.error_code and self.error_code.retryable)

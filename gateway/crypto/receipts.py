@@ -1,0 +1,277 @@
+"""Receipts: compact-JWS receipts built with the gateway's key, and their offline check.
+
+A receipt is a compact JWS (RFC 7515) with an attached payload, signed with Ed25519 (RFC 8037,
+alg name per RFC 9864). The payload binds the request, the response as returned and the ledger
+position; it never states the decision, so a withheld answer stays indistinguishable (design §5).
+
+Digest rule (signer and verifier apply the same function): ``resp_sha256`` is
+``audit.canon.digest(strip_receipt(response))``, where the response is the MCP ``result`` object
+(or the HTTP envelope without its ``receipt`` field) exactly as returned. ``strip_receipt`` removes
+``_meta["dharma.gateway/receipt"]`` and then removes ``_meta`` itself only if it is left empty.
+``req_sha256`` is ``digest(request)``. Both are lowercase hex SHA-256 over RFC 8785 JSON.
+
+Receipts are built and verified without I/O, with ``now`` passed in; the one file this module
+reads is a JWKS, in ``load_jwks``. The keys and their files are ``gateway.crypto.keys``'s job.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import json
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from audit.canon import digest
+from gateway.core.errors import ConfigError
+from gateway.crypto.keys import (
+    _ALG,
+    _B64URL,
+    RECEIPT_TYP,
+    KeyStore,
+    _b64e,
+    _check_x,
+    _read_bytes,
+    _validate_jwks,
+    jwk_thumbprint,
+)
+
+__all__ = [
+    "RECEIPT_META_KEY",
+    "RECEIPT_TYP",
+    "RECEIPT_VERSION",
+    "KeyStore",
+    "ReceiptInvalid",
+    "attach_receipt",
+    "build_receipt",
+    "jwk_thumbprint",
+    "load_jwks",
+    "strip_receipt",
+    "verify_receipt",
+]
+
+RECEIPT_META_KEY = "dharma.gateway/receipt"
+RECEIPT_VERSION = 1
+
+# RFC 9864 deprecates the polymorphic "EdDSA"; older signers still emit it for Ed25519 keys, so a
+# verifier accepts it as an alias. This module only ever emits "Ed25519".
+_ACCEPTED_ALGS = frozenset({"Ed25519", "EdDSA"})
+
+
+class ReceiptInvalid(Exception):
+    """A receipt failed verification; the message says which check failed."""
+
+
+# --- base64url helpers --------------------------------------------------------------------------
+
+
+def _b64d(text: str, what: str) -> bytes:
+    """Decode strict, unpadded base64url; reject any other spelling of the same bytes."""
+    if not _B64URL.fullmatch(text) or len(text) % 4 == 1:
+        raise ReceiptInvalid(f"malformed token: {what} is not base64url")
+    try:
+        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError) as exc:
+        raise ReceiptInvalid(f"malformed token: {what} is not base64url") from exc
+    if _b64e(data) != text:  # non-zero trailing bits: a second encoding of the same bytes
+        raise ReceiptInvalid(f"malformed token: {what} is not canonical base64url")
+    return data
+
+
+@functools.lru_cache(maxsize=256)
+def _public_key(x: str) -> Ed25519PublicKey:
+    """Build (once per ``x``) the public key object; ``from_public_bytes`` is slow."""
+    raw = base64.urlsafe_b64decode(x + "=" * (-len(x) % 4))
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+# --- receipts -----------------------------------------------------------------------------------
+
+
+def strip_receipt(response: Any) -> Any:
+    """Return ``response`` minus ``_meta["dharma.gateway/receipt"]``: what the digest covers.
+
+    The rule, shared by signer and verifier: if ``response`` is a dict whose ``_meta`` is a dict,
+    drop the receipt key from ``_meta``, then drop ``_meta`` if it is empty. Everything else is
+    kept exactly as returned. The input is never mutated; only the changed dicts are copied.
+    """
+    if not isinstance(response, dict):
+        return response
+    meta = response.get("_meta")
+    if not isinstance(meta, dict) or (meta and RECEIPT_META_KEY not in meta):
+        return response
+    stripped = {k: v for k, v in response.items() if k != "_meta"}
+    rest = {k: v for k, v in meta.items() if k != RECEIPT_META_KEY}
+    if rest:
+        stripped["_meta"] = rest
+    return stripped
+
+
+def attach_receipt(result: dict[str, Any], token: str) -> dict[str, Any]:
+    """Return a copy of ``result`` with the receipt merged into ``_meta``; other keys are kept.
+
+    Raises:
+        ValueError: ``result["_meta"]`` exists but is not an object.
+    """
+    meta = result.get("_meta")
+    if meta is None:
+        meta = {}
+    elif not isinstance(meta, dict):
+        raise ValueError(f"result _meta is a {type(meta).__name__}, not an object")
+    return {**result, "_meta": {**meta, RECEIPT_META_KEY: token}}
+
+
+def _rfc3339(now: datetime) -> str:
+    utc = now.astimezone(timezone.utc)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def build_receipt(
+    keys: KeyStore,
+    *,
+    request_id: str,
+    request: Any,
+    response: Any,
+    ledger_seq: int,
+    ledger_hash: str,
+    now: datetime,
+    response_sha256: str | None = None,
+    request_sha256: str | None = None,
+) -> str:
+    """Sign a receipt binding the request, the response as returned and its ledger record.
+
+    ``response_sha256`` / ``request_sha256`` may carry digests the caller already computed
+    (of the response without receipt, of the request), so each is canonicalised once per call.
+
+    ``response`` may already carry a receipt key; it is excluded by ``strip_receipt``. The payload
+    carries no decision field, by design (§5).
+
+    Raises:
+        ValueError: ``now`` is naive, or the request/response is not canonical JSON.
+    """
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError("now must be timezone-aware")
+    active = keys._active  # one snapshot: the payload kid and the signing key always agree
+    payload = {
+        "v": RECEIPT_VERSION,
+        "kid": active.kid,
+        "iat": int(now.timestamp()),
+        "time": _rfc3339(now),
+        "request_id": request_id,
+        "req_sha256": request_sha256 or digest(request),
+        "resp_sha256": response_sha256 or digest(strip_receipt(response)),
+        "ledger": {"seq": ledger_seq, "hash": ledger_hash},
+    }
+    return active.sign(payload)
+
+
+def _find_key(jwks: Mapping[str, Any], kid: str) -> Ed25519PublicKey:
+    keys = jwks.get("keys") if isinstance(jwks, Mapping) else None
+    if not isinstance(keys, list):
+        raise ReceiptInvalid("JWKS has no 'keys' list")
+    for jwk in keys:
+        if isinstance(jwk, Mapping) and jwk.get("kid") == kid:
+            if jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519":
+                raise ReceiptInvalid(f"kid {kid!r} is not an Ed25519 OKP key in the JWKS")
+            if jwk.get("alg", _ALG) not in _ACCEPTED_ALGS or jwk.get("use", "sig") != "sig":
+                raise ReceiptInvalid(f"kid {kid!r} is not an Ed25519 signing key in the JWKS")
+            x = _check_x(jwk.get("x"))
+            if x is None:
+                raise ReceiptInvalid(f"kid {kid!r} has a malformed 'x' in the JWKS")
+            return _public_key(x)
+    raise ReceiptInvalid(f"unknown kid {kid!r} (not in the JWKS)")
+
+
+def _json_object(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReceiptInvalid(f"malformed token: {what} is not JSON") from exc
+    if not isinstance(value, dict):
+        raise ReceiptInvalid(f"malformed token: {what} is not a JSON object")
+    return value
+
+
+def verify_receipt(
+    token: str,
+    jwks: Mapping[str, Any],
+    *,
+    response: Any | None = None,
+    request: Any | None = None,
+) -> dict[str, Any]:
+    """Check a receipt against a JWKS and, if given, the response and request; return its payload.
+
+    Checks, in order: three base64url parts; header alg ``Ed25519`` (``EdDSA`` accepted as an
+    alias), typ, no ``crit``; kid in ``jwks`` as an Ed25519 OKP key; the signature; payload
+    version and kid; then ``resp_sha256`` against ``digest(strip_receipt(response))`` and
+    ``req_sha256`` against ``digest(request)``. ``response`` is the MCP ``result`` object (for a
+    JSON-RPC message, pass ``message["result"]``).
+
+    Raises:
+        ReceiptInvalid: the message names the first check that failed.
+    """
+    if not isinstance(token, str):
+        raise ReceiptInvalid("malformed token: not a string")
+    parts = token.split(".")
+    if len(parts) != 3:
+        raise ReceiptInvalid(f"malformed token: {len(parts)} parts, expected 3")
+    header_b64, payload_b64, sig_b64 = parts
+    if not payload_b64:
+        raise ReceiptInvalid("malformed token: empty payload (detached payloads are not used)")
+    header = _json_object(_b64d(header_b64, "header"), "header")
+    alg = header.get("alg")
+    if alg not in _ACCEPTED_ALGS:
+        raise ReceiptInvalid(f"wrong alg {alg!r} (expected 'Ed25519')")
+    if "crit" in header:
+        raise ReceiptInvalid(f"unsupported critical header parameters {header['crit']!r}")
+    if header.get("typ") != RECEIPT_TYP:
+        raise ReceiptInvalid(f"wrong typ {header.get('typ')!r} (expected {RECEIPT_TYP!r})")
+    kid = header.get("kid")
+    if not isinstance(kid, str):
+        raise ReceiptInvalid("malformed token: header has no kid")
+    public_key = _find_key(jwks, kid)
+    signature = _b64d(sig_b64, "signature")
+    if len(signature) != 64:
+        raise ReceiptInvalid("bad signature: not 64 bytes")
+    try:
+        public_key.verify(signature, f"{header_b64}.{payload_b64}".encode("ascii"))
+    except InvalidSignature as exc:
+        raise ReceiptInvalid(f"bad signature (kid {kid!r})") from exc
+    payload = _json_object(_b64d(payload_b64, "payload"), "payload")
+    if payload.get("v") != RECEIPT_VERSION:
+        raise ReceiptInvalid(f"unsupported receipt version {payload.get('v')!r}")
+    if payload.get("kid") != kid:
+        raise ReceiptInvalid(f"payload kid {payload.get('kid')!r} differs from header kid {kid!r}")
+    if response is not None and payload.get("resp_sha256") != digest(strip_receipt(response)):
+        raise ReceiptInvalid("digest mismatch for response: it is not the response that was signed")
+    if request is not None and payload.get("req_sha256") != digest(request):
+        raise ReceiptInvalid("digest mismatch for request: it is not the request that was signed")
+    return payload
+
+
+# --- JWKS files ---------------------------------------------------------------------------------
+
+
+def load_jwks(path: Path) -> dict[str, Any]:
+    """Read a JWKS file for offline verification.
+
+    Keys of other types are kept (a shared JWKS may list them); receipts naming them fail.
+
+    Raises:
+        ConfigError: the file is missing, unreadable, not JSON, or not a JWKS.
+    """
+    path = Path(path)
+    try:
+        doc = json.loads(_read_bytes(path))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
+    try:
+        return _validate_jwks(doc)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc

@@ -1,0 +1,143 @@
+"""The Rust engine (module ``cel``, common-expression-language) behind `gateway.policy.cel`.
+
+Private: only `gateway.policy.cel` calls it. Compiles (with `matches` routed to the shared RE2 helper),
+finds references by a scope-aware token scan, and builds contexts. ``cel`` is imported on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+from gateway.policy.cel.helpers import (
+    _HELPER_FNS,
+    _MACROS,
+    _RE_MATCHES,
+    _TYPE_NAMES,
+    CelSyntaxError,
+    _bad_macro,
+    _Compiled,
+    _Funcs,
+    _Pos,
+    _Refs,
+    _short,
+    regex_matches,
+)
+
+_TOKEN = re.compile(
+    r"""(?P<ws>\s+|//[^\n]*)
+    |(?P<str>[bB]?[rR][bB]?(?:\"\"\"[\s\S]*?\"\"\"|'''[\s\S]*?'''|"[^"\n]*"|'[^'\n]*')
+       |[bB]?(?:\"\"\"(?:\\[\s\S]|[^\\])*?\"\"\"|'''(?:\\[\s\S]|[^\\])*?'''
+                |"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'))
+    |(?P<num>(?:0[xX][0-9a-fA-F]+|\d+\.\d+(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?
+       |\d+[eE][+-]?\d+|\d+)[uU]?)
+    |(?P<id>[_a-zA-Z][_a-zA-Z0-9]*)
+    |(?P<op>&&|\|\||==|!=|<=|>=|[\s\S])""",
+    re.X,
+)
+_NOT_NAMES = frozenset({"true", "false", "null", "in"}) | _TYPE_NAMES
+
+
+def _scan(source: str) -> tuple[_Refs, _Funcs]:
+    """Find free top-level names and called functions by a scope-aware token scan.
+
+    Only used after the Rust parser accepted ``source``, so the token stream is valid CEL.
+    """
+    toks: list[tuple[str, str, int]] = [
+        (m.lastgroup or "op", m.group(), m.start())
+        for m in _TOKEN.finditer(source)
+        if m.lastgroup != "ws"
+    ]
+
+    def pos(i: int) -> _Pos:
+        at = toks[i][2]
+        return source.count("\n", 0, at) + 1, at - (source.rfind("\n", 0, at) + 1) + 1
+
+    closing: dict[int, int] = {}
+    stack: list[int] = []
+    for i, (_, text, _) in enumerate(toks):
+        if text in "([{":
+            stack.append(i)
+        elif text in ")]}" and stack:
+            closing[stack.pop()] = i
+    funcs: _Funcs = []
+    binders: set[int] = set()
+    scopes: list[tuple[str, int, int]] = []
+    for i, (kind, text, _) in enumerate(toks):
+        if kind != "id" or i + 1 >= len(toks) or toks[i + 1][1] != "(":
+            continue
+        funcs.append((text, pos(i)))
+        if text not in _MACROS or i == 0 or toks[i - 1][1] != ".":
+            continue
+        start, end = i + 2, closing.get(i + 1, len(toks))
+        commas, depth = [], 0
+        for j in range(start, end):
+            t = toks[j][1]
+            depth += t in "([{"
+            depth -= t in ")]}"
+            if t == "," and depth == 0:
+                commas.append(j)
+        if len(commas) != 1 or commas[0] != start + 1 or toks[start][0] != "id":
+            raise _bad_macro(text, pos(i))
+        binders.add(start)
+        scopes.append((toks[start][1], commas[0], end))
+    refs: _Refs = {}
+    for i, (kind, text, _) in enumerate(toks):
+        if kind != "id" or text in _NOT_NAMES or i in binders:
+            continue
+        if i + 1 < len(toks) and toks[i + 1][1] == "(":
+            continue  # function or macro call
+        if i >= 2 and toks[i - 1][1] == "." and (
+            toks[i - 2][0] in ("id", "num", "str") or toks[i - 2][1] in ")]}"
+        ):
+            continue  # field selection
+        if any(name == text and lo < i < hi for name, lo, hi in scopes):
+            continue  # comprehension variable
+        refs.setdefault(text, pos(i))
+    return refs, funcs
+
+
+@functools.cache
+def _rust() -> Any:
+    import cel
+
+    return cel
+
+
+_RUST_POS = re.compile(r"<input>:(\d+):(\d+): (.*)")
+
+
+def _rewrite_matches(source: str) -> str:
+    """Route `matches` calls (method or function form) to the cached RE2 helper."""
+    out, last = [], 0
+    for m in _TOKEN.finditer(source):
+        if m.lastgroup == "id" and m.group() == "matches" and source[m.end():].lstrip().startswith("("):
+            out.append(source[last:m.start()])
+            out.append(_RE_MATCHES)
+            last = m.end()
+    out.append(source[last:])
+    return "".join(out)
+
+
+def _rust_compile(source: str) -> _Compiled:
+    try:
+        program = _rust().compile(_rewrite_matches(source))
+    except Exception as exc:
+        m = _RUST_POS.search(str(exc))
+        if m is None:
+            raise CelSyntaxError(_short(f"syntax error: {exc}")) from None
+        raise CelSyntaxError(
+            _short(m.group(3)), line=int(m.group(1)), column=int(m.group(2))
+        ) from None
+    refs, funcs = _scan(source)
+    engine_vars = {v.lstrip(".") for v in program.variables()}
+    refs = {n: p for n, p in refs.items() if n in engine_vars}
+    return program.execute, refs, funcs
+
+
+_RUST_FNS = {**_HELPER_FNS, _RE_MATCHES: regex_matches}
+
+
+def _rust_context(plain: dict[str, Any]) -> Any:
+    return _rust().Context(plain, functions=_RUST_FNS)

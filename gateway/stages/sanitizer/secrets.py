@@ -1,0 +1,315 @@
+"""Secret and personal-data detection in JSON values, and redaction of what it finds.
+
+Finds API keys, tokens, private keys, passwords, payment cards, US SSNs and one-time codes in
+strings (and by key names such as `password` or `otp`). A finding's `detail` never contains the
+secret itself (at most a card's last four digits). No I/O; the regexes are compiled at import.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from functools import lru_cache
+from typing import Any, Final
+
+from gateway.core.call import Finding
+from gateway.stages.sanitizer.paths import _child
+
+__all__ = ["detect_secrets", "redact_secrets"]
+
+# One hit inside a string: (kind, start, end, detail). A key-name hit spans the whole string.
+_Hit = tuple[str, int, int, str]
+_MIN_SCAN: Final = 6  # shorter strings cannot hold anything we detect (key-name rules aside)
+
+_AWS: Final = re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])")
+_GITHUB: Final = re.compile(
+    r"(?<![A-Za-z0-9])(?:(gh[pousr]_)[A-Za-z0-9]{36,251}|(github_pat_)[A-Za-z0-9_]{22,255})(?![A-Za-z0-9_])"
+)
+_SLACK: Final = re.compile(r"(?<![A-Za-z0-9])(xox[bpas]-)(?=[A-Za-z0-9-]*\d)[A-Za-z0-9-]{10,}")
+_STRIPE: Final = re.compile(r"(?<![A-Za-z0-9])((?:sk|rk)_live_)[A-Za-z0-9]{16,}")
+_ANTHROPIC: Final = re.compile(r"(?<![A-Za-z0-9])sk-ant-[A-Za-z0-9_-]{20,}")
+_OPENAI: Final = re.compile(r"(?<![A-Za-z0-9])sk-(?!ant-)((?:proj|svcacct|admin)-)?([A-Za-z0-9_-]{20,})")
+_GOOGLE: Final = re.compile(r"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_-])")
+_GENERIC_KEY: Final = re.compile(
+    r"(?<![a-z0-9])api[_-]?key(?![a-z0-9])[\"']?\s*[:=]\s*[\"']?([^\s\"',;&]{16,})", re.IGNORECASE
+)
+_PRIVATE_KEY: Final = re.compile(
+    r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY( BLOCK)?-----(?:.*?-----END \1PRIVATE KEY\2-----|.*)",
+    re.DOTALL,
+)
+_JWT: Final = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*")
+_PASSWORD_TEXT: Final = re.compile(
+    r"(?<![a-z0-9])(?:password|passwd|passphrase|pwd)(?![a-z0-9])[\"']?\s*[:=]\s*"
+    r"(?:\"([^\"\r\n]+)\"|'([^'\r\n]+)'|([^\s\"',;&]+))",
+    re.IGNORECASE,
+)
+_URL_PASSWORD: Final = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:([^\s/@]+)@")
+# `[0-9](?<![0-9][0-9])` = a digit not preceded by one, written so the engine can skip to digits.
+_DIGIT_BYTES: Final = b"0123456789"
+_NUMERIC: Final = re.compile(r"[0-9][0-9 -]{5,}")  # where cards, SSNs and OTP codes can be
+_NUMBER_RUN: Final = re.compile(r"[0-9]+(?:[ -][0-9]+)*")  # digits, single spaces or dashes between
+_NUMBER_PIECE: Final = re.compile(r"[0-9]+(?:-[0-9]+)*")  # a space-free part of a run
+_SSN: Final = re.compile(r"[0-9](?<![0-9][0-9])(?<![0-9-]-[0-9])[0-9]{2}-[0-9]{2}-[0-9]{4}(?![0-9]|-[0-9])")
+_OTP_CANDIDATE: Final = re.compile(r"[0-9](?<![\w.,/-][0-9])[0-9]{5,7}(?![\w/]|[.,-][0-9])")
+_OTP_WORDS: Final = re.compile(
+    r"(?<![a-z0-9])(?:otp|totp|2fa|mfa|one[- ]time|verification|verify|passcode|code)(?![a-z0-9])",
+    re.IGNORECASE,
+)
+_PLACEHOLDER: Final = re.compile(
+    r"\A(?:\*+|x+|•+|\.+|\[REDACTED[^\]]*\]|<[^>]*>|\$\{[^}]*\}|\{\{[^}]*\}\}|%\([^)]*\)s)\Z", re.IGNORECASE
+)
+_DIGITS: Final = re.compile(r"[0-9]+")
+_KEY_NOISE: Final = re.compile(r"[\s_.\-]+")
+
+_OTP_KEYS: Final = frozenset(
+    {"otp", "totp", "hotp", "otpcode", "totpcode", "mfa", "mfacode", "mfatoken", "2fa", "2facode",
+     "verificationcode", "onetimecode", "onetimepasscode", "smscode", "authcode"}
+)  # fmt: skip
+_PASSWORD_KEY_ENDS: Final = ("password", "passwd", "passphrase", "pwd", "secret")
+_PASSWORD_KEY_TAILS: Final = frozenset({"confirm", "confirmation", "again", "repeat", "1", "2"})
+_API_KEY_KEYS: Final = frozenset(
+    {"apitoken", "accesstoken", "authtoken", "bearertoken", "secretkey", "secretaccesskey",
+     "privatetoken", "clientkey"}
+)  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def _key_kind(key: str) -> str | None:
+    """Which finding kind a value under this key name is, if any (password, api_key, otp_code)."""
+    k = _KEY_NOISE.sub("", key.lower())
+    if k in _OTP_KEYS:
+        return "otp_code"
+    if k.endswith("apikey") or k in _API_KEY_KEYS:
+        return "api_key"
+    if k.endswith(_PASSWORD_KEY_ENDS) or k == "pass" or (k.startswith("password") and k[8:] in _PASSWORD_KEY_TAILS):
+        return "password"
+    return None
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i & 1:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def _card_brand(d: str) -> str | None:
+    """The card network for this number's IIN and length, or None (then it is not a card)."""
+    n = len(d)
+    p2, p3, p4, p6 = int(d[:2]), int(d[:3]), int(d[:4]), int(d[:6])
+    if d[0] == "4" and n in (13, 16, 19):
+        return "Visa"
+    if (51 <= p2 <= 55 or 2221 <= p4 <= 2720) and n == 16:
+        return "Mastercard"
+    if p2 in (34, 37) and n == 15:
+        return "American Express"
+    if (p4 == 6011 or 644 <= p3 <= 649 or p2 == 65 or 622126 <= p6 <= 622925) and 16 <= n <= 19:
+        return "Discover"
+    if 3528 <= p4 <= 3589 and 16 <= n <= 19:
+        return "JCB"
+    if p2 == 62 and 16 <= n <= 19:
+        return "UnionPay"
+    if (300 <= p3 <= 305 or p2 in (36, 38, 39) or p4 == 3095) and 14 <= n <= 19:
+        return "Diners Club"
+    return None
+
+
+def _cards(s: str, start: int, end: int, hits: list[_Hit]) -> None:
+    """Find card numbers in one run of digits: whole space-separated pieces, 13 to 19 digits.
+
+    Card numbers are printed in groups of three or more digits, so shorter pieces end a window.
+    """
+    pieces = [(m.start(), m.end(), "".join(_DIGITS.findall(m.group()))) for m in _NUMBER_PIECE.finditer(s, start, end)]
+    i = 0
+    while i < len(pieces):
+        digits = ""
+        for j in range(i, len(pieces)):
+            if len(pieces[j][2]) < 3:
+                break
+            digits += pieces[j][2]
+            if len(digits) > 19:
+                break
+            if len(digits) >= 13:
+                brand = _card_brand(digits)
+                if brand is not None and _luhn(digits):
+                    hits.append(("payment_card", pieces[i][0], pieces[j][1], f"{brand} card number ending {digits[-4:]}"))
+                    i = j
+                    break
+        i += 1
+
+
+def _scan(s: str) -> list[_Hit]:
+    """Find secrets and personal data inside one (cleaned) string."""
+    hits: list[_Hit] = []
+    add = hits.append
+    if "AKIA" in s or "ASIA" in s:
+        for m in _AWS.finditer(s):
+            add(("api_key", m.start(), m.end(), "AWS access key id, 20 chars"))
+    if "gh" in s or "github_pat_" in s:
+        for m in _GITHUB.finditer(s):
+            add(("api_key", m.start(), m.end(), f"GitHub token ({m.group(1) or m.group(2)}), {m.end() - m.start()} chars"))
+    if "xox" in s:
+        for m in _SLACK.finditer(s):
+            add(("api_key", m.start(), m.end(), f"Slack token ({m.group(1)}), {m.end() - m.start()} chars"))
+    if "_live_" in s:
+        for m in _STRIPE.finditer(s):
+            add(("api_key", m.start(), m.end(), f"Stripe live key ({m.group(1)}), {m.end() - m.start()} chars"))
+    if "sk-" in s:
+        for m in _ANTHROPIC.finditer(s):
+            add(("api_key", m.start(), m.end(), f"Anthropic API key, {m.end() - m.start()} chars"))
+        for m in _OPENAI.finditer(s):
+            body = m.group(2)
+            if any(c.isdigit() for c in body) and any(c.isalpha() for c in body):
+                add(("api_key", m.start(), m.end(), f"OpenAI API key, {m.end() - m.start()} chars"))
+    if "AIza" in s:
+        for m in _GOOGLE.finditer(s):
+            add(("api_key", m.start(), m.end(), "Google API key, 39 chars"))
+    if "-----BEGIN" in s:
+        for m in _PRIVATE_KEY.finditer(s):
+            label = m.group(1).strip()
+            add(("private_key", m.start(), m.end(), f"{label + ' ' if label else ''}private key block"))
+    if "eyJ" in s:
+        for m in _JWT.finditer(s):
+            add(("jwt", m.start(), m.end(), f"JWT, {m.end() - m.start()} chars"))
+    if "://" in s and "@" in s:
+        for m in _URL_PASSWORD.finditer(s):
+            if _PLACEHOLDER.match(m.group(1)) is None:
+                add(("password", m.start(1), m.end(1), "password in a URL's userinfo"))
+    low = s.lower()
+    if "api" in low:
+        for m in _GENERIC_KEY.finditer(s):
+            if _PLACEHOLDER.match(m.group(1)) is None:
+                add(("api_key", m.start(1), m.end(1), f"api_key assignment in text, {m.end(1) - m.start(1)} chars"))
+    if "pass" in low or "pwd" in low:
+        for m in _PASSWORD_TEXT.finditer(s):
+            g = 1 if m.group(1) is not None else 2 if m.group(2) is not None else 3
+            if _PLACEHOLDER.match(m.group(g)) is None:
+                add(("password", m.start(g), m.end(g), f"password assignment in text, {m.end(g) - m.start(g)} chars"))
+    raw = s.encode("utf-8", "surrogatepass")
+    if len(raw) - len(raw.translate(None, _DIGIT_BYTES)) < 6:  # fewer digits than the shortest code
+        return hits
+    for region in _NUMERIC.finditer(s):  # one pass over the text; the rest looks only at regions
+        a, b = region.span()
+        for m in _NUMBER_RUN.finditer(s, a, b):
+            if m.end() - m.start() >= 13:
+                _cards(s, m.start(), m.end(), hits)
+        if "-" in region.group():
+            for m in _SSN.finditer(s, a, b):
+                area, group, serial = m.group()[:3], m.group()[4:6], m.group()[7:]
+                if area not in ("000", "666") and area[0] != "9" and group != "00" and serial != "0000":
+                    add(("ssn", m.start(), m.end(), "US social security number"))
+        for m in _OTP_CANDIDATE.finditer(s, a, b):
+            start, end = m.start(), m.end()
+            word = _OTP_WORDS.search(s, max(0, start - 40), start) or _OTP_WORDS.search(s, end, end + 30)
+            if word is not None:
+                add(("otp_code", start, end, f"{end - start}-digit code near {word.group().lower()!r}"))
+    return hits
+
+
+def _value_hits(value: Any, key_kind: str | None) -> list[_Hit]:
+    """Hits for a scalar value: its text, plus what its key's name says it is."""
+    if type(value) is str:
+        hits = _scan(value) if len(value) >= _MIN_SCAN else []
+        if key_kind is not None and value and _PLACEHOLDER.match(value) is None:
+            if key_kind == "password":
+                hit: _Hit | None = ("password", 0, len(value), f"password-like field, {len(value)} chars")
+            elif key_kind == "otp_code":
+                code = value.replace(" ", "").replace("-", "")
+                ok = code.isdigit() and 6 <= len(code) <= 8
+                hit = ("otp_code", 0, len(value), f"{len(code)}-digit code in a one-time-code field") if ok else None
+            else:
+                ok = len(value) >= 16 and not any(c.isspace() for c in value)
+                hit = ("api_key", 0, len(value), f"API-key field, {len(value)} chars") if ok else None
+            if hit is not None and not any(h[0] == hit[0] for h in hits):
+                hits.append(hit)
+        return hits
+    if key_kind == "otp_code" and type(value) is int and 1_000 <= value <= 99_999_999:
+        return [("otp_code", 0, 0, f"{len(str(value))}-digit code in a one-time-code field")]
+    return []
+
+
+def _findings(hits: list[_Hit], path: str, out: list[Finding]) -> None:
+    seen: set[tuple[str, str]] = set()
+    for kind, _start, _end, detail in hits:
+        if (kind, detail) not in seen:
+            seen.add((kind, detail))
+            out.append(Finding(kind, path, detail))
+
+
+def _redact_string(s: str, hits: list[_Hit]) -> str:
+    spans = sorted((start, end, kind) for kind, start, end, _ in hits)
+    parts: list[str] = []
+    pos = 0
+    cur_start, cur_end, cur_kind = spans[0]
+    for start, end, kind in spans[1:]:
+        if start < cur_end:  # overlapping: one marker for the union, named after the first
+            cur_end = max(cur_end, end)
+            continue
+        parts += (s[pos:cur_start], f"[REDACTED:{cur_kind}]")
+        pos = cur_end
+        cur_start, cur_end, cur_kind = start, end, kind
+    parts += (s[pos:cur_start], f"[REDACTED:{cur_kind}]", s[cur_end:])
+    return "".join(parts)
+
+
+def _secret_walk(value: Any, path: str, rebuild: bool) -> tuple[Any, list[Finding]]:
+    """Walk any JSON value (iteratively) collecting findings; optionally build a redacted copy."""
+    findings: list[Finding] = []
+
+    def leaf(v: Any, parent: str, key: str | int | None, key_kind: str | None) -> Any:
+        hits = _value_hits(v, key_kind)
+        if not hits:
+            return v
+        _findings(hits, parent if key is None else _child(parent, key), findings)
+        if not rebuild:
+            return v
+        if type(v) is not str:
+            return f"[REDACTED:{hits[0][0]}]"
+        for kind, start, end, _detail in hits:
+            if kind == key_kind and start == 0 and end == len(v):  # flagged by its key: replace whole
+                return f"[REDACTED:{kind}]"
+        return _redact_string(v, hits)
+
+    if not isinstance(value, (dict, list, tuple)):
+        return leaf(value, path, None, None), findings
+    root: Any = {} if isinstance(value, dict) else []
+    stack: list[tuple[Any, Any, str]] = [(value, root, path)]
+    while stack:
+        src, dst, here = stack.pop()
+        pairs: Iterable[tuple[Any, Any]] = src.items() if isinstance(src, dict) else enumerate(src)
+        for key, v in pairs:
+            if isinstance(v, (dict, list, tuple)):
+                new: Any = {} if isinstance(v, dict) else []
+                stack.append((v, new, _child(here, key) if isinstance(key, (str, int)) else here))
+            else:
+                key_kind = _key_kind(key) if type(key) is str else None
+                new = leaf(v, here, key if isinstance(key, (str, int)) else None, key_kind)
+            if rebuild:
+                if type(dst) is dict:
+                    dst[key] = new
+                else:
+                    dst.append(new)
+    return (root if rebuild else value), findings
+
+
+def detect_secrets(value: Any, path: str = "$") -> tuple[Finding, ...]:
+    """Find secrets and personal data in every string of a JSON value (and by key names)."""
+    return tuple(_secret_walk(value, path, rebuild=False)[1])
+
+
+def redact_secrets(value: Any) -> tuple[Any, tuple[Finding, ...]]:
+    """Return a copy with each detected secret replaced by "[REDACTED:<kind>]", and the findings.
+
+    Text hits replace only the matched span; a value flagged by its key name (a `password`
+    field, an `otp` field) is replaced whole. The input is not modified.
+    """
+    copy, findings = _secret_walk(value, "$", rebuild=True)
+    return copy, tuple(findings)
+
+
+def _redact_text(text: str) -> str:
+    hits = _scan(text)
+    return _redact_string(text, hits) if hits else text

@@ -1,0 +1,424 @@
+"""HTTP authentication: the gateway as an OAuth 2.1 resource server (MCP authorization, RFC 9728).
+
+`HttpAuth` is a pure ASGI wrapper in front of the protected paths (`/mcp`, `/v1/`). It checks
+`Origin`, reads the caller's credentials (`Authorization: Bearer`, `X-API-Key`), has a JWT
+verified against the issuer's JWKS (signature, `iss`, `aud`, `exp`/`nbf`: `gateway.crypto.jwt`), answers
+401/403 with `WWW-Authenticate`, and removes the credential headers from the scope before the
+endpoint runs, so nothing downstream can forward the client's token upstream. What it found
+lands in `scope["state"]`:
+
+- `"dharma.credentials"`: `Credentials` (an API key, or a `VerifiedJwt`; never the raw JWT);
+- `"dharma.principal"`: the `Principal` from the `resolve` callable, or None without one;
+- `"dharma.auth"`: the `AuthResult` (method, and on a deferred path why it failed).
+
+It also serves the RFC 9728 protected-resource metadata routes. It only says who is calling;
+every policy decision stays in the pipeline, and token cryptography stays in `gateway.crypto.jwt`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+import structlog
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.core.call import Credentials, Principal, VerifiedJwt
+from gateway.core.errors import ErrorCode
+from gateway.crypto.jwt import (
+    ALGORITHMS,
+    Jwk,
+    Jwks,
+    JwksUnavailable,
+    JwtVerifier,
+    TokenInvalid,
+    _is_loopback,
+    check_claims,
+    looks_like_jwt,
+    parse_jwks,
+    split_jws,
+    verify_signature,
+)
+
+if TYPE_CHECKING:
+    from gateway.config import AuthSettings, ServerSettings, Settings
+
+log = structlog.get_logger()
+
+METADATA_PATH = "/.well-known/oauth-protected-resource"
+STATE_CREDENTIALS, STATE_PRINCIPAL, STATE_AUTH = "dharma.credentials", "dharma.principal", "dharma.auth"
+STRIPPED_HEADERS = frozenset({b"authorization", b"proxy-authorization", b"x-api-key"})
+
+
+# ---- the middleware ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AuthResult:
+    """What `HttpAuth` found. A status other than 200 means it refused (or, on a deferred path, handed
+    over) the request; `error` is then the RFC 6750 code, None when no credential was presented."""
+
+    credentials: Credentials
+    principal: Principal | None = None
+    method: Literal["jwt", "api_key"] | None = None
+    status: int = 200
+    error: str | None = None
+    message: str = ""
+    scopes: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+
+def metadata_url(resource_url: str) -> str:
+    """RFC 9728 §3.1: `/.well-known/oauth-protected-resource` inserted before the resource's path."""
+    parts = urlsplit(resource_url)
+    return f"{parts.scheme}://{parts.netloc}{METADATA_PATH}{parts.path.rstrip('/')}"
+
+
+def _origin_key(origin: str) -> tuple[str, str, int] | None:
+    try:
+        parts = urlsplit(origin)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query or parts.username:
+        return None
+    return parts.scheme, parts.hostname.lower(), port or (443 if parts.scheme == "https" else 80)
+
+
+def _quoted(value: str) -> str:
+    return '"' + re.sub(r'[^\x20-\x7e]|["\\]', "", value) + '"'
+
+
+def _scopes_of(claims: Mapping[str, Any]) -> tuple[str, ...]:
+    raw = claims.get("scope", claims.get("scp"))
+    if isinstance(raw, str):
+        return tuple(raw.split())
+    if isinstance(raw, list):
+        return tuple(s for s in raw if isinstance(s, str))
+    return ()
+
+
+ErrorBody = Callable[[ErrorCode, str], Mapping[str, Any]]
+Resolve = Callable[[Credentials], Principal | None]
+
+
+def default_error_body(code: ErrorCode, message: str) -> dict[str, Any]:
+    return {"error_code": code.value, "message": message, "retryable": code.retryable}
+
+
+class HttpAuth:
+    """Authenticate requests to the protected paths; see the module docstring for what it guarantees.
+
+    Args:
+        resource_url: the canonical URL of this gateway's MCP endpoint (RFC 8707 resource); the
+            default audience, and the base of the `resource_metadata` URL.
+        jwks: a JWKS file path or URL, or a ready `Jwks`; without one, bearer values are API keys.
+        issuer / audience / algorithms / leeway: what a JWT must satisfy (audience defaults to
+            `resource_url`).
+        principal_claim / tier_claim / tier_map: how a verified JWT names its principal and tier.
+        resolve: credentials → principal (e.g. `Gateway.principal_for`); with it, an unknown API
+            key is a 401 and a valid token that names nobody a 403.
+        allowed_origins: browser origins allowed besides the resource's own (and loopback ones
+            when `bind_host` is a loopback address).
+        protect: path prefixes to guard ("/mcp" also covers "/mcp/…"; "/v1/" is a prefix).
+        defer: protected prefixes where a missing or invalid credential is handed to the
+            endpoint (which answers and records it); the 401 it returns gets `WWW-Authenticate`.
+        anonymous: {path prefix: local user} for callers that present no credential at all
+            (e.g. `{"/mcp": "alice"}`); resolved like a stdio user, 401 if it names nobody.
+        required_scopes: OAuth scopes every JWT must carry (403 `insufficient_scope` otherwise).
+        error_body: builds the JSON body of the answers this wrapper gives itself.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        resource_url: str,
+        jwks: str | Path | Jwks | None = None,
+        issuer: str | Sequence[str] | None = None,
+        audience: str | Sequence[str] | None = None,
+        algorithms: Iterable[str] = tuple(ALGORITHMS),
+        leeway: float = 30.0,
+        jwks_cache_seconds: float = 300.0,
+        jwks_min_refetch_seconds: float = 10.0,
+        principal_claim: str = "sub",
+        tier_claim: str | None = None,
+        tier_map: Mapping[str, str] | None = None,
+        resolve: Resolve | None = None,
+        allowed_origins: Iterable[str] = (),
+        bind_host: str | None = None,
+        protect: Iterable[str] = ("/mcp", "/v1/"),
+        defer: Iterable[str] = (),
+        anonymous: Mapping[str, str] | None = None,
+        required_scopes: Iterable[str] = (),
+        error_body: ErrorBody = default_error_body,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.app = app
+        parts = urlsplit(resource_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(f"resource_url {resource_url!r}: must be an absolute http(s) URL without query or fragment")
+        self.resource_url = resource_url
+        self.metadata_url = metadata_url(resource_url)
+        self.verifier: JwtVerifier | None = None
+        if jwks is not None:
+            if issuer is None:
+                raise ValueError("JWT validation needs `issuer`")
+            keys = jwks if isinstance(jwks, Jwks) else Jwks(jwks, ttl=jwks_cache_seconds, min_refetch=jwks_min_refetch_seconds)
+            self.verifier = JwtVerifier(keys, issuer=issuer, audience=audience or resource_url, algorithms=algorithms, leeway=leeway, clock=clock)
+        if not principal_claim:
+            raise ValueError("principal_claim must name a claim")
+        self.principal_claim, self.tier_claim, self.tier_map = principal_claim, tier_claim, dict(tier_map or {})
+        self.resolve = resolve
+        origins = [(o, _origin_key(o)) for o in allowed_origins]
+        bad = [o for o, key in origins if key is None]
+        if bad:
+            raise ValueError(f"allowed_origins: {bad} are not origins like https://host[:port]")
+        self.origins = frozenset(k for _, k in origins if k is not None) | {_origin_key(f"{parts.scheme}://{parts.netloc}")}
+        self.local_origins = _is_loopback(bind_host)
+        self.protect, self.defer = self._prefixes(protect), self._prefixes(defer)
+        self.anonymous = dict(anonymous or {})
+        self._prefixes(self.anonymous)
+        self.required_scopes = tuple(required_scopes)
+        self.error_body = error_body
+
+    @staticmethod
+    def _prefixes(paths: Iterable[str]) -> tuple[str, ...]:
+        out = tuple(paths)
+        if any(not p.startswith("/") for p in out):
+            raise ValueError(f"paths must start with '/': {out}")
+        return out
+
+    @staticmethod
+    def _under(path: str, prefixes: tuple[str, ...]) -> bool:
+        return any(path.startswith(p) if p.endswith("/") else path == p or path.startswith(p + "/") for p in prefixes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):] or "/"
+        if not self._under(path, self.protect):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
+        if origin is not None and not self.origin_allowed(origin):
+            log.info("auth.origin_refused", path=path, origin=origin[:200])
+            await self._answer(send, 403, None, ErrorCode.FORBIDDEN, "this Origin may not call the gateway")
+            return
+        result = await self.authenticate(headers, self._anonymous_user(path))
+        deferred = self._under(path, self.defer)
+        if not result.ok:
+            log.info("auth.refused", path=path, status=result.status, error=result.error, reason=result.message, deferred=deferred and result.status == 401)
+            if not (deferred and result.status == 401):
+                code = {401: ErrorCode.UNAUTHENTICATED, 403: ErrorCode.FORBIDDEN, 503: ErrorCode.BACKEND_UNAVAILABLE}.get(result.status, ErrorCode.INVALID_PARAMS)
+                await self._answer(send, result.status, self._challenge(result.error), code, result.message)
+                return
+            send = self._challenging(send, self._challenge(result.error))
+        scope = dict(scope)
+        scope["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() not in STRIPPED_HEADERS]
+        state = scope.setdefault("state", {})
+        state[STATE_CREDENTIALS], state[STATE_PRINCIPAL], state[STATE_AUTH] = result.credentials, result.principal, result
+        await self.app(scope, receive, send)
+
+    def origin_allowed(self, origin: str) -> bool:
+        """The MCP transport rule against DNS rebinding: a present Origin must be one we trust."""
+        key = _origin_key(origin)
+        if key is None:
+            return False
+        return key in self.origins or (self.local_origins and _is_loopback(key[1]))
+
+    def _anonymous_user(self, path: str) -> str | None:
+        return next((user for prefix, user in self.anonymous.items() if self._under(path, (prefix,))), None)
+
+    async def authenticate(self, headers: Headers, anonymous_user: str | None = None) -> AuthResult:
+        """Read and check the caller's credentials (never raises; failures are in the result)."""
+        authorization, api_keys = headers.getlist("authorization"), headers.getlist("x-api-key")
+        if len(authorization) > 1 or len(api_keys) > 1:
+            return AuthResult(Credentials(), status=400, error="invalid_request", message="send one credential, once")
+        bearer = None
+        if authorization and authorization[0][:7].lower() == "bearer ":
+            bearer = authorization[0][7:].strip() or None
+        key = api_keys[0].strip() if api_keys else None
+        if bearer and key and bearer != key:
+            return AuthResult(Credentials(), status=400, error="invalid_request", message="send either Authorization or X-API-Key, not both")
+        if bearer and self.verifier is not None and looks_like_jwt(bearer):
+            return await self._jwt(bearer)
+        token = bearer or key
+        if not token and anonymous_user is not None:
+            anonymous = Credentials(local_user=anonymous_user)
+            principal = self.resolve(anonymous) if self.resolve is not None else None
+            if self.resolve is None or principal is not None:
+                return AuthResult(anonymous, principal)
+        if not token:
+            return AuthResult(Credentials(), status=401, message="no credentials: send Authorization: Bearer <token>")
+        credentials = Credentials(api_key=token)
+        if self.resolve is None:
+            return AuthResult(credentials, method="api_key")
+        principal = self.resolve(credentials)
+        if principal is None:
+            return AuthResult(credentials, method="api_key", status=401, error="invalid_token", message="unknown API key")
+        return AuthResult(credentials, principal, "api_key")
+
+    async def _jwt(self, token: str) -> AuthResult:
+        assert self.verifier is not None
+        try:
+            claims = await self.verifier.verify(token)
+        except TokenInvalid as exc:
+            return AuthResult(Credentials(), method="jwt", status=401, error="invalid_token", message=f"invalid token: {exc}")
+        except JwksUnavailable:
+            return AuthResult(Credentials(), method="jwt", status=503, error="temporarily_unavailable", message="the issuer's keys are unavailable; retry later")
+        subject = claims.get(self.principal_claim)
+        if not isinstance(subject, str) or not subject:
+            return AuthResult(Credentials(), method="jwt", status=401, error="invalid_token", message=f"token has no `{self.principal_claim}`")
+        scopes = _scopes_of(claims)
+        credentials = Credentials(jwt=VerifiedJwt(subject, claims, self._tier(claims)))
+        missing = [s for s in self.required_scopes if s not in scopes]
+        if missing:
+            return AuthResult(credentials, None, "jwt", 403, "insufficient_scope", f"token lacks scope(s) {' '.join(missing)}", scopes)
+        principal = self.resolve(credentials) if self.resolve is not None else None
+        if self.resolve is not None and principal is None:
+            return AuthResult(credentials, None, "jwt", 403, "insufficient_scope", f"{subject!r} is not a principal of this gateway's policy", scopes)
+        return AuthResult(credentials, principal, "jwt", scopes=scopes)
+
+    def _tier(self, claims: Mapping[str, Any]) -> str | None:
+        if self.tier_claim is None:
+            return None
+        value = claims.get(self.tier_claim)
+        values = [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+        if not self.tier_map:
+            return values[0] if len(values) == 1 else None
+        return next((tier for claim, tier in self.tier_map.items() if claim in values), None)
+
+    def _challenge(self, error: str | None) -> str | None:
+        if error in (None, "invalid_token", "invalid_request", "insufficient_scope"):
+            params = [f"error={_quoted(error)}"] if error else []
+            if self.required_scopes and error in (None, "insufficient_scope"):
+                params.append(f"scope={_quoted(' '.join(self.required_scopes))}")
+            params.append(f"resource_metadata={_quoted(self.metadata_url)}")
+            return "Bearer " + ", ".join(params)
+        return None
+
+    @staticmethod
+    def _challenging(send: Send, challenge: str | None) -> Send:
+        """On a deferred path: add the challenge to the endpoint's 401, if it did not set one."""
+
+        async def wrapped(message: Message) -> None:
+            if challenge and message["type"] == "http.response.start" and message["status"] == 401:
+                headers = list(message.get("headers", []))
+                if not any(k.lower() == b"www-authenticate" for k, _ in headers):
+                    message = {**message, "headers": [*headers, (b"www-authenticate", challenge.encode("latin-1"))]}
+            await send(message)
+
+        return wrapped
+
+    async def _answer(self, send: Send, status: int, challenge: str | None, code: ErrorCode, message: str) -> None:
+        body = json.dumps(self.error_body(code, message)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"cache-control", b"no-store")]
+        if challenge:
+            headers.append((b"www-authenticate", challenge.encode("latin-1")))
+        if status == 503:
+            headers.append((b"retry-after", b"10"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def credentials_in(scope: Scope) -> Credentials | None:
+    """The credentials `HttpAuth` put in the scope, or None when it did not run for this request."""
+    found = scope.get("state", {}).get(STATE_CREDENTIALS)
+    return found if isinstance(found, Credentials) else None
+
+
+# ---- RFC 9728 metadata ---------------------------------------------------------------------
+
+
+def protected_resource_metadata(resource_url: str, authorization_servers: Sequence[str] = (), scopes_supported: Sequence[str] = ()) -> dict[str, Any]:
+    doc: dict[str, Any] = {"resource": resource_url}
+    if authorization_servers:
+        doc["authorization_servers"] = list(authorization_servers)
+    doc["bearer_methods_supported"] = ["header"]
+    if scopes_supported:
+        doc["scopes_supported"] = list(scopes_supported)
+    return doc
+
+
+def protected_resource_routes(resource_url: str, authorization_servers: Sequence[str] = (), scopes_supported: Sequence[str] = ()) -> list[Route]:
+    """`GET /.well-known/oauth-protected-resource` at the root and at the RFC 9728 path form (`…/mcp`)."""
+    doc = protected_resource_metadata(resource_url, authorization_servers, scopes_supported)
+    headers = {"cache-control": "public, max-age=3600", "access-control-allow-origin": "*"}
+
+    async def metadata(request: Request) -> Response:
+        return JSONResponse(doc, headers=headers)
+
+    paths = dict.fromkeys([METADATA_PATH, urlsplit(metadata_url(resource_url)).path])
+    return [Route(p, metadata, methods=["GET"]) for p in paths]
+
+
+# ---- from settings -------------------------------------------------------------------------
+
+
+def resource_url_for(auth: AuthSettings, server: ServerSettings, mcp_path: str = "/mcp") -> str:
+    """`auth.resource_url`, else the MCP endpoint at the address the server binds."""
+    if auth.resource_url:
+        return auth.resource_url
+    host = f"[{server.host}]" if ":" in server.host else server.host
+    return f"http://{host}:{server.port}{mcp_path}"
+
+
+def http_auth_options(settings: Settings, *, resolve: Resolve | None = None) -> dict[str, Any]:
+    """Keyword arguments for `HttpAuth` from dharma.yaml: the `auth:` block, the server's bind
+    address, and the MCP endpoint's path and `anonymous_user`."""
+    auth, server = settings.auth, settings.server
+    mcp_path: str = getattr(getattr(settings, "mcp", None), "path", "/mcp")
+    anonymous_user: str | None = getattr(getattr(settings, "mcp", None), "anonymous_user", None)
+    options: dict[str, Any] = {
+        "resource_url": resource_url_for(auth, server, mcp_path),
+        "allowed_origins": auth.allowed_origins,
+        "bind_host": server.host,
+        "protect": [*auth.protect, *([] if HttpAuth._under(mcp_path, HttpAuth._prefixes(auth.protect)) else [mcp_path])],
+        "defer": auth.defer,
+        "anonymous": {mcp_path: anonymous_user} if anonymous_user is not None else {},
+        "required_scopes": auth.required_scopes,
+        "resolve": resolve,
+    }
+    if auth.jwt is not None:
+        options.update(
+            jwks=auth.jwt.jwks,
+            issuer=auth.jwt.issuer,
+            audience=auth.jwt.audience,
+            algorithms=auth.jwt.algorithms,
+            leeway=auth.jwt.leeway_seconds,
+            jwks_cache_seconds=auth.jwt.jwks_cache_seconds,
+            jwks_min_refetch_seconds=auth.jwt.jwks_min_refetch_seconds,
+            principal_claim=auth.jwt.principal_claim,
+            tier_claim=auth.jwt.tier_claim,
+            tier_map=auth.jwt.tier_map,
+        )
+    return options
+
+
+__all__ = [
+    "ALGORITHMS", "AuthResult", "HttpAuth", "Jwk", "Jwks", "JwksUnavailable", "JwtVerifier", "TokenInvalid",
+    "check_claims", "credentials_in", "http_auth_options", "looks_like_jwt", "metadata_url", "parse_jwks",
+    "protected_resource_metadata", "protected_resource_routes", "resource_url_for", "split_jws", "verify_signature",
+]

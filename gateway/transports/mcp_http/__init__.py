@@ -1,0 +1,1 @@
+"""MCP Streamable HTTP at `/mcp`: the ASGI endpoint (`app`) and its parts (see `app`'s docstring)."""

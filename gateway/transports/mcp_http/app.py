@@ -1,0 +1,336 @@
+"""MCP Streamable HTTP at `/mcp`: a governing, otherwise transparent proxy in front of one or
+more upstream MCP servers. A pure ASGI app (never buffers an event stream).
+
+Both eras on one endpoint, told apart per request (`MCP-Protocol-Version` header, else the
+body's `_meta` protocol version):
+
+- **Legacy (2024-11-05 … 2025-11-25)**: sessions. The gateway mints its own opaque session id
+  (`dgs_` + 32 random bytes, URL-safe) on a successful `initialize`, keeps the upstream's session
+  ids behind it, and binds the session to the principal that opened it (another principal
+  presenting the id gets 404, like an unknown session). POST replies mirror the upstream's shape
+  (JSON or SSE); the GET stream merges every upstream's; DELETE ends the session everywhere.
+  Event streams carry the **gateway's own** event ids (priming events with `retry:` for
+  2025-11-25+ clients), never the upstream's; a GET with `Last-Event-ID` replays from the
+  session's store of events the gateway governed and sent (`mcp_events`), and `Last-Event-ID` is
+  never forwarded, so a client cannot make an upstream replay an event the gateway did not
+  govern. The gateway resumes upstream streams itself (`upstream_http`) and closes the client's
+  stream when the upstream closes its own early (SSE polling).
+  Server→client requests and notifications pass through on the stream they came on.
+- **2026-07-28**: POST only (GET/DELETE 405). `Mcp-Method`/`Mcp-Name`/`Mcp-Param-*` are checked
+  against the body (-32020, HTTP 400) and recomputed for what is forwarded. A client disconnect
+  cancels the upstream request. `subscriptions/listen` streams through unbuffered.
+
+Governance (same module as stdio, `gateway.mcp.governance`): `tools/list` filtered per principal
+(`cacheScope: "private"` on 2026), `tools/call` through `Gateway.govern` (refusal = a normal
+result with `isError` and the decision in `_meta`; hidden = exactly the upstream's unknown-tool
+answer; the receipt in `result._meta["dharma.gateway/receipt"]`). Approvals: elicitation when
+the client declared it (legacy `elicitation/create` on the call's stream; 2026 an
+`input_required` result with a signed `requestState`), else a hold with progress notifications.
+
+Several upstreams: each may have a tool-name `prefix`; `tools/list` merges them (every page of
+each, one page to the client); `tools/call` routes by prefix; other requests go to the first
+upstream. The client's credentials (Authorization, X-API-Key, cookies) are never forwarded.
+
+The endpoint is built from parts: `mcp_http_reply` (the ASGI writer, `Reply`, SSE framing),
+`mcp_http_state` (session and request values, the `Upstream` protocol), `mcp_http_relay`
+(forwarding to and from upstreams), `mcp_http_sessions` (legacy initialize/GET/DELETE),
+`mcp_http_tools` (tools/list, tools/call, approvals) and `mcp_http_forward` (the governed call's
+Backend). This module is the ASGI app itself and `build_mcp_app`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+import structlog
+from starlette.types import Receive, Scope, Send
+
+from gateway.core.call import Credentials, Principal
+from gateway.core.gateway import Gateway
+from gateway.mcp import approval as ap
+from gateway.mcp import jsonrpc
+from gateway.mcp.jsonrpc import Batch, Invalid, Notification, Request, Response
+from gateway.mcp.pins import PinStore
+from gateway.mcp.versions import (
+    BATCH_VERSIONS,
+    HEADER_MISMATCH,
+    LEGACY_VERSIONS,
+    META_CAPABILITIES,
+    META_VERSION,
+    MODERN_VERSIONS,
+)
+from gateway.transports.mcp_http import headers as mh
+from gateway.transports.mcp_http.events import EventStore
+from gateway.transports.mcp_http.reply import Reply, _Collect, _plain, _read_body, _write
+from gateway.transports.mcp_http.sessions import LegacySessions
+from gateway.transports.mcp_http.state import Catalog, Ctx, HttpSession, Upstream, _obj, resumable_version
+from gateway.transports.mcp_http.tools import ToolGovernance
+
+log = structlog.get_logger()
+
+
+UNAUTHORIZED = -31002
+#: Where the authentication middleware (`gateway.transports.http_auth.HttpAuth`) leaves what it verified.
+STATE_CREDENTIALS = "dharma.credentials"
+
+
+class McpHttpApp(LegacySessions, ToolGovernance):
+    """The `/mcp` endpoint (pure ASGI). See the module docstring."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        upstreams: Sequence[Upstream],
+        *,
+        pins: PinStore,
+        max_body_bytes: int = 2_097_152,
+        anonymous_user: str | None = None,
+        hold_seconds: float = 50.0,
+        progress_interval: float = 5.0,
+        session_idle_seconds: float = 1800.0,
+    ) -> None:
+        if not upstreams:
+            raise ValueError("the MCP endpoint needs at least one upstream")
+        self.gateway = gateway
+        self.upstreams = list(upstreams)
+        self.by_id = {u.id: u for u in self.upstreams}
+        self.primary = self.upstreams[0]
+        self.multi = len(self.upstreams) > 1
+        self.pins = pins
+        self.max_body_bytes = max_body_bytes
+        self.anonymous_user = anonymous_user
+        self.hold_seconds = hold_seconds
+        self.progress_interval = progress_interval
+        self.session_idle_seconds = session_idle_seconds
+        self.sessions: dict[str, HttpSession] = {}
+        self.modern_catalog = Catalog()
+        self._sealer = ap.StateSealer(secrets.token_bytes(32))
+        self._counter = 0
+        self._by_prefix = sorted(self.upstreams, key=lambda u: len(u.prefix), reverse=True)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The endpoint's lifetime (the app's lifespan): background pumps of stdio upstreams run
+        in this task group; on exit every upstream is closed."""
+        async with anyio.create_task_group() as tg:
+            for upstream in self.upstreams:
+                if hasattr(upstream, "task_group"):
+                    upstream.task_group = tg
+            try:
+                yield
+            finally:
+                await self.aclose()
+                tg.cancel_scope.cancel()
+
+    async def aclose(self) -> None:
+        for upstream in self.upstreams:
+            try:
+                await upstream.aclose()
+            except Exception as exc:  # closing is best effort
+                log.warning("upstream.close_failed", upstream=upstream.id, error=str(exc))
+
+    # ---- ASGI ---------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        method = scope["method"]
+        raw_headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        headers = dict(raw_headers)
+        credentials = self._credentials(scope, headers)
+        principal = self.gateway.principal_for(credentials)
+        if principal is None:
+            await _plain(send, 401, jsonrpc.error(None, UNAUTHORIZED, "Unauthorized: present an API key (Authorization: Bearer <key> or X-API-Key)"),
+                         {"www-authenticate": 'Bearer realm="dharma-gateway"'})
+            return
+        version = headers.get(mh.PROTOCOL_VERSION)
+        if method == "POST":
+            await self._post(scope, receive, send, headers, raw_headers, credentials, principal)
+        elif method in ("GET", "DELETE"):
+            if version in MODERN_VERSIONS:
+                await _plain(send, 405, jsonrpc.error(None, jsonrpc.INVALID_REQUEST, f"Method Not Allowed: {method} is not part of protocol revision {version}"), {"allow": "POST"})
+                return
+            ctx = Ctx(headers, raw_headers, credentials, principal, False, version)
+            if method == "GET":
+                await self._run(receive, send, lambda reply: self._get(ctx, reply), {})
+            else:
+                await self._run(receive, send, lambda reply: self._delete(ctx, reply), {})
+        else:
+            await _plain(send, 405, jsonrpc.error(None, jsonrpc.INVALID_REQUEST, f"Method Not Allowed: {method}"), {"allow": "GET, POST, DELETE"})
+
+    def _credentials(self, scope: Scope, headers: dict[str, str]) -> Credentials:
+        """The seam for the authentication middleware: `scope["state"]["dharma.credentials"]` (set by
+        `gateway.transports.http_auth`, which also strips the credential headers) wins over the headers."""
+        state = scope.get("state") or {}
+        given = state.get(STATE_CREDENTIALS, state.get("credentials")) if isinstance(state, dict) else None
+        if isinstance(given, Credentials) and given != Credentials():
+            return given
+        key = headers.get("x-api-key")
+        auth = headers.get("authorization", "")
+        if not key and auth[:7].lower() == "bearer ":
+            key = auth[7:].strip()
+        if key:
+            return Credentials(api_key=key)
+        if self.anonymous_user is not None:
+            return Credentials(local_user=self.anonymous_user)
+        return Credentials()
+
+    async def _run(self, receive: Receive, send: Send, work: Callable[[Reply], Awaitable[None]], base: dict[str, str],
+                   store: EventStore | None = None) -> None:
+        """Run a handler and stream its Reply; a client disconnect cancels the handler (and so the
+        upstream request), unless the reply was detached: then the handler finishes into the store."""
+        reply = Reply(base)
+        if store is not None:
+            reply.resumable(store)
+
+        async def run() -> None:
+            try:
+                await work(reply)
+            except Exception:
+                log.exception("mcp_http.handler_failed")
+                await reply.final(jsonrpc.error(None, jsonrpc.INTERNAL_ERROR, "Dharma Gateway failed to handle this request"), 500)
+            finally:
+                reply.close()
+
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    if not reply.detached:
+                        tg.cancel_scope.cancel()
+                    return
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            tg.start_soon(watch)
+            try:
+                await _write(reply, send)
+            except OSError:
+                pass
+            if not reply.detached:
+                tg.cancel_scope.cancel()
+
+    # ---- POST ---------------------------------------------------------------------------
+
+    async def _post(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str],
+                    raw_headers: list[tuple[str, str]], credentials: Credentials, principal: Principal) -> None:
+        body, too_big = await _read_body(receive, self.max_body_bytes)
+        version = headers.get(mh.PROTOCOL_VERSION)
+        ctx = Ctx(headers, raw_headers, credentials, principal, version in MODERN_VERSIONS, version)
+        if too_big is not None:
+            reason = f"Invalid Request: message of {too_big} bytes exceeds the gateway's limit of {self.max_body_bytes} bytes"
+            await self._record_refusal(ctx, "", "oversized", reason)
+            await _plain(send, 413, jsonrpc.error(jsonrpc.sniff_id(body), jsonrpc.INVALID_REQUEST, reason))
+            return
+        parsed = jsonrpc.parse(body)
+        if not ctx.modern and isinstance(parsed, Request) and isinstance(parsed.params, dict):
+            meta = parsed.params.get("_meta")
+            if isinstance(meta, dict) and isinstance(meta.get(META_VERSION), str) and version not in LEGACY_VERSIONS \
+                    and meta[META_VERSION] not in LEGACY_VERSIONS:
+                ctx.modern, ctx.version = True, meta[META_VERSION]
+        if not ctx.modern:
+            sid = headers.get("mcp-session-id")
+            if sid is not None:
+                session = self.sessions.get(sid)
+                if session is None or session.principal != principal.id:
+                    await _plain(send, 404, jsonrpc.error(None, -32001, "Session not found"))
+                    return
+                session.last_used = time.monotonic()
+                ctx.session = session
+        store = ctx.session.events if ctx.session is not None and resumable_version(version) else None
+        await self._run(receive, send, lambda reply: self._message(ctx, reply, parsed, body), {}, store)
+
+    async def _message(self, ctx: Ctx, reply: Reply, parsed: jsonrpc.Parsed, raw: bytes) -> None:
+        if isinstance(parsed, Batch):
+            revision = ctx.session.version if ctx.session is not None else ctx.version
+            if ctx.modern or revision not in BATCH_VERSIONS:
+                reason = (f"Invalid Request: JSON-RPC batches are not allowed on protocol revision {revision or 'none negotiated'} "
+                          "(only 2025-03-26 has them)")
+                await self._record_refusal(ctx, "", "batch", reason)
+                await reply.final(jsonrpc.error(None, jsonrpc.INVALID_REQUEST, reason), 400)
+                return
+            answers = []
+            for item in parsed.items:
+                part = _Collect()
+                await self._single(ctx, part, item, None)
+                if isinstance(part.message, dict) and ("result" in part.message or "error" in part.message):
+                    answers.append(part.message)
+            if answers:
+                await reply.final(jsonrpc.dumps(answers), 200)
+            else:
+                await reply.final(None, 202)
+            return
+        await self._single(ctx, reply, parsed, raw)
+
+    async def _single(self, ctx: Ctx, reply: Reply, item: Any, raw: bytes | None) -> None:
+        data = raw if raw is not None else jsonrpc.dumps(getattr(item, "message", {}))
+        if isinstance(item, Invalid):
+            await self._record_refusal(ctx, "", item.method or "jsonrpc", item.reason)
+            await reply.final(jsonrpc.error(item.id, item.code, item.reason), 400)
+            return
+        if isinstance(item, Response):
+            await self._client_response(ctx, reply, item, data)
+            return
+        if isinstance(item, Notification):
+            if item.method == "tools/call":
+                reason = "Invalid Request: tools/call must be a request with an id, not a notification"
+                await self._record_refusal(ctx, "", "tools/call", reason)
+                await reply.final(jsonrpc.error(None, jsonrpc.INVALID_REQUEST, reason), 400)
+                return
+            await self._client_notification(ctx, reply, item, data)
+            return
+        assert isinstance(item, Request)
+        if not ctx.modern and item.method != "initialize" and ctx.session is None:
+            await reply.final(jsonrpc.error(None, -32000, "Bad Request: Missing session ID"), 400)
+            return
+        if ctx.modern:
+            params = _obj(item.params)
+            ctx.meta = _obj(params.get("_meta"))
+            enveloped = META_VERSION in ctx.meta and META_CAPABILITIES in ctx.meta
+            # Same order as the SDK's ladder: a request without the envelope is the upstream's to refuse.
+            problem = mh.check(ctx.raw_headers, item.message) if item.method != "tools/call" and enveloped else None
+            if problem is not None:
+                await self._record_refusal(ctx, "", item.method, problem)
+                await reply.final(jsonrpc.error(item.id, HEADER_MISMATCH, problem), 400)
+                return
+        if item.method == "initialize" and not ctx.modern:
+            await self._initialize(ctx, reply, item, data)
+        elif item.method == "tools/list":
+            await self._tools_list(ctx, reply, item, data)
+        elif item.method == "tools/call":
+            await self._tools_call(ctx, reply, item)
+        else:
+            await self._relay(ctx, reply, self.primary, data, item.message, expect_id=item.id)
+
+
+def build_mcp_app(gateway: Gateway, settings: Any, *, max_body_bytes: int) -> McpHttpApp | None:
+    """The /mcp app for the MCP upstreams in `settings` (None when there are none)."""
+    from gateway.transports.upstreams.mcp_http import McpHttpUpstream
+
+    configs = [u for u in settings.upstreams if u.is_mcp]
+    if not configs:
+        return None
+    upstreams: list[Upstream] = []
+    for cfg in configs:
+        if cfg.type == "mcp_http":
+            upstreams.append(McpHttpUpstream(cfg.id, cfg.url, prefix=cfg.prefix, headers=cfg.headers, forward_host=cfg.forward_host))
+        else:
+            from gateway.transports.upstreams.mcp_stdio import McpStdioUpstream
+
+            upstreams.append(McpStdioUpstream(cfg.id, [cfg.command, *cfg.args], env=cfg.env, prefix=cfg.prefix))
+    mcp = settings.mcp
+    return McpHttpApp(
+        gateway,
+        upstreams,
+        pins=PinStore(settings.state_dir),
+        max_body_bytes=max_body_bytes,
+        anonymous_user=mcp.anonymous_user,
+        hold_seconds=mcp.hold_seconds,
+        progress_interval=mcp.progress_interval,
+        session_idle_seconds=mcp.session_idle_seconds,
+    )

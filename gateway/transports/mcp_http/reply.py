@@ -1,0 +1,221 @@
+"""The ASGI side of one `/mcp` request: reading its body, the `Reply` a handler fills while it runs
+(JSON, or an event stream numbered with the gateway's own event ids), and the writer that turns a
+Reply into ASGI messages with SSE framing.
+
+No routing, relaying or governance here (`mcp_http` and the modules it is built from).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from starlette.types import Receive, Send
+
+from gateway.mcp import jsonrpc
+from gateway.transports.mcp_http.events import EventStore, StreamLog
+
+#: The reconnection delay (ms) the gateway's priming events suggest to resuming clients.
+RETRY_MS = 1000
+SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache, no-transform", "x-accel-buffering": "no"}
+
+
+# ---- what a handler produces for the ASGI writer -----------------------------------------
+
+
+@dataclass(slots=True)
+class _Head:
+    status: int
+    headers: dict[str, str]
+
+
+@dataclass(slots=True)
+class _Event:
+    data: bytes
+    id: str | None = None
+    retry: int | None = None
+
+
+@dataclass(slots=True)
+class _Final:
+    body: bytes | None
+    status: int = 200
+    headers: dict[str, str] | None = None
+
+
+class Reply:
+    """The answer to one HTTP request, produced while the handler runs: JSON, or an event stream
+    that opens on the first event (or explicitly, to mirror an upstream that answered SSE).
+
+    A resumable reply (`resumable`, legacy 2025-11-25+ clients) numbers its events with the
+    gateway's own ids, primes its stream (an id, `retry:`, empty data) and keeps every event it
+    sends in the session's `EventStore`. `detach()` ends the HTTP response early, as the upstream
+    did; the handler keeps running and its later events go to the store only, for the client to
+    fetch with GET + `Last-Event-ID`.
+    """
+
+    def __init__(self, base_headers: dict[str, str] | None = None) -> None:
+        self._send, self.stream = anyio.create_memory_object_stream[object](math.inf)
+        self.sse = False
+        self.done = False
+        self.detached = False
+        self.base_headers = base_headers or {}
+        self.message: Any = None  # the last final JSON-RPC message (for batches)
+        self.store: EventStore | None = None
+        self.log: StreamLog | None = None
+
+    def resumable(self, store: EventStore) -> None:
+        """Number and keep this reply's events in `store` if it becomes an event stream."""
+        if not self.sse:
+            self.store = store
+
+    async def open_sse(self, status: int = 200, headers: dict[str, str] | None = None, *, log: StreamLog | None = None) -> None:
+        if not self.sse and not self.done:
+            self.sse = True
+            await self._send.send(_Head(status, {**SSE_HEADERS, **self.base_headers, **(headers or {})}))
+            if self.store is not None:
+                if log is not None:
+                    self.log = log
+                else:
+                    self.log = self.store.open()
+                    await self._send.send(_Event(b"", self.store.append(self.log, b""), RETRY_MS))
+
+    async def event(self, data: bytes) -> None:
+        if self.done:
+            return
+        await self.open_sse()
+        event_id = self.store.append(self.log, data) if self.store is not None and self.log is not None else None
+        if not self.detached:
+            await self._send.send(_Event(data, event_id))
+
+    async def resend(self, event_id: str, data: bytes) -> None:
+        """Send an event again with its original id (a replay from the store; not stored twice)."""
+        if not self.done and not self.detached:
+            await self.open_sse()
+            await self._send.send(_Event(data, event_id))
+
+    async def detach(self) -> None:
+        """End the client's event stream now (the upstream closed its own early); keep governing."""
+        if self.sse and self.log is not None and not self.done and not self.detached:
+            self.detached = True
+            await self._send.send(_Final(None))
+
+    async def final(self, body: bytes | dict[str, Any] | None, status: int = 200, headers: dict[str, str] | None = None) -> None:
+        if self.done:
+            return
+        data = jsonrpc.dumps(body) if isinstance(body, dict) else body
+        if isinstance(body, dict):
+            self.message = body
+        if self.sse:
+            if data:
+                await self.event(data)
+            self.done = True
+            if not self.detached:
+                await self._send.send(_Final(None))
+        else:
+            self.done = True
+            hdrs = {**self.base_headers, **(headers or {})}
+            if data and "content-type" not in hdrs:
+                hdrs["content-type"] = "application/json"
+            await self._send.send(_Final(data, status, hdrs))
+        self.close()
+
+    def close(self) -> None:
+        self._send.close()
+        if self.store is not None and self.log is not None:
+            self.store.finish(self.log)
+
+
+class _Collect(Reply):
+    """A Reply for one element of a batch: only the final message matters."""
+
+    async def event(self, data: bytes) -> None:
+        return None
+
+    async def open_sse(self, status: int = 200, headers: dict[str, str] | None = None, *, log: StreamLog | None = None) -> None:
+        return None
+
+    async def final(self, body: bytes | dict[str, Any] | None, status: int = 200, headers: dict[str, str] | None = None) -> None:
+        if isinstance(body, dict):
+            self.message = body
+        elif body:
+            try:
+                self.message = jsonrpc.loads(body)
+            except ValueError:
+                self.message = None
+        self.done = True
+
+
+async def _read_body(receive: Receive, limit: int) -> tuple[bytes, int | None]:
+    """The request body, or its first bytes and total size when it is over `limit` (not kept)."""
+    chunks: list[bytes] = []
+    size = 0
+    over = False
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            if not over:
+                chunks = [b"".join(chunks)[:4096]]
+            over = True
+        elif not over:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks), (size if over else None)
+
+
+async def _plain(send: Send, status: int, body: dict[str, Any] | None, headers: dict[str, str] | None = None) -> None:
+    data = jsonrpc.dumps(body) if body is not None else b""
+    hdrs = [(b"content-type", b"application/json")] if data else []
+    hdrs += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    hdrs.append((b"content-length", str(len(data)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _write(reply: Reply, send: Send) -> None:
+    """Turn the Reply's items into ASGI messages: a JSON answer, or an event stream (no ids)."""
+    started = False
+    async with reply.stream:
+        async for item in reply.stream:
+            if isinstance(item, _Head):
+                await send({"type": "http.response.start", "status": item.status,
+                            "headers": [(k.encode(), v.encode()) for k, v in item.headers.items()]})
+                started = True
+            elif isinstance(item, _Event):
+                if not started:
+                    await send({"type": "http.response.start", "status": 200,
+                                "headers": [(k.encode(), v.encode()) for k, v in SSE_HEADERS.items()]})
+                    started = True
+                await send({"type": "http.response.body", "body": _sse_bytes(item), "more_body": True})
+            elif isinstance(item, _Final):
+                if started:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+                data = item.body or b""
+                headers = dict(item.headers or {})
+                headers["content-length"] = str(len(data))
+                await send({"type": "http.response.start", "status": item.status,
+                            "headers": [(k.encode(), v.encode()) for k, v in headers.items()]})
+                await send({"type": "http.response.body", "body": data})
+                return
+    if started:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    else:
+        await _plain(send, 500, jsonrpc.error(None, jsonrpc.INTERNAL_ERROR, "Dharma Gateway produced no answer"))
+
+
+def _sse_bytes(event: _Event) -> bytes:
+    """One event on the wire: a priming event is only an id (and `retry:`), with empty data."""
+    head = b"id: " + event.id.encode() + b"\n" if event.id is not None else b""
+    if event.retry is not None:
+        head += b"retry: " + str(event.retry).encode() + b"\n"
+    if not event.data:
+        return head + b"data: \n\n"
+    return head + b"event: message\ndata: " + event.data + b"\n\n"

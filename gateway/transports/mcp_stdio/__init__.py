@@ -1,0 +1,1 @@
+"""`dharma stdio`: the governing stdio MCP proxy (`proxy`)."""
