@@ -1,16 +1,14 @@
 """`dharma stdio [--config F] -- CMD ARGS…`: a governing, otherwise transparent stdio MCP proxy.
 
-The agent launches this instead of the MCP server. It spawns the server and runs two pumps in
-one task group: client → server and server → client, one JSON-RPC message per line, lines of
-any length (read in chunks, never with a bounded `readline`). `McpSession` (pure) says what to
-do with each message; this module only does the I/O:
+The agent launches this instead of the MCP server. The `Supervisor` keeps the server process
+running; this module pumps the agent's lines (one JSON-RPC message per line, any length, read in
+chunks) and the server's, and does the I/O that `McpSession` (pure) asks for:
 
-- messages it does not govern pass through as the original bytes, in both directions;
-- `tools/list` answers are filtered per principal; `tools/call` requests are governed by
-  `Gateway.govern` and forwarded (with the client's own id) only when allowed;
-- held calls ask the client through `elicitation/create` (gateway-originated id, reply
-  swallowed) when it declared elicitation, else wait for `dharma approvals approve|deny` or the
-  timeout, sending progress on the client's token; a client cancel drops the hold;
+- messages it does not govern pass through as the original bytes, in both directions; a request
+  for a method MCP does not define is recorded in the ledger as it passes;
+- `tools/list` answers are filtered per principal, and `tools/call` goes through the one shared
+  flow (`gateway.mcp.calls.ToolsCall`), this module being its `CallPort`: the server is asked
+  with gateway-originated ids, the client is notified or elicited on the same pipe;
 - the server's stderr goes to the log (structlog on stderr); stdout carries only MCP;
 - a server that exits is restarted (the client's `initialize` is replayed to it), calls in
   flight get an error and count against the circuit breaker.
@@ -18,15 +16,11 @@ do with each message; this module only does the I/O:
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
+import contextlib
 import hashlib
 import os
 import secrets
-import subprocess
-import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +29,15 @@ import anyio.abc
 import structlog
 
 from gateway.core.backends import BackendResult
-from gateway.core.call import BlockClass, Credentials, Decision, Outcome, Status, ToolCall, ToolInfo
+from gateway.core.call import Credentials
 from gateway.core.errors import CallError, ErrorCode
-from gateway.core.gateway import Gateway, new_request_id, rfc3339
+from gateway.core.gateway import Gateway
 from gateway.mcp import approval as ap
-from gateway.mcp import governance as gov
-from gateway.mcp import holding
-from gateway.mcp import jsonrpc
-from gateway.mcp.framing import CHUNK, DEFAULT_MAX_MESSAGE_BYTES, SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize
-from gateway.mcp.pins import PinStore, observe_or_distrust
+from gateway.mcp import calls, governance as gov, jsonrpc
+from gateway.mcp.calls import CallSite, Refusal, ToolEntry
+from gateway.mcp.framing import DEFAULT_MAX_MESSAGE_BYTES, LineSplitter, Oversize
+from gateway.mcp.jsonrpc import Request
+from gateway.mcp.pins import PinStore
 from gateway.mcp.session import (
     CancelHeld,
     GovernCall,
@@ -56,14 +50,15 @@ from gateway.mcp.session import (
     ToServer,
 )
 from gateway.mcp.versions import MODERN_VERSIONS
-from gateway.stages.tier_gate import is_granted, visible_tools
-from gateway.transports.upstreams.mcp_stdio import stop_process
+from gateway.transports.mcp_stdio.pipes import ClientPipes
+from gateway.transports.mcp_stdio.supervisor import RESTART_GRACE, Supervisor
 
-#: Seconds a call waits for a crashed server to be restarted and re-initialized.
-RESTART_GRACE = 15.0
 log = structlog.get_logger()
 
+
 class _Waiter:
+    """An answer awaited from the server or the client (to a gateway-originated or governed request)."""
+
     __slots__ = ("event", "value", "error", "side")
 
     def __init__(self, side: str) -> None:
@@ -89,55 +84,7 @@ class _Waiter:
 
 
 class BackendGone(Exception):
-    pass
-
-
-# ---- the agent's side: stdin/stdout --------------------------------------------------------
-
-
-class ClientPipes:
-    """Our stdin/stdout as async byte streams (asyncio pipes; threads when they are not pipes)."""
-
-    def __init__(self, stdin: Any = None, stdout: Any = None) -> None:
-        self._in: Any = stdin or sys.stdin.buffer
-        self._out = stdout or sys.stdout.buffer
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._lock = anyio.Lock()
-
-    async def open(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            reader = asyncio.StreamReader(limit=CHUNK * 4)
-            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), self._in)
-            self._reader = reader
-        except (ValueError, OSError):
-            self._reader = None
-        try:
-            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, self._out)
-            self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
-        except (ValueError, OSError):
-            self._writer = None
-
-    async def read(self) -> bytes:
-        if self._reader is not None:
-            return await self._reader.read(CHUNK)
-        return await anyio.to_thread.run_sync(self._in.read1, CHUNK)
-
-    async def write(self, data: bytes) -> None:
-        if self._writer is not None:
-            self._writer.write(data + b"\n")
-            await self._writer.drain()
-            return
-        async with self._lock:
-            await anyio.to_thread.run_sync(self._blocking_write, data + b"\n")
-
-    def _blocking_write(self, data: bytes) -> None:
-        self._out.write(data)
-        self._out.flush()
-
-
-# ---- the proxy -------------------------------------------------------------------------------
+    """The server exited before answering."""
 
 
 def default_backend_id(command: Sequence[str]) -> str:
@@ -161,103 +108,59 @@ class StdioProxy:
         env: dict[str, str] | None = None,
     ) -> None:
         self.gateway = gateway
-        self.command = list(command)
         self.pins = pins
-        self.backend_id = backend_id or default_backend_id(self.command)
+        self.backend_id = backend_id or default_backend_id(list(command))
         self.credentials = Credentials(local_user=local_user if local_user is not None else _login())
         self.max_message_bytes = max_message_bytes
-        self.hold_seconds = hold_seconds
-        self._sealer = ap.StateSealer(secrets.token_bytes(32))
-        self.progress_interval = progress_interval
-        self.env = env
         self.session = McpSession()
-        self._waiters: dict[jsonrpc.RpcId, _Waiter] = {}
-        self._holds: dict[object, anyio.CancelScope] = {}
-        self._ready = anyio.Event()
-        self._closing = False
-        self._proc: anyio.abc.Process | None = None
+        self.calls = calls.ToolsCall(gateway, pins, ap.StateSealer(secrets.token_bytes(32)),
+                                     hold_seconds=hold_seconds, progress_interval=progress_interval)
+        self.server = Supervisor(command, self.backend_id, on_line=self._from_server, on_exit=self._fail_in_flight,
+                                 on_restart=self._replay_handshake, env=env)
+        self.waiters: dict[jsonrpc.RpcId, _Waiter] = {}
+        self.holds: dict[object, anyio.CancelScope] = {}
+        self._cancelled: set[object] = set()
         self._client: ClientPipes | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self.restarts = 0
-        self._cancelled: set[object] = set()
+
+    @property
+    def restarts(self) -> int:
+        return self.server.restarts
 
     # ---- lifecycle ---------------------------------------------------------------------
 
     async def run(self, client: ClientPipes) -> int:
         self._client = client
-        first = self._proc = await self._spawn()
+        first = await self.server.spawn()
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            tg.start_soon(self._backend_loop, first)
+            tg.start_soon(self.server.run, first)
             await self._client_pump()
-            self._closing = True
-            await self._stop_backend()
+            await self.server.stop()
             tg.cancel_scope.cancel()
         return 0
-
-    async def _spawn(self) -> anyio.abc.Process:
-        env = {**os.environ, **(self.env or {})}
-        return await anyio.open_process(
-            self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-        )
-
-    async def _backend_loop(self, proc: anyio.abc.Process) -> None:
-        attempt = 0
-        while True:
-            self._proc = proc
-            async with anyio.create_task_group() as inner:
-                assert proc.stderr is not None and proc.stdout is not None
-                inner.start_soon(self._stderr_pump, proc.stderr)
-                if attempt:
-                    inner.start_soon(self._replay_handshake)
-                else:
-                    self._ready.set()
-                await self._server_pump(proc.stdout)
-                inner.cancel_scope.cancel()
-            with anyio.move_on_after(2):
-                await proc.wait()
-            if self._closing:
-                return
-            log.error("backend.exited", backend=self.backend_id, returncode=proc.returncode)
-            self._ready = anyio.Event()
-            await self._fail_in_flight()
-            attempt += 1
-            self.restarts += 1
-            await anyio.sleep(min(0.1 * 2 ** min(attempt, 6), 5.0))
-            if self._closing:
-                return
-            try:
-                proc = await self._spawn()
-            except OSError as exc:
-                log.error("backend.restart_failed", backend=self.backend_id, error=str(exc))
-                continue
 
     async def _replay_handshake(self) -> None:
         """A restarted server knows nothing: give it the client's initialize again (legacy era)."""
         init = self.session.initialize_request
-        if init is not None:
-            try:
-                await self._server_request("initialize", init.get("params"), timeout=10)
-            except Exception as exc:
-                log.error("backend.reinitialize_failed", backend=self.backend_id, error=str(exc))
-            if self.session.initialized_notification is not None:
-                await self._send_server(jsonrpc.dumps(self.session.initialized_notification))
-        log.warning("backend.restarted", backend=self.backend_id, restarts=self.restarts)
-        self._ready.set()
+        if init is None:
+            return
+        try:
+            await self.server_request("initialize", init.get("params"), timeout=10)
+        except Exception as exc:
+            log.error("backend.reinitialize_failed", backend=self.backend_id, error=str(exc))
+        if self.session.initialized_notification is not None:
+            await self.server.send(jsonrpc.dumps(self.session.initialized_notification))
 
     async def _fail_in_flight(self) -> None:
-        for rid, waiter in list(self._waiters.items()):
+        for rid, waiter in list(self.waiters.items()):
             if waiter.side == "server":
-                self._waiters.pop(rid, None)
+                self.waiters.pop(rid, None)
                 waiter.fail(BackendGone())
         for key, rid, method in self.session.server_gone():
             message = jsonrpc.error(rid, jsonrpc.BACKEND_FAILED,
                                     f"the MCP server exited before answering {method}; Dharma Gateway restarted it")
             await self._do(self.session.answer(key, message))
-
-    async def _stop_backend(self) -> None:
-        if self._proc is not None:
-            await stop_process(self._proc)
 
     # ---- pumps -------------------------------------------------------------------------
 
@@ -272,40 +175,14 @@ class StdioProxy:
                 if isinstance(line, Oversize):
                     reject = self.session.oversized(jsonrpc.sniff_id(line.prefix), line.size, self.max_message_bytes)
                     await self._do([reject])
-                    continue
-                if not line.strip():
-                    continue
-                await self._do(self.session.from_client(line))
+                elif line.strip():
+                    await self._do(self.session.from_client(line))
 
-    async def _server_pump(self, stdout: anyio.abc.ByteReceiveStream) -> None:
-        splitter = LineSplitter(SERVER_MAX_MESSAGE_BYTES)
-        while True:
-            try:
-                chunk = await stdout.receive(CHUNK)
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return
-            for line in splitter.feed(chunk):
-                if isinstance(line, Oversize):
-                    log.error("backend.message_too_large", backend=self.backend_id, size=line.size)
-                    continue
-                if not line.strip():
-                    continue
-                actions = self.session.from_server(line)
-                if not actions:
-                    log.warning("backend.not_jsonrpc", backend=self.backend_id, line=line[:200].decode("utf-8", "replace"))
-                await self._do(actions)
-
-    async def _stderr_pump(self, stderr: anyio.abc.ByteReceiveStream) -> None:
-        splitter = LineSplitter(64 * 1024)
-        while True:
-            try:
-                chunk = await stderr.receive(CHUNK)
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return
-            for line in splitter.feed(chunk):
-                text = f"<{line.size} bytes>" if isinstance(line, Oversize) else line.decode("utf-8", "replace").rstrip()
-                if text:
-                    log.info("backend.stderr", backend=self.backend_id, line=text)
+    async def _from_server(self, line: bytes) -> None:
+        actions = self.session.from_server(line)
+        if not actions:
+            log.warning("backend.not_jsonrpc", backend=self.backend_id, line=line[:200].decode("utf-8", "replace"))
+        await self._do(actions)
 
     # ---- actions -----------------------------------------------------------------------
 
@@ -316,20 +193,20 @@ class StdioProxy:
                 # While the server restarts, client traffic waits for it (written to the dead one,
                 # a request would never be answered); after the timeout it is sent regardless.
                 with anyio.move_on_after(max(self.gateway.policy.backend_timeout_seconds, RESTART_GRACE)):
-                    await self._ready.wait()
-                await self._send_server(action.data)
+                    await self.server.ready.wait()
+                await self.server.send(action.data)
             elif isinstance(action, ToClient):
-                await self._send_client(action.data)
+                await self.send_client(action.data)
             elif isinstance(action, GovernCall):
                 self._tg.start_soon(self._govern_call, action)
             elif isinstance(action, ListAnswer):
                 await self._list_answer(action)
             elif isinstance(action, Resolve):
-                waiter = self._waiters.pop(action.id, None)
+                waiter = self.waiters.pop(action.id, None)
                 if waiter is not None:
                     waiter.set(action.response)
             elif isinstance(action, CancelHeld):
-                scope = self._holds.get(action.key)
+                scope = self.holds.get(action.key)
                 if scope is not None:
                     scope.cancel()
                 else:  # still being decided: its answer will be dropped
@@ -337,336 +214,162 @@ class StdioProxy:
             elif isinstance(action, Reject):
                 self._tg.start_soon(self._reject, action)
             elif isinstance(action, Passed):
-                self._tg.start_soon(self._record_passed, action)
+                self._tg.start_soon(calls.record_passthrough, self.gateway, self._site(None), self.backend_id, action.method)
 
-    async def _send_server(self, data: bytes) -> None:
-        proc = self._proc
-        try:
-            assert proc is not None and proc.stdin is not None
-            await proc.stdin.send(data + b"\n")
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, AssertionError) as exc:
-            log.warning("backend.write_failed", backend=self.backend_id, error=type(exc).__name__)
-
-    async def _send_client(self, data: bytes) -> None:
+    async def send_client(self, data: bytes) -> None:
         assert self._client is not None
         try:
             await self._client.write(data)
         except (BrokenPipeError, ConnectionResetError, OSError) as exc:
             log.warning("client.write_failed", error=type(exc).__name__)
 
-    async def _server_request(self, method: str, params: Any, *, timeout: float) -> dict[str, Any]:
+    async def server_request(self, method: str, params: Any, *, timeout: float) -> dict[str, Any]:
         rid, data = self.session.originate("server", method, params)
-        waiter = self._waiters[rid] = _Waiter("server")
+        waiter = self.waiters[rid] = _Waiter("server")
         try:
-            await self._send_server(data)
-            with anyio.fail_after(timeout):
+            await self.server.send(data)
+            with anyio.fail_after(self.server.grace(timeout)):
                 return await waiter.wait()
         finally:
-            self._waiters.pop(rid, None)
+            self.waiters.pop(rid, None)
             self.session.forget(rid)
 
-    async def _wait_ready(self, timeout: float) -> None:
-        """Wait for a (re)started server; a restart gets at least RESTART_GRACE, whatever the call timeout."""
-        if not self._ready.is_set():
-            with anyio.fail_after(max(timeout, RESTART_GRACE)):
-                await self._ready.wait()
+    def _site(self, action: GovernCall | None) -> CallSite:
+        principal = self.gateway.principal_for(self.credentials)
+        version = action.protocol_version if action is not None else self.session.protocol_version
+        return CallSite(
+            credentials=self.credentials,
+            principal=principal.id if principal is not None else "",
+            protocol_version=version,
+            modern=version in MODERN_VERSIONS,
+            session_id=self.session.nonce,
+            capabilities=dict(action.capabilities or {}) if action is not None else {},
+        )
 
     # ---- tools/list --------------------------------------------------------------------
 
     async def _list_answer(self, action: ListAnswer) -> None:
         response = action.response
         result = response.get("result")
-        modern = action.protocol_version in MODERN_VERSIONS
         if not isinstance(result, dict):
             await self._do(self.session.answer(action.key, response))
             return
-        tools = [t for t in result.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
+        tools = calls.listed_tools(result)
         self.session.record_tools(tools, first_page=False)
         self.session.tools_stale = False
-        changed = observe_or_distrust(self.pins, self.backend_id, tools)
-        policy = self.gateway.policy
-        principal = self.gateway.principal_for(self.credentials)
-        infos = [gov.tool_info(t, self.backend_id, changed=changed.get(t["name"], False)) for t in tools]
-        visible = {t.name for t in visible_tools(policy, principal, infos)} if principal is not None else set()
-        filtered = gov.filter_list_result(result, visible, modern=modern)
+        visible = calls.visible_names(self.gateway, self.pins, self.credentials, self.backend_id, [(t["name"], t) for t in tools])
+        filtered = gov.filter_list_result(result, visible, modern=action.protocol_version in MODERN_VERSIONS)
         await self._do(self.session.answer(action.key, {**response, "result": filtered}))
 
-    async def _refresh_catalog(self, meta: dict[str, Any] | None, modern: bool) -> None:
-        params: dict[str, Any] = {}
-        if modern and isinstance(meta, dict):
-            params["_meta"] = {k: v for k, v in meta.items() if k.startswith("io.modelcontextprotocol/")}
-        cursor: str | None = None
-        first = True
+    async def refresh_catalog(self, meta: dict[str, Any] | None) -> None:
         timeout = self.gateway.policy.backend_timeout_seconds
-        for _ in range(100):
-            page_params = dict(params)
-            if cursor:
-                page_params["cursor"] = cursor
+
+        async def ask_page(params: dict[str, Any] | None) -> dict[str, Any] | None:
             try:
-                await self._wait_ready(timeout)
-                response = await self._server_request("tools/list", page_params or None, timeout=timeout)
+                await self.server.wait_ready(timeout)
+                response = await self.server_request("tools/list", params, timeout=timeout)
             except (TimeoutError, BackendGone) as exc:
                 log.warning("catalog.refresh_failed", backend=self.backend_id, error=type(exc).__name__)
-                return
-            result = response.get("result")
-            if not isinstance(result, dict):
-                return
-            tools = [t for t in result.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
-            self.session.record_tools(tools, first_page=first)
-            observe_or_distrust(self.pins, self.backend_id, tools)
-            first = False
-            cursor = result.get("nextCursor") if isinstance(result.get("nextCursor"), str) else None
-            if not cursor:
-                return
+                return None
+            return response.get("result") if isinstance(response.get("result"), dict) else None
+
+        await calls.refresh_catalog(ask_page, lambda tools, first: self.session.record_tools(tools, first_page=first),
+                                    self.pins, self.backend_id, meta)
 
     # ---- tools/call --------------------------------------------------------------------
 
-    def _principal_id(self) -> str:
-        principal = self.gateway.principal_for(self.credentials)
-        return principal.id if principal is not None else ""
-
-    def _call(self, name: str, arguments: Any, version: str | None, meta: Any, method: str = "tools/call") -> ToolCall:
-        return gov.tool_call(name, arguments, meta, request_id=new_request_id(), credentials=self.credentials, method=method,
-                             protocol_version=version, session_id=self.session.nonce)
-
     async def _govern_call(self, action: GovernCall) -> None:
         try:
-            await self._govern_call_inner(action)
+            answer = await self.calls(_StdioCallPort(self, action), self._site(action), action.request)
         except Exception:
-            log.exception("mcp.call_failed")
+            log.exception("mcp.call_failed", request_id=action.request.id)
             message = jsonrpc.error(action.request.id, jsonrpc.INTERNAL_ERROR, "Dharma Gateway failed to handle this call")
             await self._do(self.session.answer(action.key, message))
-
-    async def _govern_call_inner(self, action: GovernCall) -> None:
-        req, key = action.request, action.key
-        version = action.protocol_version
-        modern = version in MODERN_VERSIONS
-        params = req.params if isinstance(req.params, dict) else None
-        meta = params.get("_meta") if params is not None else None
-        name = params.get("name") if params is not None else None
-        if not isinstance(name, str) or not name:
-            await self._refuse(key, req.id, self._call("", None, version, meta), jsonrpc.INVALID_PARAMS,
-                               "Invalid params: tools/call needs `name`, a non-empty string")
             return
-        arguments = params.get("arguments") if params is not None else None
-        if arguments is not None and not isinstance(arguments, dict):
-            await self._refuse(key, req.id, self._call(name, None, version, meta), jsonrpc.INVALID_PARAMS,
-                               f"Invalid params: `arguments` must be an object, not {jsonrpc.kind(arguments)}")
+        if answer is None or action.key in self._cancelled:
+            self._cancelled.discard(action.key)
+            with anyio.CancelScope(shield=True):
+                await self._do(self.session.drop(action.key))
             return
-        assert params is not None
-        approval_id: str | None = None
-        if modern and isinstance(params.get("requestState"), str) and params["requestState"].startswith(ap.STATE_PREFIX):
-            opened = await holding.apply_state(self.gateway, self._sealer, params, principal=self._principal_id(), tool=name,
-                                               arguments=arguments, now=time.time())
-            if isinstance(opened, tuple):
-                await self._refuse(key, req.id, self._call(name, arguments, version, meta), jsonrpc.INVALID_PARAMS, opened[0])
-                return
-            approval_id = opened
-            params = ap.strip_state(params)
-            req = jsonrpc.Request(req.id, req.method, params, {**req.message, "params": params})
-        if self.session.tools_stale or name not in self.session.tools:
-            await self._refresh_catalog(meta if isinstance(meta, dict) else None, modern)
-        definition = self.session.tools.get(name)
-        info: ToolInfo | None = None
-        if definition is not None:
-            changed = observe_or_distrust(self.pins, self.backend_id, [definition]).get(name, True)
-            info = gov.tool_info(definition, self.backend_id, changed=changed)
-        policy = self.gateway.policy
-        principal = self.gateway.principal_for(self.credentials)
-        visible = (
-            info is not None
-            and principal is not None
-            and is_granted(policy, principal, name, policy.annotations_for(name, info.annotations))
-        )
-        probe: str | None = None
-        template: dict[str, Any] | None = None
-        if not visible and principal is not None:
-            alike = gov.lookalike_of(name, self.session.tools)
-            if alike is not None:
-                log.warning("mcp.lookalike_tool_name", name=name, imitates=alike)
-            probe = gov.probe_name()
-            template = await self._probe_unknown(req, probe)
-        call = self._call(name, arguments, version, meta)
-        if approval_id is not None:
-            call = dataclasses.replace(call, approval_id=approval_id)
-        mrtr = modern and ap.can_elicit(action.capabilities)
-        task = visible and gov.runs_as_task(params, modern=modern)
-        refusal = gov.task_refusal(name) if task and gov.task_conflicts(policy, name) else None
-        governed = await self._govern_once(call, req, key, info, modern, template, probe, refusal, mrtr=mrtr)
-        outcome = governed[0]
-        if outcome.status is Status.PENDING_APPROVAL and outcome.approval_id and task:
-            await self.gateway.approvals.expire(outcome.approval_id)  # a task cannot wait for a human
-            call = dataclasses.replace(call, request_id=new_request_id())
-            governed = await self._govern_once(call, req, key, info, modern, template, probe, gov.task_refusal(name))
-        elif outcome.status is Status.PENDING_APPROVAL and outcome.approval_id and not mrtr:
-            waited = await self._wait_for_approval(action, outcome, name, arguments, modern)
-            if not waited:
-                return
-            call = dataclasses.replace(call, approval_id=outcome.approval_id, request_id=new_request_id())
-            governed = await self._govern_once(call, req, key, info, modern, template, probe)
-        if key in self._cancelled:
-            self._cancelled.discard(key)
-            await self._do(self.session.drop(key))
-            return
-        await self._do(self.session.answer(key, governed[1]))
-
-    async def _govern_once(
-        self,
-        call: ToolCall,
-        req: jsonrpc.Request,
-        key: object,
-        info: ToolInfo | None,
-        modern: bool,
-        template: dict[str, Any] | None,
-        probe: str | None,
-        refusal: Decision | None = None,
-        *,
-        mrtr: bool = False,
-    ) -> tuple[Outcome, dict[str, Any]]:
-        """Govern the call once; with `mrtr` (a 2026 client that can elicit) a hold becomes an
-        `input_required` result carrying the gateway's sealed `requestState`, and nothing waits."""
-        forwarder = _Forwarder(self, req, key)
-        rendered: dict[str, Any] = {}
-
-        def render(outcome: Outcome) -> dict[str, Any]:
-            if mrtr and outcome.status is Status.PENDING_APPROVAL and outcome.approval_id:
-                body = self._sealer.input_required(
-                    outcome, principal=self._principal_id(), tool=call.tool, arguments=call.arguments,
-                    expires=time.time() + self.hold_seconds * 6, decision_meta={gov.DECISION_META_KEY: gov.decision_meta(outcome)})
-                rendered["kind"], rendered["body"] = "result", body
-                return body
-            kind, body = gov.render_outcome(
-                outcome, raw_result=forwarder.raw_result, raw_error=forwarder.raw_error, tool=info, modern=modern,
-                unknown_template=template, probe=probe or "",
-                no_information=[r.no_information_response for r in self.gateway.policy.disclosure_rules_for(call.tool)])
-            rendered["kind"], rendered["body"] = kind, body
-            return body
-
-        params = req.params if isinstance(req.params, dict) else {}
-        governed = await self.gateway.govern(
-            call,
-            render=render,
-            request={"method": "tools/call", "params": params},
-            refusal=refusal,
-            tool=info,
-            backend=forwarder if info is not None else None,
-        )
-        if rendered["kind"] == "error":
-            message = {"jsonrpc": "2.0", "id": req.id, "error": rendered["body"]["error"]}
-        else:
-            message = jsonrpc.result(req.id, gov.with_receipt(rendered["body"], governed.outcome.receipt))
-        return governed.outcome, message
-
-    async def _probe_unknown(self, req: jsonrpc.Request, probe: str) -> dict[str, Any] | None:
-        params = dict(req.params) if isinstance(req.params, dict) else {}
-        params["name"] = probe
-        params["arguments"] = {}
-        meta = params.get("_meta")
-        if isinstance(meta, dict):
-            params["_meta"] = {k: v for k, v in meta.items() if k != "progressToken"}
-        timeout = self.gateway.policy.backend_timeout_seconds
-        try:
-            await self._wait_ready(timeout)
-            return await self._server_request("tools/call", params, timeout=timeout)
-        except (TimeoutError, BackendGone):
-            return None
-
-    async def _refuse(self, key: object | None, rpc_id: jsonrpc.RpcId | None, call: ToolCall, code: int, reason: str) -> None:
-        message = jsonrpc.error(rpc_id, code, reason)
-        refusal = Decision.block(ErrorCode.INVALID_PARAMS, reason, BlockClass.SAFETY_CONTENT, stage="mcp")
-        try:
-            await self.gateway.govern(call, render=lambda _o: {"error": message["error"]}, refusal=refusal,
-                                      request={"jsonrpc_error": message["error"]})
-        except Exception:
-            log.exception("mcp.refusal_not_recorded")
-        if key is not None:
-            await self._do(self.session.answer(key, message))
+        await self._do(self.session.answer(action.key, answer.message))
 
     async def _reject(self, reject: Reject) -> None:
         log.warning("mcp.message_rejected", code=reject.code, reason=reject.reason, method=reject.method)
-        call = self._call("", None, self.session.protocol_version, None, method=reject.method or "jsonrpc")
-        await self._refuse(reject.key, reject.id, call, reject.code, reject.reason)
+        site = self._site(None)
+        error = jsonrpc.error(reject.id, reject.code, reject.reason)
+        await calls.record_refusal(self.gateway, calls.tool_call(site, "", None, None, method=reject.method or "jsonrpc"), error["error"])
+        if reject.key is not None:
+            await self._do(self.session.answer(reject.key, error))
 
-    async def _record_passed(self, passed: Passed) -> None:
-        """A method MCP does not define went to the server as is: record that it did."""
-        principal = self.gateway.principal_for(self.credentials)
-        entry = {
-            "time": rfc3339(time.time()),
-            "request_id": new_request_id(),
-            "principal": principal.id if principal else None,
-            "backend": self.backend_id,
-            "tool": None,
-            "method": passed.method,
-            "session_id": self.session.nonce,
-            "decision": "allow",
-            "enforced": True,
-            "status": "forwarded",
-            "stage": "mcp_passthrough",
-            "policy_version": self.gateway.policy.version,
-        }
+
+class _StdioCallPort:
+    """The stdio proxy as the `CallPort` of one `tools/call` (see `gateway.mcp.calls`)."""
+
+    def __init__(self, proxy: StdioProxy, action: GovernCall) -> None:
+        self.proxy = proxy
+        self.action = action
+
+    def precheck(self, request: Request) -> Refusal | None:
+        return None
+
+    async def lookup(self, name: str) -> ToolEntry | None:
+        session = self.proxy.session
+        if session.tools_stale or name not in session.tools:
+            params = self.action.request.params if isinstance(self.action.request.params, dict) else {}
+            meta = params.get("_meta")
+            modern = self.action.protocol_version in MODERN_VERSIONS
+            await self.proxy.refresh_catalog(meta if modern and isinstance(meta, dict) else None)
+        definition = session.tools.get(name)
+        return ToolEntry(name, definition, self.proxy.backend_id) if definition is not None else None
+
+    def known_names(self) -> Iterable[str]:
+        return self.proxy.session.tools
+
+    def check(self, request: Request, entry: ToolEntry | None) -> Refusal | None:
+        return None
+
+    async def probe(self, request: Request, params: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:
+        timeout = self.proxy.gateway.policy.backend_timeout_seconds
         try:
-            await self.gateway.ledger.append(entry)
-        except Exception as exc:
-            log.error("ledger.append_failed", method=passed.method, error=str(exc))
+            await self.proxy.server.wait_ready(timeout)
+            return await self.proxy.server_request("tools/call", params, timeout=timeout), 200
+        except (TimeoutError, BackendGone):
+            return None, 200
 
-    # ---- approvals ---------------------------------------------------------------------
+    def forwarder(self, request: Request, entry: ToolEntry) -> _Forwarder:
+        return _Forwarder(self.proxy, request, self.action.key)
 
-    async def _wait_for_approval(
-        self, action: GovernCall, outcome: Outcome, name: str, arguments: Any, modern: bool
-    ) -> bool:
-        """Wait for a human (elicitation or CLI/HTTP). False when the client cancelled the hold."""
-        approval_id = outcome.approval_id
-        assert approval_id is not None
-        log.warning("approval.pending", approval_id=approval_id, tool=name, reason=outcome.message,
-                    hint=f"dharma approvals approve {approval_id}")
-        params = action.request.params if isinstance(action.request.params, dict) else {}
-        meta = params.get("_meta")
-        token = meta.get("progressToken") if isinstance(meta, dict) else None
-        scope = anyio.CancelScope()
-        self._holds[action.key] = scope
+    async def notify(self, message: dict[str, Any]) -> None:
+        await self.proxy.send_client(jsonrpc.dumps(message))
+
+    async def ask_client(self, method: str, params: dict[str, Any], *, timeout: float) -> tuple[jsonrpc.RpcId, dict[str, Any] | None]:
+        proxy = self.proxy
+        rid, data = proxy.session.originate("client", method, params)
+        waiter = proxy.waiters[rid] = _Waiter("client")
         try:
-            with scope:
-                if not modern and self.session.client_can_elicit(action.capabilities):
-                    verdict = await self._elicit(outcome, name, arguments)
-                    await holding.settle(self.gateway, approval_id, verdict, by="mcp-elicitation")
-                else:
-                    await holding.hold(self.gateway, approval_id, token, lambda note: self._send_client(jsonrpc.dumps(note)),
-                                       seconds=self.hold_seconds, interval=self.progress_interval)
+            await proxy.send_client(data)
+            with anyio.move_on_after(timeout):
+                return rid, await waiter.wait()
+            return rid, None
         finally:
-            self._holds.pop(action.key, None)
-        if scope.cancelled_caught:
-            log.info("approval.hold_dropped", approval_id=approval_id, reason="client cancelled")
-            with anyio.CancelScope(shield=True):
-                await self.gateway.approvals.expire(approval_id)
-                await self._do(self.session.drop(action.key))
-            return False
-        return True
+            proxy.waiters.pop(rid, None)
+            proxy.session.forget(rid)
 
-    async def _elicit(self, outcome: Outcome, name: str, arguments: Any) -> bool | None:
-        params = ap.approval_form(outcome, name, arguments, version=self.session.protocol_version)
-        rid, data = self.session.originate("client", "elicitation/create", params)
-        waiter = self._waiters[rid] = _Waiter("client")
-        try:
-            await self._send_client(data)
-            with anyio.move_on_after(self.hold_seconds):
-                response = await waiter.wait()
-                return ap.accepted(response.get("result"))
-            cancel = jsonrpc.notification("notifications/cancelled", {"requestId": rid, "reason": "approval timed out"})
-            await self._send_client(jsonrpc.dumps(cancel))
-            return None
-        finally:
-            self._waiters.pop(rid, None)
-            self.session.forget(rid)
+    @contextlib.contextmanager
+    def holding(self, scope: anyio.CancelScope) -> Iterator[None]:
+        with calls.registered(self.proxy.holds, self.action.key, scope):
+            yield
 
 
 class _Forwarder(gov.AnswerRecorder):
-    """The Backend `Gateway.govern` forwards an allowed call through: this session's server."""
+    """The Backend an allowed call is forwarded through: this session's server, the client's own id."""
 
-    def __init__(self, proxy: StdioProxy, request: jsonrpc.Request, key: object) -> None:
+    def __init__(self, proxy: StdioProxy, request: Request, key: object) -> None:
         self.proxy = proxy
         self.id = proxy.backend_id
         self.request = request
         self.key = key
+        self.status = 200
         super().__init__()
 
     async def send(self, tool: str, arguments: dict[str, Any], *, timeout: float) -> BackendResult:
@@ -675,26 +378,26 @@ class _Forwarder(gov.AnswerRecorder):
         message = req.message
         if (params.get("arguments") or {}) != arguments:
             message = {**message, "params": {**params, "arguments": arguments}}
-        waiter = proxy._waiters[req.id] = _Waiter("server")
+        waiter = proxy.waiters[req.id] = _Waiter("server")
         try:
             try:
-                await proxy._wait_ready(timeout)
+                await proxy.server.wait_ready(timeout)
             except TimeoutError:
                 raise CallError(ErrorCode.BACKEND_UNAVAILABLE, "the MCP server is restarting; retry shortly") from None
-            await proxy._send_server(proxy.session.forward_call(self.key, message))
-            with anyio.fail_after(timeout):
+            await proxy.server.send(proxy.session.forward_call(self.key, message))
+            with anyio.fail_after(proxy.server.grace(timeout)):
                 response = await waiter.wait()
         except TimeoutError:
             note = jsonrpc.notification("notifications/cancelled", {
                 "requestId": req.id, "reason": f"Dharma Gateway: no answer within {timeout:g}s"})
-            await proxy._send_server(jsonrpc.dumps(note))
+            await proxy.server.send(jsonrpc.dumps(note))
             raise CallError(ErrorCode.TIMEOUT, f"the MCP server did not answer within {timeout:g}s") from None
         except BackendGone:
             raise CallError(ErrorCode.BACKEND_UNAVAILABLE,
                             "the MCP server exited while handling this call; Dharma Gateway restarted it") from None
         finally:
-            if proxy._waiters.get(req.id) is waiter:
-                del proxy._waiters[req.id]
+            if proxy.waiters.get(req.id) is waiter:
+                del proxy.waiters[req.id]
         return self.record(response)
 
 
@@ -705,9 +408,6 @@ def _login() -> str:
         import getpass
 
         return getpass.getuser()
-
-
-# ---- CLI ---------------------------------------------------------------------------------------
 
 
 async def serve_stdio(

@@ -1,0 +1,53 @@
+"""The agent's side of `dharma stdio`: our stdin and stdout as async byte streams."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import anyio
+
+from gateway.mcp.framing import CHUNK
+
+
+class ClientPipes:
+    """Our stdin/stdout as async byte streams (asyncio pipes; threads when they are not pipes)."""
+
+    def __init__(self, stdin: Any = None, stdout: Any = None) -> None:
+        self._in: Any = stdin or sys.stdin.buffer
+        self._out = stdout or sys.stdout.buffer
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._lock = anyio.Lock()
+
+    async def open(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            reader = asyncio.StreamReader(limit=CHUNK * 4)
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), self._in)
+            self._reader = reader
+        except (ValueError, OSError):
+            self._reader = None
+        try:
+            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, self._out)
+            self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
+        except (ValueError, OSError):
+            self._writer = None
+
+    async def read(self) -> bytes:
+        if self._reader is not None:
+            return await self._reader.read(CHUNK)
+        return await anyio.to_thread.run_sync(self._in.read1, CHUNK)
+
+    async def write(self, data: bytes) -> None:
+        if self._writer is not None:
+            self._writer.write(data + b"\n")
+            await self._writer.drain()
+            return
+        async with self._lock:
+            await anyio.to_thread.run_sync(self._blocking_write, data + b"\n")
+
+    def _blocking_write(self, data: bytes) -> None:
+        self._out.write(data)
+        self._out.flush()

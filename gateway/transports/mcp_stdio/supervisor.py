@@ -1,0 +1,146 @@
+"""The stdio MCP server's process: spawn, pump its stdout to the proxy line by line, its stderr to
+the log, and restart it (with backoff) when it exits.
+
+The proxy decides what the lines mean; this module only keeps a live process behind it:
+
+- `ready` is clear while a restarted server is being re-initialized (the proxy replays the
+  client's `initialize` through `on_restart`); client traffic waits for it.
+- A server that has not said anything since it was spawned may still be booting (an `npx`
+  download, a loaded machine): `grace(timeout)` gives requests to it at least `RESTART_GRACE`,
+  on the first spawn as after a restart, so a slow start is not mistaken for a missing tool.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+import anyio.abc
+import structlog
+
+from gateway.mcp.framing import CHUNK, SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize
+from gateway.transports.upstreams.mcp_stdio import stop_process
+
+#: Seconds a request waits for a server that was just (re)started and has not answered yet.
+RESTART_GRACE = 15.0
+log = structlog.get_logger()
+
+
+class Supervisor:
+    """Keeps the MCP server process running (see the module docstring)."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        backend_id: str,
+        *,
+        on_line: Callable[[bytes], Awaitable[None]],
+        on_exit: Callable[[], Awaitable[None]],
+        on_restart: Callable[[], Awaitable[None]],
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.command = list(command)
+        self.backend_id = backend_id
+        self.env = env
+        self.restarts = 0
+        self.ready = anyio.Event()
+        self.closing = False
+        self._on_line, self._on_exit, self._on_restart = on_line, on_exit, on_restart
+        self._proc: anyio.abc.Process | None = None
+        self._heard = False
+
+    async def spawn(self) -> anyio.abc.Process:
+        """Start the server (raises OSError when it cannot be started)."""
+        self._heard = False
+        self._proc = await anyio.open_process(
+            self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, **(self.env or {})})
+        return self._proc
+
+    def grace(self, timeout: float) -> float:
+        """The time to allow a request: `timeout`, or the restart grace while the server is new."""
+        return timeout if self._heard and self.ready.is_set() else max(timeout, RESTART_GRACE)
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Wait for a restarting server (raises TimeoutError after the grace)."""
+        if not self.ready.is_set():
+            with anyio.fail_after(max(timeout, RESTART_GRACE)):
+                await self.ready.wait()
+
+    async def send(self, data: bytes) -> None:
+        """Write one message line to the server (a dead server's pipe is logged, not raised)."""
+        proc = self._proc
+        try:
+            assert proc is not None and proc.stdin is not None
+            await proc.stdin.send(data + b"\n")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, AssertionError) as exc:
+            log.warning("backend.write_failed", backend=self.backend_id, error=type(exc).__name__)
+
+    async def run(self, first: anyio.abc.Process) -> None:
+        """Pump the server until the proxy closes, restarting it whenever it exits."""
+        proc, attempt = first, 0
+        while True:
+            self._proc = proc
+            async with anyio.create_task_group() as inner:
+                assert proc.stderr is not None and proc.stdout is not None
+                inner.start_soon(self._stderr_pump, proc.stderr)
+                if attempt:
+                    inner.start_soon(self._reinitialize)
+                else:
+                    self.ready.set()
+                await self._stdout_pump(proc.stdout)
+                inner.cancel_scope.cancel()
+            with anyio.move_on_after(2):
+                await proc.wait()
+            if self.closing:
+                return
+            log.error("backend.exited", backend=self.backend_id, returncode=proc.returncode)
+            self.ready = anyio.Event()
+            await self._on_exit()
+            attempt += 1
+            self.restarts += 1
+            await anyio.sleep(min(0.1 * 2 ** min(attempt, 6), 5.0))
+            if self.closing:
+                return
+            try:
+                proc = await self.spawn()
+            except OSError as exc:
+                log.error("backend.restart_failed", backend=self.backend_id, error=str(exc))
+
+    async def stop(self) -> None:
+        self.closing = True
+        if self._proc is not None:
+            await stop_process(self._proc)
+
+    async def _reinitialize(self) -> None:
+        await self._on_restart()
+        log.warning("backend.restarted", backend=self.backend_id, restarts=self.restarts)
+        self.ready.set()
+
+    async def _stdout_pump(self, stdout: anyio.abc.ByteReceiveStream) -> None:
+        splitter = LineSplitter(SERVER_MAX_MESSAGE_BYTES)
+        while True:
+            try:
+                chunk = await stdout.receive(CHUNK)
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+            self._heard = True
+            for line in splitter.feed(chunk):
+                if isinstance(line, Oversize):
+                    log.error("backend.message_too_large", backend=self.backend_id, size=line.size)
+                elif line.strip():
+                    await self._on_line(line)
+
+    async def _stderr_pump(self, stderr: anyio.abc.ByteReceiveStream) -> None:
+        splitter = LineSplitter(64 * 1024)
+        while True:
+            try:
+                chunk = await stderr.receive(CHUNK)
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+            for line in splitter.feed(chunk):
+                text = f"<{line.size} bytes>" if isinstance(line, Oversize) else line.decode("utf-8", "replace").rstrip()
+                if text:
+                    log.info("backend.stderr", backend=self.backend_id, line=text)
