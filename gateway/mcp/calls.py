@@ -27,7 +27,15 @@ import anyio
 import structlog
 
 from gateway.core.backends import Backend
-from gateway.core.call import BlockClass, Credentials, Decision, Outcome, Status, ToolCall, ToolInfo
+from gateway.core.call import (
+    BlockClass,
+    Credentials,
+    Decision,
+    Outcome,
+    Status,
+    ToolCall,
+    ToolInfo,
+)
 from gateway.core.errors import ErrorCode
 from gateway.core.gateway import Gateway, new_request_id, rfc3339
 from gateway.mcp import approval as ap

@@ -87,7 +87,7 @@ async def test_modern_headers_must_match_the_body(toy_url: str, tmp_path: Path) 
             assert r.status_code == 200 and "ran 'q' in eu" in r.text
             r = await c.modern("tools/list", {}, {"mcp-method": "tools/call"})
             assert r.status_code == 400 and answer(r)["error"]["code"] == -32020
-        assert ledger_text(tmp_path / "state").count('"stage":"mcp_http"') >= 4  # each refusal is recorded
+        assert ledger_text(tmp_path / "state").count('"stage":"mcp"') >= 4  # each refusal is recorded
 
 
 async def test_modern_param_headers_are_recomputed_when_arguments_are_rewritten(toy_url: str, tmp_path: Path) -> None:

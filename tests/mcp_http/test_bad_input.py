@@ -39,7 +39,7 @@ async def test_bad_messages_get_clear_errors_and_are_recorded(toy_url: str, tmp_
             ok = await c.call("echo", {"message": "fine"})
             assert "echo: fine" in ok.text
     ledger = ledger_text(tmp_path / "state")
-    assert ledger.count('"stage":"mcp_http"') >= len(CASES) + 1
+    assert ledger.count('"stage":"mcp"') >= len(CASES) + 1
 
 
 async def test_upstream_crash_mid_call_is_an_error_and_counts_against_the_breaker(tmp_path: Path) -> None:

@@ -53,9 +53,10 @@ from starlette.types import Receive, Scope, Send
 from gateway.core.call import Credentials, Principal
 from gateway.core.gateway import Gateway
 from gateway.mcp import approval as ap
-from gateway.mcp import jsonrpc
+from gateway.mcp import calls, jsonrpc
 from gateway.mcp.jsonrpc import Batch, Invalid, Notification, Request, Response
 from gateway.mcp.pins import PinStore
+from gateway.mcp.session import CLIENT_METHODS
 from gateway.mcp.versions import (
     BATCH_VERSIONS,
     HEADER_MISMATCH,
@@ -66,10 +67,22 @@ from gateway.mcp.versions import (
 )
 from gateway.transports.mcp_http import headers as mh
 from gateway.transports.mcp_http.events import EventStore
-from gateway.transports.mcp_http.reply import Reply, _Collect, _plain, _read_body, _write
+from gateway.transports.mcp_http.relay import Relay
+from gateway.transports.mcp_http.reply import (
+    Collect,
+    Reply,
+    plain_reply,
+    read_body,
+    write_reply,
+)
 from gateway.transports.mcp_http.sessions import LegacySessions
-from gateway.transports.mcp_http.state import Catalog, Ctx, HttpSession, Upstream, _obj, resumable_version
-from gateway.transports.mcp_http.tools import ToolGovernance
+from gateway.transports.mcp_http.state import (
+    Ctx,
+    Upstream,
+    obj,
+    resumable_version,
+)
+from gateway.transports.mcp_http.tools import HttpTools
 
 log = structlog.get_logger()
 
@@ -79,8 +92,9 @@ UNAUTHORIZED = -31002
 STATE_CREDENTIALS = "dharma.credentials"
 
 
-class McpHttpApp(LegacySessions, ToolGovernance):
-    """The `/mcp` endpoint (pure ASGI). See the module docstring."""
+class McpHttpApp:
+    """The `/mcp` endpoint (pure ASGI), composed of its parts: the `Relay` to the upstreams, the
+    `LegacySessions`, and the `HttpTools` that govern tools/list and tools/call. See the module docstring."""
 
     def __init__(
         self,
@@ -94,31 +108,22 @@ class McpHttpApp(LegacySessions, ToolGovernance):
         progress_interval: float = 5.0,
         session_idle_seconds: float = 1800.0,
     ) -> None:
-        if not upstreams:
-            raise ValueError("the MCP endpoint needs at least one upstream")
         self.gateway = gateway
-        self.upstreams = list(upstreams)
-        self.by_id = {u.id: u for u in self.upstreams}
-        self.primary = self.upstreams[0]
-        self.multi = len(self.upstreams) > 1
-        self.pins = pins
+        self.relay = Relay(upstreams)
+        self.sessions = LegacySessions(gateway, self.relay)
+        flow = calls.ToolsCall(gateway, pins, ap.StateSealer(secrets.token_bytes(32)),
+                               hold_seconds=hold_seconds, progress_interval=progress_interval)
+        self.tools = HttpTools(gateway, self.relay, pins, flow)
         self.max_body_bytes = max_body_bytes
         self.anonymous_user = anonymous_user
-        self.hold_seconds = hold_seconds
-        self.progress_interval = progress_interval
         self.session_idle_seconds = session_idle_seconds
-        self.sessions: dict[str, HttpSession] = {}
-        self.modern_catalog = Catalog()
-        self._sealer = ap.StateSealer(secrets.token_bytes(32))
-        self._counter = 0
-        self._by_prefix = sorted(self.upstreams, key=lambda u: len(u.prefix), reverse=True)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """The endpoint's lifetime (the app's lifespan): background pumps of stdio upstreams run
         in this task group; on exit every upstream is closed."""
         async with anyio.create_task_group() as tg:
-            for upstream in self.upstreams:
+            for upstream in self.relay.upstreams:
                 if hasattr(upstream, "task_group"):
                     upstream.task_group = tg
             try:
@@ -128,7 +133,7 @@ class McpHttpApp(LegacySessions, ToolGovernance):
                 tg.cancel_scope.cancel()
 
     async def aclose(self) -> None:
-        for upstream in self.upstreams:
+        for upstream in self.relay.upstreams:
             try:
                 await upstream.aclose()
             except Exception as exc:  # closing is best effort
@@ -145,7 +150,7 @@ class McpHttpApp(LegacySessions, ToolGovernance):
         credentials = self._credentials(scope, headers)
         principal = self.gateway.principal_for(credentials)
         if principal is None:
-            await _plain(send, 401, jsonrpc.error(None, UNAUTHORIZED, "Unauthorized: present an API key (Authorization: Bearer <key> or X-API-Key)"),
+            await plain_reply(send, 401, jsonrpc.error(None, UNAUTHORIZED, "Unauthorized: present an API key (Authorization: Bearer <key> or X-API-Key)"),
                          {"www-authenticate": 'Bearer realm="dharma-gateway"'})
             return
         version = headers.get(mh.PROTOCOL_VERSION)
@@ -153,15 +158,15 @@ class McpHttpApp(LegacySessions, ToolGovernance):
             await self._post(scope, receive, send, headers, raw_headers, credentials, principal)
         elif method in ("GET", "DELETE"):
             if version in MODERN_VERSIONS:
-                await _plain(send, 405, jsonrpc.error(None, jsonrpc.INVALID_REQUEST, f"Method Not Allowed: {method} is not part of protocol revision {version}"), {"allow": "POST"})
+                await plain_reply(send, 405, jsonrpc.error(None, jsonrpc.INVALID_REQUEST, f"Method Not Allowed: {method} is not part of protocol revision {version}"), {"allow": "POST"})
                 return
             ctx = Ctx(headers, raw_headers, credentials, principal, False, version)
             if method == "GET":
-                await self._run(receive, send, lambda reply: self._get(ctx, reply), {})
+                await self._run(receive, send, lambda reply: self.sessions.get(ctx, reply), {})
             else:
-                await self._run(receive, send, lambda reply: self._delete(ctx, reply), {})
+                await self._run(receive, send, lambda reply: self.sessions.delete(ctx, reply), {})
         else:
-            await _plain(send, 405, jsonrpc.error(None, jsonrpc.INVALID_REQUEST, f"Method Not Allowed: {method}"), {"allow": "GET, POST, DELETE"})
+            await plain_reply(send, 405, jsonrpc.error(None, jsonrpc.INVALID_REQUEST, f"Method Not Allowed: {method}"), {"allow": "GET, POST, DELETE"})
 
     def _credentials(self, scope: Scope, headers: dict[str, str]) -> Credentials:
         """The seam for the authentication middleware: `scope["state"]["dharma.credentials"]` (set by
@@ -209,7 +214,7 @@ class McpHttpApp(LegacySessions, ToolGovernance):
             tg.start_soon(run)
             tg.start_soon(watch)
             try:
-                await _write(reply, send)
+                await write_reply(reply, send)
             except OSError:
                 pass
             if not reply.detached:
@@ -219,13 +224,13 @@ class McpHttpApp(LegacySessions, ToolGovernance):
 
     async def _post(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str],
                     raw_headers: list[tuple[str, str]], credentials: Credentials, principal: Principal) -> None:
-        body, too_big = await _read_body(receive, self.max_body_bytes)
+        body, too_big = await read_body(receive, self.max_body_bytes)
         version = headers.get(mh.PROTOCOL_VERSION)
         ctx = Ctx(headers, raw_headers, credentials, principal, version in MODERN_VERSIONS, version)
         if too_big is not None:
             reason = f"Invalid Request: message of {too_big} bytes exceeds the gateway's limit of {self.max_body_bytes} bytes"
-            await self._record_refusal(ctx, "", "oversized", reason)
-            await _plain(send, 413, jsonrpc.error(jsonrpc.sniff_id(body), jsonrpc.INVALID_REQUEST, reason))
+            await self.tools.record_refusal(ctx, "oversized", reason)
+            await plain_reply(send, 413, jsonrpc.error(jsonrpc.sniff_id(body), jsonrpc.INVALID_REQUEST, reason))
             return
         parsed = jsonrpc.parse(body)
         if not ctx.modern and isinstance(parsed, Request) and isinstance(parsed.params, dict):
@@ -236,9 +241,9 @@ class McpHttpApp(LegacySessions, ToolGovernance):
         if not ctx.modern:
             sid = headers.get("mcp-session-id")
             if sid is not None:
-                session = self.sessions.get(sid)
-                if session is None or session.principal != principal.id:
-                    await _plain(send, 404, jsonrpc.error(None, -32001, "Session not found"))
+                session = self.sessions.find(sid, principal.id)
+                if session is None:
+                    await plain_reply(send, 404, jsonrpc.error(None, -32001, "Session not found"))
                     return
                 session.last_used = time.monotonic()
                 ctx.session = session
@@ -251,12 +256,12 @@ class McpHttpApp(LegacySessions, ToolGovernance):
             if ctx.modern or revision not in BATCH_VERSIONS:
                 reason = (f"Invalid Request: JSON-RPC batches are not allowed on protocol revision {revision or 'none negotiated'} "
                           "(only 2025-03-26 has them)")
-                await self._record_refusal(ctx, "", "batch", reason)
+                await self.tools.record_refusal(ctx, "batch", reason)
                 await reply.final(jsonrpc.error(None, jsonrpc.INVALID_REQUEST, reason), 400)
                 return
             answers = []
             for item in parsed.items:
-                part = _Collect()
+                part = Collect()
                 await self._single(ctx, part, item, None)
                 if isinstance(part.message, dict) and ("result" in part.message or "error" in part.message):
                     answers.append(part.message)
@@ -270,42 +275,44 @@ class McpHttpApp(LegacySessions, ToolGovernance):
     async def _single(self, ctx: Ctx, reply: Reply, item: Any, raw: bytes | None) -> None:
         data = raw if raw is not None else jsonrpc.dumps(getattr(item, "message", {}))
         if isinstance(item, Invalid):
-            await self._record_refusal(ctx, "", item.method or "jsonrpc", item.reason)
+            await self.tools.record_refusal(ctx, item.method or "jsonrpc", item.reason)
             await reply.final(jsonrpc.error(item.id, item.code, item.reason), 400)
             return
         if isinstance(item, Response):
-            await self._client_response(ctx, reply, item, data)
+            await self.relay.client_response(ctx, reply, item, data)
             return
         if isinstance(item, Notification):
             if item.method == "tools/call":
                 reason = "Invalid Request: tools/call must be a request with an id, not a notification"
-                await self._record_refusal(ctx, "", "tools/call", reason)
+                await self.tools.record_refusal(ctx, "tools/call", reason)
                 await reply.final(jsonrpc.error(None, jsonrpc.INVALID_REQUEST, reason), 400)
                 return
-            await self._client_notification(ctx, reply, item, data)
+            await self.relay.client_notification(ctx, reply, item, data)
             return
         assert isinstance(item, Request)
         if not ctx.modern and item.method != "initialize" and ctx.session is None:
             await reply.final(jsonrpc.error(None, -32000, "Bad Request: Missing session ID"), 400)
             return
         if ctx.modern:
-            params = _obj(item.params)
-            ctx.meta = _obj(params.get("_meta"))
+            params = obj(item.params)
+            ctx.meta = obj(params.get("_meta"))
             enveloped = META_VERSION in ctx.meta and META_CAPABILITIES in ctx.meta
             # Same order as the SDK's ladder: a request without the envelope is the upstream's to refuse.
             problem = mh.check(ctx.raw_headers, item.message) if item.method != "tools/call" and enveloped else None
             if problem is not None:
-                await self._record_refusal(ctx, "", item.method, problem)
+                await self.tools.record_refusal(ctx, item.method, problem)
                 await reply.final(jsonrpc.error(item.id, HEADER_MISMATCH, problem), 400)
                 return
         if item.method == "initialize" and not ctx.modern:
-            await self._initialize(ctx, reply, item, data)
+            await self.sessions.initialize(ctx, reply, item, data)
         elif item.method == "tools/list":
-            await self._tools_list(ctx, reply, item, data)
+            await self.tools.tools_list(ctx, reply, item, data)
         elif item.method == "tools/call":
-            await self._tools_call(ctx, reply, item)
+            await self.tools.tools_call(ctx, reply, item)
         else:
-            await self._relay(ctx, reply, self.primary, data, item.message, expect_id=item.id)
+            if item.method not in CLIENT_METHODS:
+                await calls.record_passthrough(self.gateway, self.tools.site(ctx), self.relay.primary.id, item.method)
+            await self.relay.relay(ctx, reply, self.relay.primary, data, item.message, expect_id=item.id)
 
 
 def build_mcp_app(gateway: Gateway, settings: Any, *, max_body_bytes: int) -> McpHttpApp | None:

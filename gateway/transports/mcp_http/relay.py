@@ -2,28 +2,24 @@
 upstream's answer (status, JSON or SSE), server→client messages on their way back, client answers
 and notifications routed to their upstream, and the requests the gateway makes upstream itself.
 
-`McpHttpRelay` is the part of `McpHttpApp` that the session and tool handlers build on; it declares
-the app state they share (`McpHttpApp.__init__` sets it). No governance here (`mcp_http_tools`).
+`Relay` owns the upstreams; the session and tool handlers are given it. No governance here (`tools`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
 import structlog
 
-from gateway.core.gateway import Gateway
-from gateway.mcp import approval as ap
 from gateway.mcp import jsonrpc
 from gateway.mcp.jsonrpc import Notification, Response
-from gateway.mcp.pins import PinStore
 from gateway.mcp.versions import ID_PREFIX
 from gateway.transports.mcp_http import headers as mh
 from gateway.transports.mcp_http.reply import Reply
-from gateway.transports.mcp_http.state import Catalog, Ctx, HttpSession, Upstream
+from gateway.transports.mcp_http.state import Catalog, Ctx, Upstream
 from gateway.transports.upstreams.mcp_http import UpstreamError, UpstreamReply
 
 log = structlog.get_logger()
@@ -32,26 +28,23 @@ log = structlog.get_logger()
 FORWARDED = ("accept", "content-type", "mcp-protocol-version", "origin", "user-agent")
 
 
-class McpHttpRelay:
-    """Forwarding to and from the upstreams: the base of `McpHttpApp`, which sets the state below."""
+class Relay:
+    """The upstreams of `/mcp` and the relaying to and from them (see the module docstring)."""
 
-    gateway: Gateway
-    upstreams: list[Upstream]
-    by_id: dict[str, Upstream]
-    primary: Upstream
-    multi: bool
-    pins: PinStore
-    hold_seconds: float
-    progress_interval: float
-    sessions: dict[str, HttpSession]
-    modern_catalog: Catalog
-    _sealer: ap.StateSealer
-    _counter: int
-    _by_prefix: list[Upstream]
+    def __init__(self, upstreams: Sequence[Upstream]) -> None:
+        if not upstreams:
+            raise ValueError("the MCP endpoint needs at least one upstream")
+        self.upstreams = list(upstreams)
+        self.by_id = {u.id: u for u in self.upstreams}
+        self.primary = self.upstreams[0]
+        self.multi = len(self.upstreams) > 1
+        self.by_prefix = sorted(self.upstreams, key=lambda u: len(u.prefix), reverse=True)
+        self.modern_catalog = Catalog()
+        self._counter = 0
 
     # ---- headers and relaying -------------------------------------------------------------
 
-    def _up_headers(self, ctx: Ctx, upstream: Upstream, message: dict[str, Any] | None = None, schema: Any = None) -> dict[str, str]:
+    def up_headers(self, ctx: Ctx, upstream: Upstream, message: dict[str, Any] | None = None, schema: Any = None) -> dict[str, str]:
         h = {k: v for k, v in ctx.headers.items() if k in FORWARDED or k.startswith(mh.PARAM_PREFIX) or k in (mh.METHOD, mh.NAME)}
         h.setdefault("accept", "application/json, text/event-stream")
         h["content-type"] = "application/json"
@@ -68,10 +61,10 @@ class McpHttpRelay:
             h = mh.forwarded(h, message, schema)
         return h
 
-    def _session_header(self, ctx: Ctx) -> dict[str, str]:
+    def session_header(self, ctx: Ctx) -> dict[str, str]:
         return {"mcp-session-id": ctx.session.id} if ctx.session is not None else {}
 
-    async def _relay(
+    async def relay(
         self,
         ctx: Ctx,
         reply: Reply,
@@ -87,20 +80,20 @@ class McpHttpRelay:
         # The message goes on unchanged, so the client's routing headers go on unchanged too (the
         # upstream validates them itself); only rewritten or gateway-made messages get new ones.
         try:
-            async with upstream.post(data, self._up_headers(ctx, upstream), expect_id=expect_id) as up:
-                extra = on_head(up) if on_head is not None else self._session_header(ctx)
+            async with upstream.post(data, self.up_headers(ctx, upstream), expect_id=expect_id) as up:
+                extra = on_head(up) if on_head is not None else self.session_header(ctx)
                 if up.sse:
                     await reply.open_sse(up.status, extra)
                     up.on_pause = reply.detach
                     async for chunk in up.messages():
-                        out = await self._from_upstream(ctx, upstream, chunk, expect_id, on_answer)
+                        out = await self.from_upstream(ctx, upstream, chunk, expect_id, on_answer)
                         if out is not None:
                             await reply.event(out)
                     await reply.final(None)
                     return
                 body = up.body
                 if on_answer is not None and body.strip():
-                    out = await self._from_upstream(ctx, upstream, body, expect_id, on_answer)
+                    out = await self.from_upstream(ctx, upstream, body, expect_id, on_answer)
                     body = out if out is not None else body
                 hdrs = dict(extra)
                 if "content-type" in up.headers and body:
@@ -111,7 +104,7 @@ class McpHttpRelay:
         except UpstreamError as exc:
             await reply.final(jsonrpc.error(expect_id, jsonrpc.BACKEND_FAILED, f"Dharma Gateway: {exc.message}"), 502)
 
-    async def _from_upstream(
+    async def from_upstream(
         self,
         ctx: Ctx,
         upstream: Upstream,
@@ -134,13 +127,13 @@ class McpHttpRelay:
             return data
         method = msg.get("method")
         if method == "notifications/tools/list_changed":
-            self._catalog(ctx).stale.add(upstream.id)
+            self.catalog(ctx).stale.add(upstream.id)
         if "id" in msg and self.multi:
             msg = {**msg, "id": f"{ID_PREFIX}u/{upstream.id}/{json.dumps(msg['id'])}"}
             return jsonrpc.dumps(msg)
         return data
 
-    async def _client_response(self, ctx: Ctx, reply: Reply, item: Response, data: bytes) -> None:
+    async def client_response(self, ctx: Ctx, reply: Reply, item: Response, data: bytes) -> None:
         rid = item.id
         session = ctx.session
         if isinstance(rid, str) and rid.startswith(ID_PREFIX) and session is not None:
@@ -161,14 +154,14 @@ class McpHttpRelay:
                         restored = None
                     if jsonrpc.valid_id(restored):
                         message = {**item.message, "id": restored}
-                        await self._relay(ctx, reply, upstream, jsonrpc.dumps(message), None, expect_id=None)
+                        await self.relay(ctx, reply, upstream, jsonrpc.dumps(message), None, expect_id=None)
                         return
         if session is None and not ctx.modern:
             await reply.final(jsonrpc.error(None, -32000, "Bad Request: Missing session ID"), 400)
             return
-        await self._relay(ctx, reply, self.primary, data, None, expect_id=None)
+        await self.relay(ctx, reply, self.primary, data, None, expect_id=None)
 
-    async def _client_notification(self, ctx: Ctx, reply: Reply, item: Notification, data: bytes) -> None:
+    async def client_notification(self, ctx: Ctx, reply: Reply, item: Notification, data: bytes) -> None:
         session = ctx.session
         if item.method == "notifications/cancelled" and session is not None and isinstance(item.params, dict):
             scope = session.holds.get(("c", item.params.get("requestId")))
@@ -182,18 +175,18 @@ class McpHttpRelay:
         if self.multi and not ctx.modern:
             for other in self.upstreams[1:]:
                 try:
-                    async with other.post(data, self._up_headers(ctx, other)) as _up:
+                    async with other.post(data, self.up_headers(ctx, other)) as _up:
                         pass
                 except UpstreamError as exc:
                     log.warning("upstream.notification_failed", upstream=other.id, error=exc.message)
-        await self._relay(ctx, reply, self.primary, data, item.message, expect_id=None)
+        await self.relay(ctx, reply, self.primary, data, item.message, expect_id=None)
 
     # ---- upstream requests the gateway makes itself ----------------------------------------
 
-    async def _request(self, ctx: Ctx, upstream: Upstream, message: dict[str, Any], *, timeout: float,
+    async def request(self, ctx: Ctx, upstream: Upstream, message: dict[str, Any], *, timeout: float,
                        schema: Any = None) -> tuple[dict[str, Any], UpstreamReply]:
         """Send a request and return its answer (other messages on its stream are dropped)."""
-        headers = self._up_headers(ctx, upstream, message, schema)
+        headers = self.up_headers(ctx, upstream, message, schema)
         if ctx.modern and "mcp-protocol-version" not in {k.lower() for k in headers}:
             headers["mcp-protocol-version"] = ctx.version or "2026-07-28"
         with anyio.fail_after(timeout):
@@ -207,11 +200,11 @@ class McpHttpRelay:
                         return msg, up
                 raise UpstreamError("unavailable", f"upstream {upstream.id} answered HTTP {up.status} without a JSON-RPC answer")
 
-    def _next_id(self, ctx: Ctx) -> str:
+    def next_id(self, ctx: Ctx) -> str:
         if ctx.session is not None:
             return ctx.session.originate()
         self._counter += 1
         return f"{ID_PREFIX}m/{self._counter}"
 
-    def _catalog(self, ctx: Ctx) -> Catalog:
+    def catalog(self, ctx: Ctx) -> Catalog:
         return ctx.session.catalog if ctx.session is not None else self.modern_catalog

@@ -128,7 +128,7 @@ class Reply:
             self.store.finish(self.log)
 
 
-class _Collect(Reply):
+class Collect(Reply):
     """A Reply for one element of a batch: only the final message matters."""
 
     async def event(self, data: bytes) -> None:
@@ -148,7 +148,7 @@ class _Collect(Reply):
         self.done = True
 
 
-async def _read_body(receive: Receive, limit: int) -> tuple[bytes, int | None]:
+async def read_body(receive: Receive, limit: int) -> tuple[bytes, int | None]:
     """The request body, or its first bytes and total size when it is over `limit` (not kept)."""
     chunks: list[bytes] = []
     size = 0
@@ -170,7 +170,7 @@ async def _read_body(receive: Receive, limit: int) -> tuple[bytes, int | None]:
     return b"".join(chunks), (size if over else None)
 
 
-async def _plain(send: Send, status: int, body: dict[str, Any] | None, headers: dict[str, str] | None = None) -> None:
+async def plain_reply(send: Send, status: int, body: dict[str, Any] | None, headers: dict[str, str] | None = None) -> None:
     data = jsonrpc.dumps(body) if body is not None else b""
     hdrs = [(b"content-type", b"application/json")] if data else []
     hdrs += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
@@ -179,7 +179,7 @@ async def _plain(send: Send, status: int, body: dict[str, Any] | None, headers: 
     await send({"type": "http.response.body", "body": data})
 
 
-async def _write(reply: Reply, send: Send) -> None:
+async def write_reply(reply: Reply, send: Send) -> None:
     """Turn the Reply's items into ASGI messages: a JSON answer, or an event stream (no ids)."""
     started = False
     async with reply.stream:
@@ -208,7 +208,7 @@ async def _write(reply: Reply, send: Send) -> None:
     if started:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     else:
-        await _plain(send, 500, jsonrpc.error(None, jsonrpc.INTERNAL_ERROR, "Dharma Gateway produced no answer"))
+        await plain_reply(send, 500, jsonrpc.error(None, jsonrpc.INTERNAL_ERROR, "Dharma Gateway produced no answer"))
 
 
 def _sse_bytes(event: _Event) -> bytes:

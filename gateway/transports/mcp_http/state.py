@@ -36,7 +36,7 @@ class Upstream(Protocol):
 # ---- per-session and per-request state ---------------------------------------------------
 
 
-class _Waiter:
+class Waiter:
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.value: dict[str, Any] | None = None
@@ -63,7 +63,7 @@ class HttpSession:
     upstream_sids: dict[str, str | None] = field(default_factory=dict)
     upstream_versions: dict[str, str] = field(default_factory=dict)
     catalog: Catalog = field(default_factory=Catalog)
-    waiters: dict[str, _Waiter] = field(default_factory=dict)
+    waiters: dict[str, Waiter] = field(default_factory=dict)
     holds: dict[Any, anyio.CancelScope] = field(default_factory=dict)
     events: EventStore = field(default_factory=EventStore)
     last_used: float = field(default_factory=time.monotonic)
@@ -91,6 +91,6 @@ def resumable_version(version: str | None) -> bool:
     return at_least(version, "2025-11-25")
 
 
-def _obj(value: Any) -> dict[str, Any]:
+def obj(value: Any) -> dict[str, Any]:
     """`value` when it is a JSON object, else an empty one."""
     return value if isinstance(value, dict) else {}

@@ -1,336 +1,241 @@
-"""`tools/list` and `tools/call` on `/mcp`, the governed path: the catalog merged from every
-upstream (prefixes, shadowing, pins), listings filtered per principal, calls through
-`Gateway.govern` (bad input recorded in the ledger, a hidden tool answered like an unknown one) and
-approvals (elicitation, a 2026 `input_required` result, or a hold with progress notifications).
-
-`ToolGovernance` is a part of `McpHttpApp`; the Backend an allowed call goes through is in
-`mcp_http_forward`.
+"""`tools/list` and `tools/call` on `/mcp`: the catalog merged from every upstream (prefixes,
+shadowing, pins), listings filtered per principal, and this transport's `CallPort` for the one
+shared `tools/call` flow (`gateway.mcp.calls`): gateway-originated requests go to the upstream the
+name routes to, notifications and elicitations go on the call's own stream, and the 2026 envelope
+and `Mcp-*` headers are checked before anything goes upstream.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import time
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import anyio
 import structlog
 
-from gateway.core.call import BlockClass, Decision, Outcome, Principal, Status, ToolCall, ToolInfo
-from gateway.core.errors import ErrorCode
-from gateway.core.gateway import new_request_id
-from gateway.mcp import approval as ap
+from gateway.core.gateway import Gateway
+from gateway.mcp import calls, jsonrpc
 from gateway.mcp import governance as gov
-from gateway.mcp import holding
-from gateway.mcp import jsonrpc
+from gateway.mcp.calls import CallSite, Refusal, ToolEntry
 from gateway.mcp.jsonrpc import Request
-from gateway.mcp.pins import observe_or_distrust
-from gateway.mcp.versions import HEADER_MISMATCH, META_CAPABILITIES, META_VERSION, MODERN_VERSIONS, UNSUPPORTED_VERSION
-from gateway.stages.tier_gate import is_granted, visible_tools
+from gateway.mcp.pins import PinStore
+from gateway.mcp.versions import (
+    HEADER_MISMATCH,
+    META_CAPABILITIES,
+    META_VERSION,
+    MODERN_VERSIONS,
+    UNSUPPORTED_VERSION,
+)
 from gateway.transports.mcp_http import headers as mh
-from gateway.transports.mcp_http.forward import _Forwarder, _render
-from gateway.transports.mcp_http.relay import McpHttpRelay
+from gateway.transports.mcp_http.forward import HttpForwarder
+from gateway.transports.mcp_http.relay import Relay
 from gateway.transports.mcp_http.reply import Reply
-from gateway.transports.mcp_http.state import Catalog, Ctx, HttpSession, Upstream, _obj, _Waiter
+from gateway.transports.mcp_http.state import Catalog, Ctx, Upstream, Waiter, obj
 from gateway.transports.upstreams.mcp_http import UpstreamError
 
 log = structlog.get_logger()
 
 
-class ToolGovernance(McpHttpRelay):
-    """The tool catalog, tools/list, tools/call and approvals (see the module docstring)."""
+class HttpTools:
+    """The tool catalog, `tools/list` and `tools/call` of `/mcp` (see the module docstring)."""
 
-    def _client_name(self, upstream: Upstream, name: str) -> str | None:
+    def __init__(self, gateway: Gateway, relay: Relay, pins: PinStore, flow: calls.ToolsCall) -> None:
+        self.gateway = gateway
+        self.relay = relay
+        self.pins = pins
+        self.flow = flow
+
+    # ---- the catalog ----------------------------------------------------------------------
+
+    def client_name(self, upstream: Upstream, name: str) -> str | None:
         """The name the client sees, or None when it would shadow another upstream's prefix."""
         if not upstream.prefix:
-            for other in self.upstreams:
+            for other in self.relay.upstreams:
                 if other.prefix and name.startswith(other.prefix):
                     log.warning("mcp_http.tool_shadowed", upstream=upstream.id, tool=name, prefix_of=other.id)
                     return None
         return upstream.prefix + name
 
-    def _route(self, name: str) -> tuple[Upstream, str] | None:
-        for upstream in self._by_prefix:
+    def route(self, name: str) -> tuple[Upstream, str] | None:
+        """The upstream a client tool name belongs to, and the name that upstream knows it by."""
+        for upstream in self.relay.by_prefix:
             if name.startswith(upstream.prefix):
                 return upstream, name[len(upstream.prefix):]
         return None
 
-    def _record(self, catalog: Catalog, upstream: Upstream, tools: list[dict[str, Any]], *, first_page: bool) -> list[tuple[str, dict[str, Any]]]:
+    def record(self, catalog: Catalog, upstream: Upstream, tools: list[dict[str, Any]], *, first_page: bool) -> list[tuple[str, dict[str, Any]]]:
         if first_page:
             catalog.tools = {k: v for k, v in catalog.tools.items() if v[0] is not upstream}
             catalog.stale.discard(upstream.id)
             catalog.loaded.add(upstream.id)
         named = []
         for tool in tools:
-            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-                continue
-            cname = self._client_name(upstream, tool["name"])
+            cname = self.client_name(upstream, tool["name"])
             if cname is None:
                 continue
             catalog.tools[cname] = (upstream, tool)
             named.append((cname, tool))
         return named
 
-    async def _refresh(self, ctx: Ctx, upstream: Upstream) -> None:
+    async def refresh(self, ctx: Ctx, upstream: Upstream) -> None:
         """Load every page of an upstream's tools/list into the catalog (gateway-originated)."""
-        catalog = self._catalog(ctx)
-        cursor: str | None = None
-        first = True
-        for _ in range(100):
-            params: dict[str, Any] = {}
-            if ctx.modern:
-                params["_meta"] = {k: v for k, v in ctx.meta.items() if k.startswith("io.modelcontextprotocol/")}
-            if cursor:
-                params["cursor"] = cursor
-            message = jsonrpc.request(self._next_id(ctx), "tools/list", params or None)
+        catalog = self.relay.catalog(ctx)
+
+        async def ask_page(params: dict[str, Any] | None) -> dict[str, Any] | None:
+            message = jsonrpc.request(self.relay.next_id(ctx), "tools/list", params)
             try:
-                answer, _up = await self._request(ctx, upstream, message, timeout=self.gateway.policy.backend_timeout_seconds)
+                answer, _up = await self.relay.request(ctx, upstream, message, timeout=self.gateway.policy.backend_timeout_seconds)
             except (UpstreamError, TimeoutError) as exc:
                 log.warning("catalog.refresh_failed", upstream=upstream.id, error=str(exc) or type(exc).__name__)
-                return
+                return None
             result = answer.get("result")
-            if not isinstance(result, dict):
-                return
-            tools = [t for t in result.get("tools") or [] if isinstance(t, dict)]
-            self._record(catalog, upstream, tools, first_page=first)
-            observe_or_distrust(self.pins, upstream.id, tools)
-            first = False
-            cursor = result.get("nextCursor") if isinstance(result.get("nextCursor"), str) else None
-            if not cursor:
-                return
+            return result if isinstance(result, dict) else None
 
-    def _visible(self, principal: Principal, upstream: Upstream, named: list[tuple[str, dict[str, Any]]]) -> set[str]:
-        changed = observe_or_distrust(self.pins, upstream.id, [t for _, t in named])
-        infos = [gov.tool_info({**t, "name": cname}, upstream.id, changed=changed.get(t["name"], False)) for cname, t in named]
-        return {t.name for t in visible_tools(self.gateway.policy, principal, infos)}
+        await calls.refresh_catalog(ask_page, lambda tools, first: self.record(catalog, upstream, tools, first_page=first),
+                                    self.pins, upstream.id, ctx.meta if ctx.modern else None)
 
-    # ---- tools/list ---------------------------------------------------------------------
+    # ---- tools/list -------------------------------------------------------------------------
 
-    async def _tools_list(self, ctx: Ctx, reply: Reply, req: Request, data: bytes) -> None:
-        catalog = self._catalog(ctx)
-        if not self.multi:
-            upstream = self.primary
+    async def tools_list(self, ctx: Ctx, reply: Reply, req: Request, data: bytes) -> None:
+        catalog = self.relay.catalog(ctx)
+        if not self.relay.multi:
+            upstream = self.relay.primary
             first_page = not (isinstance(req.params, dict) and req.params.get("cursor"))
 
             async def on_answer(msg: dict[str, Any]) -> dict[str, Any]:
                 result = msg.get("result")
                 if not isinstance(result, dict):
                     return msg
-                tools = [t for t in result.get("tools") or [] if isinstance(t, dict)]
-                named = self._record(catalog, upstream, tools, first_page=first_page)
-                visible = self._visible(ctx.principal, upstream, named)
+                named = self.record(catalog, upstream, calls.listed_tools(result), first_page=first_page)
+                visible = calls.visible_names(self.gateway, self.pins, ctx.credentials, upstream.id, named)
                 renamed = dict(result)
                 renamed["tools"] = [{**t, "name": cname} if cname != t["name"] else t for cname, t in named]
                 return {**msg, "result": gov.filter_list_result(renamed, visible, modern=ctx.modern)}
 
-            await self._relay(ctx, reply, upstream, data, req.message, expect_id=req.id, on_answer=on_answer)
+            await self.relay.relay(ctx, reply, upstream, data, req.message, expect_id=req.id, on_answer=on_answer)
             return
         merged: list[dict[str, Any]] = []
-        base: dict[str, Any] = {}
-        for upstream in self.upstreams:
-            await self._refresh(ctx, upstream)
+        for upstream in self.relay.upstreams:
+            await self.refresh(ctx, upstream)
             named = [(c, t) for c, (u, t) in catalog.tools.items() if u is upstream]
-            visible = self._visible(ctx.principal, upstream, named)
+            visible = calls.visible_names(self.gateway, self.pins, ctx.credentials, upstream.id, named)
             merged.extend({**t, "name": c} for c, t in named if c in visible)
-        if ctx.modern:
-            base = {"resultType": "complete", "ttlMs": 0, "cacheScope": "private"}
+        base = {"resultType": "complete", "ttlMs": 0, "cacheScope": "private"} if ctx.modern else {}
         await reply.final(jsonrpc.result(req.id, {"tools": merged, **base}))
 
-    # ---- tools/call ---------------------------------------------------------------------
+    # ---- tools/call -------------------------------------------------------------------------
 
-    def _call(self, ctx: Ctx, name: str, arguments: Any, meta: Any, method: str = "tools/call") -> ToolCall:
-        return gov.tool_call(
-            name, arguments, meta, request_id=new_request_id(), credentials=ctx.credentials, method=method,
-            protocol_version=ctx.session.version if ctx.session is not None and ctx.session.version else ctx.version,
-            session_id=ctx.session.id if ctx.session is not None else None)
-
-    async def _record_refusal(self, ctx: Ctx, name: str, method: str, reason: str, code: int = jsonrpc.INVALID_REQUEST) -> None:
-        """Bad input goes in the ledger like any other decision."""
-        call = self._call(ctx, name, None, None, method=method or "jsonrpc")
-        error = {"code": code, "message": reason}
-        refusal = Decision.block(ErrorCode.INVALID_PARAMS, reason, BlockClass.SAFETY_CONTENT, stage="mcp_http")
-        try:
-            await self.gateway.govern(call, render=lambda _o: {"error": error}, refusal=refusal, request={"jsonrpc_error": error})
-        except Exception:
-            log.exception("mcp.refusal_not_recorded")
-
-    async def _refuse(self, ctx: Ctx, reply: Reply, req: Request, name: str, code: int, reason: str, status: int = 400,
-                      data: Any = None) -> None:
-        await self._record_refusal(ctx, name, "tools/call", reason, code)
-        await reply.final(jsonrpc.error(req.id, code, reason, data), status)
-
-    async def _tools_call(self, ctx: Ctx, reply: Reply, req: Request) -> None:
-        params = req.params if isinstance(req.params, dict) else None
-        name = params.get("name") if params is not None else None
-        if not isinstance(name, str) or not name:
-            await self._refuse(ctx, reply, req, "", jsonrpc.INVALID_PARAMS, "Invalid params: tools/call needs `name`, a non-empty string")
-            return
-        assert params is not None
-        arguments = params.get("arguments")
-        if arguments is not None and not isinstance(arguments, dict):
-            await self._refuse(ctx, reply, req, name, jsonrpc.INVALID_PARAMS,
-                               f"Invalid params: `arguments` must be an object, not {jsonrpc.kind(arguments)}")
-            return
-        meta = params.get("_meta")
-        if ctx.modern:
-            if not isinstance(meta, dict) or META_VERSION not in meta or META_CAPABILITIES not in meta:
-                await self._refuse(ctx, reply, req, name, jsonrpc.INVALID_PARAMS,
-                                   f"params._meta must be an object carrying the required '{META_VERSION}' and "
-                                   f"'{META_CAPABILITIES}' envelope keys")
-                return
-            if meta[META_VERSION] not in MODERN_VERSIONS:
-                problem = mh.check(ctx.raw_headers, req.message)
-                if problem is not None:
-                    await self._refuse(ctx, reply, req, name, HEADER_MISMATCH, problem)
-                    return
-                await self._refuse(ctx, reply, req, name, UNSUPPORTED_VERSION, "Unsupported protocol version",
-                                   data={"supported": sorted(MODERN_VERSIONS), "requested": meta[META_VERSION]})
-                return
-        catalog = self._catalog(ctx)
-        route = self._route(name)
-        if route is not None and (route[0].id in catalog.stale or route[0].id not in catalog.loaded or name not in catalog.tools):
-            await self._refresh(ctx, route[0])
-        entry = catalog.tools.get(name)
-        if ctx.modern:
-            schema = entry[1].get("inputSchema") if entry is not None else None
-            problem = mh.check(ctx.raw_headers, req.message, schema)
-            if problem is not None:
-                await self._refuse(ctx, reply, req, name, HEADER_MISMATCH, problem)
-                return
-        approval_id: str | None = None
-        if isinstance(params.get("requestState"), str) and params["requestState"].startswith(ap.STATE_PREFIX):
-            opened = await holding.apply_state(self.gateway, self._sealer, params, principal=ctx.principal.id, tool=name,
-                                               arguments=arguments, now=time.time())
-            if isinstance(opened, tuple):
-                await self._refuse(ctx, reply, req, name, jsonrpc.INVALID_PARAMS, opened[0])
-                return
-            approval_id = opened
-            stripped = ap.strip_state(_obj(req.params))
-            req = Request(req.id, req.method, stripped, {**req.message, "params": stripped})
-        upstream, upstream_name = (entry[0], route[1]) if entry is not None and route is not None else (route or (self.primary, name))
-        info: ToolInfo | None = None
-        if entry is not None:
-            changed = observe_or_distrust(self.pins, upstream.id, [entry[1]]).get(entry[1]["name"], True)
-            info = gov.tool_info({**entry[1], "name": name}, upstream.id, changed=changed)
-        policy = self.gateway.policy
-        visible = info is not None and is_granted(policy, ctx.principal, name, policy.annotations_for(name, info.annotations))
-        probe: tuple[str, dict[str, Any] | None, int] | None = None
-        if not visible:
-            alike = gov.lookalike_of(name, set(catalog.tools))
-            if alike is not None:
-                log.warning("mcp.lookalike_tool_name", name=name, imitates=alike)
-            probe = await self._probe_unknown(ctx, upstream, req)
-        call = self._call(ctx, name, arguments, meta)
-        if approval_id is not None:
-            call = dataclasses.replace(call, approval_id=approval_id)
-        task = visible and gov.runs_as_task(params, modern=ctx.modern)
-        refusal = gov.task_refusal(name) if task and gov.task_conflicts(policy, name) else None
-        can_elicit = ap.can_elicit(meta.get(META_CAPABILITIES) if ctx.modern and isinstance(meta, dict) else (ctx.session.capabilities if ctx.session else {}))
-        outcome, message, status = await self._govern_once(ctx, reply, call, req, info, upstream, upstream_name, probe,
-                                                           mrtr=ctx.modern and can_elicit, refusal=refusal)
-        if outcome.status is Status.PENDING_APPROVAL and outcome.approval_id and task:
-            await self.gateway.approvals.expire(outcome.approval_id)  # a task cannot wait for a human
-            call = dataclasses.replace(call, request_id=new_request_id())
-            outcome, message, status = await self._govern_once(ctx, reply, call, req, info, upstream, upstream_name, probe,
-                                                               mrtr=False, refusal=gov.task_refusal(name))
-        elif outcome.status is Status.PENDING_APPROVAL and outcome.approval_id and not (ctx.modern and can_elicit):
-            waited = await self._wait_for_approval(ctx, reply, req, outcome, name, arguments, can_elicit)
-            if not waited:
-                return
-            call = dataclasses.replace(call, approval_id=outcome.approval_id, request_id=new_request_id())
-            outcome, message, status = await self._govern_once(ctx, reply, call, req, info, upstream, upstream_name, probe, mrtr=False)
-        await reply.final(message, status)
-
-    async def _govern_once(self, ctx: Ctx, reply: Reply, call: ToolCall, req: Request, info: ToolInfo | None,
-                           upstream: Upstream, upstream_name: str, probe: tuple[str, dict[str, Any] | None, int] | None,
-                           *, mrtr: bool, refusal: Decision | None = None) -> tuple[Outcome, dict[str, Any], int]:
-        forwarder = _Forwarder(self, ctx, reply, req, upstream, upstream_name, info)
-        rendered: dict[str, Any] = {}
-
-        def render(outcome: Outcome) -> dict[str, Any]:
-            if mrtr and outcome.status is Status.PENDING_APPROVAL and outcome.approval_id:
-                body = self._input_required(ctx, outcome, call)
-                rendered.update(kind="result", body=body, status=200)
-                return body
-            kind, body, status = _render(outcome, forwarder, info, ctx.modern, probe, self.gateway)
-            rendered.update(kind=kind, body=body, status=status)
-            return body
-
-        params = _obj(req.params)
-        governed = await self.gateway.govern(call, render=render, request={"method": "tools/call", "params": params},
-                                             refusal=refusal, tool=info, backend=forwarder if info is not None else None)
-        if rendered.get("kind") == "error":
-            return governed.outcome, {"jsonrpc": "2.0", "id": req.id, "error": rendered["body"]["error"]}, rendered["status"]
-        if "body" not in rendered:  # the ledger failed: govern rendered the failure itself
-            return governed.outcome, jsonrpc.result(req.id, gov.refusal_result(governed.outcome, modern=ctx.modern)), 200
-        return governed.outcome, jsonrpc.result(req.id, gov.with_receipt(rendered["body"], governed.outcome.receipt)), rendered["status"]
-
-    async def _probe_unknown(self, ctx: Ctx, upstream: Upstream, req: Request) -> tuple[str, dict[str, Any] | None, int]:
-        """Ask the upstream about a name no server has, so a hidden tool gets the unknown-tool answer."""
-        probe = gov.probe_name()
-        params = dict(req.params) if isinstance(req.params, dict) else {}
-        params["name"] = probe
-        params["arguments"] = {}
-        for key in ("requestState", "inputResponses"):
-            params.pop(key, None)
-        meta = params.get("_meta")
-        if isinstance(meta, dict):
-            params["_meta"] = {k: v for k, v in meta.items() if k != "progressToken"}
-        message = jsonrpc.request(self._next_id(ctx), "tools/call", params)
-        try:
-            answer, up = await self._request(ctx, upstream, message, timeout=self.gateway.policy.backend_timeout_seconds)
-            return probe, answer, up.status
-        except (UpstreamError, TimeoutError):
-            return probe, None, 400 if ctx.modern else 200
-
-    # ---- approvals ----------------------------------------------------------------------
-
-    def _input_required(self, ctx: Ctx, outcome: Outcome, call: ToolCall) -> dict[str, Any]:
-        return self._sealer.input_required(outcome, principal=ctx.principal.id, tool=call.tool, arguments=call.arguments,
-                                           expires=time.time() + self.hold_seconds * 6,
-                                           decision_meta={gov.DECISION_META_KEY: gov.decision_meta(outcome)})
-
-    async def _wait_for_approval(self, ctx: Ctx, reply: Reply, req: Request, outcome: Outcome, name: str,
-                                 arguments: Any, can_elicit: bool) -> bool:
-        approval_id = outcome.approval_id
-        assert approval_id is not None
-        log.warning("approval.pending", approval_id=approval_id, tool=name, reason=outcome.message,
-                    hint=f"dharma approvals approve {approval_id}")
-        params = _obj(req.params)
-        meta = _obj(params.get("_meta"))
-        token = meta.get("progressToken")
-        scope = anyio.CancelScope()
+    def site(self, ctx: Ctx) -> CallSite:
         session = ctx.session
-        if session is not None:
-            session.holds[("c", req.id)] = scope
-        try:
-            with scope:
-                if session is not None and can_elicit:
-                    verdict = await self._elicit(session, reply, outcome, name, arguments)
-                    await holding.settle(self.gateway, approval_id, verdict, by=f"mcp-elicitation:{ctx.principal.id}")
-                else:
-                    await holding.hold(self.gateway, approval_id, token, lambda note: reply.event(jsonrpc.dumps(note)),
-                                       seconds=self.hold_seconds, interval=self.progress_interval)
-        finally:
-            if session is not None:
-                session.holds.pop(("c", req.id), None)
-        if scope.cancelled_caught:
-            with anyio.CancelScope(shield=True):
-                await self.gateway.approvals.expire(approval_id)
-            await reply.final(jsonrpc.error(req.id, jsonrpc.REQUEST_CANCELLED, "Request cancelled"), 200)
-            return False
-        return True
+        capabilities: Any = session.capabilities if session is not None else {}
+        if ctx.modern:
+            capabilities = ctx.meta.get(META_CAPABILITIES)
+        return CallSite(
+            credentials=ctx.credentials,
+            principal=ctx.principal.id,
+            protocol_version=session.version if session is not None and session.version else ctx.version,
+            modern=ctx.modern,
+            session_id=session.id if session is not None else None,
+            capabilities=dict(capabilities) if isinstance(capabilities, dict) else {},
+            can_ask_client=session is not None,
+        )
 
-    async def _elicit(self, session: HttpSession, reply: Reply, outcome: Outcome, name: str, arguments: Any) -> bool | None:
-        params = ap.approval_form(outcome, name, arguments, version=session.version)
-        rid = session.originate()
-        waiter = session.waiters[rid] = _Waiter()
-        try:
-            await reply.event(jsonrpc.dumps(jsonrpc.request(rid, "elicitation/create", params)))
-            with anyio.move_on_after(self.hold_seconds):
-                await waiter.event.wait()
-                result = (waiter.value or {}).get("result")
-                return ap.accepted(result)
+    async def record_refusal(self, ctx: Ctx, method: str, reason: str, code: int = jsonrpc.INVALID_REQUEST) -> None:
+        """Bad input goes in the ledger like any other decision."""
+        call = calls.tool_call(self.site(ctx), "", None, None, method=method or "jsonrpc")
+        await calls.record_refusal(self.gateway, call, {"code": code, "message": reason})
+
+    async def tools_call(self, ctx: Ctx, reply: Reply, req: Request) -> None:
+        if ctx.modern:
+            ctx.meta = obj(obj(req.params).get("_meta"))
+        answer = await self.flow(_HttpCallPort(self, ctx, reply, req.id), self.site(ctx), req)
+        if answer is None:
+            await reply.final(jsonrpc.error(req.id, jsonrpc.REQUEST_CANCELLED, "Request cancelled"), 200)
+            return
+        await reply.final(answer.message, answer.status)
+
+
+class _HttpCallPort:
+    """`/mcp` as the `CallPort` of one `tools/call` (see `gateway.mcp.calls`)."""
+
+    def __init__(self, tools: HttpTools, ctx: Ctx, reply: Reply, request_id: jsonrpc.RpcId) -> None:
+        self.tools, self.ctx, self.reply, self.request_id = tools, ctx, reply, request_id
+        self.relay = tools.relay
+
+    def _upstream(self, name: str) -> tuple[Upstream, str]:
+        route = self.tools.route(name)
+        return route if route is not None else (self.relay.primary, name)
+
+    def precheck(self, request: Request) -> Refusal | None:
+        if not self.ctx.modern:
             return None
+        meta = obj(request.params).get("_meta")
+        if not isinstance(meta, dict) or META_VERSION not in meta or META_CAPABILITIES not in meta:
+            return Refusal(jsonrpc.INVALID_PARAMS, f"params._meta must be an object carrying the required '{META_VERSION}' "
+                                                   f"and '{META_CAPABILITIES}' envelope keys")
+        if meta[META_VERSION] not in MODERN_VERSIONS:
+            problem = mh.check(self.ctx.raw_headers, request.message)
+            if problem is not None:
+                return Refusal(HEADER_MISMATCH, problem)
+            return Refusal(UNSUPPORTED_VERSION, "Unsupported protocol version",
+                           data={"supported": sorted(MODERN_VERSIONS), "requested": meta[META_VERSION]})
+        return None
+
+    async def lookup(self, name: str) -> ToolEntry | None:
+        catalog = self.relay.catalog(self.ctx)
+        route = self.tools.route(name)
+        if route is not None and (route[0].id in catalog.stale or route[0].id not in catalog.loaded or name not in catalog.tools):
+            await self.tools.refresh(self.ctx, route[0])
+        entry = catalog.tools.get(name)
+        return ToolEntry(name, entry[1], entry[0].id) if entry is not None else None
+
+    def known_names(self) -> Iterable[str]:
+        return self.relay.catalog(self.ctx).tools
+
+    def check(self, request: Request, entry: ToolEntry | None) -> Refusal | None:
+        if not self.ctx.modern:
+            return None
+        schema = entry.definition.get("inputSchema") if entry is not None else None
+        problem = mh.check(self.ctx.raw_headers, request.message, schema)
+        return Refusal(HEADER_MISMATCH, problem) if problem is not None else None
+
+    async def probe(self, request: Request, params: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:
+        upstream, _ = self._upstream(obj(request.params).get("name", ""))
+        message = jsonrpc.request(self.relay.next_id(self.ctx), "tools/call", params)
+        try:
+            answer, up = await self.relay.request(self.ctx, upstream, message, timeout=self.tools.gateway.policy.backend_timeout_seconds)
+            return answer, up.status
+        except (UpstreamError, TimeoutError):
+            return None, 400 if self.ctx.modern else 200
+
+    def forwarder(self, request: Request, entry: ToolEntry) -> HttpForwarder:
+        upstream, upstream_name = self.relay.by_id[entry.backend], entry.definition["name"]
+        info = gov.tool_info({**entry.definition, "name": entry.name}, entry.backend)
+        return HttpForwarder(self.relay, self.ctx, self.reply, request, upstream, upstream_name, info)
+
+    async def notify(self, message: dict[str, Any]) -> None:
+        await self.reply.event(jsonrpc.dumps(message))
+
+    async def ask_client(self, method: str, params: dict[str, Any], *, timeout: float) -> tuple[jsonrpc.RpcId, dict[str, Any] | None]:
+        session = self.ctx.session
+        assert session is not None  # the flow asks only where `CallSite.can_ask_client`
+        rid = session.originate()
+        waiter = session.waiters[rid] = Waiter()
+        try:
+            await self.reply.event(jsonrpc.dumps(jsonrpc.request(rid, method, params)))
+            with anyio.move_on_after(timeout):
+                await waiter.event.wait()
+                return rid, waiter.value or {}
+            return rid, None
         finally:
             session.waiters.pop(rid, None)
+
+    @contextlib.contextmanager
+    def holding(self, scope: anyio.CancelScope) -> Iterator[None]:
+        session = self.ctx.session
+        if session is None:
+            yield
+            return
+        with calls.registered(session.holds, ("c", self.request_id), scope):
+            yield

@@ -33,7 +33,8 @@ from gateway.core.call import Credentials
 from gateway.core.errors import CallError, ErrorCode
 from gateway.core.gateway import Gateway
 from gateway.mcp import approval as ap
-from gateway.mcp import calls, governance as gov, jsonrpc
+from gateway.mcp import calls, jsonrpc
+from gateway.mcp import governance as gov
 from gateway.mcp.calls import CallSite, Refusal, ToolEntry
 from gateway.mcp.framing import DEFAULT_MAX_MESSAGE_BYTES, LineSplitter, Oversize
 from gateway.mcp.jsonrpc import Request
