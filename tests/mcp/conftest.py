@@ -108,16 +108,19 @@ def npm_servers() -> dict[str, Path]:
     }
 
 
-@pytest.fixture
-def mcp_policy(tmp_path: Path) -> Path:
-    """The small MCP test profile (agent tier; admin_* hidden; approval and redaction rules)."""
-    folder = tmp_path / "policy"
+def write_mcp_policy(folder: Path, *, timeout: float = 1.5) -> Path:
+    """The small MCP test profile (agent tier; admin_* hidden; approval and redaction rules) in `folder`."""
     folder.mkdir()
     (folder / "rules.yaml").write_text(TEST_RULES)
     (folder / "disclosure.yaml").write_text(TEST_DISCLOSURE)
     path = folder / "profile.yaml"
-    path.write_text(TEST_PROFILE % {"timeout": 1.5, "mcp_rules": REPO / "rules" / "mcp.yaml"})
+    path.write_text(TEST_PROFILE % {"timeout": timeout, "mcp_rules": REPO / "rules" / "mcp.yaml"})
     return path
+
+
+@pytest.fixture
+def mcp_policy(tmp_path: Path) -> Path:
+    return write_mcp_policy(tmp_path / "policy")
 
 
 @pytest.fixture

@@ -16,13 +16,11 @@ import pytest
 
 from tests.mcp.conftest import (
     REPO,
-    TEST_DISCLOSURE,
-    TEST_PROFILE,
-    TEST_RULES,
     RawGateway,
     gateway_command,
     ledger_records,
     test_server_command,
+    write_mcp_policy,
 )
 from tests.mcp_http.conftest import serve_gateway
 from tests.mcp_http.raw import Raw, answer
@@ -47,15 +45,6 @@ SCRIPT: list[tuple[int, str, dict[str, Any]]] = [
 
 #: Ledger fields that legitimately differ between two runs (ids, times, where the server runs).
 VOLATILE = {"time", "request_id", "session_id", "latency_us", "backend", "response_digest", "hash", "prev_hash", "prev"}
-
-
-def _policy(directory: Path) -> Path:
-    directory.mkdir()
-    (directory / "rules.yaml").write_text(TEST_RULES)
-    (directory / "disclosure.yaml").write_text(TEST_DISCLOSURE)
-    path = directory / "profile.yaml"
-    path.write_text(TEST_PROFILE % {"timeout": 5, "mcp_rules": REPO / "rules" / "mcp.yaml"})
-    return path
 
 
 def _normal(message: dict[str, Any]) -> dict[str, Any]:
@@ -115,7 +104,7 @@ async def _through_http(tmp: Path, policy: Path) -> tuple[list[dict[str, Any]], 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="stdio pipes")
 async def test_same_session_same_answers_and_same_ledger_records(tmp_path: Path) -> None:
-    policy = _policy(tmp_path / "policy")
+    policy = write_mcp_policy(tmp_path / "policy", timeout=5)
     (tmp_path / "http").mkdir()
     stdio_answers, stdio_records = await _through_stdio(tmp_path, policy)
     http_answers, http_records = await _through_http(tmp_path, policy)
