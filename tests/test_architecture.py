@@ -1,8 +1,14 @@
-"""The decision core does no I/O: it never imports network, storage or server libraries."""
+"""The package contracts hold: the decision core does no I/O (it never imports network, storage or
+server libraries), transports sit at the edge, the MCP core imports no transport, and only the CEL
+adapter imports an engine (the contracts are in pyproject.toml, checked with import-linter)."""
 
 from __future__ import annotations
 
 import ast
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 CORE = ["gateway/core/call.py", "gateway/core/pipeline.py", "gateway/core/errors.py", "gateway/core/backends.py"]
@@ -46,3 +52,12 @@ def test_only_the_adapter_imports_cel_engines():
                 assert not {a.name.split(".")[0] for a in node.names} & {"cel", "celpy"}, file
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 assert node.module.split(".")[0] not in {"cel", "celpy"}, file
+
+
+def test_package_contracts_hold() -> None:
+    lint = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run([str(lint), "--no-cache", "--config", str(ROOT / "pyproject.toml")], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    summary = re.search(r"Contracts: (\d+) kept, (\d+) broken", done.stdout)
+    assert done.returncode == 0 and summary is not None, done.stdout[-4000:] + done.stderr[-2000:]
+    assert int(summary.group(1)) >= 5 and summary.group(2) == "0"
