@@ -43,7 +43,7 @@ from audit.records import (
     index_fields,
     record_bytes,
 )
-from audit.sqlite_files import SCHEMA, _check_format, _inspect, _rebuild_head, _WriterLock
+from audit.sqlite_files import SCHEMA, WriterLock, check_format, inspect_file, rebuild_head
 from audit.sqlite_read import SqliteLedgerReader  # noqa: F401  (importable from here, as before)
 
 log = structlog.get_logger()
@@ -103,7 +103,7 @@ class SqliteLedger:
         self,
         path: Path,
         conn: sqlite3.Connection,
-        lock: _WriterLock,
+        lock: WriterLock,
         frontier: CompactRange,
         head_hash: str,
         *,
@@ -157,13 +157,13 @@ class SqliteLedger:
     def _open_sync(
         cls, path: Path, synchronous: Synchronous, *, batch_max: int, batch_wait_ms: float
     ) -> SqliteLedger:
-        _inspect(path)  # refuse a foreign file before leaving a lock file next to it
-        lock = _WriterLock(path)
+        inspect_file(path)  # refuse a foreign file before leaving a lock file next to it
+        lock = WriterLock(path)
         lock.acquire()
         try:
             conn = _open_writer(path, synchronous)
             try:
-                frontier, head_hash = _rebuild_head(conn, path)
+                frontier, head_hash = rebuild_head(conn, path)
             except BaseException:
                 conn.close()
                 raise
@@ -338,7 +338,7 @@ class SqliteLedger:
 
 
 def _open_writer(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
-    kind = _inspect(path)
+    kind = inspect_file(path)
     try:
         conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, cached_statements=INSERT_CHUNK + 8)
     except sqlite3.Error as exc:
@@ -356,7 +356,7 @@ def _open_writer(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
             raise LedgerError(f"{path}: SQLite refused WAL mode (journal_mode is {mode})")
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("PRAGMA busy_timeout=5000")
-        _check_format(conn, path)
+        check_format(conn, path)
     except sqlite3.Error as exc:
         conn.close()
         raise LedgerError(f"{path} cannot be prepared as a karma ledger ({exc})") from exc

@@ -1,9 +1,9 @@
 """The ledger file: its schema, telling a ledger from anything else, refusing a damaged one.
 
-`SCHEMA` is what a new ledger file is created with (append-only by trigger). `_inspect` refuses
+`SCHEMA` is what a new ledger file is created with (append-only by trigger). `inspect_file` refuses
 a path that is a directory, lacks a parent, or holds a file that is not a Dharma karma ledger,
-without ever writing to it; `_rebuild_head` refuses a ledger whose stored tail or checkpoint does
-not match its records; `_WriterLock` is the exclusive flock on `<path>.lock` that makes
+without ever writing to it; `rebuild_head` refuses a ledger whose stored tail or checkpoint does
+not match its records; `WriterLock` is the exclusive flock on `<path>.lock` that makes
 `SqliteLedger` the only writer across processes. Used by `audit.sqlite` (the writer) and
 `audit.sqlite_read` (the reader); nothing here writes to the ledger itself.
 """
@@ -55,7 +55,7 @@ END;
 """ + _TRIGGERS
 
 
-class _WriterLock:
+class WriterLock:
     """An exclusive, non-blocking flock on `<ledger>.lock`, holding the owner's pid."""
 
     def __init__(self, ledger: Path) -> None:
@@ -96,7 +96,7 @@ def _check_location(path: Path) -> None:
         raise LedgerError(f"{path}: directory {path.parent} does not exist")
 
 
-def _inspect(path: Path) -> Literal["new", "ledger"]:
+def inspect_file(path: Path) -> Literal["new", "ledger"]:
     """Tell a new/empty file from an existing ledger, refusing anything else untouched."""
     _check_location(path)
     try:
@@ -110,17 +110,17 @@ def _inspect(path: Path) -> Literal["new", "ledger"]:
         return "new"
     if header != SQLITE_HEADER:
         raise NotALedger(f"{path} is not a Dharma karma ledger (not an SQLite database)")
-    conn = _connect_ro(path)
+    conn = connect_ro(path)
     try:
         if _fetch_schema_count(conn, path) == 0:
             return "new"
-        _check_format(conn, path)
+        check_format(conn, path)
     finally:
         conn.close()
     return "ledger"
 
 
-def _connect_ro(path: Path) -> sqlite3.Connection:
+def connect_ro(path: Path) -> sqlite3.Connection:
     uri = f"file:{quote(str(path.resolve()))}?mode=ro"
     try:
         return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
@@ -137,7 +137,7 @@ def _fetch_schema_count(conn: sqlite3.Connection, path: Path) -> int:
         raise NotALedger(f"{path} is not a Dharma karma ledger ({exc})") from exc
 
 
-def _check_format(conn: sqlite3.Connection, path: Path) -> None:
+def check_format(conn: sqlite3.Connection, path: Path) -> None:
     try:
         row = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
     except sqlite3.OperationalError as exc:
@@ -151,7 +151,7 @@ def _check_format(conn: sqlite3.Connection, path: Path) -> None:
         raise NotALedger(f"{path} is not a Dharma karma ledger ({found}, expected {FORMAT!r})")
 
 
-def _rebuild_head(conn: sqlite3.Connection, path: Path) -> tuple[CompactRange, str]:
+def rebuild_head(conn: sqlite3.Connection, path: Path) -> tuple[CompactRange, str]:
     """Rebuild the Merkle frontier from the stored hashes; refuse a ledger that is damaged.
 
     Checks that seqs are contiguous, that the last record's bytes hash to its stored hash

@@ -15,7 +15,7 @@ from typing import Any
 from audit import merkle
 from audit.errors import LedgerError
 from audit.records import RecordFilter, StoredRecord
-from audit.sqlite_files import _check_format, _connect_ro, _inspect
+from audit.sqlite_files import check_format, connect_ro, inspect_file
 from audit.store import RawRecord
 
 
@@ -24,11 +24,11 @@ class SqliteLedgerReader:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._path = Path(path)
-        if _inspect(self._path) == "new":
+        if inspect_file(self._path) == "new":
             raise LedgerError(f"{self._path}: no karma ledger here (the file is missing or empty)")
-        self._conn = _connect_ro(self._path)
+        self._conn = connect_ro(self._path)
         try:
-            _check_format(self._conn, self._path)
+            check_format(self._conn, self._path)
         except BaseException:
             self._conn.close()
             raise
