@@ -61,3 +61,12 @@ def test_package_contracts_hold() -> None:
     summary = re.search(r"Contracts: (\d+) kept, (\d+) broken", done.stdout)
     assert done.returncode == 0 and summary is not None, done.stdout[-4000:] + done.stderr[-2000:]
     assert int(summary.group(1)) >= 5 and summary.group(2) == "0"
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    offenders = []
+    for file in sorted((ROOT / "gateway").rglob("*.py")) + sorted((ROOT / "audit").rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("gateway", "audit"):
+                offenders += [f"{file.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert offenders == []
