@@ -60,6 +60,25 @@ def dumps(message: Any) -> bytes:
     return json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
+def dumps_safely(message: dict[str, Any]) -> bytes:
+    """`dumps` for an answer the gateway must send whatever its id holds: an id that cannot be
+    written as UTF-8 JSON (a lone surrogate) becomes null, as for a request whose id is unknown."""
+    try:
+        return dumps(message)
+    except (ValueError, TypeError):
+        return dumps({**message, "id": None})
+
+
+def recover_id(line: bytes) -> RpcId | None:
+    """The id of a message whose handling failed, when it can be read (else None)."""
+    try:
+        value = loads(line)
+    except Exception:
+        return sniff_id(line)
+    rpc_id = value.get("id") if isinstance(value, dict) else None
+    return rpc_id if valid_id(rpc_id) else None
+
+
 def valid_id(value: Any) -> TypeGuard[RpcId]:
     """A JSON-RPC id as MCP allows it: a string or an integer (never null, a float or a boolean)."""
     return (isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)))

@@ -262,7 +262,7 @@ class McpHttpApp:
             answers = []
             for item in parsed.items:
                 part = Collect()
-                await self._single(ctx, part, item, None)
+                await self._safely(ctx, part, item, None)
                 if isinstance(part.message, dict) and ("result" in part.message or "error" in part.message):
                     answers.append(part.message)
             if answers:
@@ -270,7 +270,17 @@ class McpHttpApp:
             else:
                 await reply.final(None, 202)
             return
-        await self._single(ctx, reply, parsed, raw)
+        await self._safely(ctx, reply, parsed, raw)
+
+    async def _safely(self, ctx: Ctx, reply: Reply, item: Any, raw: bytes | None) -> None:
+        """Handle one message; a failure is logged and answered -32603 with the request's id (a
+        batch's other messages and the endpoint go on)."""
+        try:
+            await self._single(ctx, reply, item, raw)
+        except Exception:
+            rpc_id = item.id if isinstance(item, Request) else None
+            log.exception("mcp_http.message_failed", method=getattr(item, "method", None), request_id=rpc_id)
+            await reply.final(jsonrpc.error(rpc_id, jsonrpc.INTERNAL_ERROR, "Dharma Gateway failed to handle this message"), 500)
 
     async def _single(self, ctx: Ctx, reply: Reply, item: Any, raw: bytes | None) -> None:
         data = raw if raw is not None else jsonrpc.dumps(getattr(item, "message", {}))

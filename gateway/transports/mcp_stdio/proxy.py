@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import os
 import secrets
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -177,13 +177,31 @@ class StdioProxy:
                     reject = self.session.oversized(jsonrpc.sniff_id(line.prefix), line.size, self.max_message_bytes)
                     await self._do([reject])
                 elif line.strip():
-                    await self._do(self.session.from_client(line))
+                    await self._safely(self._from_client, line, answer_to=line)
+
+    async def _from_client(self, line: bytes) -> None:
+        await self._do(self.session.from_client(line))
 
     async def _from_server(self, line: bytes) -> None:
+        await self._safely(self._server_line, line)
+
+    async def _server_line(self, line: bytes) -> None:
         actions = self.session.from_server(line)
         if not actions:
             log.warning("backend.not_jsonrpc", backend=self.backend_id, line=line[:200].decode("utf-8", "replace"))
         await self._do(actions)
+
+    async def _safely(self, handle: Callable[..., Awaitable[None]], *args: Any, answer_to: bytes | None = None) -> None:
+        """Handle one message; a failure is logged (and a client request answered -32603), and the
+        pumps go on: no single message may end the connection."""
+        try:
+            await handle(*args)
+        except Exception:
+            rpc_id = jsonrpc.recover_id(answer_to) if answer_to is not None else None
+            log.exception("mcp.message_failed", handler=getattr(handle, "__name__", "?"), request_id=rpc_id)
+            if answer_to is not None and rpc_id is not None:
+                await self.send_client(jsonrpc.dumps_safely(
+                    jsonrpc.error(rpc_id, jsonrpc.INTERNAL_ERROR, "Dharma Gateway failed to handle this message")))
 
     # ---- actions -----------------------------------------------------------------------
 
@@ -199,7 +217,7 @@ class StdioProxy:
             elif isinstance(action, ToClient):
                 await self.send_client(action.data)
             elif isinstance(action, GovernCall):
-                self._tg.start_soon(self._govern_call, action)
+                self._tg.start_soon(self._safely, self._govern_call, action)
             elif isinstance(action, ListAnswer):
                 await self._list_answer(action)
             elif isinstance(action, Resolve):
@@ -213,9 +231,10 @@ class StdioProxy:
                 else:  # still being decided: its answer will be dropped
                     self._cancelled.add(action.key)
             elif isinstance(action, Reject):
-                self._tg.start_soon(self._reject, action)
+                self._tg.start_soon(self._safely, self._reject, action)
             elif isinstance(action, Passed):
-                self._tg.start_soon(calls.record_passthrough, self.gateway, self._site(None), self.backend_id, action.method)
+                self._tg.start_soon(self._safely, calls.record_passthrough, self.gateway, self._site(None), self.backend_id,
+                                    action.method)
 
     async def send_client(self, data: bytes) -> None:
         assert self._client is not None
