@@ -46,3 +46,38 @@ def test_only_the_adapter_imports_cel_engines():
                 assert not {a.name.split(".")[0] for a in node.names} & {"cel", "celpy"}, file
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 assert node.module.split(".")[0] not in {"cel", "celpy"}, file
+
+
+README_LABELS = {
+    "sanitizer": "sanitizer",
+    "circuit breaker": "circuit_breaker",
+    "rate limiter": "rate_limiter",
+    "tier gate": "tier_gate",
+    "dharma rules": "dharma_rules",
+    "approval": "approval",
+    "[backend]": "forward",
+    "disclosure rules": "disclosure",
+    "karma ledger": "record",
+    "signed receipt": "receipt",
+}
+
+
+def test_readme_pipeline_line_is_the_declaration():
+    """The README's pipeline line names the steps of `gateway.core.pipeline.steps()`, in order;
+    only the identity steps (authenticate, tool visibility) come before it."""
+    import re
+
+    from gateway.core.pipeline import Wiring, split, steps
+    from gateway.stages.circuit_breaker import CircuitBreaker
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("one pipeline:", 1)[1].split("```", 2)[1]
+    labels = [re.sub(r"\(.*?\)", "", part).strip() for part in block.replace("\n", " ").split("→")]
+    wiring = Wiring(ledger=None, keys=None, limiter_store=None, approvals=None, idempotency=None,  # type: ignore[arg-type]
+                    history=None, breaker=CircuitBreaker(), clock=lambda: 0.0)  # type: ignore[arg-type]
+    declared = [step.name for step in steps(wiring)]
+    assert declared[:2] == ["authenticate", "tool_visibility"]
+    assert [README_LABELS[label] for label in labels] == declared[2:]
+    decide, act = split(steps(wiring))
+    assert [s.name for s in act] == ["forward", "disclosure", "record", "receipt"]
+    assert len(decide) + len(act) == len(declared)
