@@ -70,3 +70,38 @@ def test_no_module_imports_another_modules_private_names() -> None:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("gateway", "audit"):
                 offenders += [f"{file.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
     assert offenders == []
+
+
+README_LABELS = {
+    "sanitizer": "sanitizer",
+    "circuit breaker": "circuit_breaker",
+    "rate limiter": "rate_limiter",
+    "tier gate": "tier_gate",
+    "dharma rules": "dharma_rules",
+    "approval": "approval",
+    "[backend]": "forward",
+    "disclosure rules": "disclosure",
+    "karma ledger": "record",
+    "signed receipt": "receipt",
+}
+
+
+def test_readme_pipeline_line_is_the_declaration():
+    """The README's pipeline line names the steps of `gateway.core.pipeline.steps()`, in order;
+    only the identity steps (authenticate, tool visibility) come before it."""
+    import re
+
+    from gateway.core.pipeline import Wiring, split, steps
+    from gateway.stages.circuit_breaker import CircuitBreaker
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("one pipeline:", 1)[1].split("```", 2)[1]
+    labels = [re.sub(r"\(.*?\)", "", part).strip() for part in block.replace("\n", " ").split("→")]
+    wiring = Wiring(ledger=None, keys=None, limiter_store=None, approvals=None, idempotency=None,  # type: ignore[arg-type]
+                    history=None, breaker=CircuitBreaker(), clock=lambda: 0.0)  # type: ignore[arg-type]
+    declared = [step.name for step in steps(wiring)]
+    assert declared[:2] == ["authenticate", "tool_visibility"]
+    assert [README_LABELS[label] for label in labels] == declared[2:]
+    decide, act = split(steps(wiring))
+    assert [s.name for s in act] == ["forward", "disclosure", "record", "receipt"]
+    assert len(decide) + len(act) == len(declared)

@@ -254,3 +254,39 @@ def test_activation_extend_adds_variables_without_touching_existing_ones(engine)
         expr.evaluate(act)
     act.extend({"response": {"ok": True}, "args": {"n": 2}})
     assert expr.evaluate(act) is True  # `args` kept its value; `response` was added
+
+
+@pytest.fixture
+def count_segments():
+    """A helper registered in the one registry for this test only: it returns an int, not a bool or string."""
+    cel.register_helper("count_segments", lambda p: len([s for s in p.split("/") if s]), int)
+    cel.register_helper("segments", lambda p: [s for s in p.split("/") if s], list)
+    cel.register_helper("claims_int", lambda p: p, int)
+    yield
+    for name in ("count_segments", "segments", "claims_int"):
+        cel.unregister_helper(name)
+
+
+@pytest.mark.parametrize("engine", cel.ENGINES)
+def test_registered_helper_keeps_its_result_type_on_both_engines(engine: str, count_segments: None) -> None:
+    if engine not in ENGINES:
+        pytest.fail(f"{engine} is not installed: the helper registry must be tested on both engines")
+    assert run('count_segments("a/b/c") == 3', engine) is True
+    assert run('count_segments("a/b") + 1 == 3', engine) is True
+    assert run('count_segments("a/b/c")', engine) == 3 and type(run('count_segments("a/b/c")', engine)) is int
+    assert run('segments("a/b") == ["a", "b"]', engine) is True
+    assert run('size(segments("/srv/x/y")) == 3', engine) is True
+    assert run('path_within("/srv/x", "/srv") && lower("A") == "a"', engine) is True
+    with pytest.raises(cel.CelEvalError):
+        run('claims_int("not an int") == 1', engine)  # the declared result type is checked
+
+
+def test_helper_registry_refuses_bad_registrations(count_segments: None) -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        cel.register_helper("count_segments", len, int)
+    with pytest.raises(ValueError, match="not an identifier"):
+        cel.register_helper("count-segments", len, int)
+    with pytest.raises(ValueError, match="declares result type"):
+        cel.register_helper("as_bytes", bytes, bytes)
+    with pytest.raises(cel.CelSyntaxError, match="unknown function 'not_registered'"):
+        cel.compile_expression('not_registered("a")', declared=CALL)

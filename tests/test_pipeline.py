@@ -428,6 +428,86 @@ async def test_circuit_breaker_opens_and_half_opens(tmp_path):
         await gateway.aclose()
 
 
+BLOCKED_PROBES = {
+    # the first call after the reset time, and how a stage after the breaker check refuses it
+    "dharma rule": (("read_file", {"path": "../etc/passwd"}, "alice-key"), ErrorCode.POLICY_BLOCKED),
+    "approval": (("write_file", {"path": "important/plan"}, "bob-key"), ErrorCode.APPROVAL_REQUIRED),
+    "rate limiter": (("write_file", {"path": "b"}, "bob-key"), ErrorCode.RATE_LIMITED),
+}
+
+
+@pytest.mark.parametrize("blocker", list(BLOCKED_PROBES))
+async def test_breaker_recovers_when_the_half_open_call_is_blocked_later(tmp_path, blocker):
+    """The breaker only checks before the other stages; forward admits the probe right before
+    sending. A half-open call that a rule, an approval or the rate limiter then blocks must not
+    leave the breaker "unavailable" forever after the backend recovered."""
+    recorder = Recorder()
+    healthy = {"now": False}
+
+    def backend_call(path, content=""):
+        if not healthy["now"]:
+            raise RuntimeError("disk on fire")
+        return text_result(f"contents of {path}")
+
+    backend = recorder.backend({"read_file": backend_call, "write_file": backend_call})
+    now = [1000.0]
+    profile = TIERS + "circuit_breaker: {failure_threshold: 2, reset_seconds: 5}\n"
+    if blocker == "rate limiter":
+        profile += "rate_limits:\n  - {id: writes, key: [principal], tools: [\"write_*\"], rate: 1, per_seconds: 600, burst: 1}\n"
+    gateway = await open_gateway(tmp_path, write_policy(tmp_path, profile, RULES), [backend], clock=lambda: now[0])
+    try:
+        first = await gateway.call("write_file", {"path": "a"}, api_key="bob-key")  # spends bob's one write
+        second = await gateway.call("read_file", {"path": "a"}, api_key="alice-key")
+        assert [first.error_code, second.error_code] == [ErrorCode.BACKEND_ERROR, ErrorCode.BACKEND_ERROR]
+        assert (await gateway.call("read_file", {"path": "a"}, api_key="alice-key")).error_code is ErrorCode.BACKEND_UNAVAILABLE
+        now[0] += 6
+        healthy["now"] = True
+        (tool, args, key), code = BLOCKED_PROBES[blocker]
+        blocked = await gateway.call(tool, args, api_key=key)
+        assert blocked.error_code is code
+        reached = len(recorder.calls)
+        later = await gateway.call("read_file", {"path": "a"}, api_key="alice-key")
+        assert later.status is Status.OK, later.message
+        assert later.result == text_result("contents of a") and len(recorder.calls) == reached + 1
+        assert gateway.breaker.state("test").state == "closed"
+    finally:
+        await gateway.aclose()
+
+
+async def test_breaker_probe_cancelled_before_an_answer_is_released(tmp_path):
+    """A call admitted as the half-open probe that ends without an answer frees the probe."""
+    recorder = Recorder()
+    mode = {"now": "fail"}
+    sent = asyncio.Event()
+
+    async def backend_call(path):
+        if mode["now"] == "fail":
+            raise RuntimeError("disk on fire")
+        if mode["now"] == "hang":
+            sent.set()
+            await asyncio.Event().wait()
+        return text_result(f"contents of {path}")
+
+    now = [1000.0]
+    profile = TIERS + "circuit_breaker: {failure_threshold: 1, reset_seconds: 5}\n"
+    gateway = await open_gateway(tmp_path, write_policy(tmp_path, profile), [recorder.backend({"read_file": backend_call})], clock=lambda: now[0])
+    try:
+        assert (await gateway.call("read_file", {"path": "a"}, api_key="alice-key")).error_code is ErrorCode.BACKEND_ERROR
+        now[0] += 6
+        mode["now"] = "hang"
+        probe = asyncio.create_task(gateway.call("read_file", {"path": "a"}, api_key="alice-key"))
+        await sent.wait()
+        assert gateway.breaker.state("test").probing
+        probe.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await probe
+        assert not gateway.breaker.state("test").probing
+        mode["now"] = "ok"
+        assert (await gateway.call("read_file", {"path": "a"}, api_key="alice-key")).status is Status.OK
+    finally:
+        await gateway.aclose()
+
+
 async def test_backend_timeout(tmp_path):
     recorder = Recorder()
 

@@ -14,12 +14,12 @@ from jsonschema.validators import Draft202012Validator
 
 from gateway.core.call import Finding
 from gateway.core.errors import ErrorCode
+from gateway.stages.sanitizer.schema import fast_check
 from gateway.stages.sanitizer.walk import (
     STRIPPED_RANGES,
     SanitizeError,
     SanitizerLimits,
     SchemaValidator,
-    _fast_check,
     clean_text,
     compile_schema,
     detect_secrets,
@@ -348,7 +348,7 @@ VALUES: list[Any] = [
 
 @pytest.mark.parametrize("schema", FAST_SCHEMAS)
 def test_fast_path_agrees_with_jsonschema(schema: Any) -> None:
-    fast = _fast_check(schema)
+    fast = fast_check(schema)
     assert fast is not None
     reference = Draft202012Validator(schema)
     rng = random.Random(7)
@@ -366,7 +366,7 @@ def test_fast_path_agrees_with_jsonschema(schema: Any) -> None:
     [{"anyOf": [{"type": "string"}]}, {"$ref": "#/$defs/a"}, {"items": [{"type": "string"}]}, {"enum": [[1]]}],
 )
 def test_fast_path_declines_other_keywords(schema: Any) -> None:
-    assert _fast_check(schema) is None
+    assert fast_check(schema) is None
 
 
 # --------------------------------------------------------------------------- detection

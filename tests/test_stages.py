@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from gateway.stages.circuit_breaker import BreakerState, admit, record
+from gateway.stages.circuit_breaker import BreakerState, admit, check, record, release
 from gateway.stores.memory import gcra
 
 
@@ -43,3 +43,14 @@ def test_breaker_failed_probe_reopens():
     assert admit(s, now=10.0, reset_seconds=10) == 0.0
     record(s, ok=False, now=10.0, threshold=3)
     assert s.state == "open" and s.opened_at == 10.0
+
+
+def test_breaker_check_changes_nothing_and_admit_claims_the_probe():
+    s = BreakerState(state="open", failures=3, opened_at=0.0)
+    assert check(s, now=5.0, reset_seconds=10) == 5.0
+    assert check(s, now=10.0, reset_seconds=10) == 0.0 and s.state == "open" and not s.probing
+    assert check(s, now=10.0, reset_seconds=10) == 0.0  # any number of checks: still no probe claimed
+    assert admit(s, now=10.0, reset_seconds=10) == 0.0 and s.state == "half_open" and s.probing
+    assert check(s, now=10.0, reset_seconds=10) > 0  # the probe is out: others fail fast
+    release(s)
+    assert check(s, now=10.0, reset_seconds=10) == 0.0 and admit(s, now=10.0, reset_seconds=10) == 0.0

@@ -6,12 +6,16 @@ stages write their findings on. No I/O.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.core.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from gateway.core.backends import Backend, BackendResult
 
 
 class Effect(StrEnum):
@@ -234,9 +238,11 @@ ALLOW = Decision(effect=Effect.ALLOW)
 
 @dataclass(slots=True)
 class CallContext:
-    """The mutable notebook one call carries through the stages.
+    """The mutable notebook one call carries through every step of the pipeline.
 
     Stages read what earlier stages wrote (principal, tool, findings) and add their own notes.
+    The decision stages end with `decision`; the steps from the backend on fill in the status,
+    the result, the outcome the ledger recorded and the response as returned.
     """
 
     call: ToolCall
@@ -258,6 +264,26 @@ class CallContext:
     disclosure: Any = None
     approval_id: str | None = None
     argument_digest: str = ""
+    # what the transport asked for: where to forward, how to render, what the receipt covers
+    backend: Backend | None = None
+    render: Callable[[Outcome], dict[str, Any]] | None = None
+    receipt_request: Any = None
+    # from the decision on
+    decision: Decision | None = None
+    status: Status = Status.OK
+    error_code: ErrorCode | None = None
+    message: str = ""
+    answer: BackendResult | None = None
+    result: Any = None
+    disclosure_note: str | None = None
+    remember_key: str | None = None
+    outcome: Outcome | None = None
+    body: dict[str, Any] | None = None
+    response_digest: str = ""
+    latency_us: int = 0
+    appended: Any = None
+    entry: dict[str, Any] | None = None
+    response: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,5 @@
-"""The Gateway: one governed call from request to signed, recorded outcome.
-
-    decide (pipeline stages) → forward (idempotent replay, timeout, breaker) → disclosure rules
-    → karma ledger append → receipt
+"""The Gateway: wires the dependencies (policy, backends, stores, ledger, keys, clock) and runs
+every governed call through the one declaration in `gateway.core.pipeline`.
 
 Invariant 1: nothing reaches a backend without a decision, and every call is in the ledger
 before its outcome is returned; if the ledger cannot be written the call fails closed.
@@ -12,52 +10,35 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
-from audit.canon import NotCanonicalizable, digest, sha256_hex
 from gateway.core.backends import Backend
-from gateway.core.call import (
-    CallContext,
-    Credentials,
-    Decision,
-    Outcome,
-    Principal,
-    Status,
-    ToolCall,
-    ToolInfo,
-)
-from gateway.core.errors import CallError, ErrorCode, PolicyErrors
+from gateway.core.call import CallContext, Credentials, Decision, Outcome, Principal, ToolCall, ToolInfo
+from gateway.core.errors import PolicyErrors
+from gateway.core.pipeline import Wiring, run, split, steps
+from gateway.crypto.receipts import KeyStore
 from gateway.logging import ensure_logging
-from gateway.core.pipeline import decide
 from gateway.policy.compile import CompiledPolicy, load_policy
-from gateway.stages.sanitizer.walk import redact_secrets
-from gateway.crypto.receipts import KeyStore, build_receipt, strip_receipt
-from gateway.stages import Stage
-from gateway.stages.approval import ApprovalGate
+from gateway.stages.authenticate import authenticate
 from gateway.stages.circuit_breaker import CircuitBreaker
-from gateway.stages.dharma_rules import DharmaRules
-from gateway.stages.disclosure import disclose
-from gateway.stages.rate_limiter import RateLimiter
-from gateway.stages.sanitizer.stage import Sanitizer
-from gateway.stages.tier_gate import Authenticate, TierGate, ToolVisibility, authenticate, visible_tools
+from gateway.stages.record import Ledger, rfc3339, safe_digest
+from gateway.stages.visibility import visible_tools
 from gateway.stores.base import ApprovalStore, IdempotencyStore, LimiterStore
 from gateway.stores.memory import MemoryApprovalStore, MemoryIdempotencyStore, MemoryLimiterStore, SessionHistory
+
+__all__ = [
+    "ENVELOPE_VERSION", "LEDGER_ORIGIN", "Clock", "Gateway", "Governed", "Ledger",
+    "envelope", "new_request_id", "rfc3339", "safe_digest",
+]  # fmt: skip
 
 log = structlog.get_logger()
 ENVELOPE_VERSION = "1"
 LEDGER_ORIGIN = "dharma-gateway/karma-ledger"
-
-
-class Ledger(Protocol):
-    """What the gateway needs of the karma ledger (audit.sqlite.SqliteLedger provides it)."""
-
-    async def append(self, entry: dict[str, Any]) -> Any: ...
-    async def aclose(self) -> None: ...
 
 
 class Clock(Protocol):
@@ -66,18 +47,6 @@ class Clock(Protocol):
 
 def new_request_id() -> str:
     return "req_" + secrets.token_hex(8)
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def safe_digest(value: Any) -> str:
-    """Digest of canonical JSON, or of a tagged repr for values that are not I-JSON (never raises)."""
-    try:
-        return digest(value)
-    except NotCanonicalizable:
-        return "nonjson:" + sha256_hex(repr(value).encode("utf-8", "surrogatepass"))
 
 
 def envelope(outcome: Outcome) -> dict[str, Any]:
@@ -133,16 +102,19 @@ class Gateway:
         self.idempotency = idempotency_store or MemoryIdempotencyStore()
         self.history = SessionHistory()
         self.breaker = CircuitBreaker()
-        self.stages: tuple[Stage, ...] = (
-            Authenticate(),
-            ToolVisibility(),
-            Sanitizer(),
-            self.breaker,
-            RateLimiter(limiter_store or MemoryLimiterStore()),
-            TierGate(),
-            DharmaRules(),
-            ApprovalGate(self.approvals),
+        self.steps = steps(
+            Wiring(
+                ledger=ledger,
+                keys=keys,
+                limiter_store=limiter_store or MemoryLimiterStore(),
+                approvals=self.approvals,
+                idempotency=self.idempotency,
+                history=self.history,
+                breaker=self.breaker,
+                clock=clock,
+            )
         )
+        self.stages, self.after_decision = split(self.steps)
         self._backends: dict[str, Backend] = {}
         self._tools: dict[str, tuple[ToolInfo, Backend]] = {}
         for backend in backends:
@@ -254,181 +226,24 @@ class Gateway:
         """
         started = self.clock()
         policy = self.policy
-        ctx = CallContext(call=call, now=datetime.fromtimestamp(started, UTC), clock=started)
+        ctx = CallContext(
+            call=call,
+            now=datetime.fromtimestamp(started, UTC),
+            clock=started,
+            render=render,
+            receipt_request=request,
+            decision=refusal,
+        )
         entry = (tool, backend) if tool is not None and backend is not None else self._tools.get(call.tool)
         if entry is not None:
-            ctx.tool = entry[0]
+            ctx.tool, ctx.backend = entry
         ctx.principal = authenticate(policy, call.credentials)
         if ctx.principal is not None:
             ctx.session = self.history.session(call.session_id)
             ctx.karma = self.history.karma(ctx.principal.id, started)
-        decision = refusal or await decide(self.stages, ctx, policy)
-        if not ctx.argument_digest:
-            ctx.argument_digest = safe_digest(call.arguments)
-        result: Any = None
-        status = Status.BLOCKED if decision.blocks else Status.OK
-        error_code = decision.code if status is Status.BLOCKED else None
-        message = decision.message
-        disclosure_note: str | None = None
-        if status is Status.BLOCKED and decision.code is ErrorCode.APPROVAL_REQUIRED:
-            status = Status.PENDING_APPROVAL
-        elif status is Status.OK and call.dry_run:
-            status, message = Status.DRY_RUN, message or "dry run: the call would be allowed"
-        elif status is Status.OK:
-            assert entry is not None
-            status, result, error_code, message, disclosure_note = await self._forward(ctx, policy, entry[1])
-        outcome = Outcome(
-            request_id=call.request_id,
-            tool=call.tool,
-            status=status,
-            decision=decision,
-            result=result,
-            error_code=error_code,
-            message=message if status is not Status.OK else "",
-            warnings=tuple(dict.fromkeys(ctx.warnings)) if disclosure_note != "WITHHOLD" else (),
-            approval_id=ctx.approval_id,
-            idempotency_key=call.idempotency_key,
-            timestamp=rfc3339(started),
-        )
-        return await self._record_and_sign(ctx, policy, outcome, disclosure_note, started, render, request)
-
-    async def _forward(
-        self, ctx: CallContext, policy: CompiledPolicy, backend: Backend
-    ) -> tuple[Status, Any, ErrorCode | None, str, str | None]:
-        call = ctx.call
-        replay_key = None
-        if call.idempotency_key and ctx.principal is not None:
-            replay_key = f"{ctx.principal.id}\x1f{call.tool}\x1f{call.idempotency_key}"
-            stored = await self.idempotency.get(replay_key)
-            if stored is not None:
-                if stored["argument_digest"] != ctx.argument_digest:
-                    return (Status.BLOCKED, None, ErrorCode.INVALID_PARAMS,
-                            "idempotency_key was already used with different arguments", None)
-                ctx.warnings.append("replayed: this idempotency_key was already answered")
-                return Status.OK, stored["result"], None, "", stored["disclosure"]
-        assert ctx.tool is not None
-        try:
-            answer = await backend.send(ctx.tool.name, ctx.arguments, timeout=policy.backend_timeout_seconds)
-        except CallError as exc:
-            failed = exc.code in (ErrorCode.TIMEOUT, ErrorCode.BACKEND_UNAVAILABLE, ErrorCode.BACKEND_ERROR)
-            self.breaker.record(backend.id, ok=not failed, now=self.clock(), policy=policy)
-            return Status.ERROR, None, exc.code, exc.message, None
-        except Exception as exc:
-            log.exception("backend.failed", backend=backend.id, tool=call.tool)
-            self.breaker.record(backend.id, ok=False, now=self.clock(), policy=policy)
-            return Status.ERROR, None, ErrorCode.BACKEND_ERROR, f"backend {backend.id} failed: {type(exc).__name__}", None
-        self.breaker.record(backend.id, ok=True, now=self.clock(), policy=policy)
-        result, verdict = disclose(ctx, policy, answer.result, answer.is_error)
-        note = verdict.verdict.value if verdict is not None and verdict.enforced else None
-        if replay_key is not None:
-            await self.idempotency.put(
-                replay_key, {"argument_digest": ctx.argument_digest, "result": result, "disclosure": note}
-            )
-        ctx.disclosure = verdict
-        return Status.OK, result, None, "", note
-
-    async def _record_and_sign(
-        self,
-        ctx: CallContext,
-        policy: CompiledPolicy,
-        outcome: Outcome,
-        disclosure: str | None,
-        started: float,
-        render: Callable[[Outcome], dict[str, Any]],
-        request: Any,
-    ) -> Governed:
-        call, decision = ctx.call, outcome.decision
-        body = render(outcome)
-        response_digest = safe_digest(strip_receipt(body))  # the form verifiers digest
-        stored_args, _ = redact_secrets(ctx.arguments) if ctx.arguments else (None, ())
-        latency_us = int((self.clock() - started) * 1_000_000)
-        matched = list(decision.matched)
-        if ctx.rules_decision is not None and ctx.rules_decision is not decision:
-            matched = list(ctx.rules_decision.matched)
-        disclosure_verdict = ctx.disclosure
-        if disclosure_verdict is not None:
-            matched.extend(disclosure_verdict.matched)
-        entry = {
-            "time": outcome.timestamp,
-            "request_id": call.request_id,
-            "principal": ctx.principal.id if ctx.principal else None,
-            "tier": ctx.principal.tier if ctx.principal else None,
-            "backend": ctx.tool.backend if ctx.tool else None,
-            "tool": call.tool,
-            "method": call.method,
-            "session_id": call.session_id,
-            "args_digest": ctx.argument_digest,
-            "args": stored_args,  # sanitized arguments: canonical JSON by construction
-            "findings": [f.kind + "@" + f.path for f in ctx.findings],
-            "decision": _decision_name(decision),
-            "enforced": decision.enforced,
-            "matched_rules": list(dict.fromkeys(m.rule_id for m in matched)),
-            "block_class": decision.block_class.value if decision.block_class else None,
-            "stage": decision.stage or None,
-            "sensitivity": ctx.sensitivity.value,
-            "purpose": call.purpose,
-            "disclosure": disclosure,
-            "policy_version": policy.version,
-            "approval_id": outcome.approval_id,
-            "idempotency_key": call.idempotency_key,
-            "response_digest": response_digest,
-            "status": outcome.status.value,
-            "error_code": outcome.error_code.value if outcome.error_code else None,
-            "latency_us": latency_us,
-            "tool_digest": ctx.tool.digest if ctx.tool else None,
-            "dry_run": call.dry_run,
-        }
-        try:
-            appended = await self.ledger.append(entry)
-        except Exception as exc:
-            log.error("ledger.append_failed", request_id=call.request_id, error=str(exc))
-            failed = replace(
-                outcome,
-                status=Status.ERROR,
-                result=None,
-                error_code=ErrorCode.INTERNAL_ERROR,
-                message="the karma ledger could not record this call, so it was refused",
-                warnings=(),
-            )
-            return Governed(failed, render(failed))
-        self.history.record(
-            session_id=call.session_id,
-            principal=ctx.principal.id if ctx.principal else "",
-            tool=call.tool,
-            decision=entry["decision"],
-            denied=decision.blocks,
-            now=started,
-            time=outcome.timestamp,
-        )
-        req = request if request is not None else {"tool": call.tool, "arguments": call.arguments}
-        try:
-            token = build_receipt(
-                self.keys,
-                request_id=call.request_id,
-                request=req,
-                request_sha256=safe_digest(req),
-                response=body,
-                ledger_seq=appended.seq,
-                ledger_hash=appended.hash,
-                now=datetime.fromtimestamp(self.clock(), UTC),
-                response_sha256=response_digest,
-            )
-        except NotCanonicalizable:
-            token = None
-        final = replace(outcome, receipt=token, ledger_seq=appended.seq, ledger_hash=appended.hash, latency_ms=latency_us / 1000)
-        response = dict(body)
-        if token is not None:
-            response["receipt"] = token
-        log.info(
-            "call.decided",
-            request_id=call.request_id,
-            tool=call.tool,
-            principal=entry["principal"],
-            decision=entry["decision"],
-            status=entry["status"],
-            seq=appended.seq,
-        )
-        return Governed(final, response)
+        await run(self.stages, self.after_decision, ctx, policy)
+        assert ctx.outcome is not None and ctx.response is not None
+        return Governed(ctx.outcome, ctx.response)
 
     async def aclose(self) -> None:
         """Close backends, sign a checkpoint of the ledger head into the ledger, close it."""
@@ -442,7 +257,3 @@ class Gateway:
                 log.warning("ledger.checkpoint_failed", error=str(exc))
         await self.ledger.aclose()
 
-
-def _decision_name(decision: Decision) -> str:
-    """The decided effect; with `enforced` false it reads as "would deny" and so on."""
-    return decision.effect.value

@@ -1,24 +1,85 @@
-"""Run the decision stages in order. A stage's block ends the chain; a fault fails closed.
+"""THE ordered declaration of every step a governed call goes through, and the loop that runs it.
 
     authenticate → tool visibility → sanitizer → circuit breaker → rate limiter → tier gate
-    → dharma rules → approval
+    → dharma rules → approval → [forward to the backend] → disclosure rules → karma ledger
+    → signed receipt
 
-(The tier gate's visibility half runs before the sanitizer so a schema error cannot reveal that
-a hidden tool exists.) No I/O of its own: stages reach storage through their stores.
+`steps()` is that line, in code: adding a stage is one line there and one module in
+`gateway/stages/`. The stages before `forward` decide (the first block ends the decision; a
+stage that raises fails closed); the steps from `forward` on act on the decision. The
+visibility check runs before the sanitizer so a schema error cannot reveal that a hidden tool
+exists. No I/O of its own: the ledger, keys and stores come in through `Wiring`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import structlog
 
 from gateway.core.call import ALLOW, CallContext, Decision
 from gateway.core.errors import ErrorCode
+from gateway.crypto.receipts import KeyStore
 from gateway.policy.compile import CompiledPolicy
-from gateway.stages import Stage
+from gateway.stages import Stage, Step
+from gateway.stages.approval import ApprovalGate
+from gateway.stages.authenticate import Authenticate
+from gateway.stages.circuit_breaker import CircuitBreaker
+from gateway.stages.dharma_rules import DharmaRules
+from gateway.stages.disclosure import DisclosureRules
+from gateway.stages.forward import Forward
+from gateway.stages.rate_limiter import RateLimiter
+from gateway.stages.receipt import Receipt
+from gateway.stages.record import History, Ledger, Record, safe_digest
+from gateway.stages.sanitizer.stage import Sanitizer
+from gateway.stages.tier_gate import TierGate
+from gateway.stages.visibility import ToolVisibility
+from gateway.stores.base import ApprovalStore, IdempotencyStore, LimiterStore
 
 log = structlog.get_logger()
+
+
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """What the steps need from outside the decision core; the Gateway supplies it."""
+
+    ledger: Ledger
+    keys: KeyStore
+    limiter_store: LimiterStore
+    approvals: ApprovalStore
+    idempotency: IdempotencyStore
+    history: History
+    breaker: CircuitBreaker
+    clock: Callable[[], float]
+
+
+def steps(w: Wiring) -> tuple[Stage | Step, ...]:
+    """Every step of a governed call, in order (the README's pipeline line)."""
+    return (
+        Authenticate(),  # unauthenticated
+        ToolVisibility(),  # tool_not_found (hidden looks unknown)
+        Sanitizer(),  # invalid_params
+        w.breaker,  # backend_unavailable (check only, fail fast while open)
+        RateLimiter(w.limiter_store),  # rate_limited
+        TierGate(),  # forbidden, purpose_required
+        DharmaRules(),  # policy_blocked
+        ApprovalGate(w.approvals),  # approval_required / _denied / _timeout
+        Forward(w.breaker, w.idempotency, w.clock),  # [backend]: replay, admit → send → record
+        DisclosureRules(),  # PERMIT / REDACT / WITHHOLD
+        Record(w.ledger, w.history, w.idempotency, w.clock),  # karma ledger append (fails closed)
+        Receipt(w.keys, w.clock),  # signed receipt
+    )
+
+
+#: The first step that acts on the decision instead of deciding.
+FIRST_AFTER_DECISION = Forward
+
+
+def split(all_steps: Sequence[Stage | Step]) -> tuple[tuple[Stage, ...], tuple[Step, ...]]:
+    """The declaration cut at `forward`: the deciding stages, then the steps that act on the decision."""
+    at = next(i for i, s in enumerate(all_steps) if isinstance(s, FIRST_AFTER_DECISION))
+    return tuple(all_steps[:at]), tuple(all_steps[at:])  # type: ignore[arg-type]
 
 
 async def decide(stages: Sequence[Stage], ctx: CallContext, policy: CompiledPolicy) -> Decision:
@@ -37,3 +98,16 @@ async def decide(stages: Sequence[Stage], ctx: CallContext, policy: CompiledPoli
         if decision is not None:
             return decision
     return ctx.rules_decision or ALLOW
+
+
+async def run(
+    stages: Sequence[Stage], after: Sequence[Step], ctx: CallContext, policy: CompiledPolicy
+) -> CallContext:
+    """Run one call through the declaration: decide (unless a decision is already on `ctx`), then act."""
+    if ctx.decision is None:
+        ctx.decision = await decide(stages, ctx, policy)
+    if not ctx.argument_digest:  # the sanitizer did not get to it: digest what arrived
+        ctx.argument_digest = safe_digest(ctx.call.arguments)
+    for step in after:
+        await step(ctx, policy)
+    return ctx

@@ -1,4 +1,4 @@
-"""Disclosure rules stage (response phase): PERMIT, REDACT or WITHHOLD what the backend answered.
+"""Disclosure rules step (response phase): PERMIT, REDACT or WITHHOLD what the backend answered.
 
 WITHHOLD returns the rule set's configured no-information response exactly as configured, so a
 withheld answer cannot be told apart from a genuine "nothing found".
@@ -39,3 +39,16 @@ def disclose(ctx: CallContext, policy: CompiledPolicy, result: Any, is_error: bo
         if verdict.redact_secrets:
             result, _ = redact_secrets(result)
     return result, verdict
+
+
+class DisclosureRules:
+    """Applies `disclose` to a fresh backend answer (a replayed one was disclosed when first stored)."""
+
+    name = "disclosure"
+
+    async def __call__(self, ctx: CallContext, policy: CompiledPolicy) -> None:
+        if ctx.answer is None:
+            return
+        ctx.result, verdict = disclose(ctx, policy, ctx.answer.result, ctx.answer.is_error)
+        ctx.disclosure_note = verdict.verdict.value if verdict is not None and verdict.enforced else None
+        ctx.disclosure = verdict

@@ -14,7 +14,7 @@ What the adapter guarantees, whichever engine runs:
   ``filter``/``map`` take exactly ``(var, expr)`` (the 3-argument ``map`` crashes cel-python,
   issue #194, and two-variable comprehensions exist in neither engine); ``has()`` takes a
   field selection ``e.f``. Calls to functions outside `FUNCTIONS` (the ones both engines
-  provide, plus our helpers) are compile errors too, so a typo such as ``startswith`` fails
+  provide) and the registered `HELPERS` are compile errors too, so a typo such as ``startswith`` fails
   at load time instead of failing closed on every call.
 * `Expression.references` is the set of free top-level names (comprehension variables are
   not references); names outside ``declared`` raise `CelUndeclared`. cel-python walks the
@@ -37,9 +37,11 @@ are listed in docs/cel.md: ``size()`` of a non-ASCII string (Rust counts UTF-8 b
 in Rust), ``42 || false``, time-zone accessors and ``int(timestamp)`` (absent in Rust),
 triple-quoted strings with newlines (cel-python drops the newline).
 
-Helpers (function-call style, both engines): ``glob(s, pattern)`` (fnmatch, case-sensitive,
-``*`` also matches ``/``), ``path_normalize(p)``, ``path_within(p, root)``, ``lower(s)``,
-``upper(s)`` (Unicode-aware).
+Helpers (function-call style, both engines), registered once in `gateway.policy.cel.helpers`
+with a declared result type that both engines keep (an int result stays an int):
+``glob(s, pattern)`` (fnmatch, case-sensitive, ``*`` also matches ``/``),
+``path_normalize(p)``, ``path_within(p, root)``, ``lower(s)``, ``upper(s)`` (Unicode-aware),
+and ``matches`` (RE2, replacing the engines' own).
 
 No I/O, no environment reads. The one piece of module-level state is the lazily built
 cel-python `Environment` (in `gateway.policy.cel.celpython`: it builds an LALR parser in ~0.3 s and
@@ -55,19 +57,23 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.policy.cel.celpython import _celpy_compile, _celpy_context
-from gateway.policy.cel.rust import _rust_compile, _rust_context
+from gateway.policy.cel.celpython import celpy_compile, celpy_context
+from gateway.policy.cel.rust import rust_compile, rust_context
 from gateway.policy.cel.helpers import (
-    _MACROS,
+    HELPERS,
+    MACROS,
+    Helper,
     CelError,
     CelEvalError,
     CelSyntaxError,
     CelUndeclared,
-    _short,
+    shorten,
     glob,
     lower,
     path_normalize,
     path_within,
+    register_helper,
+    unregister_helper,
     upper,
 )
 
@@ -78,8 +84,8 @@ _MODULES = {_CELPY: "celpy", _RUST: "cel"}
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _EXACT_FLOAT_INT = 2**53
 
-HELPERS: tuple[str, ...] = ("glob", "lower", "path_normalize", "path_within", "upper")
-#: Functions and macros an expression may call: present in both engines, plus our helpers.
+#: Built-in functions and macros an expression may call: present in both engines. Registered
+#: helpers (`HELPERS`, see `register_helper`) may be called too.
 FUNCTIONS: frozenset[str] = frozenset(
     {
         "has", "dyn", "size", "contains", "startsWith", "endsWith", "matches",
@@ -87,8 +93,7 @@ FUNCTIONS: frozenset[str] = frozenset(
         "getFullYear", "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek",
         "getDayOfYear", "getHours", "getMinutes", "getSeconds", "getMilliseconds",
     }
-    | _MACROS
-    | set(HELPERS)
+    | MACROS
 )  # fmt: skip
 
 
@@ -123,7 +128,7 @@ def _describe(exc: BaseException) -> str:
         text = "; ".join([args[0], *(str(d) for d in detail if d != args[0])])
     else:
         text = f"{type(exc).__name__}: {exc}"
-    return _short(text.replace("\n", " "))
+    return shorten(text.replace("\n", " "))
 
 
 # --------------------------------------------------------------------------- values
@@ -212,7 +217,7 @@ class Activation:
         try:
             return self._converted[engine]
         except KeyError:
-            native = _celpy_context(self._plain) if engine == _CELPY else _rust_context(self._plain)
+            native = celpy_context(self._plain) if engine == _CELPY else rust_context(self._plain)
             self._converted[engine] = native
             return native
 
@@ -225,7 +230,7 @@ class Activation:
         self._plain.update(added)
         for engine, native in self._converted.items():
             if engine == _CELPY:
-                native.update(_celpy_context(added))
+                native.update(celpy_context(added))
             else:
                 for name, value in added.items():
                     native.add_variable(name, value)
@@ -268,7 +273,7 @@ class Expression:
         except BaseException as exc:  # pyo3 PanicException derives from BaseException
             if type(exc).__name__ != "PanicException":
                 raise
-            raise CelEvalError(_short(f"engine panic: {exc}")) from exc
+            raise CelEvalError(shorten(f"engine panic: {exc}")) from exc
         return _plain(raw)
 
 
@@ -283,11 +288,11 @@ def compile_expression(
     """
     engine = _resolve(engine)
     if engine == _CELPY:
-        run, refs, funcs = _celpy_compile(source)
+        run, refs, funcs = celpy_compile(source)
     else:
-        run, refs, funcs = _rust_compile(source)
+        run, refs, funcs = rust_compile(source)
     for name, (line, col) in funcs:
-        if name not in FUNCTIONS:
+        if name not in FUNCTIONS and name not in HELPERS:
             raise CelSyntaxError(f"unknown function {name!r}", line=line, column=col)
     allowed = frozenset(declared)
     missing = {n: pos for n, pos in refs.items() if n not in allowed}
@@ -307,6 +312,7 @@ __all__ = [
     "CelSyntaxError",
     "CelUndeclared",
     "Expression",
+    "Helper",
     "available_engines",
     "compile_expression",
     "default_engine",
@@ -315,5 +321,7 @@ __all__ = [
     "make_activation",
     "path_normalize",
     "path_within",
+    "register_helper",
+    "unregister_helper",
     "upper",
 ]

@@ -13,20 +13,21 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.policy.cel.helpers import (
-    _HELPER_FNS,
-    _MACROS,
-    _TYPE_NAMES,
+    HELPERS,
+    MACROS,
+    TYPE_NAMES,
     CelSyntaxError,
-    _bad_macro,
-    _Compiled,
-    _Funcs,
-    _Refs,
-    regex_matches,
+    bad_macro,
+    Compiled,
+    Funcs,
+    Refs,
 )
 
 @functools.cache
 def _celpy_env() -> tuple[Any, dict[str, Any]]:
-    """Build the one cel-python Environment and its function table (slow; once per process)."""
+    """Build the one cel-python Environment and its operator overrides (slow; once per process).
+
+Helpers are added per compiled program from the registry (`_helper_functions`)."""
     import celpy
     from celpy import celtypes
     from celpy.evaluation import CELEvalError as PyEvalError
@@ -47,7 +48,7 @@ def _celpy_env() -> tuple[Any, dict[str, Any]]:
             # Spec (and Rust): comprehensions range over lists and maps only; celpy also
             # iterates strings character by character, so `"/srv".exists(r, ...)` held there.
             member_tree, method = tree.children[:2]
-            if method.value in _MACROS:
+            if method.value in MACROS:
                 target = self.visit(member_tree)
                 if isinstance(target, PyEvalError):
                     return target
@@ -139,13 +140,6 @@ def _celpy_env() -> tuple[Any, dict[str, Any]]:
             return "double"
         return "uint" if isinstance(v, celtypes.UintType) else "int"
 
-    def helper(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any) -> Any:
-            r = fn(*args)
-            return celtypes.BoolType(r) if isinstance(r, bool) else celtypes.StringType(r)
-
-        return call
-
     functions: dict[str, Any] = {
         "_==_": lifted(heq),
         "_!=_": lifted(lambda a, b: not heq(a, b)),
@@ -156,8 +150,6 @@ def _celpy_env() -> tuple[Any, dict[str, Any]]:
         **{op: strict(op) for op in ("_+_", "_-_", "_*_", "_/_", "_%_")},
         "_in_": op_in,
         "_[_]": op_index,
-        **{name: helper(fn) for name, fn in _HELPER_FNS.items()},
-        "matches": helper(regex_matches),
     }
     return celpy.Environment(runner_class=_StrictRunner), functions
 
@@ -174,7 +166,7 @@ def _lark_chain_to(node: Any, target: str) -> Any:
     return None
 
 
-def _lark_walk(node: Any, bound: frozenset[str], refs: _Refs, funcs: _Funcs) -> None:
+def _lark_walk(node: Any, bound: frozenset[str], refs: Refs, funcs: Funcs) -> None:
     """Collect free top-level names and called functions; check macro shapes."""
     if not hasattr(node, "data"):
         return
@@ -182,7 +174,7 @@ def _lark_walk(node: Any, bound: frozenset[str], refs: _Refs, funcs: _Funcs) -> 
     d = node.data
     if d in ("ident", "dot_ident"):
         tok = kids[0]
-        if tok.value not in bound and tok.value not in _TYPE_NAMES:
+        if tok.value not in bound and tok.value not in TYPE_NAMES:
             refs.setdefault(tok.value, (tok.line, tok.column))
         return
     if d in ("ident_arg", "dot_ident_arg", "member_dot_arg"):
@@ -198,10 +190,10 @@ def _lark_walk(node: Any, bound: frozenset[str], refs: _Refs, funcs: _Funcs) -> 
                 raise CelSyntaxError(
                     "has() takes one field selection such as has(args.path)", line=pos[0], column=pos[1]
                 )
-        if member is not None and tok.value in _MACROS:
+        if member is not None and tok.value in MACROS:
             binder = _lark_chain_to(args[0], "ident") if len(args) == 2 else None
             if binder is None:
-                raise _bad_macro(tok.value, pos)
+                raise bad_macro(tok.value, pos)
             _lark_walk(args[1], bound | {binder.children[0].value}, refs, funcs)
             return
         for a in args:
@@ -211,7 +203,7 @@ def _lark_walk(node: Any, bound: frozenset[str], refs: _Refs, funcs: _Funcs) -> 
         _lark_walk(c, bound, refs, funcs)
 
 
-def _celpy_compile(source: str) -> _Compiled:
+def celpy_compile(source: str) -> Compiled:
     env, functions = _celpy_env()
     from celpy import CELParseError
 
@@ -232,13 +224,26 @@ def _celpy_compile(source: str) -> _Compiled:
             line = source.count("\n", 0, end) + 1
             column = end - source.rfind("\n", 0, end)
         raise CelSyntaxError(f"syntax error: unexpected {what}", line=line, column=column) from None
-    refs: _Refs = {}
-    funcs: _Funcs = []
+    refs: Refs = {}
+    funcs: Funcs = []
     _lark_walk(ast, frozenset(), refs, funcs)
-    return env.program(ast, functions=functions).evaluate, refs, funcs
+    return env.program(ast, functions={**functions, **_helper_functions()}).evaluate, refs, funcs
 
 
-def _celpy_context(plain: dict[str, Any]) -> dict[str, Any]:
+def _helper_functions() -> dict[str, Callable[..., Any]]:
+    """The registered helpers, each returning its result as the matching CEL type (an int stays an int)."""
+    from celpy import json_to_cel
+
+    def native(helper: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            return json_to_cel(helper(*args))
+
+        return call
+
+    return {name: native(helper) for name, helper in HELPERS.items()}
+
+
+def celpy_context(plain: dict[str, Any]) -> dict[str, Any]:
     from celpy import json_to_cel
 
     return {name: json_to_cel(value) for name, value in plain.items()}

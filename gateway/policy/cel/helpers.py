@@ -1,7 +1,8 @@
-"""What the CEL adapter and both engine modules share: errors, helper functions, check types.
+"""What the CEL adapter and both engine modules share: errors, the helper registry, check types.
 
-Private to `gateway.policy.cel`, which re-exports the public names (`CelError` and its subclasses,
-`glob`, `path_normalize`, `path_within`, `lower`, `upper`). Imports no CEL engine. No I/O.
+`HELPERS` is the one registry of CEL helper functions (name → function + declared result
+type): both engines read it, so adding a helper is one `register_helper` call here. The
+adapter `gateway.policy.cel` re-exports the public names. Imports no CEL engine. No I/O.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import functools
 import posixpath
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 _MAX_MESSAGE = 300
 
-_MACROS = frozenset({"all", "exists", "exists_one", "filter", "map"})
+MACROS = frozenset({"all", "exists", "exists_one", "filter", "map"})
 #: Type denotations (``type(x) == string``): identifiers, but never variables.
-_TYPE_NAMES = frozenset(
+TYPE_NAMES = frozenset(
     {"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"}
 )
 
@@ -58,7 +60,7 @@ class CelEvalError(CelError):
     """Evaluation failed: missing key, no overload, overflow, helper failure, non-JSON result."""
 
 
-def _short(text: str) -> str:
+def shorten(text: str) -> str:
     text = text.split(" (in activation", 1)[0]  # cel-python dumps the whole activation
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
@@ -125,26 +127,78 @@ def regex_matches(s: str, pattern: str) -> bool:
     return _regex(pattern).search(s) is not None
 
 
-_RE_MATCHES = "_dharma_matches"
+# --------------------------------------------------------------------------- the helper registry
 
-_HELPER_FNS: dict[str, Callable[..., Any]] = {
-    "glob": glob,
-    "lower": lower,
-    "path_normalize": path_normalize,
-    "path_within": path_within,
-    "upper": upper,
-}
+#: Result types a helper may declare: what both engines carry back into CEL without loss.
+RESULT_TYPES: tuple[type, ...] = (bool, int, float, str, list)
+
+
+@dataclass(frozen=True, slots=True)
+class Helper:
+    """One CEL helper: its name in expressions, the Python function, and its declared result type.
+
+    Calling a Helper runs the function and checks the result against the declared type, so a
+    helper that returns the wrong kind fails the same way on both engines (a CelEvalError).
+    `overrides_builtin` marks a helper that replaces an engine built-in of the same name.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    result: type
+    overrides_builtin: bool = False
+
+    def __call__(self, *args: Any) -> Any:
+        value = self.fn(*args)
+        if not isinstance(value, self.result) or (isinstance(value, bool) and self.result is not bool):
+            raise TypeError(f"{self.name}() returned {type(value).__name__}, declared {self.result.__name__}")
+        return value
+
+
+#: The one place CEL helpers are registered; both engines read it when they compile and evaluate.
+HELPERS: dict[str, Helper] = {}
+
+_HELPER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def register_helper(name: str, fn: Callable[..., Any], result: type, *, overrides_builtin: bool = False) -> Helper:
+    """Make `fn` callable from CEL as `name(...)` on both engines; `result` is its declared result type.
+
+    Raises:
+        ValueError: the name is not an identifier, is taken, or the result type is not supported.
+    """
+    if not _HELPER_NAME.fullmatch(name):
+        raise ValueError(f"CEL helper name {name!r} is not an identifier")
+    if name in HELPERS:
+        raise ValueError(f"CEL helper {name!r} is already registered")
+    if result not in RESULT_TYPES:
+        allowed = ", ".join(t.__name__ for t in RESULT_TYPES)
+        raise ValueError(f"CEL helper {name!r} declares result type {result!r}; expected one of {allowed}")
+    helper = HELPERS[name] = Helper(name, fn, result, overrides_builtin)
+    return helper
+
+
+def unregister_helper(name: str) -> None:
+    """Remove a helper (tests that register their own); unknown names are ignored."""
+    HELPERS.pop(name, None)
+
+
+register_helper("glob", glob, bool)
+register_helper("lower", lower, str)
+register_helper("path_normalize", path_normalize, str)
+register_helper("path_within", path_within, bool)
+register_helper("upper", upper, str)
+register_helper("matches", regex_matches, bool, overrides_builtin=True)
 
 
 # --------------------------------------------------------------------------- shared checks
 
-_Pos = tuple[int, int]
-_Refs = dict[str, _Pos]
-_Funcs = list[tuple[str, _Pos]]
-_Compiled = tuple[Callable[[Any], Any], _Refs, _Funcs]
+Pos = tuple[int, int]
+Refs = dict[str, Pos]
+Funcs = list[tuple[str, Pos]]
+Compiled = tuple[Callable[[Any], Any], Refs, Funcs]
 
 
-def _bad_macro(name: str, pos: _Pos) -> CelSyntaxError:
+def bad_macro(name: str, pos: Pos) -> CelSyntaxError:
     return CelSyntaxError(
         f"{name}() takes exactly (variable, expression); map(x, p, t) and two-variable "
         "comprehensions are not supported by both engines",

@@ -1,7 +1,8 @@
 """The Rust engine (module ``cel``, common-expression-language) behind `gateway.policy.cel`.
 
 Private: only `gateway.policy.cel` calls it. Compiles (with `matches` routed to the shared RE2 helper),
-finds references by a scope-aware token scan, and builds contexts. ``cel`` is imported on first use.
+finds references by a scope-aware token scan, and builds contexts whose functions are the helpers
+of the one registry (`gateway.policy.cel.helpers.HELPERS`). ``cel`` is imported on first use.
 """
 
 from __future__ import annotations
@@ -11,18 +12,16 @@ import re
 from typing import Any
 
 from gateway.policy.cel.helpers import (
-    _HELPER_FNS,
-    _MACROS,
-    _RE_MATCHES,
-    _TYPE_NAMES,
+    HELPERS,
+    MACROS,
+    TYPE_NAMES,
     CelSyntaxError,
-    _bad_macro,
-    _Compiled,
-    _Funcs,
-    _Pos,
-    _Refs,
-    _short,
-    regex_matches,
+    bad_macro,
+    Compiled,
+    Funcs,
+    Pos,
+    Refs,
+    shorten,
 )
 
 _TOKEN = re.compile(
@@ -36,10 +35,10 @@ _TOKEN = re.compile(
     |(?P<op>&&|\|\||==|!=|<=|>=|[\s\S])""",
     re.X,
 )
-_NOT_NAMES = frozenset({"true", "false", "null", "in"}) | _TYPE_NAMES
+_NOT_NAMES = frozenset({"true", "false", "null", "in"}) | TYPE_NAMES
 
 
-def _scan(source: str) -> tuple[_Refs, _Funcs]:
+def _scan(source: str) -> tuple[Refs, Funcs]:
     """Find free top-level names and called functions by a scope-aware token scan.
 
     Only used after the Rust parser accepted ``source``, so the token stream is valid CEL.
@@ -50,7 +49,7 @@ def _scan(source: str) -> tuple[_Refs, _Funcs]:
         if m.lastgroup != "ws"
     ]
 
-    def pos(i: int) -> _Pos:
+    def pos(i: int) -> Pos:
         at = toks[i][2]
         return source.count("\n", 0, at) + 1, at - (source.rfind("\n", 0, at) + 1) + 1
 
@@ -61,14 +60,14 @@ def _scan(source: str) -> tuple[_Refs, _Funcs]:
             stack.append(i)
         elif text in ")]}" and stack:
             closing[stack.pop()] = i
-    funcs: _Funcs = []
+    funcs: Funcs = []
     binders: set[int] = set()
     scopes: list[tuple[str, int, int]] = []
     for i, (kind, text, _) in enumerate(toks):
         if kind != "id" or i + 1 >= len(toks) or toks[i + 1][1] != "(":
             continue
         funcs.append((text, pos(i)))
-        if text not in _MACROS or i == 0 or toks[i - 1][1] != ".":
+        if text not in MACROS or i == 0 or toks[i - 1][1] != ".":
             continue
         start, end = i + 2, closing.get(i + 1, len(toks))
         commas, depth = [], 0
@@ -79,10 +78,10 @@ def _scan(source: str) -> tuple[_Refs, _Funcs]:
             if t == "," and depth == 0:
                 commas.append(j)
         if len(commas) != 1 or commas[0] != start + 1 or toks[start][0] != "id":
-            raise _bad_macro(text, pos(i))
+            raise bad_macro(text, pos(i))
         binders.add(start)
         scopes.append((toks[start][1], commas[0], end))
-    refs: _Refs = {}
+    refs: Refs = {}
     for i, (kind, text, _) in enumerate(toks):
         if kind != "id" or text in _NOT_NAMES or i in binders:
             continue
@@ -108,27 +107,32 @@ def _rust() -> Any:
 _RUST_POS = re.compile(r"<input>:(\d+):(\d+): (.*)")
 
 
-def _rewrite_matches(source: str) -> str:
-    """Route `matches` calls (method or function form) to the cached RE2 helper."""
+#: Prefix under which a helper that overrides a Rust built-in (`matches`) is registered.
+_OVERRIDE_PREFIX = "_dharma_"
+
+
+def _rewrite_overrides(source: str) -> str:
+    """Route calls (method or function form) of built-ins a helper overrides to that helper."""
+    overridden = {name for name, helper in HELPERS.items() if helper.overrides_builtin}
     out, last = [], 0
     for m in _TOKEN.finditer(source):
-        if m.lastgroup == "id" and m.group() == "matches" and source[m.end():].lstrip().startswith("("):
+        if m.lastgroup == "id" and m.group() in overridden and source[m.end():].lstrip().startswith("("):
             out.append(source[last:m.start()])
-            out.append(_RE_MATCHES)
+            out.append(_OVERRIDE_PREFIX + m.group())
             last = m.end()
     out.append(source[last:])
     return "".join(out)
 
 
-def _rust_compile(source: str) -> _Compiled:
+def rust_compile(source: str) -> Compiled:
     try:
-        program = _rust().compile(_rewrite_matches(source))
+        program = _rust().compile(_rewrite_overrides(source))
     except Exception as exc:
         m = _RUST_POS.search(str(exc))
         if m is None:
-            raise CelSyntaxError(_short(f"syntax error: {exc}")) from None
+            raise CelSyntaxError(shorten(f"syntax error: {exc}")) from None
         raise CelSyntaxError(
-            _short(m.group(3)), line=int(m.group(1)), column=int(m.group(2))
+            shorten(m.group(3)), line=int(m.group(1)), column=int(m.group(2))
         ) from None
     refs, funcs = _scan(source)
     engine_vars = {v.lstrip(".") for v in program.variables()}
@@ -136,8 +140,8 @@ def _rust_compile(source: str) -> _Compiled:
     return program.execute, refs, funcs
 
 
-_RUST_FNS = {**_HELPER_FNS, _RE_MATCHES: regex_matches}
-
-
-def _rust_context(plain: dict[str, Any]) -> Any:
-    return _rust().Context(plain, functions=_RUST_FNS)
+def rust_context(plain: dict[str, Any]) -> Any:
+    functions = {
+        (_OVERRIDE_PREFIX + name if helper.overrides_builtin else name): helper for name, helper in HELPERS.items()
+    }
+    return _rust().Context(plain, functions=functions)

@@ -1,7 +1,7 @@
 """The sanitizer's error (what makes a call's arguments or a tool's schema unacceptable).
 
 Shared by every part of the sanitizer (`gateway.stages.sanitizer.walk` and its `sanitize_*` modules), so it
-sits below them all, with `_type_name`, the JSON type names its messages use. No I/O.
+sits below them all, with `json_type_name`, the JSON type names its messages use. No I/O.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class SanitizeError(GatewayError):
         self.path = path
 
 
-def _type_name(v: Any) -> str:
+def json_type_name(v: Any) -> str:
     names = {dict: "object", list: "array", tuple: "array", str: "string", bool: "boolean", type(None): "null"}
     if type(v) in names:
         return names[type(v)]

@@ -33,7 +33,7 @@ class _Star:
 STAR: Final = _Star()
 
 
-def _child(path: str, key: str | int) -> str:
+def child_path(path: str, key: str | int) -> str:
     if isinstance(key, int):
         return f"{path}[{key}]"
     if _IDENT.match(key):
@@ -45,7 +45,7 @@ def format_path(steps: Iterable[str | int]) -> str:
     """Render path steps (keys and indexes) as a JSON path starting at `$`."""
     path = "$"
     for step in steps:
-        path = _child(path, step)
+        path = child_path(path, step)
     return path
 
 

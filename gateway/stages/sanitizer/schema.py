@@ -25,9 +25,9 @@ from jsonschema.validators import (
 )
 
 from audit.canon import NotCanonicalizable, digest
-from gateway.stages.sanitizer.errors import SanitizeError, _type_name
+from gateway.stages.sanitizer.errors import SanitizeError, json_type_name
 from gateway.stages.sanitizer.paths import format_path
-from gateway.stages.sanitizer.secrets import _redact_text
+from gateway.stages.sanitizer.secrets import redact_text
 
 __all__ = ["SchemaValidator", "compile_schema"]
 
@@ -37,7 +37,7 @@ class SchemaValidator:
 
     digest: str
     validator: Any  # a jsonschema Validator instance
-    fast: Callable[[Any], bool] | None = None  # see _fast_check; True means "certainly valid"
+    fast: Callable[[Any], bool] | None = None  # see fast_check; True means "certainly valid"
 
     def validate(self, instance: Any) -> None:
         """Check `instance`; report the first error in path order (deterministic)."""
@@ -50,7 +50,7 @@ class SchemaValidator:
         except referencing.exceptions.Unresolvable as exc:
             raise SanitizeError(f"the tool's inputSchema is invalid: unresolvable $ref ({exc})", "$") from None
         first = min(errors, key=lambda e: (_sort_key(e.absolute_path), e.message))
-        message = _redact_text(first.message)
+        message = redact_text(first.message)
         if len(message) > 300:
             message = message[:297] + "..."
         raise SanitizeError(f"does not match the tool's inputSchema: {message}", format_path(first.absolute_path))
@@ -163,7 +163,7 @@ def _check_all(checks: tuple[_Check, ...], v: Any) -> bool:
     return True
 
 
-def _fast_check(schema: Any) -> _Check | None:
+def fast_check(schema: Any) -> _Check | None:
     """Compile a schema made only of common keywords into a predicate, or return None."""
     if schema is True or schema is False:
         return partial(_always, schema)
@@ -186,7 +186,7 @@ def _fast_check(schema: Any) -> _Check | None:
             if type(subs) is not dict:
                 return None
             for name, sub in subs.items():
-                pred = _fast_check(sub)
+                pred = fast_check(sub)
                 if pred is None:
                     return None
                 if kw == "properties":
@@ -198,7 +198,7 @@ def _fast_check(schema: Any) -> _Check | None:
                 return None
             checks.append(partial(_check_required, tuple(arg)))
         elif kw == "items":
-            item = _fast_check(arg)
+            item = fast_check(arg)
             if item is None:
                 return None
             checks.append(partial(_check_items, item))
@@ -271,7 +271,7 @@ def _compile(schema: Mapping[str, Any] | bool, key: str) -> SchemaValidator:
     try:
         cls = validator_for(schema, default=Draft202012Validator)
         cls.check_schema(schema)
-        fast = _fast_check(schema) if cls in _FAST_DRAFTS else None
+        fast = fast_check(schema) if cls in _FAST_DRAFTS else None
         return SchemaValidator(digest=key, validator=cls(schema), fast=fast)
     except SchemaError as exc:
         where = format_path(exc.absolute_path) if exc.absolute_path else "$"
@@ -290,5 +290,5 @@ def compile_schema(schema: Mapping[str, Any]) -> SchemaValidator:
         SanitizeError: the schema itself is invalid.
     """
     if not isinstance(schema, (Mapping, bool)):
-        raise SanitizeError(f"the tool's inputSchema is invalid: must be an object, got {_type_name(schema)}", "$")
+        raise SanitizeError(f"the tool's inputSchema is invalid: must be an object, got {json_type_name(schema)}", "$")
     return _VALIDATORS.get(schema)

@@ -13,13 +13,13 @@ from functools import lru_cache
 from typing import Any, Final
 
 from gateway.core.call import Finding
-from gateway.stages.sanitizer.paths import _child
+from gateway.stages.sanitizer.paths import child_path
 
 __all__ = ["detect_secrets", "redact_secrets"]
 
 # One hit inside a string: (kind, start, end, detail). A key-name hit spans the whole string.
 _Hit = tuple[str, int, int, str]
-_MIN_SCAN: Final = 6  # shorter strings cannot hold anything we detect (key-name rules aside)
+MIN_SCAN: Final = 6  # shorter strings cannot hold anything we detect (key-name rules aside)
 
 _AWS: Final = re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])")
 _GITHUB: Final = re.compile(
@@ -74,7 +74,7 @@ _API_KEY_KEYS: Final = frozenset(
 
 
 @lru_cache(maxsize=4096)
-def _key_kind(key: str) -> str | None:
+def kind_of_key(key: str) -> str | None:
     """Which finding kind a value under this key name is, if any (password, api_key, otp_code)."""
     k = _KEY_NOISE.sub("", key.lower())
     if k in _OTP_KEYS:
@@ -209,10 +209,10 @@ def _scan(s: str) -> list[_Hit]:
     return hits
 
 
-def _value_hits(value: Any, key_kind: str | None) -> list[_Hit]:
+def value_hits(value: Any, key_kind: str | None) -> list[_Hit]:
     """Hits for a scalar value: its text, plus what its key's name says it is."""
     if type(value) is str:
-        hits = _scan(value) if len(value) >= _MIN_SCAN else []
+        hits = _scan(value) if len(value) >= MIN_SCAN else []
         if key_kind is not None and value and _PLACEHOLDER.match(value) is None:
             if key_kind == "password":
                 hit: _Hit | None = ("password", 0, len(value), f"password-like field, {len(value)} chars")
@@ -231,7 +231,7 @@ def _value_hits(value: Any, key_kind: str | None) -> list[_Hit]:
     return []
 
 
-def _findings(hits: list[_Hit], path: str, out: list[Finding]) -> None:
+def add_findings(hits: list[_Hit], path: str, out: list[Finding]) -> None:
     seen: set[tuple[str, str]] = set()
     for kind, _start, _end, detail in hits:
         if (kind, detail) not in seen:
@@ -260,10 +260,10 @@ def _secret_walk(value: Any, path: str, rebuild: bool) -> tuple[Any, list[Findin
     findings: list[Finding] = []
 
     def leaf(v: Any, parent: str, key: str | int | None, key_kind: str | None) -> Any:
-        hits = _value_hits(v, key_kind)
+        hits = value_hits(v, key_kind)
         if not hits:
             return v
-        _findings(hits, parent if key is None else _child(parent, key), findings)
+        add_findings(hits, parent if key is None else child_path(parent, key), findings)
         if not rebuild:
             return v
         if type(v) is not str:
@@ -283,9 +283,9 @@ def _secret_walk(value: Any, path: str, rebuild: bool) -> tuple[Any, list[Findin
         for key, v in pairs:
             if isinstance(v, (dict, list, tuple)):
                 new: Any = {} if isinstance(v, dict) else []
-                stack.append((v, new, _child(here, key) if isinstance(key, (str, int)) else here))
+                stack.append((v, new, child_path(here, key) if isinstance(key, (str, int)) else here))
             else:
-                key_kind = _key_kind(key) if type(key) is str else None
+                key_kind = kind_of_key(key) if type(key) is str else None
                 new = leaf(v, here, key if isinstance(key, (str, int)) else None, key_kind)
             if rebuild:
                 if type(dst) is dict:
@@ -310,6 +310,6 @@ def redact_secrets(value: Any) -> tuple[Any, tuple[Finding, ...]]:
     return copy, tuple(findings)
 
 
-def _redact_text(text: str) -> str:
+def redact_text(text: str) -> str:
     hits = _scan(text)
     return _redact_string(text, hits) if hits else text

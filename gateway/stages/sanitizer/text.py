@@ -42,22 +42,22 @@ _ASCII_CTRL: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]+")
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 
-class _BadChar(ValueError):
+class BadChar(ValueError):
     def __init__(self, index: int, char: str) -> None:
         super().__init__(index, char)
         self.index = index
         self.char = char
 
 
-def _clean(s: str) -> str:
-    """Return `s` cleaned; the very same object when nothing changed. Raises _BadChar."""
+def clean_or_raise(s: str) -> str:
+    """Return `s` cleaned; the very same object when nothing changed. Raises BadChar."""
     if s.isascii():
         if s.isprintable() or _ASCII_CTRL.search(s) is None:
             return s
         return _ASCII_CTRL.sub("", s)
     bad = _SURROGATE.search(s)
     if bad is not None:
-        raise _BadChar(bad.start(), bad.group())
+        raise BadChar(bad.start(), bad.group())
     t = _STRIP.sub("", s)
     if not t.isascii() and not unicodedata.is_normalized("NFKC", t):
         n = unicodedata.normalize("NFKC", t)
@@ -66,7 +66,7 @@ def _clean(s: str) -> str:
     return s if t == s else t
 
 
-def _bad_char_message(what: str, exc: _BadChar) -> str:
+def bad_char_message(what: str, exc: BadChar) -> str:
     return (
         f"{what} contains a lone surrogate U+{ord(exc.char):04X} at index {exc.index} "
         "(invalid UTF-8/UTF-16 in the request)"
@@ -80,6 +80,6 @@ def clean_text(s: str) -> str:
         SanitizeError: `s` holds a lone surrogate (what undecodable bytes turn into).
     """
     try:
-        return _clean(s)
-    except _BadChar as exc:
-        raise SanitizeError(_bad_char_message("string", exc), "$") from None
+        return clean_or_raise(s)
+    except BadChar as exc:
+        raise SanitizeError(bad_char_message("string", exc), "$") from None

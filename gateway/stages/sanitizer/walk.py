@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gateway.core.call import Finding
-from gateway.stages.sanitizer.errors import SanitizeError, _type_name
-from gateway.stages.sanitizer.paths import STAR, _child, format_path, parse_path, redact_paths
-from gateway.stages.sanitizer.schema import SchemaValidator, _fast_check, compile_schema  # noqa: F401 (_fast_check: tests)
-from gateway.stages.sanitizer.secrets import _MIN_SCAN, _findings, _key_kind, _value_hits, detect_secrets, redact_secrets
-from gateway.stages.sanitizer.text import STRIPPED_RANGES, _BadChar, _bad_char_message, _clean, clean_text
+from gateway.stages.sanitizer.errors import SanitizeError, json_type_name
+from gateway.stages.sanitizer.paths import STAR, child_path, format_path, parse_path, redact_paths
+from gateway.stages.sanitizer.schema import SchemaValidator, compile_schema
+from gateway.stages.sanitizer.secrets import MIN_SCAN, add_findings, kind_of_key, value_hits, detect_secrets, redact_secrets
+from gateway.stages.sanitizer.text import STRIPPED_RANGES, BadChar, bad_char_message, clean_or_raise, clean_text
 
 __all__ = [
     "STAR",
@@ -92,7 +92,7 @@ def _plain(v: Any, where: Callable[[], str]) -> Any:
         return dict(v)
     if isinstance(v, (list, tuple)):
         return list(v)
-    raise SanitizeError(f"{_type_name(v)} value is not JSON", where())
+    raise SanitizeError(f"{json_type_name(v)} value is not JSON", where())
 
 
 def _clean_key(key: Any, path: str, max_string: int) -> str:
@@ -101,16 +101,16 @@ def _clean_key(key: Any, path: str, max_string: int) -> str:
     if len(key) > max_string:
         raise SanitizeError(f"object key longer than {max_string} characters", path)
     try:
-        return _clean(str.__str__(key))
-    except _BadChar as exc:
-        raise SanitizeError(_bad_char_message(f"object key {json.dumps(key)}", exc), path) from None
+        return clean_or_raise(str.__str__(key))
+    except BadChar as exc:
+        raise SanitizeError(bad_char_message(f"object key {json.dumps(key)}", exc), path) from None
 
 
 def _collision(key: str, cleaned: str, path: str, src: dict[Any, Any]) -> SanitizeError:
     def cleans_to(k: Any) -> bool:
         try:
-            return isinstance(k, str) and k != key and _clean(k) == cleaned
-        except _BadChar:
+            return isinstance(k, str) and k != key and clean_or_raise(k) == cleaned
+        except BadChar:
             return False
 
     other = next((k for k in src if cleans_to(k)), cleaned)
@@ -153,36 +153,36 @@ def _walk(root: dict[Any, Any], limits: SanitizerLimits) -> tuple[dict[str, Any]
                         changed = True
                 if key in dst:
                     raise _collision(raw, key, path, src)
-                key_kind = _key_kind(key)
+                key_kind = kind_of_key(key)
             t = type(v)
             if t not in _JSON_TYPES:
-                v = _plain(v, lambda: _child(path, key))
+                v = _plain(v, lambda: child_path(path, key))
                 t = type(v)
             if t is str:
                 if len(v) > max_string:
-                    raise SanitizeError(f"string longer than {max_string} characters", _child(path, key))
+                    raise SanitizeError(f"string longer than {max_string} characters", child_path(path, key))
                 if v.isascii():
-                    c = v if v.isprintable() else _clean(v)
+                    c = v if v.isprintable() else clean_or_raise(v)
                     size += len(c) + 2
                 else:
                     try:
-                        c = _clean(v)
-                    except _BadChar as exc:
-                        raise SanitizeError(_bad_char_message("string", exc), _child(path, key)) from None
+                        c = clean_or_raise(v)
+                    except BadChar as exc:
+                        raise SanitizeError(bad_char_message("string", exc), child_path(path, key)) from None
                     if len(c) > max_string:
                         raise SanitizeError(
-                            f"string longer than {max_string} characters after normalisation", _child(path, key)
+                            f"string longer than {max_string} characters after normalisation", child_path(path, key)
                         )
                     size += len(c.encode()) + 2
                 if c is not v:
                     changed = True
                     v = c
-                if key_kind is not None or len(v) >= _MIN_SCAN:
-                    hits = _value_hits(v, key_kind)
+                if key_kind is not None or len(v) >= MIN_SCAN:
+                    hits = value_hits(v, key_kind)
                     if hits:
-                        _findings(hits, _child(path, key), findings)
+                        add_findings(hits, child_path(path, key), findings)
             elif t is dict or t is list or t is tuple:
-                child = _child(path, key)
+                child = child_path(path, key)
                 if depth >= max_depth:
                     raise SanitizeError(f"nesting deeper than {max_depth}", child)
                 new: Any = {} if t is dict else []
@@ -190,18 +190,18 @@ def _walk(root: dict[Any, Any], limits: SanitizerLimits) -> tuple[dict[str, Any]
                 v = new
             elif t is int:
                 if not -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT:
-                    raise SanitizeError("integer outside the interoperable range ±(2**53-1)", _child(path, key))
+                    raise SanitizeError("integer outside the interoperable range ±(2**53-1)", child_path(path, key))
                 size += len(str(v))
                 if key_kind == "otp_code":
-                    _findings(_value_hits(v, key_kind), _child(path, key), findings)
+                    add_findings(value_hits(v, key_kind), child_path(path, key), findings)
             elif t is float:
                 if not math.isfinite(v):
-                    raise SanitizeError(f"{v!r} is not a JSON number", _child(path, key))
+                    raise SanitizeError(f"{v!r} is not a JSON number", child_path(path, key))
                 size += len(repr(v))
             else:  # bool or None
                 size += 5
             if size > max_bytes:
-                raise SanitizeError(f"arguments larger than {max_bytes} bytes", _child(path, key))
+                raise SanitizeError(f"arguments larger than {max_bytes} bytes", child_path(path, key))
             if is_object:
                 dst[key] = v
             else:
@@ -225,7 +225,7 @@ def sanitize(
     if arguments is None:
         arguments = {}
     elif not isinstance(arguments, dict):
-        raise SanitizeError(f"arguments must be a JSON object, got {_type_name(arguments)}", "$")
+        raise SanitizeError(f"arguments must be a JSON object, got {json_type_name(arguments)}", "$")
     cleaned, findings, changed = _walk(arguments, limits)
     if input_schema is not None:
         validator = input_schema if isinstance(input_schema, SchemaValidator) else compile_schema(input_schema)
