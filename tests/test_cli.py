@@ -80,7 +80,7 @@ BROKEN_FILES = {
 
 
 def test_check_shipped_files(state_root: Path) -> None:
-    run = dharma("check", state_root=state_root)
+    run = dharma("check", state_root=state_root, cwd=REPO)  # bare: ./policies and ./rules of the repository
     assert run.rc == 0, run.out + run.err
     assert "0 error(s)" in run.out
 
@@ -144,7 +144,7 @@ def test_test_command_reports_failures_and_unexercised_rules(tmp_path: Path, sta
 
 @needs_rules
 def test_test_command_on_shipped_rules(state_root: Path) -> None:
-    run = dharma("test", state_root=state_root)
+    run = dharma("test", state_root=state_root, cwd=REPO)  # bare: ./rules of the repository
     assert run.rc == 0, run.out + run.err
     assert " 0 failed" in run.out
 
@@ -309,7 +309,7 @@ async def test_audit_query_filters_and_formats(recorded: dict[str, Any], state_r
     assert {r["principal"] for r in reader_records} == {"reader"}
 
     table_lines = table.out.splitlines()  # header, rule, one row per denied call
-    assert table_lines[0].split() == ["seq", "time", "principal", "tool", "decision", "enforced", "status", "rules"]
+    assert table_lines[0].split() == ["seq", "time", "principal", "tool", "decision", "enforced", "status", "error_code", "rules"]
     assert len(table_lines) == 4
     assert table_lines[2].split()[2:5] == ["reader", "read_file", "deny"] and "fs-no-traversal" in table_lines[2]
     assert table_lines[3].split()[2:5] == ["operator", "read_file", "deny"]

@@ -106,10 +106,11 @@ async def test_csv_has_a_header_and_one_row_per_record(reader: SqliteLedgerReade
 
 async def test_table_has_fixed_columns(reader: SqliteLedgerReader) -> None:
     lines = list(format_records(query_records(reader, limit=2)))
-    assert lines[0].split() == ["seq", "time", "principal", "tool", "decision", "enforced", "status", "rules"]
+    assert lines[0].split() == ["seq", "time", "principal", "tool", "decision", "enforced", "status", "error_code", "rules"]
     assert set(lines[1]) <= {"-", " "}
     assert lines[3].split() == ["2", "2026-11-22T01:00:01.000001Z", "bob", "fs.write", "deny", "true", "ok",
                                 "rule-1,rule-all"]
+    assert lines[2].split()[6:8] == ["error", "backend_error"]  # seq 1 is req-0: an error with its code
     long = {"seq": 1, "principal": "p" * 50}
     assert "p" * 19 + "…" in list(format_records([long]))[2]
 
