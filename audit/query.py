@@ -90,12 +90,18 @@ def query_records(
         until=None if until is None else normalize_time(until),
         limit=None if checks else limit,
     )
-    records = (decode_record(seq, bytes(digest).hex(), bytes(body)) for seq, digest, body in reader.select_records(where))
+    raw = reader.select_records(where)
+    records = (decode_record(seq, bytes(digest).hex(), bytes(body)) for seq, digest, body in raw)
     if checks:
         records = (record for record in records if all(check(record) for check in checks))
         if limit is not None:
             records = itertools.islice(records, limit)
-    yield from records
+    try:
+        yield from records
+    finally:  # closing this generator early (a reader that stopped) closes the store's cursor now, not at GC
+        close = getattr(raw, "close", None)
+        if close is not None:
+            close()
 
 
 def format_records(records: Iterable[dict[str, Any]], fmt: Format = "table") -> Iterator[str]:
@@ -109,7 +115,8 @@ def format_records(records: Iterable[dict[str, Any]], fmt: Format = "table") -> 
     raise ValueError(f"unknown format {fmt!r}; use table, jsonl or csv")
 
 
-def _cell(value: Any) -> str:
+def cell_text(value: Any) -> str:
+    """One field as a table or CSV cell: text as is, lists of text comma-joined, others canonical JSON."""
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -126,7 +133,7 @@ def _table_lines(records: Iterable[dict[str, Any]]) -> Iterator[str]:
     yield _table_row(["-" * max(width, len(name)) for name, width in TABLE_COLUMNS])
     for record in records:
         values = {**record, "rules": record.get("matched_rules")}
-        yield _table_row([_cell(values.get(name)) for name, _ in TABLE_COLUMNS])
+        yield _table_row([cell_text(values.get(name)) for name, _ in TABLE_COLUMNS])
 
 
 def _table_row(cells: list[str]) -> str:
@@ -156,4 +163,4 @@ def _csv_lines(records: Iterable[dict[str, Any]]) -> Iterator[str]:
     known = frozenset(CSV_COLUMNS)
     for record in records:
         extra = {k: v for k, v in record.items() if k not in known}
-        yield line([*(_cell(record.get(name)) for name in CSV_COLUMNS), canonical_bytes(extra).decode("utf-8") if extra else ""])
+        yield line([*(cell_text(record.get(name)) for name in CSV_COLUMNS), canonical_bytes(extra).decode("utf-8") if extra else ""])

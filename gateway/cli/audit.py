@@ -7,6 +7,7 @@ checkpoints of its head. The filters themselves are `audit.query`'s; this module
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -124,8 +125,9 @@ def cmd_audit_query(args: argparse.Namespace) -> int:
             until=args.until,
             limit=args.limit,
         )
-        for line in format_records(records, args.format):
-            out(line)
+        with contextlib.closing(records):  # closed before the reader, also when stdout's reader goes away
+            for line in format_records(records, args.format):
+                out(line)
     return EXIT_OK
 
 
