@@ -28,7 +28,9 @@ def default_paths(subdirs: tuple[str, ...], command: str) -> list[Path]:
     """The paths a bare `dharma check` / `dharma test` works on, from the current directory."""
     found = [Path(d) for d in subdirs if Path(d).is_dir()]
     if not found:
-        found = sorted(Path(p.name) for p in Path.cwd().iterdir() if p.suffix in (".yaml", ".yml") and p.is_file() and p.name not in CONFIG_NAMES)
+        found = sorted(
+            Path(p.name) for p in Path.cwd().iterdir() if p.suffix in (".yaml", ".yml") and p.is_file() and p.name not in CONFIG_NAMES
+        )
     if not found:
         where = " or ".join(f"./{d}/" for d in subdirs)
         raise UsageError(f"nothing to {command} in {Path.cwd()}: no {where} and no *.yaml files; name the files or directories to {command}")
