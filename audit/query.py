@@ -1,15 +1,19 @@
 """Auditor queries over the karma ledger, and their table / JSON lines / CSV rendering.
 
-Filtering happens in the backend's indexed columns (SQL WHERE), never by decoding every
-record in Python; only matching records are decoded. Read-only.
+Filtering happens in the backend's indexed columns (SQL WHERE) wherever an index exists: a tool
+glob narrows by its literal prefix there. What no column holds (the rest of a tool glob,
+`error_code`, `approval_id`) is checked on the decoded record bytes, the verified truth, so only
+the records the indexes let through are decoded. Read-only.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Iterator
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
+from fnmatch import fnmatchcase
 from typing import Any, Literal
 
 from audit.canon import canonical_bytes
@@ -25,14 +29,19 @@ TABLE_COLUMNS: tuple[tuple[str, int], ...] = (
     ("tool", 24),
     ("decision", 16),
     ("enforced", 8),
-    ("status", 10),
+    ("status", 16),
+    ("error_code", 19),
     ("rules", 0),
 )
 CSV_COLUMNS = (
-    "seq", "hash", "time", "request_id", "principal", "backend", "tool", "decision", "enforced",
-    "matched_rules", "block_class", "policy_version", "approval_id", "status", "error_code",
-    "latency_us", "args_digest", "response_digest", "tool_digest",
+    "seq", "hash", "time", "request_id", "principal", "tier", "backend", "tool", "method", "session_id",
+    "decision", "enforced", "matched_rules", "block_class", "stage", "sensitivity", "purpose", "disclosure",
+    "policy_version", "approval_id", "idempotency_key", "status", "error_code", "latency_us", "dry_run",
+    "args_digest", "args", "findings", "response_digest", "tool_digest",
 )
+CSV_EXTRA = "extra"
+"""The CSV column holding, as one canonical JSON object, any record field not in CSV_COLUMNS."""
+GLOB_CHARS = frozenset("*?[")
 
 
 def query_records(
@@ -48,17 +57,30 @@ def query_records(
     status: str | None = None,
     policy_version: str | None = None,
     request_id: str | None = None,
+    error_code: str | None = None,
+    approval_id: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield matching records, oldest first, as flat dicts (seq, hash, then entry fields).
 
     `since` is inclusive and `until` exclusive; both are RFC 3339 strings or datetimes
-    (naive ones are UTC). `rule` matches any id in the record's `matched_rules`.
+    (naive ones are UTC). `rule` matches any id in the record's `matched_rules`. `tool` is a
+    case-sensitive glob (`read_*`, `fs.?rite`, `[rw]*`); without `*`, `?` or `[` it is a name.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, not {limit}")
+    checks: list[Callable[[dict[str, Any]], bool]] = []
+    tool_prefix = None
+    if tool is not None and GLOB_CHARS.intersection(tool):
+        tool_prefix = tool[: min(tool.index(c) for c in GLOB_CHARS if c in tool)] or None
+        checks.append(lambda record, pattern=tool: isinstance(record.get("tool"), str) and fnmatchcase(record["tool"], pattern))
+        tool = None
+    for field, wanted in (("error_code", error_code), ("approval_id", approval_id)):
+        if wanted is not None:
+            checks.append(lambda record, field=field, wanted=wanted: record.get(field) == wanted)
     where = RecordFilter(
         principal=principal,
         tool=tool,
+        tool_prefix=tool_prefix,
         decision=decision,
         status=status,
         rule=rule,
@@ -66,10 +88,20 @@ def query_records(
         request_id=request_id,
         since=None if since is None else normalize_time(since),
         until=None if until is None else normalize_time(until),
-        limit=limit,
+        limit=None if checks else limit,
     )
-    for seq, digest, body in reader.select_records(where):
-        yield decode_record(seq, bytes(digest).hex(), bytes(body))
+    raw = reader.select_records(where)
+    records = (decode_record(seq, bytes(digest).hex(), bytes(body)) for seq, digest, body in raw)
+    if checks:
+        records = (record for record in records if all(check(record) for check in checks))
+        if limit is not None:
+            records = itertools.islice(records, limit)
+    try:
+        yield from records
+    finally:  # closing this generator early (a reader that stopped) closes the store's cursor now, not at GC
+        close = getattr(raw, "close", None)
+        if close is not None:
+            close()
 
 
 def format_records(records: Iterable[dict[str, Any]], fmt: Format = "table") -> Iterator[str]:
@@ -83,7 +115,8 @@ def format_records(records: Iterable[dict[str, Any]], fmt: Format = "table") -> 
     raise ValueError(f"unknown format {fmt!r}; use table, jsonl or csv")
 
 
-def _cell(value: Any) -> str:
+def cell_text(value: Any) -> str:
+    """One field as a table or CSV cell: text as is, lists of text comma-joined, others canonical JSON."""
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -100,7 +133,7 @@ def _table_lines(records: Iterable[dict[str, Any]]) -> Iterator[str]:
     yield _table_row(["-" * max(width, len(name)) for name, width in TABLE_COLUMNS])
     for record in records:
         values = {**record, "rules": record.get("matched_rules")}
-        yield _table_row([_cell(values.get(name)) for name, _ in TABLE_COLUMNS])
+        yield _table_row([cell_text(values.get(name)) for name, _ in TABLE_COLUMNS])
 
 
 def _table_row(cells: list[str]) -> str:
@@ -126,6 +159,8 @@ def _csv_lines(records: Iterable[dict[str, Any]]) -> Iterator[str]:
         writer.writerow(cells)
         return buffer.getvalue()[:-1]
 
-    yield line(list(CSV_COLUMNS))
+    yield line([*CSV_COLUMNS, CSV_EXTRA])
+    known = frozenset(CSV_COLUMNS)
     for record in records:
-        yield line([_cell(record.get(name)) for name in CSV_COLUMNS])
+        extra = {k: v for k, v in record.items() if k not in known}
+        yield line([*(cell_text(record.get(name)) for name in CSV_COLUMNS), canonical_bytes(extra).decode("utf-8") if extra else ""])

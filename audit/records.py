@@ -75,10 +75,14 @@ class IndexFields:
 
 @dataclass(frozen=True, slots=True)
 class RecordFilter:
-    """A query over the indexed columns; None means any. `since` inclusive, `until` exclusive."""
+    """A query over the indexed columns; None means any. `since` inclusive, `until` exclusive.
+
+    `tool_prefix` keeps tools whose name starts with it (taken literally: it holds no glob characters).
+    """
 
     principal: str | None = None
     tool: str | None = None
+    tool_prefix: str | None = None
     decision: str | None = None
     status: str | None = None
     rule: str | None = None

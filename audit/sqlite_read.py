@@ -114,6 +114,9 @@ def _filter_sql(where: RecordFilter) -> tuple[str, list[Any]]:
         if value is not None:
             clauses.append(f"r.{column} = ?")
             params.append(value)
+    if where.tool_prefix:  # literal: query.py cuts it before the first of * ? [
+        clauses.append("r.tool GLOB ?")
+        params.append(where.tool_prefix + "*")
     if where.since is not None:
         clauses.append("r.time >= ?")
         params.append(where.since)

@@ -3,6 +3,9 @@ ledgers, keys and approvals written by a real in-process Gateway; one real `dhar
 
 from __future__ import annotations
 
+import argparse
+import ast
+import csv
 import json
 import os
 import shutil
@@ -12,9 +15,10 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +28,12 @@ import jsonschema
 import pytest
 import yaml
 
-from audit.sqlite import SqliteLedgerReader
+from audit.query import CSV_COLUMNS, CSV_EXTRA, cell_text
+from audit.sqlite import SqliteLedger, SqliteLedgerReader
+from gateway.cli.main import build_parser
 from gateway.core.errors import ConfigError
 from gateway.crypto.receipts import verify_receipt
-from tests.conftest import DEMO_UPSTREAM, KEYS, REPO, OpenGateway
+from tests.conftest import DEMO_UPSTREAM, KEYS, REPO, OpenGateway, write_policy
 
 STANDARD = REPO / "policies" / "standard.yaml"
 SHIPPED_RULES = sorted((REPO / "rules").glob("*.yaml")) if (REPO / "rules").is_dir() else []
@@ -64,6 +70,90 @@ def dharma_many(runs: Sequence[Sequence[str | Path]], state_root: Path, cwd: Pat
         return list(pool.map(lambda a: dharma(*a, state_root=state_root, cwd=cwd), runs))
 
 
+# ---- the command line itself: options, help, version, package shape ---------------------------
+
+
+def _walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every parser of the `dharma` tree with its command path, the root first."""
+    yield path, parser
+    for action in parser._actions:  # noqa: SLF001 - argparse exposes the tree no other way
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for name, child in action.choices.items():
+                yield from _walk(child, (*path, name))
+
+
+LEAVES = [path for path, p in _walk(build_parser()) if path and not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)]  # noqa: SLF001
+
+
+def test_every_flag_and_positional_has_help() -> None:
+    missing = [
+        f"dharma {' '.join(path)}: {'/'.join(action.option_strings) or action.dest}"
+        for path, parser in _walk(build_parser())
+        for action in parser._actions  # noqa: SLF001
+        if not isinstance(action, argparse._SubParsersAction) and not action.help  # noqa: SLF001
+    ]
+    assert missing == []
+    assert len(LEAVES) >= 17  # the walk reached the nested commands (audit query, tools accept, ...)
+
+
+def _leaf_argv(path: tuple[str, ...]) -> list[str]:
+    """The smallest argv that parses for a leaf command (its required arguments filled in)."""
+    required = {("eval",): ["--tool", "read_file"], ("approvals", "approve"): ["apr_1"], ("approvals", "deny"): ["apr_1"],
+                ("tools", "accept"): ["demo"], ("receipt", "verify"): ["response.json"]}
+    return [*path, *required.get(path, [])]
+
+
+@pytest.mark.parametrize("path", LEAVES, ids=" ".join)
+def test_global_options_before_and_after_every_subcommand(path: tuple[str, ...]) -> None:
+    parser = build_parser()
+    argv = _leaf_argv(path)
+    before = parser.parse_args(["--config", "a.yaml", "--state-root", "/a", *argv])
+    assert (before.config, before.state_root) == (Path("a.yaml"), "/a")
+    after = parser.parse_args([*argv, "--config", "b.yaml", "--state-root", "/b"])
+    assert (after.config, after.state_root) == (Path("b.yaml"), "/b")
+    both = parser.parse_args(["--config", "a.yaml", "--state-root", "/a", *argv, "--config", "b.yaml"])
+    assert (both.config, both.state_root) == (Path("b.yaml"), "/a")  # the value after the subcommand wins
+    neither = parser.parse_args(argv)
+    assert (neither.config, neither.state_root) == (None, None)
+
+
+def test_config_and_state_root_after_the_subcommand_are_used(tmp_path: Path, state_root: Path) -> None:
+    other = tmp_path / "other-root"
+    serve, jwks = dharma_many([["serve", "--config", tmp_path / "nope.yaml"], ["keys", "jwks", "--state-root", other]], state_root)
+    assert serve.rc == 2 and "nope.yaml" in serve.err  # README: `dharma serve --config F`
+    assert jwks.rc == 0 and list((other / "keys").glob("receipt-*.pem")) and not (state_root / "keys").exists()
+
+
+def test_version_prints_the_package_version(state_root: Path) -> None:
+    run = dharma("--version", state_root=state_root)
+    assert run.rc == 0 and run.out == f"dharma {version('dharma-gateway')}\n"
+
+
+def test_cli_modules_form_no_import_cycle_and_import_little() -> None:
+    cli = REPO / "gateway" / "cli"
+    edges: dict[str, set[str]] = {}
+    for file in cli.glob("*.py"):
+        imported = set()
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            imported |= {n.split(".")[2] for n in names if n.startswith("gateway.cli.") and n.split(".")[2] != file.stem}
+        edges[file.stem] = imported
+    assert edges["common"] == set()
+    for module, targets in edges.items():
+        if module != "main":
+            assert targets <= {"common"}, f"gateway/cli/{module}.py imports {targets}: only main ties the groups together"
+    assert "register_cli" not in (REPO / "gateway" / "mcp" / "__init__.py").read_text(encoding="utf-8")
+    probe = "import sys; from gateway.cli.main import build_parser; build_parser(); print(sorted({m.split('.')[0] for m in sys.modules}))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    heavy = {"uvicorn", "starlette", "httpx", "anyio", "sqlite3", "pydantic", "yaml", "cryptography", "structlog", "mcp", "audit"}
+    assert heavy.isdisjoint(json.loads(loaded.replace("'", '"'))), loaded
+
+
 # ---- policy author: check, test, eval, schema -----------------------------------------------
 
 RULE_HEAD = "apiVersion: dharma/v1\nkind: RuleSet\nmetadata: {name: t}\nrules:\n"
@@ -80,7 +170,7 @@ BROKEN_FILES = {
 
 
 def test_check_shipped_files(state_root: Path) -> None:
-    run = dharma("check", state_root=state_root)
+    run = dharma("check", state_root=state_root, cwd=REPO)  # bare: ./policies and ./rules of the repository
     assert run.rc == 0, run.out + run.err
     assert "0 error(s)" in run.out
 
@@ -102,6 +192,28 @@ def test_check_reports_file_line_and_rule(tmp_path: Path, state_root: Path) -> N
         assert words in reported and "error" in reported, reported
         if rule_id:
             assert f"[{rule_id}]" in reported, reported
+
+
+def test_bare_check_and_test_work_on_the_current_directory(tmp_path: Path, state_root: Path) -> None:
+    project = tmp_path / "project"
+    profile = write_policy(project / "policies", tiers_typo=1)
+    line = profile.read_text(encoding="utf-8").splitlines().index("tiers_typo: 1") + 1
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "r.yaml").write_text(RULES_UNDER_TEST, encoding="utf-8")
+    (loose / "r_test.yaml").write_text(RULE_CASES, encoding="utf-8")
+    (loose / "dharma.yaml").write_text("not: a policy\n", encoding="utf-8")  # the configuration is not checked
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    broken = dharma("check", state_root=state_root, cwd=project)
+    assert broken.rc == 1, broken.out + broken.err
+    assert f"policies/profile.yaml:{line}: " in broken.out and "tiers_typo" in broken.out
+    in_cwd, test_in_cwd = dharma("check", state_root=state_root, cwd=loose), dharma("test", state_root=state_root, cwd=loose)
+    assert in_cwd.rc == 0 and "2 file(s) checked: 0 error(s)" in in_cwd.out, in_cwd.out + in_cwd.err
+    assert test_in_cwd.rc == 1 and "1 passed, 1 failed" in test_in_cwd.out  # r_test.yaml found in cwd, not the shipped rules
+    for command in ("check", "test"):
+        nothing = dharma(command, state_root=state_root, cwd=empty)
+        assert nothing.rc == 2 and f"nothing to {command} in {empty}" in nothing.err and nothing.out == ""
 
 
 RULES_UNDER_TEST = RULE_HEAD + """\
@@ -144,7 +256,7 @@ def test_test_command_reports_failures_and_unexercised_rules(tmp_path: Path, sta
 
 @needs_rules
 def test_test_command_on_shipped_rules(state_root: Path) -> None:
-    run = dharma("test", state_root=state_root)
+    run = dharma("test", state_root=state_root, cwd=REPO)  # bare: ./rules of the repository
     assert run.rc == 0, run.out + run.err
     assert " 0 failed" in run.out
 
@@ -309,7 +421,7 @@ async def test_audit_query_filters_and_formats(recorded: dict[str, Any], state_r
     assert {r["principal"] for r in reader_records} == {"reader"}
 
     table_lines = table.out.splitlines()  # header, rule, one row per denied call
-    assert table_lines[0].split() == ["seq", "time", "principal", "tool", "decision", "enforced", "status", "rules"]
+    assert table_lines[0].split() == ["seq", "time", "principal", "tool", "decision", "enforced", "status", "error_code", "rules"]
     assert len(table_lines) == 4
     assert table_lines[2].split()[2:5] == ["reader", "read_file", "deny"] and "fs-no-traversal" in table_lines[2]
     assert table_lines[3].split()[2:5] == ["operator", "read_file", "deny"]
@@ -321,6 +433,86 @@ async def test_audit_query_filters_and_formats(recorded: dict[str, Any], state_r
     assert all("fs-no-traversal" in line for line in csv_lines[1:])
     # --since is inclusive, --until exclusive
     assert [json.loads(line)["request_id"] for line in window.out.splitlines()] == [o.request_id for o in outcomes[2:4]]
+
+
+async def test_audit_query_new_filters_and_the_error_code_column(recorded: dict[str, Any], state_root: Path) -> None:
+    outcomes = recorded["outcomes"]
+    blocked = [o for o in outcomes if o.error_code is not None]
+    code = blocked[0].error_code.value
+    with SqliteLedgerReader(recorded["ledger"]) as reader:
+        version_ = reader.get(1).to_dict()["policy_version"]  # type: ignore[union-attr]
+    runs = dharma_many(
+        [
+            ["audit", "query", "--tool", "read_*", "--format", "jsonl"],
+            ["audit", "query", "--tool", "*_directory", "--format", "jsonl"],
+            ["audit", "query", "--status", "blocked", "--format", "jsonl"],
+            ["audit", "query", "--error-code", code, "--format", "jsonl"],
+            ["audit", "query", "--request-id", outcomes[3].request_id, "--format", "jsonl"],
+            ["audit", "query", "--policy-version", version_, "--limit", "2", "--format", "jsonl"],
+            ["audit", "query", "--policy-version", "no-such-version", "--format", "jsonl"],
+            ["audit", "query", "--approval-id", "apr_none", "--format", "jsonl"],
+            ["audit", "query", "--error-code", code],
+        ],
+        state_root,
+    )
+    assert all(r.rc == 0 for r in runs), [r.err for r in runs]
+    ids = [[json.loads(line)["request_id"] for line in r.out.splitlines()] for r in runs[:-1]]
+    reads, dirs, by_status, by_code, one, two, none, no_approval = ids
+    assert reads == [o.request_id for o in outcomes if o.tool == "read_file"] and len(reads) == 3
+    assert dirs == [outcomes[2].request_id]
+    assert by_status == [o.request_id for o in outcomes if o.status.value == "blocked"] and by_status
+    assert by_code == [o.request_id for o in blocked if o.error_code.value == code]
+    assert one == [outcomes[3].request_id]
+    assert two == [o.request_id for o in outcomes[:2]]
+    assert none == [] and no_approval == []
+    table = runs[-1].out.splitlines()
+    assert table[0].split()[-2:] == ["error_code", "rules"]
+    assert all(row.split()[7] == code for row in table[2:]) and len(table) == 2 + len(by_code)
+
+
+def test_audit_query_refuses_unknown_values(state_root: Path) -> None:
+    runs = dharma_many(
+        [["audit", "query", "--decision", "denied"], ["audit", "query", "--status", "bloked"], ["audit", "query", "--error-code", "nope"]],
+        state_root,
+    )
+    for run, flag, bad, valid in zip(runs, ("--decision", "--status", "--error-code"), ("denied", "bloked", "nope"),
+                                     ("require_approval", "pending_approval", "policy_blocked"), strict=True):
+        assert run.rc == 2 and run.out == "", run.err
+        assert f"argument {flag}: invalid choice: '{bad}'" in run.err and valid in run.err
+
+
+async def test_audit_query_csv_keeps_every_jsonl_field(recorded: dict[str, Any], state_root: Path) -> None:
+    jsonl, as_csv = dharma_many([["audit", "query", "--format", "jsonl"], ["audit", "query", "--format", "csv"]], state_root)
+    assert jsonl.rc == as_csv.rc == 0, jsonl.err + as_csv.err
+    records = [json.loads(line) for line in jsonl.out.splitlines()]
+    rows = list(csv.DictReader(as_csv.out.splitlines()))
+    assert len(records) == len(rows) == len(recorded["outcomes"])
+    for record, row in zip(records, rows, strict=True):
+        extra = json.loads(row[CSV_EXTRA]) if row[CSV_EXTRA] else {}
+        assert set(record) <= set(CSV_COLUMNS) | set(extra)
+        for field, value in record.items():
+            assert (row[field] == cell_text(value)) if field in CSV_COLUMNS else (extra[field] == value), field
+        assert all(record.get(field) is not None for field in CSV_COLUMNS if row[field])  # no field CSV invents
+
+
+async def test_audit_query_into_a_closed_pipe_exits_quietly(tmp_path: Path, state_root: Path) -> None:
+    from tests.audit.conftest import fill
+
+    ledger_path = tmp_path / "big.db"
+    ledger = await SqliteLedger.open(ledger_path)
+    await fill(ledger, 2000)  # ~1 MB of JSON lines: far more than a pipe buffers
+    await ledger.aclose()
+    for fmt in ("jsonl", "table", "csv"):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "audit", "query", "--ledger", str(ledger_path), "--format", fmt],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(state_root), cwd=tmp_path,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()  # like `| head -1`: read one line, then go away
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 0, err
+        assert first and err == "", err
 
 
 def test_config_errors_exit_2(tmp_path: Path, state_root: Path) -> None:

@@ -1,21 +1,35 @@
-"""`dharma audit|approvals|keys|receipt`: the auditor's and approver's commands.
+"""`dharma audit verify|query|checkpoint`: the auditor's commands over the karma ledger.
 
-Verify, query and checkpoint the karma ledger, list and decide held calls, print or rotate the
-receipt keys, and verify saved receipts offline. Thin, like the rest of `gateway.cli.main` (which
-registers these subcommands and maps errors to exit codes): parse, call library functions, print.
+Verify the ledger (against a checkpoint kept elsewhere, to catch truncation), query it, and sign
+checkpoints of its head. The filters themselves are `audit.query`'s; this module maps flags.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.main import EXIT_FAILED, EXIT_OK, _json_arg, _out, _settings
+from gateway.cli.common import EXIT_FAILED, EXIT_OK, add_command, add_group, open_keys, out, settings_of
 from gateway.core.errors import ConfigError
+
+LEDGER_HELP = "ledger file (default: the one dharma.yaml names, or ledger.db under the state root)"
+PASSTHROUGH_STATUS = "forwarded"
+"""The status of a record for an MCP method the gateway does not govern, relayed as is."""
+
+
+def choices() -> dict[str, list[str]]:
+    """The values a ledger record can hold, per validated flag: from the code's enums."""
+    from gateway.core.call import Effect, Status
+    from gateway.core.errors import ErrorCode
+
+    return {
+        "decision": [e.value for e in Effect],
+        "status": [s.value for s in Status] + [PASSTHROUGH_STATUS],
+        "error_code": [c.value for c in ErrorCode],
+    }
 
 
 def _time_arg(text: str) -> str:
@@ -30,6 +44,7 @@ def _time_arg(text: str) -> str:
 
 
 def _count_arg(text: str) -> int:
+    """A --limit: a whole number >= 0."""
     try:
         value = int(text)
     except ValueError:
@@ -39,13 +54,10 @@ def _count_arg(text: str) -> int:
     return value
 
 
-# ---- auditor -----------------------------------------------------------------------------
-
-
 def _ledger_path(args: argparse.Namespace) -> Path:
     if args.ledger:
         return Path(args.ledger)
-    return _settings(args).ledger_path
+    return settings_of(args).ledger_path
 
 
 def _open_reader(path: Path) -> Any:
@@ -75,10 +87,10 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
             if args.no_signature_check:
                 checkpoint = parse_checkpoint(text)
             else:
-                keys = _keys(args, create=False)
+                keys = open_keys(args, create=False)
                 checkpoint = verify_checkpoint(text, keys.checkpoint_key.public_key(), keys.checkpoint_key_name)
         except LedgerError as exc:
-            _out(f"FAIL checkpoint {args.checkpoint}: {exc}")
+            out(f"FAIL checkpoint {args.checkpoint}: {exc}")
             return EXIT_FAILED
     path = _ledger_path(args)
     with _open_reader(path) as reader:
@@ -87,10 +99,10 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
         elapsed = time.perf_counter() - started
     if report.ok:
         rate = f", {report.size / elapsed:,.0f} records/s" if elapsed > 0 and report.size else ""
-        _out(f"OK {path}: {report.size} records, root {report.root.hex()}, {report.checkpoints_checked} checkpoint(s) matched{rate}")
+        out(f"OK {path}: {report.size} records, root {report.root.hex()}, {report.checkpoints_checked} checkpoint(s) matched{rate}")
         return EXIT_OK
     where = f" at seq {report.first_bad_seq}" if report.first_bad_seq is not None else ""
-    _out(f"FAIL {path}{where}: {report.problem}")
+    out(f"FAIL {path}{where}: {report.problem}")
     return EXIT_FAILED
 
 
@@ -103,13 +115,19 @@ def cmd_audit_query(args: argparse.Namespace) -> int:
             principal=args.principal,
             tool=args.tool,
             decision=args.decision,
+            status=args.status,
+            error_code=args.error_code,
             rule=args.rule,
+            policy_version=args.policy_version,
+            request_id=args.request_id,
+            approval_id=args.approval_id,
             since=args.since,
             until=args.until,
             limit=args.limit,
         )
-        for line in format_records(records, args.format):
-            _out(line)
+        with contextlib.closing(records):  # closed before the reader, also when stdout's reader goes away
+            for line in format_records(records, args.format):
+                out(line)
     return EXIT_OK
 
 
@@ -118,152 +136,43 @@ def cmd_audit_checkpoint(args: argparse.Namespace) -> int:
     from audit.checkpoint import sign_checkpoint
     from audit.merkle import root_hash
 
-    keys = _keys(args, create=False)
+    keys = open_keys(args, create=False)
     with _open_reader(_ledger_path(args)) as reader:
         size = reader.size()
         root = root_hash(reader.leaf_hashes(size))
-    _out(sign_checkpoint(args.origin, size, root, keys.checkpoint_key, keys.checkpoint_key_name).rstrip("\n"))
+    out(sign_checkpoint(args.origin, size, root, keys.checkpoint_key, keys.checkpoint_key_name).rstrip("\n"))
     return EXIT_OK
-
-
-# ---- keys and receipts ---------------------------------------------------------------------
-
-
-def _keys(args: argparse.Namespace, *, create: bool) -> Any:
-    from gateway.crypto.receipts import KeyStore
-
-    return KeyStore.open(_settings(args).state_dir, create=create)
-
-
-def cmd_keys_jwks(args: argparse.Namespace) -> int:
-    _out(json.dumps(_keys(args, create=True).jwks(), indent=2))
-    return EXIT_OK
-
-
-def cmd_keys_rotate(args: argparse.Namespace) -> int:
-    kid = _keys(args, create=True).rotate()
-    _out(f"new active key {kid}; the old key stays in the JWKS")
-    return EXIT_OK
-
-
-def cmd_receipt_verify(args: argparse.Namespace) -> int:
-    from gateway.crypto.receipts import ReceiptInvalid, load_jwks, verify_receipt
-
-    saved = _json_arg("@" + args.response, "response file")
-    jwks = load_jwks(Path(args.jwks)) if args.jwks else _keys(args, create=False).jwks()
-    token, response = _split_receipt(saved)
-    if token is None:
-        _out(f"FAIL {args.response}: no receipt found (expected `receipt` or result._meta[\"dharma.gateway/receipt\"])")
-        return EXIT_FAILED
-    request = _json_arg("@" + args.request, "request file") if args.request else None
-    try:
-        payload = verify_receipt(token, jwks, response=response, request=request)
-    except ReceiptInvalid as exc:
-        _out(f"FAIL {args.response}: {exc}")
-        return EXIT_FAILED
-    _out(f"OK receipt by key {payload['kid']} at {payload['time']}: request {payload['request_id']}, ledger seq {payload['ledger']['seq']}")
-    return EXIT_OK
-
-
-def _split_receipt(saved: Any) -> tuple[str | None, Any]:
-    """Find the receipt in an HTTP envelope, an MCP result, or a JSON-RPC response."""
-    from gateway.crypto.receipts import RECEIPT_META_KEY
-
-    if isinstance(saved, dict) and "envelope_version" in saved:
-        body = {k: v for k, v in saved.items() if k != "receipt"}
-        return saved.get("receipt"), body
-    result = saved.get("result", saved) if isinstance(saved, dict) and "jsonrpc" in saved else saved
-    if isinstance(result, dict) and isinstance(result.get("_meta"), dict):
-        return result["_meta"].get(RECEIPT_META_KEY), result
-    return None, saved
-
-
-# ---- approvals ----------------------------------------------------------------------------
-
-
-def _approvals(args: argparse.Namespace) -> Any:
-    from gateway.stores.sqlite_approvals import SqliteApprovalStore
-
-    return SqliteApprovalStore(_settings(args).approvals_path)
-
-
-def cmd_approvals_list(args: argparse.Namespace) -> int:
-    items = _approvals(args).pending_sync(time.time())
-    if args.json:
-        for a in items:
-            _out(json.dumps({"id": a.id, "principal": a.principal, "tool": a.tool, "reason": a.reason, "expires_at": a.expires_at, "arguments": a.arguments_preview}))
-        return EXIT_OK
-    if not items:
-        _out("no pending approvals")
-    for a in items:
-        left = max(0, int(a.expires_at - time.time()))
-        _out(f"{a.id}  {a.principal} → {a.tool}  ({left}s left)  {a.reason}")
-        _out(f"    arguments: {a.arguments_preview}")
-    return EXIT_OK
-
-
-def _decide(args: argparse.Namespace, approve: bool) -> int:
-    store = _approvals(args)
-    by = args.by or os.environ.get("USER") or "cli"
-    try:
-        item = store.decide_sync(args.id, approve=approve, by=by, now=time.time())
-    except KeyError:
-        _out(f"unknown approval {args.id}")
-        return EXIT_FAILED
-    except ValueError as exc:
-        _out(str(exc))
-        return EXIT_FAILED
-    _out(f"{item.id} {item.state} by {by}")
-    return EXIT_OK
-
-
-# ---- parser -------------------------------------------------------------------------------
 
 
 def add_parsers(sub: Any) -> None:
-    """Add `dharma audit`, `dharma approvals` and `dharma keys` to the `dharma` subparsers."""
-    audit = sub.add_parser("audit", help="verify and query the karma ledger").add_subparsers(dest="audit_command", required=True)
-    p = audit.add_parser("verify", help="recompute the ledger; exit 1 at the first bad record")
-    p.add_argument("--ledger")
+    """Add `dharma audit verify|query|checkpoint` to the `dharma` subparsers."""
+    audit = add_group(sub, "audit", "verify, query and checkpoint the karma ledger", "audit_command")
+    p = add_command(audit, "verify", "recompute the ledger; exit 1 at the first bad record")
+    p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--checkpoint", help="a checkpoint kept outside the database (catches truncation)")
     p.add_argument("--no-signature-check", action="store_true", help="use the checkpoint without checking its signature")
     p.set_defaults(func=cmd_audit_verify)
-    p = audit.add_parser("query", help="list records by principal, tool, decision, rule and time")
-    p.add_argument("--ledger")
-    p.add_argument("--principal")
-    p.add_argument("--tool")
-    p.add_argument("--decision")
-    p.add_argument("--rule")
+
+    p = add_command(audit, "query", "list ledger records, oldest first, that match every filter given")
+    p.add_argument("--ledger", help=LEDGER_HELP)
+    p.add_argument("--principal", help="principal id")
+    p.add_argument("--tool", help="tool name or glob, e.g. 'read_*' (quote it from the shell)")
+    values = choices()
+    p.add_argument("--decision", choices=values["decision"], metavar="DECISION", help="one of: " + ", ".join(values["decision"]))
+    p.add_argument("--status", choices=values["status"], metavar="STATUS", help="one of: " + ", ".join(values["status"]))
+    p.add_argument("--error-code", choices=values["error_code"], metavar="CODE", help="one of: " + ", ".join(values["error_code"]))
+    p.add_argument("--rule", help="id of a rule that matched")
+    p.add_argument("--policy-version", help="policy version the call was decided under")
+    p.add_argument("--request-id", help="one call's request id")
+    p.add_argument("--approval-id", help="calls bound to this approval")
     p.add_argument("--since", type=_time_arg, help="RFC 3339 time, e.g. 2026-11-22T00:00:00Z (inclusive)")
     p.add_argument("--until", type=_time_arg, help="RFC 3339 time (exclusive)")
-    p.add_argument("--limit", type=_count_arg)
-    p.add_argument("--format", choices=["table", "jsonl", "csv"], default="table")
+    p.add_argument("--limit", type=_count_arg, help="at most this many records")
+    p.add_argument("--format", choices=["table", "jsonl", "csv"], default="table",
+                   help="table (default), jsonl (one canonical JSON record a line) or csv (every field jsonl has)")
     p.set_defaults(func=cmd_audit_query)
-    p = audit.add_parser("checkpoint", help="print a signed checkpoint of the ledger's head (keep it elsewhere)")
-    p.add_argument("--ledger")
+
+    p = add_command(audit, "checkpoint", "print a signed checkpoint of the ledger's head (keep it elsewhere)")
+    p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--origin", default="dharma-gateway/karma-ledger", help="checkpoint origin line")
     p.set_defaults(func=cmd_audit_checkpoint)
-
-    approvals = sub.add_parser("approvals", help="list, approve or deny held calls").add_subparsers(dest="approvals_command", required=True)
-    p = approvals.add_parser("list")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_approvals_list)
-    for verb, approve in (("approve", True), ("deny", False)):
-        p = approvals.add_parser(verb)
-        p.add_argument("id")
-        p.add_argument("--by", help="who decides (default: $USER)")
-        p.set_defaults(func=lambda a, approve=approve: _decide(a, approve))
-
-    keys = sub.add_parser("keys", help="receipt signing keys").add_subparsers(dest="keys_command", required=True)
-    keys.add_parser("jwks", help="print the public keys as a JWKS").set_defaults(func=cmd_keys_jwks)
-    keys.add_parser("rotate", help="make a new active key; old ones stay published").set_defaults(func=cmd_keys_rotate)
-
-
-def add_receipt_parser(sub: Any) -> None:
-    """Add `dharma receipt verify` to the `dharma` subparsers."""
-    receipt = sub.add_parser("receipt", help="verify signed receipts offline").add_subparsers(dest="receipt_command", required=True)
-    p = receipt.add_parser("verify")
-    p.add_argument("response", help="a saved response (HTTP envelope, MCP result or JSON-RPC response)")
-    p.add_argument("--jwks", help="a saved JWKS (default: this machine's keys)")
-    p.add_argument("--request", help="the request as sent, to check its digest too")
-    p.set_defaults(func=cmd_receipt_verify)

@@ -32,7 +32,7 @@ def make_entry(i: int) -> dict[str, Any]:
         "matched_rules": [f"rule-{i % 2}", "rule-all"] if i % 2 else [],
         "block_class": None,
         "policy_version": f"pv-{i // 50}",
-        "approval_id": None,
+        "approval_id": f"apr-{i % 3}" if i % 11 == 5 else None,
         "response_digest": None,
         "status": "ok" if i % 7 else "error",
         "error_code": None if i % 7 else "backend_error",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from audit.query import format_records, query_records
+from audit.query import CSV_COLUMNS, CSV_EXTRA, cell_text, format_records, query_records
 from audit.sqlite import SqliteLedger, SqliteLedgerReader
 
 from .conftest import fill, make_entry
@@ -55,6 +55,16 @@ def expected(pred: object) -> list[str]:
         ({"status": "error"}, lambda e: e["status"] == "error"),
         ({"policy_version": "pv-1"}, lambda e: e["policy_version"] == "pv-1"),
         ({"request_id": "req-42"}, lambda e: e["request_id"] == "req-42"),
+        ({"error_code": "backend_error"}, lambda e: e["error_code"] == "backend_error"),
+        ({"approval_id": "apr-1"}, lambda e: e["approval_id"] == "apr-1"),
+        ({"tool": "fs.*"}, lambda e: e["tool"].startswith("fs.")),
+        ({"tool": "*.read"}, lambda e: e["tool"] == "fs.read"),
+        ({"tool": "fs.?rite"}, lambda e: e["tool"] == "fs.write"),
+        ({"tool": "[hs]*"}, lambda e: e["tool"] in ("http.get", "shell.exec")),
+        ({"tool": "fs.[!r]*"}, lambda e: e["tool"] == "fs.write"),
+        ({"tool": "FS.*"}, lambda e: False),  # case-sensitive, like tool names
+        ({"tool": "fs.*", "error_code": "backend_error", "principal": "alice"},
+         lambda e: e["tool"].startswith("fs.") and e["error_code"] == "backend_error" and e["principal"] == "alice"),
         ({"since": "2026-11-22T01:01:00Z"}, lambda e: e["time"] >= "2026-11-22T01:01:00"),
         ({"until": "2026-11-22T01:00:30Z"}, lambda e: e["time"] < "2026-11-22T01:00:30"),
         (
@@ -86,6 +96,7 @@ async def test_filters_use_the_indexes(reader: SqliteLedgerReader) -> None:
     assert "records_principal_time" in plan(by_principal, "alice", "2026")
     assert "TEMP B-TREE" not in plan(by_principal, "alice", "2026")
     assert "records_tool_time" in plan("SELECT seq FROM records r WHERE r.tool = ? ORDER BY r.time, r.seq", "t")
+    assert "records_tool_time (tool>? AND tool<?)" in plan("SELECT seq FROM records r WHERE r.tool GLOB ?", "fs.*")  # a glob's prefix
     assert "record_rules_rule" in plan(
         "SELECT r.seq FROM records r JOIN record_rules rr ON rr.seq = r.seq WHERE rr.rule_id = ?", "x"
     )
@@ -106,12 +117,29 @@ async def test_csv_has_a_header_and_one_row_per_record(reader: SqliteLedgerReade
 
 async def test_table_has_fixed_columns(reader: SqliteLedgerReader) -> None:
     lines = list(format_records(query_records(reader, limit=2)))
-    assert lines[0].split() == ["seq", "time", "principal", "tool", "decision", "enforced", "status", "rules"]
+    assert lines[0].split() == ["seq", "time", "principal", "tool", "decision", "enforced", "status", "error_code", "rules"]
     assert set(lines[1]) <= {"-", " "}
     assert lines[3].split() == ["2", "2026-11-22T01:00:01.000001Z", "bob", "fs.write", "deny", "true", "ok",
                                 "rule-1,rule-all"]
+    assert lines[2].split()[6:8] == ["error", "backend_error"]  # seq 1 is req-0: an error with its code
     long = {"seq": 1, "principal": "p" * 50}
     assert "p" * 19 + "…" in list(format_records([long]))[2]
+
+
+async def test_csv_keeps_every_field_jsonl_has(reader: SqliteLedgerReader) -> None:
+    odd = {"seq": 999, "hash": "ab", "tool": "x", "surprise": {"nested": [1, "two"]}, "args": {"path": "a,b"}}
+    records = [*query_records(reader, limit=30), odd]
+    as_json = [json.loads(line) for line in format_records(records, "jsonl")]
+    rows = list(csv.DictReader(format_records(records, "csv")))
+    assert list(rows[0])[: len(CSV_COLUMNS)] == list(CSV_COLUMNS) and list(rows[0])[-1] == CSV_EXTRA
+    assert len(rows) == len(as_json) == 31
+    for record, row in zip(as_json, rows, strict=True):
+        extra = json.loads(row[CSV_EXTRA]) if row[CSV_EXTRA] else {}
+        rebuilt = {k: row[k] for k in CSV_COLUMNS if k in record} | extra
+        assert set(rebuilt) == set(record)  # same fields
+        assert rebuilt == {k: (v if k in extra else cell_text(v)) for k, v in record.items()}  # same values
+    assert json.loads(rows[-1][CSV_EXTRA]) == {"surprise": {"nested": [1, "two"]}}
+    assert json.loads(rows[0]["args"]) == ENTRIES[0]["args"]
 
 
 def test_unknown_format_is_refused() -> None:

@@ -1,0 +1,98 @@
+"""What every `dharma` command group shares: exit codes, the global options, settings, output.
+
+Imports only the standard library at module level, so building the parser stays cheap; each
+command imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad input on the command line: exit 2 with the message, never a traceback."""
+
+
+def add_global_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    """`--config` and `--state-root`, accepted before the subcommand and after it.
+
+    The top-level parser uses `default=None`; every subcommand gets them through GLOBAL_OPTIONS
+    with `default=SUPPRESS`, so a value given after the subcommand wins and an absent one leaves
+    the top-level value alone.
+    """
+    parser.add_argument("--config", type=Path, default=default, help="dharma.yaml to load (default: $DHARMA_CONFIG)")
+    parser.add_argument(
+        "--state-root", default=default, help="runtime state directory: keys, ledger, approvals (default: $DHARMA_STATE_ROOT or ~/.dharma)"
+    )
+
+
+GLOBAL_OPTIONS = argparse.ArgumentParser(add_help=False)
+add_global_options(GLOBAL_OPTIONS, argparse.SUPPRESS)
+
+
+def add_command(sub: Any, name: str, help: str, **kwargs: Any) -> argparse.ArgumentParser:  # noqa: A002 - argparse's name
+    """Add subcommand `name` to `sub` with the global options and `help` as its description."""
+    return sub.add_parser(name, help=help, description=help, parents=[GLOBAL_OPTIONS], **kwargs)
+
+
+def add_group(sub: Any, name: str, help: str, dest: str) -> Any:  # noqa: A002 - argparse's name
+    """Add a command group (`dharma audit …`) and return its own subparsers."""
+    return add_command(sub, name, help).add_subparsers(dest=dest, required=True, metavar="COMMAND")
+
+
+def settings_of(args: argparse.Namespace) -> Any:
+    """Settings from `--config`, the environment and the command's own overrides."""
+    from gateway.config import load_settings
+
+    overrides: dict[str, Any] = {}
+    if getattr(args, "state_root", None):
+        overrides["state_root"] = str(args.state_root)
+    if getattr(args, "policy", None):
+        overrides["policy"] = str(Path(args.policy).resolve())
+    if getattr(args, "ledger", None):
+        overrides["ledger"] = {"path": str(Path(args.ledger).resolve())}
+    return load_settings(getattr(args, "config", None), os.environ, overrides)
+
+
+def open_keys(args: argparse.Namespace, *, create: bool) -> Any:
+    """The receipt and checkpoint keys under the state root."""
+    from gateway.crypto.receipts import KeyStore
+
+    return KeyStore.open(settings_of(args).state_dir, create=create)
+
+
+def json_arg(text: str | None, what: str) -> Any:
+    """JSON given inline or as `@file`; a usage error naming `what` if it does not parse."""
+    if text is None:
+        return None
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"{what}: cannot read {text[1:]}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{what} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+
+
+def json_object_arg(text: str | None, what: str) -> dict[str, Any]:
+    """Like json_arg, but the value must be an object; absent means {}."""
+    value = json_arg(text, what)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UsageError(f"{what} must be a JSON object like '{{\"path\": \"a.txt\"}}', not {type(value).__name__}")
+    return value
+
+
+def out(line: str = "") -> None:
+    """One line of the command's output on stdout (diagnostics go to the log on stderr)."""
+    sys.stdout.write(line + "\n")

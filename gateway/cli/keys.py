@@ -1,0 +1,67 @@
+"""`dharma keys jwks|rotate` and `dharma receipt verify`: receipt keys and offline verification."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from gateway.cli.common import EXIT_FAILED, EXIT_OK, add_command, add_group, json_arg, open_keys, out
+
+
+def cmd_keys_jwks(args: argparse.Namespace) -> int:
+    out(json.dumps(open_keys(args, create=True).jwks(), indent=2))
+    return EXIT_OK
+
+
+def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    kid = open_keys(args, create=True).rotate()
+    out(f"new active key {kid}; the old key stays in the JWKS")
+    return EXIT_OK
+
+
+def cmd_receipt_verify(args: argparse.Namespace) -> int:
+    from gateway.crypto.receipts import ReceiptInvalid, load_jwks, verify_receipt
+
+    saved = json_arg("@" + args.response, "response file")
+    jwks = load_jwks(Path(args.jwks)) if args.jwks else open_keys(args, create=False).jwks()
+    token, response = _split_receipt(saved)
+    if token is None:
+        out(f"FAIL {args.response}: no receipt found (expected `receipt` or result._meta[\"dharma.gateway/receipt\"])")
+        return EXIT_FAILED
+    request = json_arg("@" + args.request, "request file") if args.request else None
+    try:
+        payload = verify_receipt(token, jwks, response=response, request=request)
+    except ReceiptInvalid as exc:
+        out(f"FAIL {args.response}: {exc}")
+        return EXIT_FAILED
+    out(f"OK receipt by key {payload['kid']} at {payload['time']}: request {payload['request_id']}, ledger seq {payload['ledger']['seq']}")
+    return EXIT_OK
+
+
+def _split_receipt(saved: Any) -> tuple[str | None, Any]:
+    """Find the receipt in an HTTP envelope, an MCP result, or a JSON-RPC response."""
+    from gateway.crypto.receipts import RECEIPT_META_KEY
+
+    if isinstance(saved, dict) and "envelope_version" in saved:
+        body = {k: v for k, v in saved.items() if k != "receipt"}
+        return saved.get("receipt"), body
+    result = saved.get("result", saved) if isinstance(saved, dict) and "jsonrpc" in saved else saved
+    if isinstance(result, dict) and isinstance(result.get("_meta"), dict):
+        return result["_meta"].get(RECEIPT_META_KEY), result
+    return None, saved
+
+
+def add_parsers(sub: Any) -> None:
+    """Add `dharma keys jwks|rotate` and `dharma receipt verify` to the `dharma` subparsers."""
+    keys = add_group(sub, "keys", "receipt signing keys", "keys_command")
+    add_command(keys, "jwks", "print the public keys as a JWKS").set_defaults(func=cmd_keys_jwks)
+    add_command(keys, "rotate", "make a new active key; old ones stay published").set_defaults(func=cmd_keys_rotate)
+
+    receipt = add_group(sub, "receipt", "verify signed receipts offline", "receipt_command")
+    p = add_command(receipt, "verify", "check a saved response's receipt against a JWKS")
+    p.add_argument("response", metavar="RESPONSE.json", help="a saved response (HTTP envelope, MCP result or JSON-RPC response)")
+    p.add_argument("--jwks", help="a saved JWKS (default: this machine's keys)")
+    p.add_argument("--request", help="the request as sent, to check its digest too")
+    p.set_defaults(func=cmd_receipt_verify)

@@ -1,0 +1,103 @@
+"""`dharma stdio` and `dharma tools pins|accept`: the MCP commands.
+
+`dharma stdio` wraps a stdio MCP server (the agent launches it instead of the server); `dharma
+tools` reviews the pinned tool definitions and accepts changed ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from gateway.cli.common import EXIT_FAILED, EXIT_OK, add_command, add_group, out, settings_of
+
+
+def add_parsers(sub: Any) -> None:
+    """Add `dharma stdio` and `dharma tools pins|accept` to the `dharma` subparsers."""
+    p = add_command(sub, "stdio", "govern a stdio MCP server: dharma stdio [--config F] -- CMD ARGS...")
+    p.add_argument("--policy", help="policy profile file to load (default: the one dharma.yaml names)")
+    p.add_argument("--backend-id", help="name of this server for tool pinning (default: derived from CMD)")
+    p.add_argument("--max-message-bytes", type=int, default=16 * 1024 * 1024, help="largest message accepted from the agent")
+    p.add_argument("--hold-seconds", type=float, default=50.0, help="how long a call held for approval waits for a human")
+    p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress notifications while holding")
+    p.add_argument("server", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the MCP server to run, after --")
+    p.set_defaults(func=cmd_stdio)
+
+    tools = add_group(sub, "tools", "review pinned MCP tool definitions", "tools_command")
+    p = add_command(tools, "pins", "list pinned tool definitions and the ones that changed")
+    p.add_argument("--backend", help="only this backend's tools")
+    p.add_argument("--changed", action="store_true", help="only tools whose definition changed")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.set_defaults(func=cmd_tools_pins)
+    p = add_command(tools, "accept", "pin the changed definition of a tool (or of every changed tool of a backend)")
+    p.add_argument("backend", metavar="BACKEND", help="backend id, as `dharma tools pins` shows it")
+    p.add_argument("tool", nargs="?", metavar="TOOL", help="tool name (default: every changed tool of BACKEND)")
+    p.set_defaults(func=cmd_tools_accept)
+
+
+def cmd_stdio(args: argparse.Namespace) -> int:
+    import anyio
+
+    from gateway.core.errors import ConfigError
+    from gateway.logging import configure_logging
+    from gateway.transports.mcp_stdio.proxy import serve_stdio
+
+    command = list(args.server)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ConfigError("dharma stdio needs the server command after --, e.g. dharma stdio -- npx some-mcp-server")
+    settings = settings_of(args)
+    configure_logging(settings.log_level)
+
+    async def main() -> int:
+        return await serve_stdio(
+            settings,
+            command,
+            backend_id=args.backend_id,
+            max_message_bytes=args.max_message_bytes,
+            hold_seconds=args.hold_seconds,
+            progress_interval=args.progress_interval,
+        )
+
+    return anyio.run(main)
+
+
+def cmd_tools_pins(args: argparse.Namespace) -> int:
+    from gateway.mcp.pins import PinStore, diff_definitions
+
+    rows = PinStore(settings_of(args).state_dir).list(args.backend)
+    if args.changed:
+        rows = [r for r in rows if r["changed"]]
+    if args.json:
+        for row in rows:
+            out(json.dumps(row, ensure_ascii=False, sort_keys=True))
+        return EXIT_OK
+    if not rows:
+        out("no pinned tools")
+    for row in rows:
+        state = "CHANGED" if row["changed"] else "pinned "
+        out(f"{state} {row['backend']}  {row['tool']}  {row['digest'][:16]}  since {row['pinned_at']}")
+        if row["changed"]:
+            for line in diff_definitions(row["definition"], row["seen_definition"]):
+                out(f"    {line}")
+            out(f"    accept with: dharma tools accept {row['backend']} {row['tool']}")
+    return EXIT_OK
+
+
+def cmd_tools_accept(args: argparse.Namespace) -> int:
+    from gateway.mcp.pins import PinStore
+
+    store = PinStore(settings_of(args).state_dir)
+    try:
+        accepted = store.accept(args.backend, args.tool)
+    except KeyError as exc:
+        out(f"no pin for {exc.args[0]}")
+        return EXIT_FAILED
+    if not accepted:
+        out("nothing to accept: no changed definition was seen")
+        return EXIT_OK
+    for name in accepted:
+        out(f"accepted the new definition of {args.backend} {name}")
+    return EXIT_OK

@@ -1,0 +1,63 @@
+"""`dharma serve`: the HTTP front (MCP at /mcp, the tool API, approvals, audit, JWKS).
+
+Only the command line lives here; what is served is `gateway.runtime` and
+`gateway.transports.http_api.app`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gateway.cli.common import EXIT_OK, add_command, settings_of
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import contextlib
+
+    import uvicorn
+
+    from gateway.logging import configure_logging
+    from gateway.runtime import open_gateway
+    from gateway.core.errors import ConfigError
+    from gateway.transports.http_api.app import build_app
+
+    settings = settings_of(args)
+    configure_logging(settings.log_level)
+    host = args.host or settings.server.host
+    port = args.port if args.port is not None else settings.server.port
+
+    async def main() -> None:
+        gateway = await open_gateway(settings)
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: Any) -> AsyncIterator[None]:
+            try:
+                yield
+            finally:
+                # Runs in uvicorn's shutdown, before it re-raises a captured SIGTERM (which would
+                # otherwise kill the process before the ledger writer and backends are closed).
+                await gateway.aclose()
+
+        app = build_app(gateway, max_body_bytes=settings.server.max_body_bytes, lifespan=lifespan)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+        try:
+            await server.serve()
+        except SystemExit:  # uvicorn exits 1 when it cannot listen; that is a configuration error
+            raise ConfigError(f"cannot serve on {host}:{port} (the address is in use or not available)") from None
+        finally:
+            await gateway.aclose()
+
+    asyncio.run(main())
+    return EXIT_OK
+
+
+def add_parsers(sub: Any) -> None:
+    """Add `dharma serve` to the `dharma` subparsers."""
+    p = add_command(sub, "serve", "serve the HTTP front (tool API, MCP at /mcp, approvals, JWKS); binds 127.0.0.1 by default")
+    p.add_argument("--host", help="address to listen on (default: server.host of dharma.yaml, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (default: server.port of dharma.yaml)")
+    p.add_argument("--policy", help="policy profile file to load (default: the one dharma.yaml names)")
+    p.set_defaults(func=cmd_serve)
