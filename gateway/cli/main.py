@@ -243,10 +243,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.logging import configure_logging
-    from gateway.runtime import open_gateway
+    from gateway.runtime import open_gateway, require_policy, serve_announced
     from gateway.transports.http_api.app import build_app
 
     settings = _settings(args)
+    require_policy(settings)
     configure_logging(settings.log_level)
     host = args.host or settings.server.host
     port = args.port if args.port is not None else settings.server.port
@@ -266,7 +267,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = build_app(gateway, max_body_bytes=settings.server.max_body_bytes, lifespan=lifespan)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
         try:
-            await server.serve()
+            await serve_announced(server, gateway)
         except SystemExit:  # uvicorn exits 1 when it cannot listen; that is a configuration error
             raise ConfigError(f"cannot serve on {host}:{port} (the address is in use or not available)") from None
         finally:
