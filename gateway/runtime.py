@@ -179,6 +179,8 @@ async def count_mcp_tools(upstreams: Sequence[UpstreamConfig]) -> dict[str, int 
         except TimeoutError:
             counts[upstream.id] = f"unknown: no tools/list answer within {MCP_COUNT_SECONDS:g} s"
         except Exception as exc:  # the banner reports; the endpoint itself retries per session
+            while isinstance(exc, ExceptionGroup) and exc.exceptions:  # the SDK's task groups wrap the cause
+                exc = exc.exceptions[0]
             counts[upstream.id] = f"unknown: {type(exc).__name__}: {exc}"[:200]
 
     async with anyio.create_task_group() as tg:
@@ -191,20 +193,22 @@ async def _list_tool_count(upstream: UpstreamConfig) -> int:
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    with open(os.devnull, "w") as quiet:  # the upstream's own stderr is not the gateway's log
+    async with contextlib.AsyncExitStack() as stack:
         if upstream.type == "mcp_stdio":
+            quiet = stack.enter_context(open(os.devnull, "w"))  # the upstream's stderr is not the gateway's log
             params = StdioServerParameters(command=upstream.command or "", args=upstream.args, env={**os.environ, **upstream.env})
             transport: Any = stdio_client(params, errlog=quiet)
         else:
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
 
-            transport = streamable_http_client(upstream.url or "", http_client=httpx2.AsyncClient(headers=upstream.headers))
+            http = await stack.enter_async_context(httpx2.AsyncClient(headers=upstream.headers))
+            transport = streamable_http_client(upstream.url or "", http_client=http)
+        client = await stack.enter_async_context(Client(transport))
         count, cursor = 0, None
-        async with Client(transport) as client:
-            while True:
-                page = await client.list_tools(cursor=cursor)
-                count += len(page.tools)
-                cursor = page.next_cursor
-                if not cursor:
-                    return count
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            count += len(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                return count

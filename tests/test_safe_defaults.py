@@ -163,3 +163,16 @@ def _mcp_tool_count(url: str, headers: dict[str, str]) -> int:
             return len((await client.list_tools()).tools)
 
     return anyio.run(count)
+
+
+async def test_banner_reports_an_upstream_it_could_not_count_instead_of_failing(tmp_path: Path) -> None:
+    """A missing command or a refused connection is named in the banner; serving goes on."""
+    from gateway.config import UpstreamConfig
+    from gateway.runtime import count_mcp_tools
+
+    counts = await count_mcp_tools([
+        UpstreamConfig(id="gone", type="mcp_stdio", command=str(tmp_path / "no-such-server")),
+        UpstreamConfig(id="down", type="mcp_http", url=f"http://127.0.0.1:{free_port()}/mcp"),
+    ])
+    assert counts["gone"].startswith("unknown: FileNotFoundError")
+    assert counts["down"].startswith("unknown: ConnectError")
