@@ -5,7 +5,8 @@ disclosure â†’ durable SQLite ledger append (group commit, one writer thread) â†
 Policy: the shipped `policies/standard.yaml` (rule sets resolved next to it); its rate limits
 are raised so the benchmark measures the limiter's cost instead of being throttled by it. If
 it does not load, a rule set that is missing is dropped (and named); failing that, a generated
-100-rule policy is used. Principal: demo-operator (API key); each caller has its own session.
+100-rule policy is used. Principal: bench-operator (API key, added to the profile: the shipped
+profiles hold no keys); each caller has its own session.
 Baseline: the same CallableBackend's `send()` awaited directly, in the same run.
 Logging: warnings only (the production `call.decided` info line is measured in its own row).
 """
@@ -23,7 +24,7 @@ import yaml
 
 from audit.sqlite import SqliteLedger
 from bench import Options, Results, Stats, Target, fmt_time, info_logging_to_devnull, quiet_logging, sample_async, table
-from bench.policygen import backend, write_generated_policy
+from bench.policygen import OPERATOR_KEY, backend, profile_document, write_generated_policy
 from gateway.core.call import Status
 from gateway.core.errors import PolicyErrors
 from gateway.core.gateway import Gateway
@@ -32,8 +33,6 @@ from gateway.crypto.receipts import KeyStore
 
 REPO = Path(__file__).resolve().parent.parent
 STANDARD = REPO / "policies" / "standard.yaml"
-API_KEY = "demo-operator-key"  # demo-operator in policies/standard.yaml (tier operator)
-GENERATED_KEY = "bench-operator-key"
 
 #: Calls an operator may make under the standard profile; all allowed and forwarded.
 CALLS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -54,13 +53,14 @@ def _standard_policy(tmp: Path) -> tuple[CompiledPolicy, str, str]:
     present = [r for r in refs if (STANDARD.parent / r).resolve().exists()]
     missing = [r for r in refs if r not in present]
     doc["rule_sets"] = [str((STANDARD.parent / r).resolve()) for r in present]
+    doc["principals"] = [*doc.get("principals", []), profile_document([])["principals"][0]]
     path = tmp / "standard-bench.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     policy = load_policy(path)
     what = f"policies/standard.yaml ({len(policy.rules)} rules, rate limits raised"
     if missing:
         what += f"; MISSING rule sets skipped: {', '.join(missing)}"
-    return policy, what + ")", API_KEY
+    return policy, what + ")", OPERATOR_KEY
 
 
 def choose_policy(tmp: Path) -> tuple[CompiledPolicy, str, str]:
@@ -69,7 +69,7 @@ def choose_policy(tmp: Path) -> tuple[CompiledPolicy, str, str]:
     except (PolicyErrors, OSError, yaml.YAMLError) as exc:
         path = write_generated_policy(tmp / "generated", 100)
         reason = str(exc).splitlines()[0][:120]
-        return load_policy(path), f"generated 100-rule policy (standard.yaml did not load: {reason})", GENERATED_KEY
+        return load_policy(path), f"generated 100-rule policy (standard.yaml did not load: {reason})", OPERATOR_KEY
 
 
 async def _open(tmp: Path, name: str, policy: CompiledPolicy, synchronous: str) -> Gateway:

@@ -29,7 +29,8 @@ def stdio_snippet() -> str:
 
 
 TRY = f"""
-Dharma Gateway demo: the standard profile in front of the demo backend (examples/).
+Dharma Gateway demo: the standard profile with the demo API keys (examples/policies/demo.yaml)
+in front of the demo backend (examples/). These keys are published: never use that profile elsewhere.
 State (keys, karma ledger, approvals) lives in $DHARMA_STATE_ROOT (default ~/.dharma).
 
 HTTP tool API — an allowed call:

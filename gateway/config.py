@@ -117,7 +117,10 @@ class McpHttpSettings(Strict):
 
 
 class Settings(Strict):
-    policy: Path = PACKAGE_ROOT / "policies" / "standard.yaml"
+    policy: Path = Field(
+        default=PACKAGE_ROOT / "policies" / "standard.yaml",
+        description="the policy profile; `dharma serve` refuses to start until one is named (see `policy_named`)",
+    )
     rules: list[Path] = Field(default_factory=list)
     state_root: Path = Path("~/.dharma")
     engine: Literal["auto", "cel-python", "common-expression-language"] = "auto"
@@ -154,6 +157,15 @@ class Settings(Strict):
                         f"MCP upstreams {a.id!r} and {b.id!r}: prefix {a.prefix!r} and {b.prefix!r} overlap, "
                         "so a tool name could belong to either; use prefixes where neither starts the other")
         return self
+
+    @property
+    def policy_named(self) -> bool:
+        """Whether a policy was named (dharma.yaml, DHARMA_POLICY or a flag) rather than defaulted.
+
+        The default serves `dharma stdio` and `dharma eval`, where the caller is the local user;
+        a network server must be told which policy, and so which callers, it serves.
+        """
+        return "policy" in self.model_fields_set
 
     @property
     def state_dir(self) -> Path:

@@ -1,4 +1,5 @@
-"""Start-up: build a Gateway from Settings (policy, keys, ledger, approvals, backends).
+"""Start-up: build a Gateway from Settings (policy, keys, ledger, approvals, backends), and the
+checks and banner of `dharma serve`.
 
 This is where files and modules named in the configuration are opened; every failure becomes
 a ConfigError or PolicyErrors with a message naming what and where.
@@ -6,6 +7,9 @@ a ConfigError or PolicyErrors with a message naming what and where.
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import importlib
 import os
 import sys
@@ -13,18 +17,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
+import structlog
+
 from audit.errors import LedgerError
 from audit.sqlite import SqliteLedger
 from gateway.core.backends import Backend, ToolSpec
 from gateway.transports.upstreams.http_api import HttpBackend
 from gateway.transports.upstreams.python import CallableBackend
-from gateway.config import Settings, UpstreamConfig, load_settings
+from gateway.config import PACKAGE_ROOT, Settings, UpstreamConfig, load_settings
 from gateway.core.errors import ConfigError
 from gateway.core.gateway import Gateway
 from gateway.logging import ensure_logging
 from gateway.policy.compile import load_policy
 from gateway.crypto.receipts import KeyStore
 from gateway.stores.sqlite_approvals import SqliteApprovalStore
+
+log = structlog.get_logger()
+
+#: How long the start-up banner waits for an MCP upstream to list its tools.
+MCP_COUNT_SECONDS = 20.0
 
 
 def build_backend(upstream: UpstreamConfig, python_path: list[Path] | None = None) -> Backend:
@@ -94,3 +106,109 @@ async def open_gateway(
     except ValueError as exc:
         await ledger.aclose()
         raise ConfigError(str(exc)) from None
+
+
+# ---- dharma serve ------------------------------------------------------------------------
+
+
+def require_policy(settings: Settings) -> None:
+    """Refuse to serve on the default profile: a network server must be told which policy, and
+    so which callers, it serves (the shipped profiles hold no API keys)."""
+    if not settings.policy_named:
+        raise ConfigError(
+            "no policy named, so `dharma serve` refuses to start (it never serves a default). Name one with "
+            "--policy FILE, `policy:` in dharma.yaml (--config FILE) or DHARMA_POLICY. The shipped profiles in "
+            f"{PACKAGE_ROOT / 'policies'} hold no API keys: give your callers theirs in a profile that `extends` "
+            "one (docs/policy.md); the demo's is examples/policies/demo.yaml"
+        )
+
+
+async def serve_announced(server: Any, gateway: Gateway) -> None:
+    """Run a `uvicorn.Server` and, once it listens, log the start-up banner (once)."""
+    announcer = asyncio.create_task(_announce(server, gateway))
+    try:
+        await server.serve()
+    finally:
+        announcer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await announcer
+
+
+async def _announce(server: Any, gateway: Gateway) -> None:
+    while not server.started:  # uvicorn sets the flag once its sockets listen; it offers nothing to await
+        await asyncio.sleep(0.05)
+    listening = [f"http://{_host_port(sock.getsockname())}" for s in getattr(server, "servers", []) for sock in s.sockets]
+    settings: Settings = gateway.settings  # type: ignore[attr-defined]  # set by open_gateway
+    counts = await count_mcp_tools([u for u in settings.upstreams if u.is_mcp])
+    log.info("dharma.serving", **banner(gateway, settings, listening or [f"http://{server.config.host}:{server.config.port}"], counts))
+
+
+def _host_port(name: Any) -> str:
+    host, port = name[0], name[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def banner(gateway: Gateway, settings: Settings, listening: list[str], mcp_counts: dict[str, int | str]) -> dict[str, Any]:
+    """What `dharma serve` says once it listens: where, which policy, each upstream and its tools.
+
+    Python and HTTP upstreams are served on the tool API (`/v1`), MCP upstreams only at `/mcp`.
+    """
+    served = collections.Counter(info.backend for info in gateway.catalog())
+    return {
+        "listen": listening,
+        "policy": gateway.policy.name,
+        "policy_version": gateway.policy.version,
+        "policy_file": str(gateway.policy_path) if gateway.policy_path else None,
+        "upstreams": [
+            {"id": u.id, "type": u.type, "tools": mcp_counts.get(u.id, "unknown") if u.is_mcp else served[u.id],
+             "served_at": settings.mcp.path if u.is_mcp else "/v1/tools"}
+            for u in settings.upstreams
+        ],
+    }
+
+
+async def count_mcp_tools(upstreams: Sequence[UpstreamConfig]) -> dict[str, int | str]:
+    """How many tools each MCP upstream lists, asked concurrently with the official SDK client;
+    an upstream that does not answer within MCP_COUNT_SECONDS is reported, not waited for."""
+    counts: dict[str, int | str] = {}
+
+    async def one(upstream: UpstreamConfig) -> None:
+        try:
+            with anyio.fail_after(MCP_COUNT_SECONDS):
+                counts[upstream.id] = await _list_tool_count(upstream)
+        except TimeoutError:
+            counts[upstream.id] = f"unknown: no tools/list answer within {MCP_COUNT_SECONDS:g} s"
+        except Exception as exc:  # the banner reports; the endpoint itself retries per session
+            while isinstance(exc, ExceptionGroup) and exc.exceptions:  # the SDK's task groups wrap the cause
+                exc = exc.exceptions[0]
+            counts[upstream.id] = f"unknown: {type(exc).__name__}: {exc}"[:200]
+
+    async with anyio.create_task_group() as tg:
+        for upstream in upstreams:
+            tg.start_soon(one, upstream)
+    return counts
+
+
+async def _list_tool_count(upstream: UpstreamConfig) -> int:
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    async with contextlib.AsyncExitStack() as stack:
+        if upstream.type == "mcp_stdio":
+            quiet = stack.enter_context(open(os.devnull, "w"))  # the upstream's stderr is not the gateway's log
+            params = StdioServerParameters(command=upstream.command or "", args=upstream.args, env={**os.environ, **upstream.env})
+            transport: Any = stdio_client(params, errlog=quiet)
+        else:
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            http = await stack.enter_async_context(httpx2.AsyncClient(headers=upstream.headers))
+            transport = streamable_http_client(upstream.url or "", http_client=http)
+        client = await stack.enter_async_context(Client(transport))
+        count, cursor = 0, None
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            count += len(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                return count

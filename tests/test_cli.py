@@ -290,7 +290,8 @@ def test_eval_explains_the_deciding_rule(policy_path: Path, state_root: Path) ->
 
 @needs_rules
 def test_eval_on_standard_profile(state_root: Path) -> None:
-    run = dharma("eval", "--policy", STANDARD, "--tool", "read_file", "--args", '{"path":"../x"}', "--principal", "demo-reader", "--explain", state_root=state_root)
+    demo = REPO / "examples" / "policies" / "demo.yaml"  # the standard profile plus the demo principals
+    run = dharma("eval", "--policy", demo, "--tool", "read_file", "--args", '{"path":"../x"}', "--principal", "demo-reader", "--explain", state_root=state_root)
     assert run.rc == 0, run.err
     assert "decision: deny" in run.out and "MATCH " in run.out and "when: " in run.out
     assert 'args.path = "../x"' in run.out

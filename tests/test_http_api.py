@@ -562,20 +562,21 @@ async def test_http_upstream(open_test_gateway: OpenGateway, policy_path: Path, 
     assert record_for(gw, env["request_id"])["backend"] == "api"
 
 
-# ---- the shipped standard profile (once rules/ exists) -------------------------------------
+# ---- the shipped standard profile (once rules/ exists), with the demo's API keys -------------
 
-STANDARD = REPO / "policies" / "standard.yaml"
+DEMO_PROFILE = REPO / "examples" / "policies" / "demo.yaml"  # extends policies/standard.yaml
 _shipped_rules = [REPO / "rules" / f for f in ("filesystem.yaml", "secrets.yaml", "shell.yaml", "sensitive_data.yaml")]
 needs_rules = pytest.mark.skipif(not all(p.exists() for p in _shipped_rules), reason="rules/ not written yet")
 
 
 @needs_rules
 async def test_standard_profile_over_http(open_test_gateway: OpenGateway, sandbox: Path) -> None:
-    gw = await open_test_gateway(STANDARD)
+    gw = await open_test_gateway(DEMO_PROFILE)
     (sandbox / "notes.txt").write_text("notes", encoding="utf-8")
     reader = {"authorization": "Bearer demo-reader-key"}
     async with client_for(gw) as http:
-        assert (await http.get("/healthz")).json()["policy"] == "standard"
+        assert (await http.get("/healthz")).json()["policy"] == "demo"
+        assert str(REPO / "policies" / "standard.yaml") in gw.policy.files  # the shipped tiers and rules
         status, env = await call(http, "read_file", {"path": "notes.txt"}, headers=reader)
         assert status == 200 and env["result"]["content"][0]["text"] == "notes"
         status, env = await call(http, "read_file", {"path": "../etc/passwd"}, headers=reader)

@@ -186,3 +186,65 @@ def test_leading_guard_only_for_plain_conjunctions():
     assert leading_guard("has(args.a) && x || y") is None
     assert leading_guard("has(args.a) ? x : y") is None
     assert leading_guard("args.a && has(args.b)") is None
+
+
+# ---- `extends`: a profile that adds principals (credentials) to another --------------------
+
+BASE_PROFILE = """\
+apiVersion: dharma/v1
+kind: Policy
+metadata: {name: base}
+principals:
+  - {id: local, tier: reader, local_user: "*"}
+tiers:
+  - {name: reader, grants: [{tools: ["read_*"]}]}
+rule_sets: [rules.yaml]
+"""
+
+
+def write_pair(tmp_path: Path, extending: str) -> Path:
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "base.yaml").write_text(BASE_PROFILE)
+    (tmp_path / "base" / "rules.yaml").write_text(HEAD + "  - {id: no-x, effect: deny, tools: [read_x]}\n")
+    path = tmp_path / "mine.yaml"
+    path.write_text("apiVersion: dharma/v1\nkind: Policy\nmetadata: {name: mine}\nextends: base/base.yaml\n" + extending)
+    return path
+
+
+def test_an_extending_profile_adds_principals_and_keeps_everything_else(tmp_path):
+    digest = "ab" * 32
+    mine = load_policy(write_pair(tmp_path, f"principals:\n  - {{id: bot, tier: reader, api_key_sha256: {digest}}}\n"))
+    base = load_policy(tmp_path / "base" / "base.yaml")
+    assert mine.name == "mine"
+    assert [(p.id, p.key_digests) for p in mine.principals] == [("local", ()), ("bot", (bytes.fromhex(digest),))]
+    assert [r.id for r in mine.rules] == [r.id for r in base.rules] == ["no-x"]  # rule sets resolve next to the base
+    assert mine.tiers == base.tiers
+    assert mine.version != base.version and str(tmp_path / "base" / "base.yaml") in mine.files
+    (tmp_path / "base" / "base.yaml").write_text(BASE_PROFILE.replace('"read_*"', '"read_*", "list_*"'))
+    assert load_policy(tmp_path / "mine.yaml").version != mine.version  # a change to the base is a new version
+
+
+@pytest.mark.parametrize(
+    "extending, line, needle",
+    [
+        ("tiers: []\n", 5, "may only add `principals`; `tiers` comes from base/base.yaml"),
+        ("principals:\n  - {id: local, tier: reader}\n", 6, "principal 'local' is already defined at"),
+        ("principals:\n  - {id: bot, tier: writer}\n", 6, "principal 'bot' has unknown tier 'writer'"),
+    ],
+)
+def test_extending_profile_errors_name_file_and_line(tmp_path, extending, line, needle):
+    path = write_pair(tmp_path, extending)
+    with pytest.raises(PolicyErrors) as info:
+        load_policy(path)
+    assert any(p.file == str(path) and p.line == line and needle in p.message for p in info.value.problems), info.value.problems
+
+
+def test_extends_to_a_missing_profile_or_a_cycle_is_an_error(tmp_path):
+    path = tmp_path / "a.yaml"
+    path.write_text("apiVersion: dharma/v1\nkind: Policy\nmetadata: {name: a}\nextends: b.yaml\n")
+    with pytest.raises(PolicyErrors, match="extended profile not found: b.yaml") as info:
+        load_policy(path)
+    assert info.value.problems[0].line == 4
+    (tmp_path / "b.yaml").write_text("apiVersion: dharma/v1\nkind: Policy\nmetadata: {name: b}\nextends: a.yaml\n")
+    with pytest.raises(PolicyErrors, match="`extends` cycle: a.yaml is already in the chain"):
+        load_policy(path)

@@ -20,11 +20,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.logging import configure_logging
-    from gateway.runtime import open_gateway
+    from gateway.runtime import open_gateway, require_policy, serve_announced
     from gateway.core.errors import ConfigError
     from gateway.transports.http_api.app import build_app
 
     settings = settings_of(args)
+    require_policy(settings)
     configure_logging(settings.log_level)
     host = args.host or settings.server.host
     port = args.port if args.port is not None else settings.server.port
@@ -44,7 +45,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = build_app(gateway, max_body_bytes=settings.server.max_body_bytes, lifespan=lifespan)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
         try:
-            await server.serve()
+            await serve_announced(server, gateway)
         except SystemExit:  # uvicorn exits 1 when it cannot listen; that is a configuration error
             raise ConfigError(f"cannot serve on {host}:{port} (the address is in use or not available)") from None
         finally:
@@ -59,5 +60,5 @@ def add_parsers(sub: Any) -> None:
     p = add_command(sub, "serve", "serve the HTTP front (tool API, MCP at /mcp, approvals, JWKS); binds 127.0.0.1 by default")
     p.add_argument("--host", help="address to listen on (default: server.host of dharma.yaml, 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to listen on (default: server.port of dharma.yaml)")
-    p.add_argument("--policy", help="policy profile file to load (default: the one dharma.yaml names)")
+    p.add_argument("--policy", help="policy profile file to load (default: the one dharma.yaml names; serve refuses to start without one)")
     p.set_defaults(func=cmd_serve)

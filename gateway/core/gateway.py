@@ -131,6 +131,10 @@ class Gateway:
             self._tools[info.name] = (info, backend)
         self._backends[backend.id] = backend
 
+    def catalog(self) -> list[ToolInfo]:
+        """Every tool the backends serve, unfiltered (for start-up reports, never for callers)."""
+        return [info for info, _ in self._tools.values()]
+
     def tools_for(self, credentials: Credentials) -> list[ToolInfo]:
         """The tools this caller may see: the same decision that gates their calls."""
         principal = authenticate(self.policy, credentials)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -307,9 +308,17 @@ class _Compiler:
 
 
 def compile_documents(
-    docs: list[LoadedDocument], *, engine: str | None = None, policy: LoadedDocument | None = None
+    docs: list[LoadedDocument],
+    *,
+    engine: str | None = None,
+    policy: LoadedDocument | None = None,
+    bases: Sequence[LoadedDocument] = (),
 ) -> CompiledPolicy:
-    """Compile a profile (optional) and rule documents into a CompiledPolicy. Raises PolicyErrors."""
+    """Compile a profile (optional) and rule documents into a CompiledPolicy. Raises PolicyErrors.
+
+    `bases` are the profiles `policy` extends, nearest first: the last one gives everything but
+    the principals, which every profile of the chain adds (see `profile_chain`).
+    """
     chosen = engine or cel.default_engine()
     c = _Compiler(chosen)
     rules: list[CompiledRule] = []
@@ -373,10 +382,11 @@ def compile_documents(
                 )
     profile: dict[str, Any] = {}
     if policy is not None:
-        profile = _compile_profile(policy, c)
+        layers = [*reversed(bases), policy]
+        profile = _compile_profile(layers[0], c, layers)
     if c.problems:
         raise PolicyErrors(c.problems)
-    all_docs = ([policy] if policy else []) + docs
+    all_docs = ([policy, *bases] if policy else []) + docs
     version = hashlib.sha256(
         "\n".join(f"{d.path.rsplit('/', 1)[-1]}:{d.text_digest}" for d in all_docs).encode()
     ).hexdigest()
@@ -394,7 +404,9 @@ def compile_documents(
     )
 
 
-def _compile_profile(doc: LoadedDocument, c: _Compiler) -> dict[str, Any]:
+def _compile_profile(doc: LoadedDocument, c: _Compiler, layers: Sequence[LoadedDocument]) -> dict[str, Any]:
+    """Everything from `doc` (the root profile) except the principals, which come from every
+    profile of `layers` (root first)."""
     model = doc.model
     assert isinstance(model, Policy)
     tier_specs = {t.name: (i, t) for i, t in enumerate(model.tiers)}
@@ -422,21 +434,28 @@ def _compile_profile(doc: LoadedDocument, c: _Compiler) -> dict[str, Any]:
             current = found[1].inherits
         tiers[name] = CompiledTier(name, tuple(grants), spec.max_sensitivity)
     principals: list[CompiledPrincipal] = []
-    for i, p in enumerate(model.principals):
-        if p.tier not in tiers:
-            c.problems.append(
-                PolicyProblem(doc.path, doc.line_of(("principals", i, "tier")), "", f"principal {p.id!r} has unknown tier {p.tier!r}")
+    defined: dict[str, str] = {}
+    for layer in layers:
+        assert isinstance(layer.model, Policy)
+        for i, p in enumerate(layer.model.principals):
+            line = layer.line_of(("principals", i))
+            if p.id in defined:
+                c.problems.append(PolicyProblem(layer.path, line, "", f"principal {p.id!r} is already defined at {defined[p.id]}"))
+            defined.setdefault(p.id, f"{layer.path}:{line}")
+            if p.tier not in tiers:
+                c.problems.append(
+                    PolicyProblem(layer.path, layer.line_of(("principals", i, "tier")), "", f"principal {p.id!r} has unknown tier {p.tier!r}")
+                )
+            principals.append(
+                CompiledPrincipal(
+                    id=p.id,
+                    tier=p.tier,
+                    roles=tuple(p.roles),
+                    claims=dict(p.claims),
+                    key_digests=tuple(bytes.fromhex(d) for d in p.api_key_sha256),
+                    local_user=p.local_user,
+                )
             )
-        principals.append(
-            CompiledPrincipal(
-                id=p.id,
-                tier=p.tier,
-                roles=tuple(p.roles),
-                claims=dict(p.claims),
-                key_digests=tuple(bytes.fromhex(d) for d in p.api_key_sha256),
-                local_user=p.local_user,
-            )
-        )
     sensitivity: list[CompiledSensitivity] = []
     for i, s in enumerate(model.sensitivity):
         escalations = []
@@ -466,25 +485,66 @@ def _compile_profile(doc: LoadedDocument, c: _Compiler) -> dict[str, Any]:
     }
 
 
-def load_policy(path: Path, *, extra: list[Path] | None = None, engine: str | None = None) -> CompiledPolicy:
-    """Load a profile and the rule sets it names (paths relative to the profile file)."""
-    docs = read_documents(path)
-    profiles = [d for d in docs if isinstance(d.model, Policy)]
+#: What a profile that `extends` another may set itself; everything else comes from the base.
+EXTENDING_KEYS = frozenset({"apiVersion", "kind", "metadata", "extends", "principals"})
+
+
+def read_profile(path: Path) -> LoadedDocument:
+    """The one `kind: Policy` document of a profile file."""
+    profiles = [d for d in read_documents(path) if isinstance(d.model, Policy)]
     if len(profiles) != 1:
         raise PolicyErrors([PolicyProblem(str(path), 1, "", "expected exactly one `kind: Policy` document")])
-    profile = profiles[0]
-    assert isinstance(profile.model, Policy)
+    return profiles[0]
+
+
+def profile_chain(path: Path) -> list[LoadedDocument]:
+    """The profile at `path` and the profiles it `extends`, nearest first.
+
+    A profile that extends another only adds principals (so a deployment's credentials live in
+    its own file while the shipped tiers, rules and limits stay the shipped ones); setting any
+    other key there, a missing base or a cycle is an error naming file:line.
+    """
+    chain = [read_profile(path)]
+    seen = {path.resolve()}
+    while True:
+        doc = chain[-1]
+        assert isinstance(doc.model, Policy)
+        ref = doc.model.extends
+        if ref is None:
+            return chain
+        problems = [
+            PolicyProblem(doc.path, doc.line_of((key,)), "", f"a profile that `extends` another may only add `principals`; "
+                          f"`{key}` comes from {ref} (edit that profile, or drop `extends`)")
+            for key in sorted(doc.model.model_fields_set - EXTENDING_KEYS)
+        ]
+        target = (Path(doc.path).parent / ref).resolve()
+        if target in seen:
+            problems.append(PolicyProblem(doc.path, doc.line_of(("extends",)), "", f"`extends` cycle: {ref} is already in the chain"))
+        elif not target.is_file():
+            problems.append(PolicyProblem(doc.path, doc.line_of(("extends",)), "", f"extended profile not found: {ref}"))
+        if problems:
+            raise PolicyErrors(problems)
+        seen.add(target)
+        chain.append(read_profile(target))
+
+
+def load_policy(path: Path, *, extra: list[Path] | None = None, engine: str | None = None) -> CompiledPolicy:
+    """Load a profile (and the profiles it extends) and the rule sets it names (paths relative
+    to the profile file that names them)."""
+    chain = profile_chain(path)
+    root = chain[-1]
+    assert isinstance(root.model, Policy)
     rule_paths: list[Path] = []
     problems: list[PolicyProblem] = []
-    for i, ref in enumerate(profile.model.rule_sets):
-        target = (path.parent / ref).resolve()
+    for i, ref in enumerate(root.model.rule_sets):
+        target = (Path(root.path).parent / ref).resolve()
         if not target.exists():
-            problems.append(PolicyProblem(str(path), profile.line_of(("rule_sets", i)), "", f"rule set not found: {ref}"))
+            problems.append(PolicyProblem(root.path, root.line_of(("rule_sets", i)), "", f"rule set not found: {ref}"))
         rule_paths.append(target)
     if problems:
         raise PolicyErrors(problems)
     rule_paths.extend(extra or [])
-    return compile_documents(load_rule_documents(rule_paths), engine=engine, policy=profile)
+    return compile_documents(load_rule_documents(rule_paths), engine=engine, policy=chain[0], bases=chain[1:])
 
 
 def load_rule_documents(paths: list[Path]) -> list[LoadedDocument]:

@@ -195,6 +195,10 @@ class Policy(Document):
     """A profile: who may call what, how sensitive it is, limits, and which rule sets apply."""
 
     kind: Literal["Policy"]
+    extends: str | None = Field(
+        default=None,
+        description="a profile (path relative to this file) this one adds principals to; everything else comes from it",
+    )
     principals: list[PrincipalSpec] = Field(default_factory=list)
     tiers: list[Tier] = Field(default_factory=list)
     sensitivity: list[SensitivityClass] = Field(default_factory=list)

@@ -150,6 +150,7 @@ def build_app(
         from gateway.transports.mcp_http.app import build_mcp_app
 
         mcp = build_mcp_app(gateway, settings, max_body_bytes=max_body_bytes)
+    mcp_only = mcp_only_note(settings)
 
     async def call_tool(request: Request) -> Response:
         tool = request.path_params["name"]
@@ -195,14 +196,15 @@ def build_app(
         if gateway.principal_for(creds) is None:
             return JSONResponse(error_envelope("", ErrorCode.UNAUTHENTICATED, "no valid API key"), status_code=401)
         tools = gateway.tools_for(creds)
-        return JSONResponse(
-            {
-                "tools": [
-                    {"name": t.name, "description": t.description, "inputSchema": t.input_schema, "annotations": t.annotations}
-                    for t in tools
-                ]
-            }
-        )
+        listing: dict[str, Any] = {
+            "tools": [
+                {"name": t.name, "description": t.description, "inputSchema": t.input_schema, "annotations": t.annotations}
+                for t in tools
+            ]
+        }
+        if mcp_only is not None:
+            listing["mcp"] = mcp_only
+        return JSONResponse(listing)
 
     def approver(request: Request) -> str | None:
         principal = gateway.principal_for(credentials_from(request))
@@ -269,6 +271,21 @@ def build_app(
             )
         )
     return Starlette(routes=routes, middleware=middleware, exception_handlers={Exception: server_error}, lifespan=lifespan)
+
+
+def mcp_only_note(settings: Any) -> dict[str, Any] | None:
+    """What `GET /v1/tools` says about MCP upstreams: their tools are not on `/v1` (the tool API
+    serves python and http upstreams); they are listed and called, per session, at the MCP path."""
+    names = [u.id for u in getattr(settings, "upstreams", ()) if u.is_mcp]
+    if not names:
+        return None
+    path = settings.mcp.path
+    return {
+        "endpoint": path,
+        "upstreams": names,
+        "note": f"tools of MCP upstreams ({', '.join(names)}) are not listed or callable here: "
+                f"/v1 serves python and http upstreams only; use an MCP client at {path}",
+    }
 
 
 def _closing(mcp: Any, inner: Lifespan[Starlette] | None) -> Lifespan[Starlette]:
