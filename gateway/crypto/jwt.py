@@ -71,7 +71,7 @@ _PARSED_AS = {
 _PUBLIC_MEMBERS = ("kty", "crv", "n", "e", "x", "y")
 _NUMERIC_DATES = ("exp", "nbf", "iat")
 _JWT_SHAPE = re.compile(r"eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*")
-_TYPES = ("jwt", "at+jwt", "application/at+jwt")
+_ACCESS_TOKEN_TYPES = ("jwt", "at+jwt", "application/at+jwt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +297,7 @@ _REASONS: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
     (InvalidSubjectError, "`sub` is not a string"),
     (InvalidJTIError, "`jti` is not a string"),
 )
-#: Claims every token must carry; PyJWT checks exp/nbf/iat against its clock, iss and aud against ours.
+#: Claims every token must carry (PyJWT's `require`); `nbf` and `iat` are checked when present.
 REQUIRED_CLAIMS = ("exp", "iss", "aud")
 
 
@@ -347,7 +347,7 @@ class JwtVerifier:
         if "crit" in header:
             raise TokenInvalid("token has critical header parameters this gateway does not understand")
         typ = header.get("typ")
-        if typ is not None and (not isinstance(typ, str) or typ.lower() not in _TYPES):
+        if typ is not None and (not isinstance(typ, str) or typ.lower() not in _ACCESS_TOKEN_TYPES):
             raise TokenInvalid("token is not a JWT access token (`typ`)")
         if kid is not None and not isinstance(kid, str):
             raise TokenInvalid("`kid` is not a string")
