@@ -19,8 +19,6 @@ receipts is ``gateway.crypto.receipts``'s job.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import hashlib
 import json
@@ -42,12 +40,18 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 
 from audit.canon import canonical_bytes
 from gateway.core.errors import ConfigError
+from gateway.crypto.b64 import Base64urlError, b64url_decode, b64url_encode
 
 __all__ = [
     "CHECKPOINT_KEY_NAME",
+    "RECEIPT_ALG",
     "RECEIPT_TYP",
+    "ActiveKey",
     "KeyStore",
+    "check_x",
     "jwk_thumbprint",
+    "read_bytes",
+    "validate_jwks",
 ]
 
 log = structlog.get_logger()
@@ -55,47 +59,44 @@ log = structlog.get_logger()
 RECEIPT_TYP = "dharma-receipt+jws"
 CHECKPOINT_KEY_NAME = "dharma-gateway"
 
-_ALG = "Ed25519"
-_B64URL = re.compile(r"[A-Za-z0-9_-]*")
+RECEIPT_ALG = "Ed25519"
 _KID = re.compile(r"[A-Za-z0-9_-]{43}")  # base64url of a SHA-256, no padding
 
 
-# --- base64url and JWK helpers ------------------------------------------------------------------
-
-
-def _b64e(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+# --- JWK helpers --------------------------------------------------------------------------------
 
 
 def jwk_thumbprint(x: str) -> str:
     """Return the RFC 7638 thumbprint (base64url SHA-256) of an Ed25519 OKP JWK with this ``x``."""
     members = json.dumps({"crv": "Ed25519", "kty": "OKP", "x": x}, separators=(",", ":"))
-    return _b64e(hashlib.sha256(members.encode("ascii")).digest())
+    return b64url_encode(hashlib.sha256(members.encode("ascii")).digest())
 
 
 def _public_x(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
     pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
     raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return _b64e(raw)
+    return b64url_encode(raw)
 
 
 def _public_jwk(x: str, kid: str) -> dict[str, str]:
-    return {"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "use": "sig", "alg": _ALG}
-def _check_x(x: object) -> str | None:
-    """Return ``x`` if it is the base64url of 32 bytes, else None."""
-    if not isinstance(x, str) or len(x) != 43 or not _B64URL.fullmatch(x):
+    return {"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "use": "sig", "alg": RECEIPT_ALG}
+
+
+def check_x(x: object) -> str | None:
+    """Return ``x`` if it is the canonical base64url of 32 bytes, else None."""
+    if not isinstance(x, str) or len(x) != 43:
         return None
     try:
-        raw = base64.urlsafe_b64decode(x + "=")
-    except (binascii.Error, ValueError):
+        b64url_decode(x)
+    except Base64urlError:
         return None
-    return x if len(raw) == 32 and _b64e(raw) == x else None
+    return x
 
 
 # --- key files ----------------------------------------------------------------------------------
 
 
-def _read_bytes(path: Path) -> bytes:
+def read_bytes(path: Path) -> bytes:
     """Read a key-related file, mapping every OS failure to a ConfigError naming the file."""
     try:
         return path.read_bytes()
@@ -110,7 +111,7 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _load_private_key(path: Path) -> Ed25519PrivateKey:
-    data = _read_bytes(path)
+    data = read_bytes(path)
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError as exc:  # encrypted PEM
@@ -185,7 +186,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class _ActiveKey:
+class ActiveKey:
     """The key receipts are signed with, plus its precomputed protected-header segment."""
 
     kid: str
@@ -194,16 +195,16 @@ class _ActiveKey:
     header_b64: bytes
 
     @classmethod
-    def of(cls, key: Ed25519PrivateKey) -> _ActiveKey:
+    def of(cls, key: Ed25519PrivateKey) -> ActiveKey:
         x = _public_x(key)
         kid = jwk_thumbprint(x)
-        header = canonical_bytes({"alg": _ALG, "kid": kid, "typ": RECEIPT_TYP})
-        return cls(kid=kid, x=x, private_key=key, header_b64=_b64e(header).encode("ascii"))
+        header = canonical_bytes({"alg": RECEIPT_ALG, "kid": kid, "typ": RECEIPT_TYP})
+        return cls(kid=kid, x=x, private_key=key, header_b64=b64url_encode(header).encode("ascii"))
 
     def sign(self, payload: Mapping[str, Any]) -> str:
-        signing_input = self.header_b64 + b"." + _b64e(canonical_bytes(payload)).encode("ascii")
+        signing_input = self.header_b64 + b"." + b64url_encode(canonical_bytes(payload)).encode("ascii")
         signature = self.private_key.sign(signing_input)
-        return f"{signing_input.decode('ascii')}.{_b64e(signature)}"
+        return f"{signing_input.decode('ascii')}.{b64url_encode(signature)}"
 
 
 class KeyStore:
@@ -222,7 +223,7 @@ class KeyStore:
         checkpoint_key_name: str = CHECKPOINT_KEY_NAME,
     ) -> None:
         self.directory = directory
-        self._active = _ActiveKey.of(active)
+        self._active = ActiveKey.of(active)
         self._retired = retired
         self.checkpoint_key = checkpoint_key
         self.checkpoint_key_name = checkpoint_key_name
@@ -266,7 +267,7 @@ class KeyStore:
                 log.info("keys.created", kid=kid, use="receipt")
                 return key
             (directory / f"receipt-{kid}.pem").unlink(missing_ok=True)  # lost the race
-        raw = _read_bytes(active_file)
+        raw = read_bytes(active_file)
         kid = raw.decode("ascii", errors="replace").strip()
         if not _KID.fullmatch(kid):
             raise ConfigError(f"{active_file}: does not name a key id (expected a 43-char kid)")
@@ -284,11 +285,11 @@ class KeyStore:
         if not path.exists() and not path.is_symlink():
             return []
         try:
-            doc = json.loads(_read_bytes(path))
+            doc = json.loads(read_bytes(path))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
         try:
-            keys = _validate_jwks(doc, require_thumbprint=True)["keys"]
+            keys = validate_jwks(doc, require_thumbprint=True)["keys"]
         except ValueError as exc:
             raise ConfigError(f"{path}: {exc}") from exc
         return [_public_jwk(k["x"], k["kid"]) for k in keys]
@@ -303,6 +304,11 @@ class KeyStore:
         return _load_private_key(path)
 
     # -- receipt keys ----------------------------------------------------------------------------
+
+    @property
+    def active(self) -> ActiveKey:
+        """The active receipt key as one snapshot (its kid and signing key always agree)."""
+        return self._active
 
     @property
     def kid(self) -> str:
@@ -328,7 +334,7 @@ class KeyStore:
         """
         old = self._active
         key = Ed25519PrivateKey.generate()
-        new = _ActiveKey.of(key)
+        new = ActiveKey.of(key)
         _write_atomic(self.directory / f"receipt-{new.kid}.pem", _pem(key))
         retired = [_public_jwk(old.x, old.kid)]
         retired.extend(k for k in self._retired if k["kid"] not in (old.kid, new.kid))
@@ -354,7 +360,7 @@ class KeyStore:
 # --- JWKS documents -----------------------------------------------------------------------------
 
 
-def _validate_jwks(doc: object, *, require_thumbprint: bool = False) -> dict[str, Any]:
+def validate_jwks(doc: object, *, require_thumbprint: bool = False) -> dict[str, Any]:
     """Check the shape of a JWKS document; raise ValueError saying what is wrong."""
     if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
         raise ValueError("not a JWKS (expected an object with a 'keys' list)")
@@ -365,7 +371,7 @@ def _validate_jwks(doc: object, *, require_thumbprint: bool = False) -> dict[str
         if not isinstance(kid, str) or not kid:
             raise ValueError(f"keys[{i}] has no kid")
         if jwk.get("kty") == "OKP" and jwk.get("crv") == "Ed25519":
-            x = _check_x(jwk.get("x"))
+            x = check_x(jwk.get("x"))
             if x is None:
                 raise ValueError(f"keys[{i}] (kid {kid}) has a malformed 'x'")
             if require_thumbprint and jwk_thumbprint(x) != kid:

@@ -16,8 +16,6 @@ reads is a JWKS, in ``load_jwks``. The keys and their files are ``gateway.crypto
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import json
 from collections.abc import Mapping
@@ -30,16 +28,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from audit.canon import digest
 from gateway.core.errors import ConfigError
+from gateway.crypto.b64 import Base64urlError, b64url_decode
 from gateway.crypto.keys import (
-    _ALG,
-    _B64URL,
+    RECEIPT_ALG,
     RECEIPT_TYP,
     KeyStore,
-    _b64e,
-    _check_x,
-    _read_bytes,
-    _validate_jwks,
+    check_x,
     jwk_thumbprint,
+    read_bytes,
+    validate_jwks,
 )
 
 __all__ = [
@@ -68,27 +65,21 @@ class ReceiptInvalid(Exception):
     """A receipt failed verification; the message says which check failed."""
 
 
-# --- base64url helpers --------------------------------------------------------------------------
+# --- token parts and keys -----------------------------------------------------------------------
 
 
-def _b64d(text: str, what: str) -> bytes:
-    """Decode strict, unpadded base64url; reject any other spelling of the same bytes."""
-    if not _B64URL.fullmatch(text) or len(text) % 4 == 1:
-        raise ReceiptInvalid(f"malformed token: {what} is not base64url")
+def _part(text: str, what: str) -> bytes:
+    """One part of a receipt, strict base64url (one spelling per token), as `ReceiptInvalid`."""
     try:
-        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError) as exc:
-        raise ReceiptInvalid(f"malformed token: {what} is not base64url") from exc
-    if _b64e(data) != text:  # non-zero trailing bits: a second encoding of the same bytes
-        raise ReceiptInvalid(f"malformed token: {what} is not canonical base64url")
-    return data
+        return b64url_decode(text, what)
+    except Base64urlError as exc:
+        raise ReceiptInvalid(f"malformed token: {exc}") from exc
 
 
 @functools.lru_cache(maxsize=256)
 def _public_key(x: str) -> Ed25519PublicKey:
-    """Build (once per ``x``) the public key object; ``from_public_bytes`` is slow."""
-    raw = base64.urlsafe_b64decode(x + "=" * (-len(x) % 4))
-    return Ed25519PublicKey.from_public_bytes(raw)
+    """Build (once per ``x``, already checked by ``check_x``) the public key; ``from_public_bytes`` is slow."""
+    return Ed25519PublicKey.from_public_bytes(b64url_decode(x, "x"))
 
 
 # --- receipts -----------------------------------------------------------------------------------
@@ -157,7 +148,7 @@ def build_receipt(
     """
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError("now must be timezone-aware")
-    active = keys._active  # one snapshot: the payload kid and the signing key always agree
+    active = keys.active  # one snapshot: the payload kid and the signing key always agree
     payload = {
         "v": RECEIPT_VERSION,
         "kid": active.kid,
@@ -179,9 +170,9 @@ def _find_key(jwks: Mapping[str, Any], kid: str) -> Ed25519PublicKey:
         if isinstance(jwk, Mapping) and jwk.get("kid") == kid:
             if jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519":
                 raise ReceiptInvalid(f"kid {kid!r} is not an Ed25519 OKP key in the JWKS")
-            if jwk.get("alg", _ALG) not in _ACCEPTED_ALGS or jwk.get("use", "sig") != "sig":
+            if jwk.get("alg", RECEIPT_ALG) not in _ACCEPTED_ALGS or jwk.get("use", "sig") != "sig":
                 raise ReceiptInvalid(f"kid {kid!r} is not an Ed25519 signing key in the JWKS")
-            x = _check_x(jwk.get("x"))
+            x = check_x(jwk.get("x"))
             if x is None:
                 raise ReceiptInvalid(f"kid {kid!r} has a malformed 'x' in the JWKS")
             return _public_key(x)
@@ -224,7 +215,7 @@ def verify_receipt(
     header_b64, payload_b64, sig_b64 = parts
     if not payload_b64:
         raise ReceiptInvalid("malformed token: empty payload (detached payloads are not used)")
-    header = _json_object(_b64d(header_b64, "header"), "header")
+    header = _json_object(_part(header_b64, "header"), "header")
     alg = header.get("alg")
     if alg not in _ACCEPTED_ALGS:
         raise ReceiptInvalid(f"wrong alg {alg!r} (expected 'Ed25519')")
@@ -236,14 +227,14 @@ def verify_receipt(
     if not isinstance(kid, str):
         raise ReceiptInvalid("malformed token: header has no kid")
     public_key = _find_key(jwks, kid)
-    signature = _b64d(sig_b64, "signature")
+    signature = _part(sig_b64, "signature")
     if len(signature) != 64:
         raise ReceiptInvalid("bad signature: not 64 bytes")
     try:
         public_key.verify(signature, f"{header_b64}.{payload_b64}".encode("ascii"))
     except InvalidSignature as exc:
         raise ReceiptInvalid(f"bad signature (kid {kid!r})") from exc
-    payload = _json_object(_b64d(payload_b64, "payload"), "payload")
+    payload = _json_object(_part(payload_b64, "payload"), "payload")
     if payload.get("v") != RECEIPT_VERSION:
         raise ReceiptInvalid(f"unsupported receipt version {payload.get('v')!r}")
     if payload.get("kid") != kid:
@@ -268,10 +259,10 @@ def load_jwks(path: Path) -> dict[str, Any]:
     """
     path = Path(path)
     try:
-        doc = json.loads(_read_bytes(path))
+        doc = json.loads(read_bytes(path))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
     try:
-        return _validate_jwks(doc)
+        return validate_jwks(doc)
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from exc

@@ -9,7 +9,6 @@ an expiry (notes §5). No I/O; the caller passes the clock reading in.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import json
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.core.call import Outcome
+from gateway.crypto.b64 import b64url_decode, b64url_encode
 from gateway.mcp import jsonrpc
 from gateway.mcp.versions import at_least
 
@@ -81,7 +81,7 @@ class StateSealer:
     key: bytes
 
     def seal(self, payload: dict[str, Any]) -> str:
-        body = base64.urlsafe_b64encode(json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()).decode().rstrip("=")
+        body = b64url_encode(json.dumps(payload, separators=(",", ":"), sort_keys=True).encode())
         mac = hmac.new(self.key, body.encode(), hashlib.sha256).hexdigest()
         return f"{STATE_PREFIX}{body}.{mac}"
 
@@ -104,7 +104,7 @@ class StateSealer:
         if not hmac.compare_digest(mac, good):
             return ("Invalid params: requestState was not issued by this gateway or was altered",)
         try:
-            state = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+            state = json.loads(b64url_decode(body, "requestState"))
         except ValueError:
             return ("Invalid params: requestState is malformed",)
         if not isinstance(state, dict) or state.get("e", 0) < now:

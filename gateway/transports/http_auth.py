@@ -2,7 +2,7 @@
 
 `HttpAuth` is a pure ASGI wrapper in front of the protected paths (`/mcp`, `/v1/`). It checks
 `Origin`, reads the caller's credentials (`Authorization: Bearer`, `X-API-Key`), has a JWT
-verified against the issuer's JWKS (signature, `iss`, `aud`, `exp`/`nbf`: `gateway.crypto.jwt`), answers
+verified against the issuer's JWKS (signature, `iss`, `aud`, `exp`/`nbf`: `gateway.crypto.jwt`, on PyJWT), answers
 401/403 with `WWW-Authenticate`, and removes the credential headers from the scope before the
 endpoint runs, so nothing downstream can forward the client's token upstream. What it found
 lands in `scope["state"]`:
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,12 +41,9 @@ from gateway.crypto.jwt import (
     JwksUnavailable,
     JwtVerifier,
     TokenInvalid,
-    _is_loopback,
-    check_claims,
+    is_loopback,
     looks_like_jwt,
     parse_jwks,
-    split_jws,
-    verify_signature,
 )
 
 if TYPE_CHECKING:
@@ -165,7 +161,6 @@ class HttpAuth:
         anonymous: Mapping[str, str] | None = None,
         required_scopes: Iterable[str] = (),
         error_body: ErrorBody = default_error_body,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         self.app = app
         parts = urlsplit(resource_url)
@@ -178,7 +173,7 @@ class HttpAuth:
             if issuer is None:
                 raise ValueError("JWT validation needs `issuer`")
             keys = jwks if isinstance(jwks, Jwks) else Jwks(jwks, ttl=jwks_cache_seconds, min_refetch=jwks_min_refetch_seconds)
-            self.verifier = JwtVerifier(keys, issuer=issuer, audience=audience or resource_url, algorithms=algorithms, leeway=leeway, clock=clock)
+            self.verifier = JwtVerifier(keys, issuer=issuer, audience=audience or resource_url, algorithms=algorithms, leeway=leeway)
         if not principal_claim:
             raise ValueError("principal_claim must name a claim")
         self.principal_claim, self.tier_claim, self.tier_map = principal_claim, tier_claim, dict(tier_map or {})
@@ -188,7 +183,7 @@ class HttpAuth:
         if bad:
             raise ValueError(f"allowed_origins: {bad} are not origins like https://host[:port]")
         self.origins = frozenset(k for _, k in origins if k is not None) | {_origin_key(f"{parts.scheme}://{parts.netloc}")}
-        self.local_origins = _is_loopback(bind_host)
+        self.local_origins = is_loopback(bind_host)
         self.protect, self.defer = self._prefixes(protect), self._prefixes(defer)
         self.anonymous = dict(anonymous or {})
         self._prefixes(self.anonymous)
@@ -246,7 +241,7 @@ class HttpAuth:
         key = _origin_key(origin)
         if key is None:
             return False
-        return key in self.origins or (self.local_origins and _is_loopback(key[1]))
+        return key in self.origins or (self.local_origins and is_loopback(key[1]))
 
     def _anonymous_user(self, path: str) -> str | None:
         return next((user for prefix, user in self.anonymous.items() if self._under(path, (prefix,))), None)
@@ -419,6 +414,6 @@ def http_auth_options(settings: Settings, *, resolve: Resolve | None = None) -> 
 
 __all__ = [
     "ALGORITHMS", "AuthResult", "HttpAuth", "Jwk", "Jwks", "JwksUnavailable", "JwtVerifier", "TokenInvalid",
-    "check_claims", "credentials_in", "http_auth_options", "looks_like_jwt", "metadata_url", "parse_jwks",
-    "protected_resource_metadata", "protected_resource_routes", "resource_url_for", "split_jws", "verify_signature",
+    "credentials_in", "http_auth_options", "looks_like_jwt", "metadata_url", "parse_jwks",
+    "protected_resource_metadata", "protected_resource_routes", "resource_url_for",
 ]
