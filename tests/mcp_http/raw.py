@@ -17,9 +17,11 @@ META = {"io.modelcontextprotocol/protocolVersion": MODERN,
 
 
 def sse_messages(text: str) -> list[dict[str, Any]]:
+    """The JSON messages of an event stream, parsed as the SSE spec says: an event's `data:` lines
+    (one leading space removed from each) joined with "\\n"."""
     out = []
     for block in text.split("\n\n"):
-        data = [line[5:].lstrip() for line in block.splitlines() if line.startswith("data:")]
+        data = [line[6:] if line.startswith("data: ") else line[5:] for line in block.splitlines() if line.startswith("data:")]
         if data and "".join(data).strip():
             out.append(json.loads("\n".join(data)))
     return out
