@@ -85,5 +85,5 @@ async def test_multiline_sse_data_is_relayed_and_replayed_whole(tmp_path: Path) 
                 {"uri": "file:///notes.txt", "mimeType": "text/plain", "text": "first line\nsecond line"}]}} in got
             # Resuming from the gateway's priming id replays the same events from its store, still whole.
             primed = _event_ids(r.text)[0]
-            replay = await c.listen({"last-event-id": primed}, 30.0)
-            assert sse_messages(replay) == got
+            status, replay = await c.fetch({"last-event-id": primed})
+            assert status == 200 and sse_messages(replay) == got
