@@ -216,6 +216,17 @@ def test_bare_check_and_test_work_on_the_current_directory(tmp_path: Path, state
         assert nothing.rc == 2 and f"nothing to {command} in {empty}" in nothing.err and nothing.out == ""
 
 
+def test_check_reports_a_cost_no_rate_limit_admits(tmp_path: Path, state_root: Path) -> None:
+    profile = tmp_path / "costly.yaml"
+    profile.write_text(
+        "apiVersion: dharma/v1\nkind: Policy\nmetadata: {name: costly}\n"
+        "rate_limits:\n  - {id: tight, key: [principal], rate: 1, burst: 2}\n"
+        "tool_costs: {deep_search: 5}\n", encoding="utf-8")
+    run = dharma("check", profile, state_root=state_root)
+    assert run.rc == 1 and "1 error(s)" in run.out, run.out + run.err
+    assert f"{profile}:6: [tight] error: tool cost 5 for 'deep_search' is above the burst 2" in run.out, run.out
+
+
 RULES_UNDER_TEST = RULE_HEAD + """\
   - id: no-dotdot
     tools: ["read_*"]

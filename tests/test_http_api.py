@@ -358,7 +358,8 @@ async def test_approval_hold_times_out(open_test_gateway: OpenGateway, tmp_path:
 
 
 async def test_approval_hold_released_by_approver(open_test_gateway: OpenGateway, tmp_path: Path, sandbox: Path) -> None:
-    gw = await open_test_gateway(write_policy(tmp_path / "holding", approval={"hold_seconds": 5, "expires_seconds": 60}))
+    # A hold long enough that a loaded machine cannot end it before the approver acts (a 200 proves the approval released it).
+    gw = await open_test_gateway(write_policy(tmp_path / "holding", approval={"hold_seconds": 60, "expires_seconds": 120}))
     (sandbox / "h.txt").write_text("h", encoding="utf-8")
     async with client_for(gw) as http:
 
@@ -372,7 +373,7 @@ async def test_approval_hold_released_by_approver(open_test_gateway: OpenGateway
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(approve_when_listed)
-            with anyio.fail_after(4):
+            with anyio.fail_after(30):
                 status, env = await call(http, "delete_file", {"path": "h.txt"})
     assert status == 200, env
     assert not (sandbox / "h.txt").exists()

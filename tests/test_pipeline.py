@@ -357,24 +357,28 @@ async def test_approval_is_bound_single_use_and_expires(setup):
 
 async def test_approval_hold_waits_for_a_human_and_times_out(tmp_path):
     recorder = Recorder()
+    args = {"path": "important/a", "content": ""}
     path = write_policy(tmp_path, TIERS + "approval: {hold_seconds: 0.3}\n", RULES)
     gateway = await open_gateway(tmp_path, path, [tools(recorder)])
     try:
-        args = {"path": "important/a", "content": ""}
         timed_out = await gateway.call("write_file", args, api_key="bob-key")
         assert timed_out.error_code is ErrorCode.APPROVAL_TIMEOUT and recorder.calls == []
+    finally:
+        await gateway.aclose()
+    # A hold long enough that a loaded machine cannot end it before the approver acts.
+    (tmp_path / "long").mkdir()
+    path = write_policy(tmp_path / "long", TIERS + "approval: {hold_seconds: 60}\n", RULES)
+    gateway = await open_gateway(tmp_path / "long", path, [tools(recorder)])
+    try:
 
         async def approve_when_pending():
-            for _ in range(100):
-                pending = await gateway.approvals.pending(gateway.clock())
-                if pending:
-                    await gateway.approvals.decide(pending[0].id, approve=True, by="op", now=gateway.clock())
-                    return
+            while not (pending := await gateway.approvals.pending(gateway.clock())):
                 await asyncio.sleep(0.01)
+            await gateway.approvals.decide(pending[0].id, approve=True, by="op", now=gateway.clock())
 
-        approver = asyncio.create_task(approve_when_pending())
-        held = await gateway.call("write_file", args, api_key="bob-key")
-        await approver
+        async with asyncio.timeout(30), asyncio.TaskGroup() as tg:
+            tg.create_task(approve_when_pending())
+            held = await gateway.call("write_file", args, api_key="bob-key")
         assert held.status is Status.OK and len(recorder.calls) == 1
     finally:
         await gateway.aclose()

@@ -248,3 +248,73 @@ def test_extends_to_a_missing_profile_or_a_cycle_is_an_error(tmp_path):
     (tmp_path / "b.yaml").write_text("apiVersion: dharma/v1\nkind: Policy\nmetadata: {name: b}\nextends: a.yaml\n")
     with pytest.raises(PolicyErrors, match="`extends` cycle: a.yaml is already in the chain"):
         load_policy(path)
+
+
+COSTLY_PROFILE = """\
+apiVersion: dharma/v1
+kind: Policy
+metadata: {name: p}
+rate_limits:
+  - {id: searches, key: [principal], tools: ["search*"], rate: 1, per_seconds: 1, burst: 3}
+  - {id: everything, key: [principal], rate: 10, burst: 20}
+tool_costs:
+  search_fast: 3
+  search_deep: 5
+  report: 9
+  "*_export": 25
+"""
+
+
+def test_tool_cost_above_a_covering_burst_is_rejected_with_file_line(tmp_path):
+    # GCRA never admits a call whose cost exceeds the burst: such a cost must not load.
+    (tmp_path / "p.yaml").write_text(COSTLY_PROFILE)
+    with pytest.raises(PolicyErrors) as info:
+        load_policy(tmp_path / "p.yaml")
+    found = [str(p) for p in info.value.problems]
+    assert len(found) == 3, found
+    deep, report, export = found
+    assert deep.startswith(f"{tmp_path / 'p.yaml'}:9: [searches] error:") and "'search_deep'" in deep
+    assert "burst 3" in deep and "(line 5)" in deep and "never be admitted" in deep
+    # search_fast (3) fits the burst; report (9) is outside `searches` and within `everything`'s.
+    # `*_export` (25) is above both bursts, and `search*` covers e.g. search_export.
+    assert report.startswith(f"{tmp_path / 'p.yaml'}:11: [everything] error:") and "'*_export'" in report
+    assert export.startswith(f"{tmp_path / 'p.yaml'}:11: [searches] error:") and "'*_export'" in export
+    fixed = COSTLY_PROFILE.replace("search_deep: 5", "search_deep: 3").replace('"*_export": 25', '"*_export": 2')
+    (tmp_path / "p.yaml").write_text(fixed)
+    policy = load_policy(tmp_path / "p.yaml")
+    assert policy.cost_of("search_deep") == 3 and policy.cost_of("report") == 9
+
+
+def test_negative_tool_cost_is_rejected(tmp_path):
+    docs = COSTLY_PROFILE.replace("report: 9", "report: -1")
+    with pytest.raises(PolicyErrors) as info:
+        parse_documents(docs, "p.yaml")
+    assert "p.yaml:10:" in str(info.value) and "greater than or equal to 0" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "a, b, overlap",
+    [
+        ("*", "anything", True),
+        ("search*", "search_deep", True),
+        ("search*", "*_export", True),  # e.g. search_export
+        ("search_*", "report", False),
+        ("read_?", "read_ab", False),
+        ("read_[a-c]", "read_[!abc]", False),
+        ("read_[a-c]", "read_[!ab]", True),
+        ("read_[!x]", "read_[!y]", True),
+        ("a*b", "*c", False),
+        ("a*b*c", "*b*", True),
+        ("x[", "x[", True),  # an unclosed bracket is a literal
+        ("", "*", True),
+        ("", "?", False),
+    ],
+)
+def test_globs_overlap(a, b, overlap):
+    import fnmatch
+
+    from gateway.policy.globs import globs_overlap
+
+    assert globs_overlap(a, b) is overlap and globs_overlap(b, a) is overlap
+    if not any(ch in a for ch in "*?["):  # a plain name: the answer is fnmatch's
+        assert overlap is fnmatch.fnmatchcase(a, b)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.policy import cel
+from gateway.policy.globs import globs_overlap
 from gateway.core.call import BlockClass, Disclosure, Effect, Mode, Sensitivity
 from gateway.core.errors import PolicyErrors, PolicyProblem
 from gateway.policy.load import LoadedDocument, expand_paths, read_documents
@@ -467,6 +468,7 @@ def _compile_profile(doc: LoadedDocument, c: _Compiler, layers: Sequence[LoadedD
     ids = [r.id for r in model.rate_limits]
     for dup in {x for x in ids if ids.count(x) > 1}:
         c.problems.append(PolicyProblem(doc.path, doc.line_of(("rate_limits",)), "", f"duplicate rate limit id {dup!r}"))
+    c.problems.extend(_unadmittable_costs(doc, model))
     return {
         "principals": tuple(principals),
         "tiers": tiers,
@@ -483,6 +485,24 @@ def _compile_profile(doc: LoadedDocument, c: _Compiler, layers: Sequence[LoadedD
         "backend_timeout_seconds": model.backend_timeout_seconds,
         "disclosure_modes": tuple(model.disclosure_modes),
     }
+
+
+def _unadmittable_costs(doc: LoadedDocument, model: Policy) -> list[PolicyProblem]:
+    """Tool costs above the burst of a rate limit that covers some tool of that cost.
+
+    GCRA admits a call of cost c only when c <= burst, so such a call would be refused forever,
+    each time with a `retry_after` that lies. Reported at the cost's line.
+    """
+    problems = []
+    for i, limit in enumerate(model.rate_limits):
+        for pattern, cost in model.tool_costs.items():
+            if cost > limit.burst and any(globs_overlap(pattern, g) for g in limit.tools):
+                problems.append(PolicyProblem(
+                    doc.path, doc.line_of(("tool_costs", pattern)), limit.id,
+                    f"tool cost {cost} for {pattern!r} is above the burst {limit.burst} of rate limit {limit.id!r} "
+                    f"(line {doc.line_of(('rate_limits', i))}), which covers it: such a call would never be admitted; "
+                    f"raise that burst to at least {cost} or lower the cost"))
+    return problems
 
 
 #: What a profile that `extends` another may set itself; everything else comes from the base.

@@ -204,7 +204,7 @@ class Policy(Document):
     sensitivity: list[SensitivityClass] = Field(default_factory=list)
     tool_annotations: dict[str, dict[str, Any]] = Field(default_factory=dict)
     rate_limits: list[RateLimit] = Field(default_factory=list)
-    tool_costs: dict[str, int] = Field(default_factory=dict)
+    tool_costs: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict, description="glob -> cost of one call (default 1)")
     rate_limit_store_down: Literal["deny", "allow"] = "deny"
     sanitizer: SanitizerSettings = SanitizerSettings()
     circuit_breaker: BreakerSettings = BreakerSettings()

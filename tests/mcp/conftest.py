@@ -192,14 +192,6 @@ class RawGateway:
             if isinstance(message, list):
                 return message
 
-    async def quiet(self, seconds: float) -> list[Any]:
-        """Everything that arrives within `seconds`."""
-        got: list[Any] = []
-        with anyio.move_on_after(seconds):
-            while True:
-                got.append(await self.recv(seconds + 1))
-        return got
-
     async def initialize(self, version: str = "2025-11-25", capabilities: dict[str, Any] | None = None) -> Any:
         await self.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
             "protocolVersion": version, "capabilities": capabilities or {},

@@ -121,8 +121,11 @@ async def test_tools_call_as_a_notification_is_never_forwarded(raw_gateway, tmp_
     gw = await raw_gateway()
     await gw.initialize()
     await gw.send({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "sneaky"}}})
-    assert await gw.quiet(0.5) == []  # a notification gets no answer
+    await gw.send({"jsonrpc": "2.0", "id": "after", "method": "ping"})
+    first = await gw.recv()  # a notification gets no answer: the first line out answers the later ping
+    assert first.get("id") == "after" and "result" in first, first
     assert (await gw.call(2, "echo", {"text": "ok"}))["result"]["content"][0]["text"] == "echo: ok"
+    assert [m.get("id") for m in gw.seen] == ["init", "after", 2]  # nothing answered it later either
     assert backend_calls(tmp_path) == ["echo"]  # only the governed call
     assert any(r.get("method") == "tools/call" and r["status"] == "blocked" and r["tool"] == "" for r in ledger_records(state))
 

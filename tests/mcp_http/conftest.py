@@ -184,8 +184,6 @@ async def serve_gateway(tmp: Path, upstreams: list[dict[str, Any]], policy: Path
 
     Yields an object with `.url` (the /mcp endpoint), `.base` and `.gateway`.
     """
-    import uvicorn
-
     from gateway.config import load_settings
     from gateway.runtime import open_gateway
     from gateway.transports.http_api.app import build_app
@@ -196,27 +194,38 @@ async def serve_gateway(tmp: Path, upstreams: list[dict[str, Any]], policy: Path
     settings = load_settings(None, env={}, overrides=overrides)
     gateway = await open_gateway(settings)
     app = build_app(gateway, max_body_bytes=settings.server.max_body_bytes)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1))
 
     class Served:
         pass
 
     served = Served()
-    served.base = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
-    served.url = served.base + "/mcp"  # type: ignore[attr-defined]
     served.gateway = gateway  # type: ignore[attr-defined]
+    try:
+        async with serve_asgi(app) as base:
+            served.base = base  # type: ignore[attr-defined]
+            served.url = base + "/mcp"  # type: ignore[attr-defined]
+            yield served
+    finally:
+        await gateway.aclose()
+
+
+@contextlib.asynccontextmanager
+async def serve_asgi(app: Any) -> AsyncIterator[str]:
+    """Serve an ASGI app under uvicorn on a free loopback port while the block runs; yields its base URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1))
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: server.serve(sockets=[sock]))
         while not server.started:
             await anyio.sleep(0.01)
         try:
-            yield served
+            yield f"http://127.0.0.1:{port}"
         finally:
             server.should_exit = True
-    await gateway.aclose()
 
 
 def client(url: str, key: str | None = "alice-key", **kwargs: Any) -> Any:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +19,11 @@ META = {"io.modelcontextprotocol/protocolVersion": MODERN,
 
 
 def sse_messages(text: str) -> list[dict[str, Any]]:
+    """The JSON messages of an event stream, parsed as the SSE spec says: an event's `data:` lines
+    (one leading space removed from each) joined with "\\n"."""
     out = []
     for block in text.split("\n\n"):
-        data = [line[5:].lstrip() for line in block.splitlines() if line.startswith("data:")]
+        data = [line[6:] if line.startswith("data: ") else line[5:] for line in block.splitlines() if line.startswith("data:")]
         if data and "".join(data).strip():
             out.append(json.loads("\n".join(data)))
     return out
@@ -89,14 +93,51 @@ class Raw:
         h.update(headers or {})
         return await self.post({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": p}, h)
 
-    async def listen(self, extra: dict[str, str], seconds: float = 1.0) -> str:
-        """GET the standalone stream for a while; return what arrived."""
+    async def listen(self, extra: dict[str, str], until: str, seconds: float = 30.0) -> str:
+        """GET a stream that stays open and read it until `until` has arrived; return what arrived.
+
+        Fails (TimeoutError) when `until` does not arrive within `seconds`: never a silent empty result.
+        """
         text = ""
-        with anyio.move_on_after(seconds):
+        with anyio.fail_after(seconds):
             async with self.http.stream("GET", self.url, headers=self.headers({"accept": "text/event-stream", **extra})) as r:
                 async for chunk in r.aiter_text():
                     text += chunk
+                    if until in text:
+                        break
         return text
+
+    async def fetch(self, extra: dict[str, str], seconds: float = 30.0) -> tuple[int, str]:
+        """GET with `extra` headers and read the answer to its end: (status, body). Fails when it does
+        not end within `seconds`, so a check on the body is never made on a cut-off read."""
+        with anyio.fail_after(seconds):
+            async with self.http.stream("GET", self.url, headers=self.headers({"accept": "text/event-stream", **extra})) as r:
+                return r.status_code, (await r.aread()).decode()
+
+    @contextlib.asynccontextmanager
+    async def standalone(self, seconds: float = 30.0) -> AsyncIterator[None]:
+        """Hold the session's standalone GET stream open while the block runs.
+
+        An SDK upstream allows one such stream per session and answers any further GET 409, so a
+        GET made meanwhile that the gateway does not answer from its own store ends at once.
+        """
+        opened = anyio.Event()
+
+        async def hold() -> None:
+            async with self.http.stream("GET", self.url, headers=self.headers({"accept": "text/event-stream"})) as r:
+                assert r.status_code == 200, await r.aread()
+                opened.set()
+                async for _chunk in r.aiter_bytes():
+                    pass
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold)
+            with anyio.fail_after(seconds):
+                await opened.wait()
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
 
 
 def ledger_text(state: Path, wait: float = 2.0) -> str:

@@ -39,16 +39,15 @@ async def test_hold_with_progress_until_approved_over_http(toy_url: str, tmp_pat
     async def on_progress(p: float, total: float | None, message: str | None) -> None:
         progress.append(message)
 
-    async with serve_gateway(tmp_path, [upstream(toy_url)]) as gw:
+    # A hold long enough that a loaded machine cannot end it before the approver acts.
+    async with serve_gateway(tmp_path, [upstream(toy_url)], hold_seconds=60) as gw:
         async def approve_when_pending() -> None:
             async with httpx.AsyncClient(headers={"X-API-Key": "approver-key"}) as http:
-                for _ in range(100):
-                    pending = (await http.get(gw.base + "/v1/approvals")).json()["approvals"]
-                    if pending and progress:
-                        r = await http.post(gw.base + f"/v1/approvals/{pending[0]['id']}:approve")
-                        assert r.status_code == 200
-                        return
-                    await anyio.sleep(0.1)
+                with anyio.fail_after(30):
+                    while not ((pending := (await http.get(gw.base + "/v1/approvals")).json()["approvals"]) and progress):
+                        await anyio.sleep(0.1)
+                r = await http.post(gw.base + f"/v1/approvals/{pending[0]['id']}:approve")
+                assert r.status_code == 200
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(approve_when_pending)

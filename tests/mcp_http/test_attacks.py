@@ -24,7 +24,7 @@ async def test_resumed_stream_cannot_replay_an_unredacted_result(toy_url: str, t
         assert SECRET in r.text
         ids = _event_ids(r.text)
         assert ids, "the toy server must number its events for this test to mean anything"
-        replayed = await direct.listen({"last-event-id": ids[0]}, 0.5)
+        replayed = await direct.listen({"last-event-id": ids[0]}, until=SECRET)
         assert SECRET in replayed  # the hole exists upstream
     async with serve_gateway(tmp_path, [upstream(toy_url)]) as gw:
         async with Raw(gw.url) as c:
@@ -36,12 +36,17 @@ async def test_resumed_stream_cannot_replay_an_unredacted_result(toy_url: str, t
             own = _event_ids(r.text)
             assert own and not set(own) & set(ids) and "retry:" in r.text.split("\n\n")[0]
             assert all(len(i.partition(".")[0]) >= 20 for i in own)  # opaque, unguessable
-            for guess in [*ids, *map(str, range(1, 40))]:
-                replay = await c.listen({"last-event-id": guess}, 0.05)
-                assert SECRET not in replay and "REDACTED" not in replay  # not ours: nothing is replayed
+            # Not ours: nothing is replayed. While the session's standalone stream is open, a GET the
+            # gateway does not answer from its store goes upstream and ends with the upstream's 409,
+            # a positive signal that comes after anything a replay would have sent.
+            async with c.standalone():
+                for guess in [*ids, *map(str, range(1, 40))]:
+                    status, replay = await c.fetch({"last-event-id": guess})
+                    assert status == 409 and "Only one SSE stream" in replay, (status, replay)
+                    assert SECRET not in replay and "REDACTED" not in replay
             # Resuming from the gateway's own priming id replays what the gateway sent: the governed result.
-            replay = await c.listen({"last-event-id": own[0]}, 0.5)
-            assert SECRET not in replay and "REDACTED" in replay
+            status, replay = await c.fetch({"last-event-id": own[0]})
+            assert status == 200 and SECRET not in replay and "REDACTED" in replay
 
 
 async def test_stream_closed_by_the_upstream_resumes_from_the_gateway_store(toy_url: str, tmp_path: Path) -> None:
@@ -57,15 +62,17 @@ async def test_stream_closed_by_the_upstream_resumes_from_the_gateway_store(toy_
             assert len(primed) == 1 and "retry:" in r.text
             async with Raw(gw.url) as other:  # another session cannot use this session's ids
                 await other.initialize()
-                stolen = await other.listen({"last-event-id": primed[0]}, 1.0)
+                async with other.standalone():  # the stolen id ends at the upstream's 409 (see above)
+                    status, stolen = await other.fetch({"last-event-id": primed[0]})
+                assert status == 409 and "Only one SSE stream" in stolen, (status, stolen)
                 assert "config polled" not in stolen and SECRET not in stolen
-            replay = await c.listen({"last-event-id": primed[0]}, 3.0)
-            assert SECRET not in replay and "config polled" in replay and "REDACTED" in replay
+            status, replay = await c.fetch({"last-event-id": primed[0]})
+            assert status == 200 and SECRET not in replay and "config polled" in replay and "REDACTED" in replay
             got = [m for m in (json.loads(line[5:]) for line in replay.splitlines() if line.startswith("data:") and line[5:].strip())
                    if m.get("id") == c.next_id]
             assert len(got) == 1 and got[0]["result"]["_meta"]["dharma.gateway/receipt"]
-            again = await c.listen({"last-event-id": primed[0]}, 1.0)  # replayable while the store keeps it
-            assert again.count(f'"id":{c.next_id},"result"') == 1 and SECRET not in again
+            status, again = await c.fetch({"last-event-id": primed[0]})  # replayable while the store keeps it
+            assert status == 200 and again.count(f'"id":{c.next_id},"result"') == 1 and SECRET not in again
 
 
 async def test_modern_headers_must_match_the_body(toy_url: str, tmp_path: Path) -> None:

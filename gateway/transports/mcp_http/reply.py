@@ -8,6 +8,7 @@ No routing, relaying or governance here (`mcp_http` and the modules it is built 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,8 @@ from gateway.transports.mcp_http.events import EventStore, StreamLog
 
 #: The reconnection delay (ms) the gateway's priming events suggest to resuming clients.
 RETRY_MS = 1000
+#: What ends a line in an event stream (SSE spec): CRLF, LF or a lone CR.
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache, no-transform", "x-accel-buffering": "no"}
 
 
@@ -212,10 +215,15 @@ async def write_reply(reply: Reply, send: Send) -> None:
 
 
 def _sse_bytes(event: _Event) -> bytes:
-    """One event on the wire: a priming event is only an id (and `retry:`), with empty data."""
+    """One event on the wire: a priming event is only an id (and `retry:`), with empty data.
+
+    Data that spans several lines (an upstream's pretty-printed message, joined with "\\n" as the
+    SSE spec says) goes out one `data:` line per line, so the receiver joins it back whole.
+    """
     head = b"id: " + event.id.encode() + b"\n" if event.id is not None else b""
     if event.retry is not None:
         head += b"retry: " + str(event.retry).encode() + b"\n"
     if not event.data:
         return head + b"data: \n\n"
-    return head + b"event: message\ndata: " + event.data + b"\n\n"
+    lines = _LINE_BREAK.split(event.data)
+    return head + b"event: message\n" + b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
