@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+import structlog
 from structlog.testing import capture_logs
 
 from audit.canon import canonical_bytes
@@ -24,6 +28,22 @@ from audit.sqlite import SqliteLedger, SqliteLedgerReader
 
 from .conftest import attacker, fill, make_entry
 
+
+
+@pytest.fixture
+def ledger_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """The ledger's log events at every level, whatever logging an earlier test configured (a
+    level filter or a logger cached on first use would hide them from capture_logs)."""
+    import audit.sqlite
+
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG), cache_logger_on_first_use=False)
+    try:
+        with capture_logs() as logs:
+            monkeypatch.setattr(audit.sqlite, "log", structlog.get_logger())
+            yield logs
+    finally:
+        structlog.configure(**saved)
 
 async def test_appends_get_contiguous_seqs_and_chained_hashes(ledger: SqliteLedger, ledger_path: Path) -> None:
     results = await asyncio.gather(*(ledger.append(make_entry(i)) for i in range(300)))
@@ -99,7 +119,7 @@ async def test_a_bad_entry_fails_only_its_caller(ledger_path: Path) -> None:
     await ledger.aclose()
 
 
-async def test_a_failed_commit_fails_the_whole_batch_and_keeps_the_head(ledger_path: Path) -> None:
+async def test_a_failed_commit_fails_the_whole_batch_and_keeps_the_head(ledger_path: Path, ledger_logs: list[dict[str, Any]]) -> None:
     ledger = await SqliteLedger.open(ledger_path, batch_wait_ms=100)
     await fill(ledger, 2)
     before = (ledger.size, ledger.head_hash, ledger.root())
@@ -108,16 +128,15 @@ async def test_a_failed_commit_fails_the_whole_batch_and_keeps_the_head(ledger_p
         "CREATE TRIGGER sabotage BEFORE INSERT ON records WHEN NEW.principal = 'boom' "
         "BEGIN SELECT RAISE(ABORT, 'disk on fire'); END"
     )
-    with capture_logs() as logs:
-        outcomes = await asyncio.gather(
-            ledger.append(make_entry(5)),
-            ledger.append({**make_entry(6), "principal": "boom"}),
-            ledger.append(make_entry(7)),
-            return_exceptions=True,
-        )
+    outcomes = await asyncio.gather(
+        ledger.append(make_entry(5)),
+        ledger.append({**make_entry(6), "principal": "boom"}),
+        ledger.append(make_entry(7)),
+        return_exceptions=True,
+    )
     assert all(isinstance(o, LedgerError) for o in outcomes), outcomes
     assert "records 3..5 were not committed" in str(outcomes[0]) and "disk on fire" in str(outcomes[0])
-    assert any(e["event"] == "ledger.batch_failed" for e in logs)
+    assert any(e["event"] == "ledger.batch_failed" for e in ledger_logs)
     assert (ledger.size, ledger.head_hash, ledger.root()) == before
     assert saboteur.execute("SELECT count(*) FROM records").fetchone() == (2,)
     saboteur.execute("DROP TRIGGER sabotage")
@@ -131,11 +150,10 @@ async def test_a_failed_commit_fails_the_whole_batch_and_keeps_the_head(ledger_p
         assert verify_ledger(reader).ok
 
 
-async def test_group_commit_batches_concurrent_appends(ledger_path: Path) -> None:
+async def test_group_commit_batches_concurrent_appends(ledger_path: Path, ledger_logs: list[dict[str, Any]]) -> None:
     ledger = await SqliteLedger.open(ledger_path, batch_max=64, batch_wait_ms=20)
-    with capture_logs() as logs:
-        await fill(ledger, 200)
-    batches = [e for e in logs if e["event"] == "ledger.batch_committed"]
+    await fill(ledger, 200)
+    batches = [e for e in ledger_logs if e["event"] == "ledger.batch_committed"]
     assert sum(e["count"] for e in batches) == 200
     assert max(e["count"] for e in batches) == 64
     assert len(batches) <= 8
@@ -341,11 +359,10 @@ async def test_reader_works_after_the_writer_is_gone(ledger_path: Path) -> None:
             reader._conn.execute("INSERT INTO meta VALUES ('x', 'y')")  # noqa: SLF001
 
 
-async def test_a_batch_larger_than_one_insert_statement_is_still_one_transaction(ledger_path: Path) -> None:
+async def test_a_batch_larger_than_one_insert_statement_is_still_one_transaction(ledger_path: Path, ledger_logs: list[dict[str, Any]]) -> None:
     ledger = await SqliteLedger.open(ledger_path, batch_max=3000, batch_wait_ms=200)
-    with capture_logs() as logs:
-        await fill(ledger, 2500)
-    assert max(e["count"] for e in logs if e["event"] == "ledger.batch_committed") > 1000
+    await fill(ledger, 2500)
+    assert max(e["count"] for e in ledger_logs if e["event"] == "ledger.batch_committed") > 1000
     await ledger.aclose()
     from audit.verify import verify_ledger
 
