@@ -236,6 +236,7 @@ def _ec_key_rsa_alg() -> str:
 
 
 NOW = int(time.time())
+DAY = 86_400  # tokens built at import stay valid however long the suite runs before using them
 INVALID_TOKENS: dict[str, tuple[Callable[[], str], str]] = {
     "expired": (lambda: token(claims(exp=int(time.time()) - 120)), "expired"),
     "not-yet-valid": (lambda: token(claims(nbf=int(time.time()) + 120)), "not valid yet"),
@@ -255,7 +256,7 @@ INVALID_TOKENS: dict[str, tuple[Callable[[], str], str]] = {
     "rs256-on-ec-key": (_ec_key_rsa_alg, "no key"),
     "crit-header": (lambda: token(crit=["exp"], exp_extra=1), "critical"),
     "typ-not-jwt": (lambda: token(typ="JOSE+JSON"), "`typ`"),
-    "duplicate-sub": (lambda: token('{"iss":"%s","aud":"%s","sub":"reader","sub":"admin","exp":%d}' % (ISSUER, RESOURCE, NOW + 300)), "duplicate"),
+    "duplicate-sub": (lambda: token('{"iss":"%s","aud":"%s","sub":"reader","sub":"admin","exp":%d}' % (ISSUER, RESOURCE, NOW + DAY)), "duplicate"),
     "payload-not-object": (lambda: token("[1,2]"), "not a JSON object"),
     "malformed-base64": (lambda: "eyJhbGciOiJSUzI1NiJ9a.e30.abc", "base64url"),
     "header-not-json": (lambda: b64(b'{"alg": RS256') + ".e30.abc", "not JSON"),

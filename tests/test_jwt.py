@@ -46,15 +46,16 @@ def pyjwt_accepts(t: str, key: Any = RSA_PUBLIC) -> dict[str, Any]:
 
 
 NOW = int(time.time())
+DAY = 86_400  # tokens built at import stay valid however long the suite runs before using them
 HEADER = '{"alg":"RS256","typ":"JWT","kid":"rsa-1"}'
-CLAIMS = '"iss":"%s","aud":"%s","exp":%d' % (ISSUER, RESOURCE, NOW + 300)
+CLAIMS = '"iss":"%s","aud":"%s","exp":%d' % (ISSUER, RESOURCE, NOW + DAY)
 
 PYJWT_ALONE_ACCEPTS: dict[str, tuple[Callable[[], str], str]] = {
     "padded-signature": (lambda: token() + "==", "signature is not base64url"),
     "duplicate-claim": (lambda: raw_token(HEADER, '{%s,"sub":"reader","sub":"admin"}' % CLAIMS), "JWT claims set has a duplicate member"),
     "duplicate-header-member": (lambda: raw_token('{"alg":"RS256","typ":"JWT","kid":"rsa-1","kid":"rsa-1"}', "{%s}" % CLAIMS), "JOSE header has a duplicate member"),
     "nan-claim": (lambda: raw_token(HEADER, '{%s,"score":NaN}' % CLAIMS), "JWT claims set is not JSON"),
-    "exp-as-string": (lambda: token(claims(exp=str(NOW + 300))), "`exp` is not a number"),
+    "exp-as-string": (lambda: token(claims(exp=str(NOW + DAY))), "`exp` is not a number"),
     "nbf-as-boolean": (lambda: token(claims(nbf=True)), "`nbf` is not a number"),
     "exp-beyond-float": (lambda: token(claims(exp=10**400)), "`exp` is out of range"),
     "typ-not-a-jwt": (lambda: token(typ="dpop+jwt"), "`typ`"),
