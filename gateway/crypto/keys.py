@@ -42,6 +42,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 
 from audit.canon import canonical_bytes
 from gateway.core.errors import ConfigError
+from gateway.crypto import strict_json
+from gateway.crypto.strict_json import StrictJSONError
 
 __all__ = [
     "CHECKPOINT_KEY_NAME",
@@ -284,9 +286,9 @@ class KeyStore:
         if not path.exists() and not path.is_symlink():
             return []
         try:
-            doc = json.loads(_read_bytes(path))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
+            doc = strict_json.loads(_read_bytes(path))
+        except StrictJSONError as exc:
+            raise ConfigError(f"{path}: not valid JSON: {exc}") from None
         try:
             keys = _validate_jwks(doc, require_thumbprint=True)["keys"]
         except ValueError as exc:
