@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.core.errors import ConfigError
+from gateway.policy.load import YamlProblem, compose_yaml, construct_yaml
 
 ENV_PREFIX = "DHARMA_"
 #: DHARMA_* variables that are not settings: read by the CLI (CONFIG) or the demo backend.
@@ -251,11 +252,12 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: config is not UTF-8 text") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: malformed YAML: {getattr(exc, 'problem', exc)}") from None
+        nodes = compose_yaml(text)
+        if len(nodes) > 1:
+            raise YamlProblem(nodes[1].start_mark.line + 1, "a config file holds one YAML document")
+        data = construct_yaml(text, nodes[0]) if nodes else None
+    except YamlProblem as exc:
+        raise ConfigError(f"{path}:{exc.line}: malformed YAML: {exc.reason}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -165,20 +165,43 @@ def parse(data: bytes | str) -> Parsed:
     return classify(obj)
 
 
-def _top_level_id(data: bytes | str) -> RpcId | None:
-    """Best-effort id of a message refused for a duplicate key or a lone surrogate: only when
-    `id` itself is neither duplicated nor holds a lone surrogate, so echoing it is safe.
-    Called only after the strict decoder checked encoding and depth."""
+class _Members(list):  # type: ignore[type-arg]
+    """An object's members as decoded leniently: (name, value) pairs, duplicates kept."""
+
+
+def _members(data: bytes | str) -> _Members | None:
+    """The top-level members of a message the strict decoder refused for a duplicate key or a
+    lone surrogate, decoded leniently; None when it is not an object or not JSON at all."""
     try:
-        obj = json.loads(data, object_pairs_hook=lambda pairs: pairs)
+        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+        strict_json.check_depth(text)
+        obj = json.loads(text, object_pairs_hook=_Members)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(obj, list):
-        return None
-    ids = [v for k, v in obj if k == "id"]
+    return obj if isinstance(obj, _Members) else None
+
+
+def _echoable_id(members: _Members | None) -> RpcId | None:
+    """The message's id when it is neither duplicated nor holds a lone surrogate, so echoing it
+    is safe; else None (JSON-RPC answers a message whose id cannot be known with `id: null`)."""
+    ids = [value for name, value in members or () if name == "id"]
     if len(ids) != 1 or not valid_id(ids[0]):
         return None
     return None if isinstance(ids[0], str) and strict_json.has_surrogate(ids[0]) else ids[0]
+
+
+def _top_level_id(data: bytes | str) -> RpcId | None:
+    return _echoable_id(_members(data))
+
+
+def refused_answer_id(data: bytes | str) -> RpcId | None:
+    """The id of a response (result or error, no method) that `parse` refused for a duplicate
+    key or a lone surrogate: the request it answers can then be failed instead of waiting."""
+    members = _members(data)
+    names = {name for name, _ in members or ()}
+    if "method" in names or not names & {"result", "error"}:
+        return None
+    return _echoable_id(members)
 
 
 def kind(obj: Any) -> str:
