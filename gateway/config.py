@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.core.errors import ConfigError
-from gateway.policy.load import YamlProblem, compose_yaml, construct_yaml
+from gateway.policy.load import YamlProblem, compose_yaml, construct_yaml, find_scalar, line_of, node_lines
 
 ENV_PREFIX = "DHARMA_"
 #: DHARMA_* variables that are not settings: read by the CLI (CONFIG) or the demo backend.
@@ -261,8 +261,12 @@ def read_config_file(path: Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: config must be a YAML mapping")
-    return _resolve_paths(data, path.parent)
+        raise ConfigError(f"{path}:{nodes[0].start_mark.line + 1}: config must be a YAML mapping")
+    try:
+        return _resolve_paths(data, path.parent)
+    except ValueError:  # os refuses a path with a NUL character
+        where = find_scalar(nodes, lambda value: "\x00" in value) or nodes[0]
+        raise ConfigError(f"{path}:{where.start_mark.line + 1}: a path holds a NUL character") from None
 
 
 def load_settings(
@@ -277,10 +281,22 @@ def load_settings(
     try:
         return Settings.model_validate(merged)
     except ValidationError as exc:
-        problems = []
+        lines = _file_lines(file) if file else {}
+        problems, first = [], None
         for error in exc.errors():
             loc = ".".join(str(p) for p in error["loc"])
             what = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-            problems.append(f"{loc}: {what}")
-        source = str(file) if file else "settings"
+            line = line_of(lines, tuple(error["loc"])) if lines else None
+            first = first or line
+            problems.append(f"{loc}: {what}" + (f" (line {line})" if line else ""))
+        source = (f"{file}:{first}" if first else str(file)) if file else "settings"
         raise ConfigError(f"{source}: invalid configuration: " + "; ".join(problems)) from None
+
+
+def _file_lines(path: Path) -> dict[tuple[str | int, ...], int]:
+    """Where each key of a config file is, for error messages (empty if it cannot be read)."""
+    try:
+        nodes = compose_yaml(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, YamlProblem):
+        return {}
+    return node_lines(nodes[0]) if nodes else {}

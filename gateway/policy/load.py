@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,23 @@ class LoadedDocument:
 
     def line_of(self, loc: Loc) -> int:
         """Line of the deepest known part of `loc` (1-based)."""
-        for end in range(len(loc), -1, -1):
-            line = self.lines.get(tuple(loc[:end]))
-            if line is not None:
-                return line
-        return 1
+        return line_of(self.lines, loc) or 1
+
+
+def line_of(lines: dict[Loc, int], loc: Loc) -> int | None:
+    """Line of the deepest part of `loc` that `lines` knows, else None."""
+    for end in range(len(loc), -1, -1):
+        line = lines.get(tuple(loc[:end]))
+        if line is not None:
+            return line
+    return None
+
+
+def node_lines(node: yaml.Node) -> dict[Loc, int]:
+    """The line of every mapping value and list item under a composed document."""
+    lines: dict[Loc, int] = {}
+    _node_lines(node, (), lines, [])
+    return lines
 
 
 def _node_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], problems: list[tuple[int, Loc, str]],
@@ -137,6 +150,13 @@ def compose_yaml(text: str) -> list[yaml.Node]:
 def _refuse_surrogates(nodes: list[yaml.Node]) -> None:
     """A double-quoted `"\\ud800"` decodes to a lone surrogate: not Unicode, it cannot be
     written back as UTF-8 (a path, a log line, a digest), so it is refused where it stands."""
+    node = find_scalar(nodes, has_surrogate)
+    if node is not None:
+        raise YamlProblem(node.start_mark.line + 1, "a string holds a lone surrogate escape (not Unicode)")
+
+
+def find_scalar(nodes: list[yaml.Node], predicate: Callable[[str], bool]) -> yaml.Node | None:
+    """The first string scalar under `nodes` that `predicate` holds for (aliases walked once)."""
     stack, seen = list(nodes), set()
     while stack:
         node = stack.pop()
@@ -144,12 +164,13 @@ def _refuse_surrogates(nodes: list[yaml.Node]) -> None:
             continue
         seen.add(id(node))
         if isinstance(node, yaml.ScalarNode):
-            if isinstance(node.value, str) and has_surrogate(node.value):
-                raise YamlProblem(node.start_mark.line + 1, "a string holds a lone surrogate escape (not Unicode)")
+            if isinstance(node.value, str) and predicate(node.value):
+                return node
         elif isinstance(node, yaml.MappingNode):
             stack.extend(part for pair in node.value for part in pair)
         elif isinstance(node, yaml.SequenceNode):
             stack.extend(node.value)
+    return None
 
 
 def construct_yaml(text: str, node: yaml.Node) -> Any:

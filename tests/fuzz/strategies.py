@@ -226,3 +226,50 @@ cel_arguments = st.dictionaries(
 
 token_segments = st.one_of(st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", max_size=40),
                            st.text(max_size=20))
+
+
+# ---- a fixed corpus for the end-to-end tests -----------------------------------------------
+
+_CALL = b'{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"admin_reset","arguments":%s}}'
+
+#: One line per kind of damage; every tool call among them names a tool the test principal may
+#: not call (`admin_reset`), so none of them may ever reach the server.
+HOSTILE_LINES: dict[str, bytes] = {
+    "deep-array": b"[" * 5000,
+    "deep-object": b'{"a":' * 5000,
+    "deep-params": _CALL % (b"1", b"[" * 3000 + b"]" * 3000),
+    "surrogate-id": b'{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}',
+    "surrogate-id-call": _CALL % (b'"\\udfff"', b"{}"),
+    "surrogate-argument": _CALL % (b"2", b'{"text":"\\ud800"}'),
+    "surrogate-name": b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"admin_reset\\ud800"}}',
+    "raw-surrogate-bytes": _CALL % (b"4", b'{"text":"\xed\xa0\x80"}'),
+    "duplicate-name": b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","name":"admin_reset"}}',
+    "duplicate-in-batch": b'[1,{"a":1,"a":2}]',
+    "duplicate-id": b'{"jsonrpc":"2.0","id":6,"id":7,"method":"tools/call","params":{"name":"admin_reset"}}',
+    "nan": _CALL % (b"8", b'{"x":NaN}'),
+    "infinity": _CALL % (b"9", b'{"x":-Infinity}'),
+    "float-overflow": _CALL % (b"10", b'{"x":1e400}'),
+    "huge-integer-id": _CALL % (b"9" * 5000, b"{}"),
+    "huge-integer-argument": _CALL % (b"11", b'{"x":' + b"9" * 4000 + b"}"),
+    "bom": b"\xef\xbb\xbf" + _CALL % (b"12", b"{}"),
+    "carriage-return": _CALL % (b"13", b"{}") + b"\r",
+    "empty": b"",
+    "blank": b" \t\r",
+    "nul": b"\x00",
+    "not-utf8": b'{"jsonrpc":"2.0","id":14,"method":"\xff\xfe"}',
+    "truncated": (_CALL % (b"15", b"{}"))[:-3],
+    "float-id": _CALL % (b"1.5", b"{}"),
+    "null-id-call": _CALL % (b"null", b"{}"),
+    "batch-smuggling": b'[' + _CALL % (b"16", b"{}") + b',{"jsonrpc":"2.0","id":17,"method":"ping"}]',
+    "notification-call": b'{"jsonrpc":"2.0","method":"tools/call","params":{"name":"admin_reset"}}',
+    "params-string": b'{"jsonrpc":"2.0","id":18,"method":"tools/call","params":"admin_reset"}',
+    "arguments-deep-in-limit": _CALL % (b"19", b'{"x":' + b"[" * 100 + b"]" * 100 + b"}"),
+    "big-line": _CALL % (b"20", b'{"text":"' + b"x" * 1_000_000 + b'"}'),
+}
+
+
+def seeded_mutations(count: int, seed: int = 12) -> list[bytes]:
+    """`count` damaged copies of admin_reset calls and batches, the same for every run."""
+    rng = random.Random(seed)
+    bases = [_CALL % (b"21", b'{"text":"hi"}'), HOSTILE_LINES["batch-smuggling"], HOSTILE_LINES["duplicate-name"]]
+    return [mutate(rng.choice(bases), rng).replace(b"\n", b" ") for _ in range(count)]
