@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.core.errors import ConfigError
@@ -192,10 +191,15 @@ def env_layer(env: Mapping[str, str]) -> dict[str, Any]:
         parts = name[len(ENV_PREFIX):].lower().split("__")
         if parts[0] not in Settings.model_fields:
             raise ConfigError(f"environment variable {name}: no setting {parts[0]!r} (known: {', '.join(Settings.model_fields)})")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else raw
-        except yaml.YAMLError:
-            value = raw
+        value: Any = raw
+        if raw.strip():
+            try:  # read as dharma.yaml is read
+                nodes = compose_yaml(raw)
+                if len(nodes) <= 1:
+                    value = construct_yaml(raw, nodes[0]) if nodes else None
+            except YamlProblem:
+                pass  # not one YAML value (or nested too deep): the text as given
+
         if isinstance(value, (int, float, bool)) and parts[-1] in ("path", "policy", "state_root"):
             value = raw
         node = layer

@@ -314,27 +314,28 @@ def signed_tokens(draw: st.DrawFn, header: dict[str, Any]) -> tuple[bytes, bytes
     return head, body, draw(st.sampled_from(["", "x", "=", ".", "..", "AAAA"]))
 
 
-@contextlib.contextmanager
-def open_receipts() -> Iterator[Check]:
+def _receipt_key() -> tuple[Any, str, str]:
+    """A fixed Ed25519 key (so the strategies can name its kid): (key, x, kid)."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-    from gateway.crypto.receipts import ReceiptInvalid, jwk_thumbprint, verify_receipt
+    from gateway.crypto.receipts import jwk_thumbprint
 
-    key = Ed25519PrivateKey.generate()
+    key = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
     x = _b64(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
-    kid = jwk_thumbprint(x)
+    return key, x, jwk_thumbprint(x)
+
+
+@contextlib.contextmanager
+def open_receipts() -> Iterator[Check]:
+    from gateway.crypto.receipts import ReceiptInvalid, verify_receipt
+
+    key, x, kid = _receipt_key()
     jwks = {"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": kid, "x": x, "alg": "Ed25519", "use": "sig"}]}
-    header = {"alg": "Ed25519", "typ": "dharma-receipt+jws", "kid": kid}
 
     def check(case: Any) -> None:
         """Any token, signed or not, is refused with ReceiptInvalid or verified; nothing else."""
-        if isinstance(case, tuple):
-            head, body, tail = case
-            signing_input = f"{_b64(head)}.{_b64(body)}"
-            token = f"{signing_input}.{_b64(key.sign(signing_input.encode()))}{tail}"
-        else:
-            token = case
+        token = _token(case, lambda data: _b64(key.sign(data)))
         try:
             verify_receipt(token, jwks, response={"content": []}, request={"tool": "x"})
         except ReceiptInvalid as exc:
@@ -343,11 +344,18 @@ def open_receipts() -> Iterator[Check]:
     yield check
 
 
-receipt_cases = st.one_of(
-    st.text(max_size=200),
-    st.lists(s.token_segments, min_size=1, max_size=5).map(".".join),
-    signed_tokens({"alg": "Ed25519", "typ": "dharma-receipt+jws", "kid": "k"}),
-)
+def token_cases(header: dict[str, Any]) -> st.SearchStrategy[Any]:
+    """Arbitrary text, dotted segments, or (header, payload, tail) to sign with a real key."""
+    return st.one_of(st.text(max_size=200), st.lists(s.token_segments, min_size=1, max_size=5).map(".".join),
+                     signed_tokens(header))
+
+
+def _token(case: Any, sign: Callable[[bytes], str]) -> str:
+    if not isinstance(case, tuple):
+        return str(case)
+    head, body, tail = case
+    signing_input = f"{_b64(head)}.{_b64(body)}"
+    return f"{signing_input}.{sign(signing_input.encode())}{tail}"
 
 
 @contextlib.contextmanager
@@ -375,25 +383,12 @@ def open_jwt() -> Iterator[Check]:
 
         def check(case: Any) -> None:
             """Any token, signed or not, is refused with TokenInvalid or verified; nothing else."""
-            if isinstance(case, tuple):
-                head, body, tail = case
-                signing_input = f"{_b64(head)}.{_b64(body)}"
-                token = f"{signing_input}.{sign(signing_input.encode())}{tail}"
-            else:
-                token = case
             try:
-                anyio.run(verifier.verify, token)
+                anyio.run(verifier.verify, _token(case, sign))
             except TokenInvalid as exc:
                 assert str(exc)
 
         yield check
-
-
-jwt_cases = st.one_of(
-    st.text(max_size=200),
-    st.lists(s.token_segments, min_size=1, max_size=5).map(".".join),
-    signed_tokens({"alg": "ES256", "typ": "JWT", "kid": "ec-1"}),
-)
 
 
 TARGETS: list[Target] = [
@@ -407,6 +402,6 @@ TARGETS: list[Target] = [
     Target("config_loader", s.yaml_texts(s.CONFIG_SAMPLES), open_config_loader),
     Target("cel_activation_python", s.cel_arguments, lambda: open_cel_activation("cel-python")),
     Target("cel_activation_rust", s.cel_arguments, lambda: open_cel_activation("common-expression-language")),
-    Target("receipt_verify", receipt_cases, open_receipts),
-    Target("jwt_verify", jwt_cases, open_jwt),
+    Target("receipt_verify", token_cases({"alg": "Ed25519", "typ": "dharma-receipt+jws", "kid": _receipt_key()[2]}), open_receipts),
+    Target("jwt_verify", token_cases({"alg": "ES256", "typ": "JWT", "kid": "ec-1"}), open_jwt),
 ]
