@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much, HealthCheck.large_base_example]
 
 #: Examples per target in the suite; all targets together stay well under a minute.
-SUITE_EXAMPLES = 60
+SUITE_EXAMPLES = 100
 
 settings.register_profile("suite", max_examples=SUITE_EXAMPLES, deadline=None, derandomize=True, database=None,
                           suppress_health_check=_QUIET, print_blob=True)

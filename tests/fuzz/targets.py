@@ -391,6 +391,77 @@ def open_jwt() -> Iterator[Check]:
         yield check
 
 
+# ---- a real `dharma stdio` ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def open_stdio_proxy() -> Iterator[Check]:
+    """`dharma stdio` around the SDK test server of tests/mcp, for the whole campaign."""
+    import os
+    import queue
+    import subprocess
+    import threading
+
+    from gateway.crypto import strict_json
+    from tests.mcp.conftest import (
+        REPO, TEST_DISCLOSURE, TEST_PROFILE, TEST_RULES, backend_calls, gateway_command, gateway_env, test_server_command,
+    )
+
+    with tempfile.TemporaryDirectory(prefix="dharma-fuzz-") as tmp_name:
+        tmp = Path(tmp_name)
+        (tmp / "state").mkdir()
+        (tmp / "rules.yaml").write_text(TEST_RULES)
+        (tmp / "disclosure.yaml").write_text(TEST_DISCLOSURE)
+        policy = tmp / "profile.yaml"
+        policy.write_text(TEST_PROFILE % {"timeout": 1.5, "mcp_rules": REPO / "rules" / "mcp.yaml"})
+        command = gateway_command(tmp / "state", policy, test_server_command(), "--max-message-bytes", "200000")
+        with open(tmp / "gateway.log", "wb") as log:
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=str(REPO),
+                                    env={**os.environ, **gateway_env(tmp)})
+        assert proc.stdin is not None and proc.stdout is not None
+        out: queue.Queue[bytes] = queue.Queue()
+        threading.Thread(target=lambda: [out.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+        counter = iter(range(1 << 62))
+
+        def send(data: bytes) -> None:
+            proc.stdin.write(data + b"\n")  # type: ignore[union-attr]
+            proc.stdin.flush()  # type: ignore[union-attr]
+
+        def answer(rpc_id: str) -> dict[str, Any]:
+            while True:
+                message = strict_json.loads(out.get(timeout=15))  # everything the gateway writes is strict JSON
+                if isinstance(message, dict) and message.get("id") == rpc_id:
+                    return message
+
+        send(b'{"jsonrpc":"2.0","id":"init","method":"initialize","params":{"protocolVersion":"2025-03-26",'
+             b'"capabilities":{},"clientInfo":{"name":"fuzz","version":"0"}}}')
+        answer("init")
+        send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+
+        def check(line: bytes) -> None:
+            """After any line, a ping is answered, the proxy runs, and admin_reset never ran."""
+            ping = f"ping-{next(counter)}"
+            send(line)
+            send(jsonrpc_ping(ping))
+            assert answer(ping).get("result") == {}, line
+            assert proc.poll() is None, f"dharma stdio exited with {proc.returncode}"
+            assert "admin_reset" not in backend_calls(tmp)
+
+        try:
+            yield check
+        finally:
+            proc.stdin.close()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def jsonrpc_ping(rpc_id: str) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": "ping"}).encode()
+
+
 TARGETS: list[Target] = [
     Target("strict_json", s.lines(), _plain(check_strict_json)),
     Target("jsonrpc_parse", s.lines(), _plain(check_jsonrpc_parse)),
@@ -403,5 +474,6 @@ TARGETS: list[Target] = [
     Target("cel_activation_python", s.cel_arguments, lambda: open_cel_activation("cel-python")),
     Target("cel_activation_rust", s.cel_arguments, lambda: open_cel_activation("common-expression-language")),
     Target("receipt_verify", token_cases({"alg": "Ed25519", "typ": "dharma-receipt+jws", "kid": _receipt_key()[2]}), open_receipts),
+    Target("stdio_proxy", s.lines(huge=300_000), open_stdio_proxy),
     Target("jwt_verify", token_cases({"alg": "ES256", "typ": "JWT", "kid": "ec-1"}), open_jwt),
 ]
