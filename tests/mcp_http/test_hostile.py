@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gateway.crypto.strict_json import MAX_DEPTH
 from tests.fuzz.strategies import HOSTILE_LINES, seeded_mutations
@@ -85,3 +86,22 @@ async def test_tool_api_answers_hostile_bodies_with_400(demo_gateway) -> None:
                 assert r.status_code == 400 and TOOL_API_EXPECTED[label] in env["message"], (label, env)
         ok = await http.post("/v1/tools/list_directory:call", json={"arguments": {}}, headers={"x-api-key": "operator-key"})
         assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("tail", [
+    pytest.param("[" * 5000, marks=pytest.mark.xfail(strict=True, reason=(
+        "gateway/transports/mcp_http/relay.py (the lead's) decodes the id's tail with json.loads: RecursionError, "
+        "a 500; the fix is jsonrpc.loads(original) there"))),
+    '"\\ud800"', "1e400", "NaN", '{"a":1,"a":2}',
+])
+async def test_a_client_answer_with_a_hostile_namespaced_id_is_survived(tmp_path: Path, tail: str) -> None:
+    """Answers to server→client requests carry the gateway's namespaced id, whose tail is the
+    upstream's original id as JSON, chosen by whoever writes the answer: none may crash /mcp."""
+    ups = [{"id": "py", "type": "mcp_stdio", "command": sys.executable, "args": [str(TEST_SERVER)]}]
+    async with serve_gateway(tmp_path, ups) as gw:
+        async with Raw(gw.url) as c:
+            await c.initialize()
+            r = await c.post({"jsonrpc": "2.0", "id": f"dharma.gateway/u/py/{tail}", "result": {}})
+            assert r.status_code < 500, (r.status_code, r.text[:200])
+            pong = await c.post({"jsonrpc": "2.0", "id": "after", "method": "ping"})
+            assert messages(pong)[-1] == {"jsonrpc": "2.0", "id": "after", "result": {}}
