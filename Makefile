@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench check clean
+.PHONY: run test bench check fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,12 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# A longer hypothesis campaign over every parser of hostile input (not part of `make test`):
+# reports inputs tried, crashes and hangs; FUZZ_SECONDS sets its length.
+FUZZ_SECONDS ?= 600
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzz --seconds $(FUZZ_SECONDS)
 
 check: $(STAMP)
 	$(BIN)/dharma check policies rules

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.core.errors import ConfigError
+from gateway.policy.load import YamlProblem, compose_yaml, construct_yaml, find_scalar, line_of, node_lines
 
 ENV_PREFIX = "DHARMA_"
 #: DHARMA_* variables that are not settings: read by the CLI (CONFIG) or the demo backend.
@@ -203,10 +203,15 @@ def env_layer(env: Mapping[str, str]) -> dict[str, Any]:
         parts = name[len(ENV_PREFIX):].lower().split("__")
         if parts[0] not in Settings.model_fields:
             raise ConfigError(f"environment variable {name}: no setting {parts[0]!r} (known: {', '.join(Settings.model_fields)})")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else raw
-        except yaml.YAMLError:
-            value = raw
+        value: Any = raw
+        if raw.strip():
+            try:  # read as dharma.yaml is read
+                nodes = compose_yaml(raw)
+                if len(nodes) <= 1:
+                    value = construct_yaml(raw, nodes[0]) if nodes else None
+            except YamlProblem:
+                pass  # not one YAML value (or nested too deep): the text as given
+
         if isinstance(value, (int, float, bool)) and parts[-1] in ("path", "policy", "state_root"):
             value = raw
         node = layer
@@ -263,16 +268,21 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: config is not UTF-8 text") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: malformed YAML: {getattr(exc, 'problem', exc)}") from None
+        nodes = compose_yaml(text)
+        if len(nodes) > 1:
+            raise YamlProblem(nodes[1].start_mark.line + 1, "a config file holds one YAML document")
+        data = construct_yaml(text, nodes[0]) if nodes else None
+    except YamlProblem as exc:
+        raise ConfigError(f"{path}:{exc.line}: malformed YAML: {exc.reason}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: config must be a YAML mapping")
-    return _resolve_paths(data, path.parent)
+        raise ConfigError(f"{path}:{nodes[0].start_mark.line + 1}: config must be a YAML mapping")
+    try:
+        return _resolve_paths(data, path.parent)
+    except ValueError:  # os refuses a path with a NUL character
+        where = find_scalar(nodes, lambda value: "\x00" in value) or nodes[0]
+        raise ConfigError(f"{path}:{where.start_mark.line + 1}: a path holds a NUL character") from None
 
 
 def load_settings(
@@ -287,10 +297,22 @@ def load_settings(
     try:
         return Settings.model_validate(merged)
     except ValidationError as exc:
-        problems = []
+        lines = _file_lines(file) if file else {}
+        problems, first = [], None
         for error in exc.errors():
             loc = ".".join(str(p) for p in error["loc"])
             what = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-            problems.append(f"{loc}: {what}")
-        source = str(file) if file else "settings"
+            line = line_of(lines, tuple(error["loc"])) if lines else None
+            first = first or line
+            problems.append(f"{loc}: {what}" + (f" (line {line})" if line else ""))
+        source = (f"{file}:{first}" if first else str(file)) if file else "settings"
         raise ConfigError(f"{source}: invalid configuration: " + "; ".join(problems)) from None
+
+
+def _file_lines(path: Path) -> dict[tuple[str | int, ...], int]:
+    """Where each key of a config file is, for error messages (empty if it cannot be read)."""
+    try:
+        nodes = compose_yaml(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, YamlProblem):
+        return {}
+    return node_lines(nodes[0]) if nodes else {}

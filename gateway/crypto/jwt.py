@@ -18,7 +18,6 @@ It says nothing about HTTP: reading credentials from requests and answering 401/
 from __future__ import annotations
 
 import ipaddress
-import json
 import math
 import re
 import time
@@ -35,7 +34,9 @@ import structlog
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from jwt.exceptions import InvalidJTIError, InvalidSubjectError
 
+from gateway.crypto import strict_json
 from gateway.crypto.b64 import Base64urlError, b64url_decode
+from gateway.crypto.strict_json import StrictJSONError
 
 log = structlog.get_logger()
 
@@ -93,18 +94,10 @@ class Jwk:
 
 
 def _object(raw: bytes, what: str) -> dict[str, Any]:
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        if len({k for k, _ in pairs}) != len(pairs):
-            raise TokenInvalid(f"{what} has a duplicate member")
-        return dict(pairs)
-
-    def no_constants(name: str) -> Any:
-        raise ValueError(name)
-
     try:
-        value = json.loads(raw.decode("utf-8"), object_pairs_hook=unique, parse_constant=no_constants)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise TokenInvalid(f"{what} is not JSON") from None
+        value = strict_json.loads(raw)
+    except StrictJSONError as exc:
+        raise TokenInvalid(f"{what} has a duplicate member" if exc.kind == "duplicate" else f"{what} is not JSON") from None
     if not isinstance(value, dict):
         raise TokenInvalid(f"{what} is not a JSON object")
     return value

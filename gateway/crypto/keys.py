@@ -41,6 +41,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 from audit.canon import canonical_bytes
 from gateway.core.errors import ConfigError
 from gateway.crypto.b64 import Base64urlError, b64url_decode, b64url_encode
+from gateway.crypto import strict_json
+from gateway.crypto.strict_json import StrictJSONError
 
 __all__ = [
     "CHECKPOINT_KEY_NAME",
@@ -285,9 +287,9 @@ class KeyStore:
         if not path.exists() and not path.is_symlink():
             return []
         try:
-            doc = json.loads(read_bytes(path))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
+            doc = strict_json.loads(read_bytes(path))
+        except StrictJSONError as exc:
+            raise ConfigError(f"{path}: not valid JSON: {exc}") from None
         try:
             keys = validate_jwks(doc, require_thumbprint=True)["keys"]
         except ValueError as exc:

@@ -17,7 +17,6 @@ reads is a JWKS, in ``load_jwks``. The keys and their files are ``gateway.crypto
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +28,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from audit.canon import digest
 from gateway.core.errors import ConfigError
 from gateway.crypto.b64 import Base64urlError, b64url_decode
+from gateway.crypto import strict_json
+from gateway.crypto.strict_json import StrictJSONError
 from gateway.crypto.keys import (
     RECEIPT_ALG,
     RECEIPT_TYP,
@@ -181,9 +182,9 @@ def _find_key(jwks: Mapping[str, Any], kid: str) -> Ed25519PublicKey:
 
 def _json_object(data: bytes, what: str) -> dict[str, Any]:
     try:
-        value = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ReceiptInvalid(f"malformed token: {what} is not JSON") from exc
+        value = strict_json.loads(data)
+    except StrictJSONError as exc:
+        raise ReceiptInvalid(f"malformed token: {what} is not strict JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ReceiptInvalid(f"malformed token: {what} is not a JSON object")
     return value
@@ -259,9 +260,9 @@ def load_jwks(path: Path) -> dict[str, Any]:
     """
     path = Path(path)
     try:
-        doc = json.loads(read_bytes(path))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
+        doc = strict_json.loads(read_bytes(path))
+    except StrictJSONError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
     try:
         return validate_jwks(doc)
     except ValueError as exc:

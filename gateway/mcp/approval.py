@@ -104,7 +104,7 @@ class StateSealer:
         if not hmac.compare_digest(mac, good):
             return ("Invalid params: requestState was not issued by this gateway or was altered",)
         try:
-            state = json.loads(b64url_decode(body, "requestState"))
+            state = jsonrpc.loads(b64url_decode(body, "requestState"))
         except ValueError:
             return ("Invalid params: requestState is malformed",)
         if not isinstance(state, dict) or state.get("e", 0) < now:

@@ -2,10 +2,13 @@
 
 `parse(line)` turns one framed message (one stdio line, one HTTP body) into a `Parsed` value:
 a request, a notification, a response, a batch of those, or an `Invalid` carrying the error the
-sender must get back. It is strict where laxness would let a message mean two things to two
-parsers: duplicate object keys anywhere are rejected (Python's `json` keeps the last value,
-other parsers keep the first), non-standard constants (NaN, Infinity) are rejected, ids must be
-strings or integers (never null, floats or booleans), and `jsonrpc` must be exactly "2.0".
+sender must get back. It never raises. JSON is decoded by the gateway's one strict decoder
+(`gateway.crypto.strict_json`: no duplicate keys, no NaN/Infinity, bounded nesting, valid
+Unicode); what it refuses becomes -32700 Parse error, except duplicate keys and lone surrogates
+(valid JSON grammar, a meaningless message), which are -32600 Invalid Request answered to the
+message's id only when that id can be echoed safely, else to `id: null`. Ids must be strings or
+integers (never null, floats or booleans), and `jsonrpc` must be exactly "2.0". `dumps` never
+raises on anything `parse` accepted.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
+
+from gateway.crypto import strict_json
+from gateway.crypto.strict_json import StrictJSONError
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -27,37 +33,21 @@ BACKEND_FAILED = -31001
 RpcId = str | int
 
 
-class DuplicateKey(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
-
-
 def loads(data: bytes | str) -> Any:
-    """Decode JSON strictly. Raises DuplicateKey or ValueError."""
-    text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
-    return _DECODER.decode(text)
+    """Decode JSON with the gateway's one strict decoder. Raises StrictJSONError (a ValueError)."""
+    return strict_json.loads(data)
 
 
 def dumps(message: Any) -> bytes:
-    """Compact UTF-8 JSON, as the SDKs write it (non-ASCII kept as is)."""
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    """Compact UTF-8 JSON, as the SDKs write it (non-ASCII kept as is).
+
+    Never raises on a value `loads` accepted. A lone surrogate (only a value the gateway built
+    itself can hold one) is written as its `\\uXXXX` escape rather than crashing the writer.
+    """
+    try:
+        return json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(message, separators=(",", ":"), allow_nan=False).encode("ascii")
 
 
 def dumps_safely(message: dict[str, Any]) -> bytes:
@@ -139,8 +129,8 @@ def sniff_id(prefix: bytes) -> RpcId | None:
     if not m:
         return None
     try:
-        value = json.loads(m.group(1))
-    except ValueError:
+        value = loads(m.group(1))
+    except StrictJSONError:
         return None
     return value if valid_id(value) else None
 
@@ -181,10 +171,12 @@ def parse(data: bytes | str) -> Parsed:
     """Parse one framed message strictly (see module docstring)."""
     try:
         obj = loads(data)
-    except DuplicateKey as exc:
-        return Invalid(_top_level_id(data), INVALID_REQUEST, f"Invalid Request: duplicate key {exc.key!r} in the message")
-    except (ValueError, UnicodeDecodeError) as exc:
-        return Invalid(None, PARSE_ERROR, f"Parse error: {_short(exc)}")
+    except StrictJSONError as exc:
+        if exc.kind == "duplicate":
+            return Invalid(_top_level_id(data), INVALID_REQUEST, f"Invalid Request: duplicate key {exc.key!r} in the message")
+        if exc.kind == "surrogate":
+            return Invalid(_top_level_id(data), INVALID_REQUEST, f"Invalid Request: {exc.message}; strings must be valid Unicode")
+        return Invalid(None, PARSE_ERROR, f"Parse error: {exc.message}")
     if isinstance(obj, list):
         if not obj:
             return Invalid(None, INVALID_REQUEST, "Invalid Request: empty batch")
@@ -192,16 +184,43 @@ def parse(data: bytes | str) -> Parsed:
     return classify(obj)
 
 
-def _top_level_id(data: bytes | str) -> RpcId | None:
-    """Best-effort id of a message with duplicate keys, only when `id` itself is not duplicated."""
+class _Members(list):  # type: ignore[type-arg]
+    """An object's members as decoded leniently: (name, value) pairs, duplicates kept."""
+
+
+def _members(data: bytes | str) -> _Members | None:
+    """The top-level members of a message the strict decoder refused for a duplicate key or a
+    lone surrogate, decoded leniently; None when it is not an object or not JSON at all."""
     try:
-        obj = json.loads(data, object_pairs_hook=lambda pairs: pairs)
-    except ValueError:
+        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+        strict_json.check_depth(text)
+        obj = json.loads(text, object_pairs_hook=_Members)
+    except (ValueError, RecursionError):
         return None
-    if not isinstance(obj, list):
+    return obj if isinstance(obj, _Members) else None
+
+
+def _echoable_id(members: _Members | None) -> RpcId | None:
+    """The message's id when it is neither duplicated nor holds a lone surrogate, so echoing it
+    is safe; else None (JSON-RPC answers a message whose id cannot be known with `id: null`)."""
+    ids = [value for name, value in members or () if name == "id"]
+    if len(ids) != 1 or not valid_id(ids[0]):
         return None
-    ids = [v for k, v in obj if k == "id"]
-    return ids[0] if len(ids) == 1 and valid_id(ids[0]) else None
+    return None if isinstance(ids[0], str) and strict_json.has_surrogate(ids[0]) else ids[0]
+
+
+def _top_level_id(data: bytes | str) -> RpcId | None:
+    return _echoable_id(_members(data))
+
+
+def refused_answer_id(data: bytes | str) -> RpcId | None:
+    """The id of a response (result or error, no method) that `parse` refused for a duplicate
+    key or a lone surrogate: the request it answers can then be failed instead of waiting."""
+    members = _members(data)
+    names = {name for name, _ in members or ()}
+    if "method" in names or not names & {"result", "error"}:
+        return None
+    return _echoable_id(members)
 
 
 def kind(obj: Any) -> str:
@@ -209,14 +228,6 @@ def kind(obj: Any) -> str:
     return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(obj), "a number" if isinstance(obj, (int, float)) else type(obj).__name__
     )
-
-
-def _short(exc: Exception) -> str:
-    if isinstance(exc, json.JSONDecodeError):
-        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
-    if isinstance(exc, UnicodeDecodeError):
-        return "the message is not UTF-8"
-    return str(exc)
 
 
 # ---- builders ---------------------------------------------------------------------------

@@ -288,8 +288,22 @@ class McpSession:
                     actions.extend(self._server_single(item, None))
             return actions
         if isinstance(parsed, Invalid):
-            return []  # not MCP: a server writing junk on stdout; the transport logs it
+            return self._refused_answer(line, parsed)
         return self._server_single(parsed, line)
+
+    def _refused_answer(self, line: bytes, invalid: Invalid) -> list[Action]:
+        """A server answer the strict parser refused (a duplicate key, a lone surrogate): the
+        request it answers gets an error instead of waiting forever. Anything else that is not
+        JSON-RPC (a server writing junk on stdout) gives no action; the transport logs it."""
+        rid = jsonrpc.refused_answer_id(line)
+        known = rid is not None and (
+            rid in self._client_pending or rid in self._forwarded_calls
+            or (isinstance(rid, str) and self._originated.get(rid) == "server")
+        )
+        if not known:
+            return []
+        message = jsonrpc.error(rid, jsonrpc.BACKEND_FAILED, f"the server's answer was refused: {invalid.reason}")
+        return self._server_single(Response(rid, message), None)
 
     def _server_single(self, item: Request | Notification | Response, raw: bytes | None) -> list[Action]:
         data = raw if raw is not None else jsonrpc.dumps(item.message)

@@ -7,6 +7,8 @@ Duplicate mapping keys are errors (PyYAML would silently keep the last one, whic
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.core.errors import PolicyErrors, PolicyProblem
+from gateway.crypto.strict_json import has_surrogate
 from gateway.policy.models import KINDS, Document
 
 Loc = tuple[str | int, ...]
@@ -31,16 +34,39 @@ class LoadedDocument:
 
     def line_of(self, loc: Loc) -> int:
         """Line of the deepest known part of `loc` (1-based)."""
-        for end in range(len(loc), -1, -1):
-            line = self.lines.get(tuple(loc[:end]))
-            if line is not None:
-                return line
-        return 1
+        return line_of(self.lines, loc) or 1
 
 
-def _node_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], problems: list[tuple[int, Loc, str]]) -> None:
-    """Record the line of every mapping value and list item; report duplicate keys."""
+def line_of(lines: dict[Loc, int], loc: Loc) -> int | None:
+    """Line of the deepest part of `loc` that `lines` knows, else None."""
+    for end in range(len(loc), -1, -1):
+        line = lines.get(tuple(loc[:end]))
+        if line is not None:
+            return line
+    return None
+
+
+def node_lines(node: yaml.Node) -> dict[Loc, int]:
+    """The line of every mapping value and list item under a composed document."""
+    lines: dict[Loc, int] = {}
+    _node_lines(node, (), lines, [])
+    return lines
+
+
+def _node_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], problems: list[tuple[int, Loc, str]],
+                seen_nodes: set[int] | None = None, ancestors: frozenset[int] = frozenset()) -> None:
+    """Record the line of every mapping value and list item; report duplicate keys, and aliases
+    that refer to a node containing them (recursive data, which no policy field can hold). A
+    node reached again through an alias is not walked again (nested aliases would be exponential)."""
     lines[loc] = node.start_mark.line + 1
+    if id(node) in ancestors:
+        problems.append((node.start_mark.line + 1, loc, RECURSIVE_ALIAS))
+        return
+    seen_nodes = set() if seen_nodes is None else seen_nodes
+    if id(node) in seen_nodes:
+        return
+    seen_nodes.add(id(node))
+    inner = ancestors | {id(node)}
     if isinstance(node, yaml.MappingNode):
         seen: dict[Any, int] = {}
         for key_node, value_node in node.value:
@@ -49,11 +75,112 @@ def _node_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], problems: list
             if key in seen:
                 problems.append((line, loc, f"duplicate key {key!r} (first at line {seen[key]})"))
             seen[key] = line
-            _node_lines(value_node, (*loc, key), lines, problems)
+            _node_lines(value_node, (*loc, key), lines, problems, seen_nodes, inner)
             lines[(*loc, key)] = line
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            _node_lines(item, (*loc, index), lines, problems)
+            _node_lines(item, (*loc, index), lines, problems, seen_nodes, inner)
+
+
+RECURSIVE_ALIAS = "malformed YAML: an alias refers to a node that contains it (recursive data)"
+
+
+#: Deepest nesting of YAML flow collections (`[` and `{`) read. PyYAML's scanner is quadratic
+#: in it (thousands of `[` take seconds) and its composer recursive; no policy or config nests 64.
+YAML_MAX_FLOW_DEPTH = 64
+_FLOW = re.compile(r"[\[\]{}]")
+
+
+class YamlProblem(Exception):
+    """YAML that cannot be read, at a 1-based line (policy files and dharma.yaml both use it)."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+        self.line = line
+        self.reason = reason
+
+
+def _flow_too_deep(text: str) -> int | None:
+    """The line where `[`/`{` nesting first passes the limit, else None. Cheap when the text has
+    fewer brackets than the limit; brackets in quoted scalars count too (no file needs that many)."""
+    if text.count("[") + text.count("{") <= YAML_MAX_FLOW_DEPTH:
+        return None
+    depth = 0
+    for match in _FLOW.finditer(text):
+        depth += 1 if match.group() in "[{" else -1
+        if depth > YAML_MAX_FLOW_DEPTH:
+            return text.count("\n", 0, match.start()) + 1
+    return None
+
+
+def _problem(exc: yaml.YAMLError, text: str) -> YamlProblem:
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow: only an offset
+        what = f"U+{exc.character:04X}" if isinstance(exc.character, int) else repr(exc.character)
+        return YamlProblem(text.count("\n", 0, exc.position) + 1, f"character {what} is not allowed in YAML")
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    return YamlProblem(mark.line + 1 if mark else 1, str(getattr(exc, "problem", None) or exc))
+
+
+def compose_yaml(text: str) -> list[yaml.Node]:
+    """The nodes of every YAML document in `text` (safe tags only).
+
+    Raises:
+        YamlProblem: malformed YAML, or nesting too deep to read, never a RecursionError.
+    """
+    deep = _flow_too_deep(text)
+    if deep is not None:
+        raise YamlProblem(deep, f"[ and {{ nest deeper than {YAML_MAX_FLOW_DEPTH} levels")
+    loader: yaml.SafeLoader | None = None
+    nodes: list[yaml.Node] = []
+    try:
+        loader = yaml.SafeLoader(text)
+        while loader.check_node():
+            nodes.append(loader.get_node())
+    except yaml.YAMLError as exc:
+        raise _problem(exc, text) from None
+    except RecursionError:
+        raise YamlProblem(loader.line + 1 if loader is not None else 1, "nested too deeply to read") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    _refuse_surrogates(nodes)
+    return nodes
+
+
+def _refuse_surrogates(nodes: list[yaml.Node]) -> None:
+    """A double-quoted `"\\ud800"` decodes to a lone surrogate: not Unicode, it cannot be
+    written back as UTF-8 (a path, a log line, a digest), so it is refused where it stands."""
+    node = find_scalar(nodes, has_surrogate)
+    if node is not None:
+        raise YamlProblem(node.start_mark.line + 1, "a string holds a lone surrogate escape (not Unicode)")
+
+
+def find_scalar(nodes: list[yaml.Node], predicate: Callable[[str], bool]) -> yaml.Node | None:
+    """The first string scalar under `nodes` that `predicate` holds for (aliases walked once)."""
+    stack, seen = list(nodes), set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            if isinstance(node.value, str) and predicate(node.value):
+                return node
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(part for pair in node.value for part in pair)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return None
+
+
+def construct_yaml(text: str, node: yaml.Node) -> Any:
+    """The Python value of one composed document. Raises YamlProblem."""
+    try:
+        return yaml.SafeLoader(text).construct_document(node)
+    except yaml.YAMLError as exc:
+        raise _problem(exc, text) from None
+    except RecursionError:
+        raise YamlProblem(node.start_mark.line + 1, "nested too deeply to read") from None
 
 
 def _rule_id_at(data: Any, loc: Loc) -> str:
@@ -82,22 +209,22 @@ def parse_documents(text: str, path: str) -> list[LoadedDocument]:
     problems: list[PolicyProblem] = []
     loaded: list[LoadedDocument] = []
     try:
-        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = mark.line + 1 if mark else 1
-        reason = getattr(exc, "problem", None) or str(exc)
-        raise PolicyErrors([PolicyProblem(path, line, "", f"malformed YAML: {reason}")]) from None
+        nodes = compose_yaml(text)
+    except YamlProblem as exc:
+        raise PolicyErrors([PolicyProblem(path, exc.line, "", f"malformed YAML: {exc.reason}")]) from None
     for node in nodes:
         if node is None:
             continue
         lines: dict[Loc, int] = {}
         dupes: list[tuple[int, Loc, str]] = []
         _node_lines(node, (), lines, dupes)
+        if any(message == RECURSIVE_ALIAS for _, _, message in dupes):
+            problems.extend(PolicyProblem(path, line, "", message) for line, _, message in dupes)
+            continue
         try:
-            data = yaml.SafeLoader(text).construct_document(node)
-        except yaml.YAMLError as exc:
-            problems.append(PolicyProblem(path, node.start_mark.line + 1, "", f"malformed YAML: {exc}"))
+            data = construct_yaml(text, node)
+        except YamlProblem as exc:
+            problems.append(PolicyProblem(path, exc.line, "", f"malformed YAML: {exc.reason}"))
             continue
         for line, loc, message in dupes:
             problems.append(PolicyProblem(path, line, _rule_id_at(data, loc), message))

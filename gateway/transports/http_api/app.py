@@ -7,7 +7,6 @@ must not smuggle a different call past the one the policy saw).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -24,8 +23,8 @@ from starlette.types import Lifespan
 from audit.canon import sha256_hex
 from gateway.core.call import BlockClass, Credentials, Decision, Outcome, Status, ToolCall
 from gateway.core.errors import ErrorCode
-from gateway.mcp.jsonrpc import DuplicateKey
-from gateway.mcp.jsonrpc import loads as strict_json  # one strict JSON decoder for every front
+from gateway.crypto import strict_json
+from gateway.crypto.strict_json import StrictJSONError
 from gateway.transports.http_auth import HttpAuth, credentials_in, http_auth_options, protected_resource_routes, resource_url_for
 from gateway.core.gateway import ENVELOPE_VERSION, Gateway, new_request_id, rfc3339
 
@@ -39,25 +38,18 @@ class BadRequest(Exception):
 
 
 def parse_json_body(raw: bytes, limit: int) -> Any:
-    """Strict JSON: at most `limit` bytes, UTF-8, no duplicate keys, no NaN/Infinity."""
+    """Strict JSON (the gateway's one decoder): at most `limit` bytes, UTF-8, no duplicate keys,
+    no NaN/Infinity, bounded nesting, valid Unicode. An empty body is `{}`."""
     if len(raw) > limit:
         raise BadRequest(f"request body is {len(raw)} bytes; the limit is {limit}")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadRequest(f"request body is not valid UTF-8 (byte {exc.start})") from None
-    if not text.strip():
+    if not raw.strip():
         return {}
     try:
-        return strict_json(text)
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except DuplicateKey as exc:
-        raise BadRequest(f"duplicate JSON key {exc.key!r}") from None
-    except RecursionError:
-        raise BadRequest("request body nests too deeply") from None
-    except ValueError as exc:  # NaN/Infinity, or an integer past Python's int-conversion digit limit
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        return strict_json.loads(raw)
+    except StrictJSONError as exc:
+        if exc.kind == "duplicate":
+            raise BadRequest(f"duplicate JSON key {exc.key!r}") from None
+        raise BadRequest(f"request body is not valid JSON: {exc.message}") from None
 
 
 async def read_body(request: Request, limit: int) -> bytes:

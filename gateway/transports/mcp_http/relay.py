@@ -149,7 +149,7 @@ class Relay:
                 upstream = self.by_id.get(uid)
                 if upstream is not None:
                     try:
-                        restored = json.loads(original)
+                        restored = jsonrpc.loads(original)
                     except ValueError:
                         restored = None
                     if jsonrpc.valid_id(restored):
