@@ -12,7 +12,7 @@ import yaml
 from gateway.policy import cel
 from gateway.policy.compile import compile_documents, load_policy, load_rule_documents
 from gateway.policy.load import read_documents
-from gateway.policy.models import CaseCall, DisclosureRuleSet, RuleSet, RuleTest
+from gateway.policy.models import CaseCall, DisclosureRuleSet, RuleTest
 from gateway.policy.testing import evaluate_case, run_tests
 
 ROOT = Path(__file__).resolve().parent.parent

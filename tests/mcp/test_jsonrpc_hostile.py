@@ -78,7 +78,7 @@ def test_a_refused_server_answer_fails_the_request_it_answers() -> None:
 def test_a_refused_answer_to_a_gateway_request_resolves_it() -> None:
     session = McpSession(nonce="n")
     rid, _ = session.originate("server", "tools/list")
-    line = json.dumps({"jsonrpc": "2.0", "id": rid, "result": {"tools": [], "tools": []}}).encode()
+    line = json.dumps({"jsonrpc": "2.0", "id": rid, "result": {"tools": []}}).encode()
     line = line.replace(b'"tools": []}', b'"tools": [], "tools": []}', 1)
     (action,) = session.from_server(line)
     assert isinstance(action, Resolve) and action.id == rid and action.response["error"]["code"] == jsonrpc.BACKEND_FAILED

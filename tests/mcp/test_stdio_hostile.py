@@ -35,7 +35,7 @@ async def test_every_hostile_line_is_survived_and_no_refused_tool_runs(raw_gatew
         await gw.send(line)
         if label in EXPECTED_ERRORS:
             rpc_id, code, words = EXPECTED_ERRORS[label]
-            while not _is_error(message := await gw.recv(), rpc_id, code, words):
+            while not _is_error(await gw.recv(), rpc_id, code, words):
                 pass  # answers to earlier lines may still be arriving (refusals are recorded first)
         await gw.send({"jsonrpc": "2.0", "id": f"ping-{n}", "method": "ping"})
         assert (await gw.response(f"ping-{n}")).get("result") == {}, label

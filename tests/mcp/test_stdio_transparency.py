@@ -6,7 +6,6 @@ identical transcripts direct and through the gateway, in both protocol eras."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
