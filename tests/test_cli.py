@@ -704,7 +704,7 @@ async def test_receipt_verify_finds_the_record_in_a_ledger_or_a_bundle(demo_gate
         ["receipt", "verify", saved, "--jwks", jwks_file, "--ledger", tmp_path / "foreign.db"],
         ["receipt", "verify", saved, "--jwks", jwks_file, "--ledger", edited],
     ], state_root)
-    assert in_db.rc == 0 and f"ledger seq {outcome.ledger_seq}, found in {ledger}" in in_db.out, in_db.out + in_db.err
+    assert in_db.rc == 0 and f"ledger seq {outcome.ledger_seq}, found in {ledger}, included in its signed checkpoint at size 2" in in_db.out, in_db.out + in_db.err
     assert in_bundle.rc == 0 and "signed checkpoint at size 2" in in_bundle.out, in_bundle.out + in_bundle.err
     assert swapped.rc == 1 and f"ledger record {outcome.ledger_seq} has hash" in swapped.out, swapped.out
     assert tampered.rc == 1 and f"ledger record {outcome.ledger_seq} was modified" in tampered.out, tampered.out

@@ -72,7 +72,7 @@ def _check_in_ledger(path: Path, payload: dict[str, Any], jwks: dict[str, Any]) 
         if is_sqlite:
             with SqliteLedgerReader(path) as reader:
                 check_receipt_in_ledger(payload, reader.get(seq))
-            return f", found in {path}"
+                return f", found in {path}{_under_checkpoint(reader, seq, jwks)}"
         report = verify_bundle(path, jwks)
         if not report.ok:
             raise ReceiptInvalid(f"the bundle does not verify: {report.problem}")
@@ -81,6 +81,29 @@ def _check_in_ledger(path: Path, payload: dict[str, Any], jwks: dict[str, Any]) 
         return f", found in {path} (signed checkpoint at size {report.size})"
     except LedgerError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _under_checkpoint(reader: Any, seq: int, jwks: dict[str, Any]) -> str:
+    """Prove record `seq` is in the tree of the ledger's latest stored checkpoint (signed by a JWKS key)."""
+    from audit import merkle
+    from audit.checkpoint import verify_checkpoint_jwks
+    from audit.errors import LedgerError
+    from gateway.crypto.receipts import ReceiptInvalid
+
+    note = reader.latest_checkpoint()
+    if note is None:
+        return " (the ledger holds no signed checkpoint yet)"
+    try:
+        checkpoint = verify_checkpoint_jwks(note, jwks)
+    except LedgerError as exc:
+        raise ReceiptInvalid(f"the ledger's latest checkpoint: {exc}") from None
+    if checkpoint.size < seq:
+        return f" (newer than its latest signed checkpoint, at size {checkpoint.size})"
+    leaves = reader.leaf_hashes(checkpoint.size)
+    proof = merkle.inclusion_proof(leaves, seq - 1)
+    if not merkle.verify_inclusion(seq - 1, checkpoint.size, merkle.leaf_hash(reader.get(seq).body), proof, checkpoint.root):
+        raise ReceiptInvalid(f"record {seq} is not in the tree the checkpoint at size {checkpoint.size} signed")
+    return f", included in its signed checkpoint at size {checkpoint.size}"
 
 
 def _split_receipt(saved: Any) -> tuple[str | None, Any]:
