@@ -221,11 +221,13 @@ class BundleReader:
         except OSError as exc:
             raise LedgerError(f"{self.path}: cannot read the bundle ({exc.strerror or exc})") from None
         try:
-            first = self._file.readline()
-            self.header = _strict_object(first, f"{self.path} line 1")
-        except (LedgerError, UnicodeDecodeError) as exc:
+            self.header = _strict_object(self._file.readline(), f"{self.path} line 1: not a ledger export header")
+        except UnicodeDecodeError:
             self._file.close()
-            raise LedgerError(f"{self.path} line 1: not a ledger export header ({exc})") from None
+            raise LedgerError(f"{self.path}: not a ledger export (not UTF-8 text)") from None
+        except LedgerError:
+            self._file.close()
+            raise
         if self.header.get("format") != BUNDLE_FORMAT:
             self._file.close()
             raise LedgerError(f"{self.path} line 1: format is {self.header.get('format')!r}, expected {BUNDLE_FORMAT!r}")

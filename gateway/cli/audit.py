@@ -126,6 +126,8 @@ def _verify_bundle(args: argparse.Namespace) -> int:
     if args.checkpoint or args.ledger:
         raise ConfigError("--bundle is verified on its own: give --jwks, not --ledger or --checkpoint")
     jwks = load_jwks(Path(args.jwks)) if args.jwks else None
+    if not Path(args.bundle).is_file():
+        raise ConfigError(f"{args.bundle}: no bundle there")
     report = verify_bundle(Path(args.bundle), jwks)
     if not report.ok:
         out(f"FAIL {report.problem}")
@@ -270,7 +272,10 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
     with _open_reader(_ledger_path(args)) as reader:
         try:
             if since is not None:
-                verify_checkpoint(since, keys.checkpoint_key.public_key(), keys.checkpoint_key_name)
+                try:
+                    verify_checkpoint(since, keys.checkpoint_key.public_key(), keys.checkpoint_key_name)
+                except LedgerError as exc:
+                    raise LedgerError(f"--since-checkpoint {args.since_checkpoint}: {exc}") from None
             note = reader.latest_checkpoint()
             size = reader.size()
             if note is None or parse_checkpoint(note).size < size:
