@@ -14,4 +14,5 @@ core can use `audit.canon` without pulling in sqlite3):
     sqlite_files the ledger file: schema, format and damage checks, the writer lock
     verify       verify_ledger: recompute everything, name the first bad seq
     query        query_records / format_records for auditors
+    export       export bundles: write_bundle, verify_bundle (offline, with only a JWKS)
 """

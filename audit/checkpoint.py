@@ -8,6 +8,11 @@ key id = SHA-256(key name || 0x0A || 0x01 || public key[32])[:4]. Verifiers skip
 other keys (that is how rotation and witness cosignatures coexist), but a line from the
 expected key that does not verify rejects the whole note. Keys are passed in; this module
 never reads key files.
+
+Published as a JWK (beside the receipt keys in the gateway's JWKS), the checkpoint key is
+`{"kty": "OKP", "crv": "Ed25519", "x": …, "kid": "<key name>+<hex key id>", "use":
+"dharma-checkpoint", "alg": "Ed25519"}`: the kid is the signed-note verifier name, and the
+`use` keeps receipt verifiers (which want `"sig"`) from ever accepting it for a receipt.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from audit.merkle import HASH_SIZE
 
 SIG_PREFIX = "\u2014 "
 ED25519_TYPE = b"\x01"
+CHECKPOINT_USE = "dharma-checkpoint"
+CHECKPOINT_ALG = "Ed25519"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,18 @@ class Checkpoint:
         """The signed text of the note."""
         lines = [self.origin, str(self.size), base64.b64encode(self.root).decode("ascii"), *self.extensions]
         return "".join(line + "\n" for line in lines)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSigner:
+    """What a ledger writer needs to sign checkpoints on its own: the key, its name, the origin."""
+
+    private_key: Ed25519PrivateKey
+    key_name: str
+    origin: str
+
+    def sign(self, size: int, root: bytes) -> str:
+        return sign_checkpoint(self.origin, size, root, self.private_key, self.key_name)
 
 
 def key_id(key_name: str, public_key: Ed25519PublicKey) -> bytes:
@@ -155,3 +174,59 @@ def _check_key_name(name: str) -> None:
 
 def _has_control(text: str) -> bool:
     return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+
+
+def checkpoint_jwk(key_name: str, public_key: Ed25519PublicKey) -> dict[str, str]:
+    """Return the public JWK that publishes the checkpoint key (see the module docstring)."""
+    _check_key_name(key_name)
+    raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    x = base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+    kid = f"{key_name}+{key_id(key_name, public_key).hex()}"
+    return {"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "use": CHECKPOINT_USE, "alg": CHECKPOINT_ALG}
+
+
+def checkpoint_keys(jwks: object) -> list[tuple[str, Ed25519PublicKey]]:
+    """The (key name, public key) of every checkpoint key a JWKS publishes.
+
+    Raises:
+        LedgerError: a checkpoint JWK is malformed or its kid does not match its key.
+    """
+    keys = jwks.get("keys") if isinstance(jwks, dict) else None
+    if not isinstance(keys, list):
+        raise LedgerError("JWKS has no 'keys' list")
+    found: list[tuple[str, Ed25519PublicKey]] = []
+    for i, jwk in enumerate(keys):
+        if not isinstance(jwk, dict) or jwk.get("use") != CHECKPOINT_USE:
+            continue
+        kid = jwk.get("kid")
+        name, _, _ = str(kid).rpartition("+")
+        x = jwk.get("x")
+        try:
+            raw = base64.urlsafe_b64decode(str(x) + "=" * (-len(str(x)) % 4))
+            public_key = Ed25519PublicKey.from_public_bytes(raw)
+        except (ValueError, binascii.Error):
+            raise LedgerError(f"JWKS keys[{i}] (kid {kid!r}): 'x' is not an Ed25519 public key") from None
+        if jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519" or not name or checkpoint_jwk(name, public_key)["kid"] != kid:
+            raise LedgerError(f"JWKS keys[{i}] (kid {kid!r}) is not a well-formed checkpoint key: kid must be "
+                              "'<key name>+<hex key id>' of its Ed25519 key")
+        found.append((name, public_key))
+    return found
+
+
+def verify_checkpoint_jwks(text: str, jwks: object) -> Checkpoint:
+    """Check a checkpoint against the checkpoint keys a JWKS publishes; one must have signed it.
+
+    Raises:
+        LedgerError: no checkpoint key in the JWKS, none of them signed the note, or a signature fails.
+    """
+    keys = checkpoint_keys(jwks)
+    if not keys:
+        raise LedgerError(f"the JWKS publishes no checkpoint key (no key with use {CHECKPOINT_USE!r})")
+    checkpoint = parse_checkpoint(text)
+    for name, public_key in keys:
+        wanted = key_id(name, public_key)
+        if any(s.key_name == name and s.key_id == wanted for s in checkpoint.signatures):
+            return verify_checkpoint(text, public_key, name)
+    kids = ", ".join(f"{name}+{key_id(name, pk).hex()}" for name, pk in keys)
+    raise LedgerError(f"checkpoint for {checkpoint.origin} at size {checkpoint.size} is signed by none of the "
+                      f"published checkpoint keys ({kids})")

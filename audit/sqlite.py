@@ -7,6 +7,11 @@ waiting `batch_wait_ms` for more), assigns seq and prev, inserts the batch in on
 `BEGIN IMMEDIATE … COMMIT`, advances its in-memory head, and only then answers the
 callers. A failed commit fails the whole batch and leaves the head where it was.
 
+Given a `CheckpointSigner`, the writer also signs and stores checkpoints on its own: after a
+batch commits once `checkpoint_interval` seconds passed since the last one, when the queue
+stays idle that long with records not yet covered, and on close; never when the tree did not
+grow. So every committed record is under a stored signed checkpoint within about a second.
+
 It never writes to a file that is not already a ledger, except a new or empty one (the checks
 are in `audit.sqlite_files`). Reading is `audit.sqlite_read`'s `SqliteLedgerReader`, also
 importable from here.
@@ -22,7 +27,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +37,7 @@ import anyio.to_thread
 import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit.checkpoint import sign_checkpoint
+from audit.checkpoint import CheckpointSigner, sign_checkpoint
 from audit.errors import LedgerError
 from audit.merkle import CompactRange
 from audit.records import (
@@ -109,6 +114,10 @@ class SqliteLedger:
         *,
         batch_max: int,
         batch_wait_ms: float,
+        checkpointed_size: int = 0,
+        signer: CheckpointSigner | None = None,
+        checkpoint_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._path = path
         self._conn = conn
@@ -120,6 +129,11 @@ class SqliteLedger:
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._gate = threading.Lock()
         self._closed = False
+        self._signer = signer
+        self._checkpoint_interval = checkpoint_interval
+        self._clock = clock
+        self._checkpointed_size = checkpointed_size
+        self._last_checkpoint_at = clock()
         self._thread = threading.Thread(target=self._run, name=f"karma-ledger:{path.name}", daemon=True)
 
     @classmethod
@@ -130,12 +144,17 @@ class SqliteLedger:
         synchronous: Synchronous = "FULL",
         batch_max: int = 256,
         batch_wait_ms: float = 0.0,
+        checkpoint_signer: CheckpointSigner | None = None,
+        checkpoint_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> SqliteLedger:
         """Open (or create) the ledger at `path`, take its writer lock and start the writer.
 
         `synchronous="NORMAL"` is faster but may lose the last commits on power loss (never
         corrupts). `batch_wait_ms` > 0 waits that long for more entries once one is queued:
         larger batches, more latency. With 0, batches form from whatever queued meanwhile.
+        `checkpoint_signer` turns on periodic checkpoints (every `checkpoint_interval`
+        seconds of `clock` while the tree grows, and on close).
 
         Raises:
             LedgerLocked: another writer holds the ledger.
@@ -144,10 +163,11 @@ class SqliteLedger:
         """
         if synchronous not in ("FULL", "NORMAL"):
             raise LedgerError(f"{path}: synchronous must be FULL or NORMAL, not {synchronous!r}")
-        if batch_max < 1 or batch_wait_ms < 0:
-            raise LedgerError(f"{path}: batch_max must be >= 1 and batch_wait_ms >= 0")
+        if batch_max < 1 or batch_wait_ms < 0 or checkpoint_interval <= 0:
+            raise LedgerError(f"{path}: batch_max must be >= 1, batch_wait_ms >= 0 and checkpoint_interval > 0")
         opener = functools.partial(
-            cls._open_sync, Path(path), synchronous, batch_max=batch_max, batch_wait_ms=batch_wait_ms
+            cls._open_sync, Path(path), synchronous, batch_max=batch_max, batch_wait_ms=batch_wait_ms,
+            signer=checkpoint_signer, checkpoint_interval=checkpoint_interval, clock=clock,
         )
         ledger = await anyio.to_thread.run_sync(opener)
         ledger._thread.start()
@@ -155,7 +175,8 @@ class SqliteLedger:
 
     @classmethod
     def _open_sync(
-        cls, path: Path, synchronous: Synchronous, *, batch_max: int, batch_wait_ms: float
+        cls, path: Path, synchronous: Synchronous, *, batch_max: int, batch_wait_ms: float,
+        signer: CheckpointSigner | None, checkpoint_interval: float, clock: Callable[[], float],
     ) -> SqliteLedger:
         inspect_file(path)  # refuse a foreign file before leaving a lock file next to it
         lock = WriterLock(path)
@@ -164,6 +185,7 @@ class SqliteLedger:
             conn = _open_writer(path, synchronous)
             try:
                 frontier, head_hash = rebuild_head(conn, path)
+                checkpointed = int(conn.execute("SELECT COALESCE(MAX(size), 0) FROM checkpoints").fetchone()[0])
             except BaseException:
                 conn.close()
                 raise
@@ -171,7 +193,9 @@ class SqliteLedger:
             lock.release()
             raise
         log.info("ledger.opened", path=str(path), size=frontier.size, synchronous=synchronous)
-        return cls(path, conn, lock, frontier, head_hash, batch_max=batch_max, batch_wait_ms=batch_wait_ms)
+        return cls(path, conn, lock, frontier, head_hash, batch_max=batch_max, batch_wait_ms=batch_wait_ms,
+                   checkpointed_size=checkpointed, signer=signer, checkpoint_interval=checkpoint_interval,
+                   clock=clock)
 
     @property
     def path(self) -> Path:
@@ -241,6 +265,7 @@ class SqliteLedger:
                         self._commit(batch)
                     if isinstance(command, _CheckpointRequest):
                         self._sign(command)
+                    self._auto_checkpoint(final=isinstance(command, _Stop))
                 except Exception as exc:  # a bug in this thread must not leave callers waiting
                     log.exception("ledger.writer_failed", path=str(self._path))
                     waiting = [item.future for item in batch]
@@ -258,7 +283,9 @@ class SqliteLedger:
         The wait polls the queue size while sleeping rather than taking items one by one,
         so producers are not interrupted by a writer waking up for every entry.
         """
-        first = self._queue.get()
+        first = self._first_item()
+        if first is None:
+            return [], None
         if not isinstance(first, _Pending):
             return [], first
         if self._batch_wait > 0:
@@ -275,6 +302,36 @@ class SqliteLedger:
                 return batch, item
             batch.append(item)
         return batch, None
+
+    def _first_item(self) -> _Item | None:
+        """Block for the next item; None once a periodic checkpoint falls due while idle."""
+        if self._signer is None or self._head.size == self._checkpointed_size:
+            return self._queue.get()
+        due = self._last_checkpoint_at + self._checkpoint_interval - self._clock()
+        try:
+            return self._queue.get(timeout=max(due, 0.0))
+        except queue.Empty:
+            return None
+
+    def _auto_checkpoint(self, *, final: bool) -> None:
+        """Sign and store a checkpoint if the tree grew and one is due (always when `final`)."""
+        signer, head = self._signer, self._head
+        if signer is None or head.size == self._checkpointed_size:
+            return
+        if not final and self._clock() - self._last_checkpoint_at < self._checkpoint_interval:
+            return
+        try:
+            self._store_checkpoint(head, signer.sign(head.size, head.root))
+        except (LedgerError, sqlite3.Error) as exc:  # the records are committed; the next try may work
+            log.error("ledger.checkpoint_failed", path=str(self._path), size=head.size, error=str(exc))
+            self._last_checkpoint_at = self._clock()
+            return
+        log.debug("ledger.checkpoint_signed", size=head.size, origin=signer.origin, periodic=not final)
+
+    def _store_checkpoint(self, head: _Head, note: str) -> None:
+        self._conn.execute(INSERT_CHECKPOINT, (head.size, note, _utc_now()))
+        self._checkpointed_size = max(self._checkpointed_size, head.size)
+        self._last_checkpoint_at = self._clock()
 
     def _commit(self, batch: list[_Pending]) -> None:
         started = time.perf_counter()
@@ -327,7 +384,7 @@ class SqliteLedger:
         outcome: str | BaseException
         try:
             note = sign_checkpoint(request.origin, head.size, head.root, request.private_key, request.key_name)
-            self._conn.execute(INSERT_CHECKPOINT, (head.size, note, _utc_now()))
+            self._store_checkpoint(head, note)
             outcome = note
             log.info("ledger.checkpoint_signed", size=head.size, origin=request.origin, key_name=request.key_name)
         except LedgerError as exc:

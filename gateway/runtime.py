@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import structlog
 
+from audit.checkpoint import CheckpointSigner
 from audit.errors import LedgerError
 from audit.sqlite import SqliteLedger
 from gateway.core.backends import Backend, ToolSpec
@@ -27,7 +28,7 @@ from gateway.transports.upstreams.http_api import HttpBackend
 from gateway.transports.upstreams.python import CallableBackend
 from gateway.config import PACKAGE_ROOT, Settings, UpstreamConfig, load_settings
 from gateway.core.errors import ConfigError
-from gateway.core.gateway import Gateway
+from gateway.core.gateway import LEDGER_ORIGIN, Gateway
 from gateway.logging import ensure_logging
 from gateway.policy.compile import load_policy
 from gateway.crypto.receipts import KeyStore
@@ -94,7 +95,10 @@ async def open_gateway(
     backends = [*backends, *(build_backend(u, list(settings.python_path)) for u in settings.upstreams if not u.is_mcp)]
     approvals = SqliteApprovalStore(settings.approvals_path)
     try:
-        ledger = await SqliteLedger.open(settings.ledger_path, synchronous=settings.ledger.synchronous)
+        signer = CheckpointSigner(keys.checkpoint_key, keys.checkpoint_key_name, LEDGER_ORIGIN)
+        ledger = await SqliteLedger.open(
+            settings.ledger_path, synchronous=settings.ledger.synchronous, checkpoint_signer=signer
+        )
     except LedgerError as exc:
         raise ConfigError(str(exc)) from None
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import base64
 import csv
 import json
 import os
@@ -99,7 +100,8 @@ def test_every_flag_and_positional_has_help() -> None:
 def _leaf_argv(path: tuple[str, ...]) -> list[str]:
     """The smallest argv that parses for a leaf command (its required arguments filled in)."""
     required = {("eval",): ["--tool", "read_file"], ("approvals", "approve"): ["apr_1"], ("approvals", "deny"): ["apr_1"],
-                ("tools", "accept"): ["demo"], ("receipt", "verify"): ["response.json"]}
+                ("tools", "accept"): ["demo"], ("receipt", "verify"): ["response.json"],
+                ("audit", "proof"): ["--inclusion", "1"]}
     return [*path, *required.get(path, [])]
 
 
@@ -405,8 +407,11 @@ async def test_audit_verify_detects_truncation_against_a_checkpoint(recorded: di
         [["audit", "verify", "--checkpoint", saved], ["audit", "verify", "--ledger", truncated, "--checkpoint", saved]],
         state_root,
     )
-    # the external checkpoint plus the one the gateway stored when it closed
-    assert intact.rc == 0 and "2 checkpoint(s) matched" in intact.out, intact.out + intact.err
+    # the external checkpoint plus the ones the gateway stored (periodically, and when it closed)
+    with SqliteLedgerReader(recorded["ledger"]) as reader:
+        stored = reader.checkpoints()
+    assert stored and stored[-1][0] == 6
+    assert intact.rc == 0 and f"{1 + len(stored)} checkpoint(s) matched" in intact.out, intact.out + intact.err
     assert with_checkpoint.rc == 1 and "truncated" in with_checkpoint.out.lower(), with_checkpoint.out
 
 
@@ -612,6 +617,97 @@ async def test_receipt_verify_offline(demo_gateway: Any, sandbox: Path, state_ro
     )
     assert ok.rc == 0 and ok.out.startswith("OK") and envelope["request_id"] in ok.out, ok.out + ok.err
     assert bad.rc == 1 and "digest mismatch" in bad.out
+
+
+async def test_audit_proof_prints_proofs_an_outsider_can_check(recorded: dict[str, Any], state_root: Path) -> None:
+    from audit.checkpoint import verify_checkpoint_jwks
+    from audit.merkle import leaf_hash, verify_consistency, verify_inclusion
+
+    inclusion, consistency, missing, backwards = dharma_many(
+        [["audit", "proof", "--inclusion", "2"], ["audit", "proof", "--consistency", "2", "6"],
+         ["audit", "proof", "--inclusion", "7"], ["audit", "proof", "--consistency", "5", "3"]], state_root,
+    )
+    jwks = json.loads(dharma("keys", "jwks", state_root=state_root).out)
+    assert inclusion.rc == 0, inclusion.err
+    doc = json.loads(inclusion.out)
+    checkpoint = verify_checkpoint_jwks(doc["checkpoint"], jwks)  # anchored to a note the published key signed
+    assert (doc["seq"], doc["leaf_index"], doc["tree_size"], checkpoint.size) == (2, 1, 6, 6)
+    assert checkpoint.root.hex() == doc["root"]
+    with SqliteLedgerReader(recorded["ledger"]) as reader:
+        assert leaf_hash(reader.get(2).body).hex() == doc["leaf_hash"]  # type: ignore[union-attr]
+    proof = [bytes.fromhex(h) for h in doc["proof"]]
+    assert verify_inclusion(1, 6, bytes.fromhex(doc["leaf_hash"]), proof, checkpoint.root)
+    assert not verify_inclusion(2, 6, bytes.fromhex(doc["leaf_hash"]), proof, checkpoint.root)
+    assert consistency.rc == 0, consistency.err
+    doc = json.loads(consistency.out)
+    checkpoint = verify_checkpoint_jwks(doc["checkpoint"], jwks)
+    assert (doc["old_size"], doc["tree_size"]) == (2, 6) and checkpoint.root.hex() == doc["root"]
+    assert verify_consistency(2, 6, bytes.fromhex(doc["old_root"]), checkpoint.root, [bytes.fromhex(h) for h in doc["proof"]])
+    assert missing.rc == 2 and "--inclusion 7: the ledger has records 1..6" in missing.err and "Traceback" not in missing.err
+    assert backwards.rc == 2 and "need 0 <= OLD <= NEW" in backwards.err
+
+
+async def test_audit_export_verifies_offline_with_only_the_published_keys(recorded: dict[str, Any], tmp_path: Path, state_root: Path) -> None:
+    ledger: Path = recorded["ledger"]
+    old = tmp_path / "old-checkpoint.txt"
+    old.write_text(dharma("audit", "checkpoint", state_root=state_root).out, encoding="utf-8")
+    grown = await SqliteLedger.open(ledger)  # the log grows after the auditor kept that checkpoint
+    await grown.append({"request_id": "req-after", "tool": "read_file", "decision": "allow"})
+    await grown.aclose()
+    bundle, jwks_file = tmp_path / "export.jsonl", tmp_path / "jwks.json"
+    exported, jwks = dharma_many(
+        [["audit", "export", "--out", bundle, "--since-checkpoint", old], ["keys", "jwks"]], state_root
+    )
+    assert exported.rc == 0 and "exported 7 records" in exported.out and "from size 6" in exported.out, exported.out + exported.err
+    jwks_file.write_text(jwks.out, encoding="utf-8")
+    lines = bundle.read_text(encoding="utf-8").splitlines()
+    record = json.loads(lines[2])  # line 3: record 2
+    body = base64.b64decode(record["record"])
+    assert b"../etc/passwd" in body
+    record["record"] = base64.b64encode(body.replace(b"../etc/passwd", b"notes.txt", 1)).decode()
+    edited = tmp_path / "edited.jsonl"
+    edited.write_text("\n".join([*lines[:2], json.dumps(record), *lines[3:]]) + "\n", encoding="utf-8")
+    elsewhere = tmp_path / "auditor"  # an outsider: no keys, no ledger, only the bundle and the published JWKS
+    elsewhere.mkdir()
+    ok, bad, no_key = dharma_many(
+        [["audit", "verify", "--bundle", bundle, "--jwks", jwks_file],
+         ["audit", "verify", "--bundle", edited, "--jwks", jwks_file],
+         ["audit", "verify", "--bundle", bundle, "--jwks", tmp_path / "missing.json"]], elsewhere,
+    )
+    assert ok.rc == 0 and ok.out.startswith("OK") and "7 records" in ok.out, ok.out + ok.err
+    assert "consistent with the checkpoint at size 6" in ok.out
+    assert bad.rc == 1 and bad.out.startswith(f"FAIL {edited} (line 3): record 2 was modified"), bad.out + bad.err
+    assert no_key.rc == 2 and "missing.json" in no_key.err and not list(elsewhere.iterdir())
+
+
+async def test_receipt_verify_finds_the_record_in_a_ledger_or_a_bundle(demo_gateway: Any, sandbox: Path, state_root: Path, tmp_path: Path) -> None:
+    (sandbox / "a.txt").write_text("A", encoding="utf-8")
+    outcome = await demo_gateway.call("read_file", {"path": "a.txt"}, api_key=KEYS["reader"])
+    other = await demo_gateway.call("list_directory", {}, api_key=KEYS["reader"])
+    await demo_gateway.aclose()
+    from gateway.core.gateway import envelope as envelope_of
+
+    envelope = {**envelope_of(outcome), "receipt": outcome.receipt}
+    saved, jwks_file, bundle = tmp_path / "saved.json", tmp_path / "jwks.json", tmp_path / "export.jsonl"
+    saved.write_text(json.dumps(envelope), encoding="utf-8")
+    jwks_file.write_text(dharma("keys", "jwks", state_root=state_root).out, encoding="utf-8")
+    assert dharma("audit", "export", "--out", bundle, state_root=state_root).rc == 0
+    ledger = demo_gateway.ledger.path
+    foreign = await SqliteLedger.open(tmp_path / "foreign.db")  # another ledger: other records at the same seqs
+    for i in range(other.ledger_seq):
+        await foreign.append({"request_id": f"req-{i}", "tool": "read_file"})
+    await foreign.aclose()
+    edited = _tamper(ledger, tmp_path / "edited.db", edit=(outcome.ledger_seq, b"read_file", b"read_filX"))
+    in_db, in_bundle, swapped, tampered = dharma_many([
+        ["receipt", "verify", saved, "--jwks", jwks_file, "--ledger", ledger],
+        ["receipt", "verify", saved, "--jwks", jwks_file, "--ledger", bundle],
+        ["receipt", "verify", saved, "--jwks", jwks_file, "--ledger", tmp_path / "foreign.db"],
+        ["receipt", "verify", saved, "--jwks", jwks_file, "--ledger", edited],
+    ], state_root)
+    assert in_db.rc == 0 and f"ledger seq {outcome.ledger_seq}, found in {ledger}, included in its signed checkpoint at size 2" in in_db.out, in_db.out + in_db.err
+    assert in_bundle.rc == 0 and "signed checkpoint at size 2" in in_bundle.out, in_bundle.out + in_bundle.err
+    assert swapped.rc == 1 and f"ledger record {outcome.ledger_seq} has hash" in swapped.out, swapped.out
+    assert tampered.rc == 1 and f"ledger record {outcome.ledger_seq} was modified" in tampered.out, tampered.out
 
 
 def test_corrupted_key_file_is_a_config_error(state_root: Path) -> None:

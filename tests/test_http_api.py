@@ -467,9 +467,12 @@ async def test_healthz_and_jwks(demo_gateway: Any, http: httpx.AsyncClient) -> N
     assert health["status"] == "ok" and health["policy"] == "test-profile"
     assert health["policy_version"] == demo_gateway.policy.version and health["policy_version"].startswith("sha256:")
     jwks = (await http.get("/.well-known/jwks.json")).json()
-    [key] = jwks["keys"]
+    [key, checkpoint] = jwks["keys"]
     assert key["kty"] == "OKP" and key["crv"] == "Ed25519" and "d" not in key
     assert key["kid"] == jwk_thumbprint(key["x"]) == demo_gateway.keys.kid
+    # the ledger-checkpoint key is published beside the receipt key, marked as what it is
+    assert checkpoint["use"] == "dharma-checkpoint" and checkpoint["alg"] == "Ed25519" and "d" not in checkpoint
+    assert checkpoint["kid"].startswith(demo_gateway.keys.checkpoint_key_name + "+") and checkpoint["kid"] != key["kid"]
 
 
 # ---- backends: failures, timeouts, circuit breaker, plain HTTP -----------------------------

@@ -322,7 +322,9 @@ def test_checkpoint_key_is_separate(keys: KeyStore) -> None:
     assert keys.checkpoint_key_name == "dharma-gateway"
     raw = keys.checkpoint_public_key_bytes()
     assert len(raw) == 32
-    assert b64e(raw) not in json.dumps(keys.jwks())
+    # published (issue 7) only as the checkpoint JWK, never as a receipt key
+    assert [k["use"] for k in keys.jwks()["keys"] if k["x"] == b64e(raw)] == ["dharma-checkpoint"]
+    assert all(k["x"] != b64e(raw) for k in keys.jwks()["keys"] if k["use"] == "sig")
 
 
 def test_rotate_keeps_old_receipts_verifiable(tmp_path: Path, keys: KeyStore) -> None:
@@ -335,7 +337,8 @@ def test_rotate_keeps_old_receipts_verifiable(tmp_path: Path, keys: KeyStore) ->
     assert json.loads(b64d(new_token.split(".")[0]))["kid"] == new_kid
     third = keys.rotate()
     jwks = keys.jwks()
-    assert [k["kid"] for k in jwks["keys"]] == [third, new_kid, old_kid]
+    assert [k["kid"] for k in jwks["keys"] if k["use"] == "sig"] == [third, new_kid, old_kid]
+    assert jwks["keys"][-1]["use"] == "dharma-checkpoint"  # the checkpoint key stays published, last
     for token in (old_token, new_token):
         verify_receipt(token, jwks, response=RESULT, request=REQUEST)
     # persisted: a fresh open sees the same JWKS; the old private key is gone
@@ -482,3 +485,22 @@ def test_load_jwks_errors(tmp_path: Path, content: str | None, message: str) -> 
 def test_load_jwks_directory(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is a directory"):
         load_jwks(tmp_path)
+
+
+def test_the_jwks_publishes_the_checkpoint_key_and_receipts_never_accept_it(keys: KeyStore) -> None:
+    from audit.checkpoint import sign_checkpoint, verify_checkpoint_jwks
+
+    jwks = keys.jwks()
+    [receipt_jwk, checkpoint_jwk] = jwks["keys"]
+    assert receipt_jwk["kid"] == keys.kid and checkpoint_jwk["use"] == "dharma-checkpoint"
+    note = sign_checkpoint("o", 1, hashlib.sha256(b"r").digest(), keys.checkpoint_key, keys.checkpoint_key_name)
+    assert verify_checkpoint_jwks(note, jwks).size == 1  # the published JWKS alone checks checkpoints
+    # a receipt signed with the checkpoint key under its published kid is refused
+    header = b64e(json.dumps({"alg": "Ed25519", "kid": checkpoint_jwk["kid"], "typ": "dharma-receipt+jws"}).encode())
+    payload = b64e(json.dumps({"v": 1, "kid": checkpoint_jwk["kid"]}).encode())
+    sig = b64e(keys.checkpoint_key.sign(f"{header}.{payload}".encode()))
+    with pytest.raises(ReceiptInvalid, match="not an Ed25519 signing key"):
+        verify_receipt(f"{header}.{payload}.{sig}", jwks)
+    # and the rotation of receipt keys leaves the checkpoint key published, last
+    keys.rotate()
+    assert keys.jwks()["keys"][-1] == checkpoint_jwk and len(keys.jwks()["keys"]) == 3

@@ -1,13 +1,18 @@
-"""`dharma audit verify|query|checkpoint`: the auditor's commands over the karma ledger.
+"""`dharma audit verify|query|checkpoint|proof|export`: the auditor's commands over the karma ledger.
 
-Verify the ledger (against a checkpoint kept elsewhere, to catch truncation), query it, and sign
-checkpoints of its head. The filters themselves are `audit.query`'s; this module maps flags.
+Verify the ledger (against a checkpoint kept elsewhere, to catch truncation) or an export bundle
+(offline, with only the published keys), query it, sign checkpoints of its head, print verified
+inclusion and consistency proofs, and export bundles. The filters are `audit.query`'s, the bundle
+format `audit.export`'s; this module maps flags.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -72,17 +77,24 @@ def _open_reader(path: Path) -> Any:
         raise ConfigError(str(exc)) from None
 
 
+def _read_note(path: str, what: str) -> str:
+    """A checkpoint note from a file, or a usage error naming the file."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read {what}: {exc}") from None
+
+
 def cmd_audit_verify(args: argparse.Namespace) -> int:
     from audit.checkpoint import parse_checkpoint, verify_checkpoint
     from audit.errors import LedgerError
     from audit.verify import verify_ledger
 
+    if args.bundle:
+        return _verify_bundle(args)
     checkpoint = None
     if args.checkpoint:
-        try:
-            text = Path(args.checkpoint).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{args.checkpoint}: cannot read checkpoint: {exc}") from None
+        text = _read_note(args.checkpoint, "checkpoint")
         try:
             if args.no_signature_check:
                 checkpoint = parse_checkpoint(text)
@@ -104,6 +116,27 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     where = f" at seq {report.first_bad_seq}" if report.first_bad_seq is not None else ""
     out(f"FAIL {path}{where}: {report.problem}")
     return EXIT_FAILED
+
+
+def _verify_bundle(args: argparse.Namespace) -> int:
+    """`audit verify --bundle F [--jwks F]`: offline, against the published keys."""
+    from audit.export import verify_bundle
+    from gateway.crypto.receipts import load_jwks
+
+    if args.checkpoint or args.ledger:
+        raise ConfigError("--bundle is verified on its own: give --jwks, not --ledger or --checkpoint")
+    jwks = load_jwks(Path(args.jwks)) if args.jwks else None
+    if not Path(args.bundle).is_file():
+        raise ConfigError(f"{args.bundle}: no bundle there")
+    report = verify_bundle(Path(args.bundle), jwks)
+    if not report.ok:
+        out(f"FAIL {report.problem}")
+        return EXIT_FAILED
+    since = f", consistent with the checkpoint at size {report.since_size}" if report.since_size is not None else ""
+    keys = f"{args.jwks}" if args.jwks else "the bundle's own JWKS (pass --jwks with the published keys to trust it)"
+    out(f"OK {args.bundle}: {report.size} records of {report.origin}, root {report.root.hex()} signed by a checkpoint "
+        f"key in {keys}{since}")
+    return EXIT_OK
 
 
 def cmd_audit_query(args: argparse.Namespace) -> int:
@@ -140,7 +173,142 @@ def cmd_audit_checkpoint(args: argparse.Namespace) -> int:
     with _open_reader(_ledger_path(args)) as reader:
         size = reader.size()
         root = root_hash(reader.leaf_hashes(size))
-    out(sign_checkpoint(args.origin, size, root, keys.checkpoint_key, keys.checkpoint_key_name).rstrip("\n"))
+    out(sign_checkpoint(_origin(args), size, root, keys.checkpoint_key, keys.checkpoint_key_name).rstrip("\n"))
+    return EXIT_OK
+
+
+def _origin(args: argparse.Namespace) -> str:
+    from gateway.core.gateway import LEDGER_ORIGIN
+
+    return str(args.origin or LEDGER_ORIGIN)
+
+
+def _anchor(reader: Any, args: argparse.Namespace, size: int, root: bytes) -> str:
+    """The signed checkpoint at `size`: the one stored in the ledger, else one signed now with the
+    checkpoint key. Its root must be `root` (recomputed from the records); else the ledger is bad."""
+    from audit.checkpoint import sign_checkpoint, verify_checkpoint
+    from audit.errors import LedgerError
+
+    stored = dict(reader.checkpoints()).get(size)
+    keys = open_keys(args, create=False)
+    if stored is None:
+        return str(sign_checkpoint(_origin(args), size, root, keys.checkpoint_key, keys.checkpoint_key_name))
+    try:
+        cp = verify_checkpoint(stored, keys.checkpoint_key.public_key(), keys.checkpoint_key_name)
+    except LedgerError as exc:
+        raise LedgerError(f"stored checkpoint at size {size}: {exc}") from None
+    if cp.root != root:
+        raise LedgerError(f"records 1..{size} do not give the root of the stored checkpoint at size {size}: "
+                          "run `dharma audit verify`")
+    return str(stored)
+
+
+def _tree_size(reader: Any, wanted: int | None, at_least: int) -> int:
+    """--size, or the latest stored checkpoint's size when it covers `at_least`, or the ledger's size."""
+    from audit.checkpoint import parse_checkpoint
+
+    size = reader.size()
+    if wanted is not None:
+        if not at_least <= wanted <= size:
+            raise ConfigError(f"--size {wanted} must be between {at_least} and the ledger size {size}")
+        return wanted
+    latest = reader.latest_checkpoint()
+    stored = parse_checkpoint(latest).size if latest else 0
+    return stored if at_least <= stored <= size else size
+
+
+def cmd_audit_proof(args: argparse.Namespace) -> int:
+    """Print an inclusion or consistency proof as JSON, verified before it is printed."""
+    from audit import merkle
+    from audit.errors import LedgerError
+
+    with _open_reader(_ledger_path(args)) as reader:
+        if args.inclusion is not None:
+            seq = args.inclusion
+            if not 1 <= seq <= reader.size():
+                raise ConfigError(f"--inclusion {seq}: the ledger has records 1..{reader.size()}")
+            size = _tree_size(reader, args.size, seq)
+            leaves = reader.leaf_hashes(size)
+            record = reader.get(seq)
+            leaf = merkle.leaf_hash(record.body)
+            root = merkle.root_hash(leaves)
+            proof = merkle.inclusion_proof(leaves, seq - 1, size)
+            if leaf != leaves[seq - 1] or not merkle.verify_inclusion(seq - 1, size, leaf, proof, root):
+                out(f"FAIL record {seq}: its bytes do not hash to its stored leaf, so no proof holds")
+                return EXIT_FAILED
+            doc: dict[str, Any] = {"type": "inclusion", "seq": seq, "leaf_index": seq - 1, "tree_size": size,
+                                   "leaf_hash": leaf.hex(), "root": root.hex(), "proof": [p.hex() for p in proof]}
+        else:
+            old, size = args.consistency
+            if not 0 <= old <= size <= reader.size():
+                raise ConfigError(f"--consistency {old} {size}: need 0 <= OLD <= NEW <= {reader.size()} (the ledger size)")
+            leaves = reader.leaf_hashes(size)
+            root, old_root = merkle.root_hash(leaves), merkle.root_hash(leaves[:old])
+            proof = merkle.consistency_proof(leaves, old, size)
+            if not merkle.verify_consistency(old, size, old_root, root, proof):
+                out(f"FAIL the consistency proof from {old} to {size} does not verify")
+                return EXIT_FAILED
+            stored_old = dict(reader.checkpoints()).get(old)
+            doc = {"type": "consistency", "old_size": old, "tree_size": size, "old_root": old_root.hex(),
+                   "root": root.hex(), "proof": [p.hex() for p in proof], "old_checkpoint": stored_old}
+        try:
+            doc["checkpoint"] = _anchor(reader, args, size, root)
+        except LedgerError as exc:
+            out(f"FAIL {exc}")
+            return EXIT_FAILED
+    out(json.dumps(doc, indent=2))
+    return EXIT_OK
+
+
+def cmd_audit_export(args: argparse.Namespace) -> int:
+    """Write a bundle of every record up to a signed checkpoint, with proofs and the public keys."""
+    from audit.checkpoint import parse_checkpoint, verify_checkpoint
+    from audit.errors import LedgerError
+    from audit.merkle import root_hash
+    from audit.verify import verify_ledger
+
+    keys = open_keys(args, create=False)
+    since = _read_note(args.since_checkpoint, "old checkpoint") if args.since_checkpoint else None
+    with _open_reader(_ledger_path(args)) as reader:
+        try:
+            if since is not None:
+                try:
+                    verify_checkpoint(since, keys.checkpoint_key.public_key(), keys.checkpoint_key_name)
+                except LedgerError as exc:
+                    raise LedgerError(f"--since-checkpoint {args.since_checkpoint}: {exc}") from None
+            note = reader.latest_checkpoint()
+            size = reader.size()
+            if note is None or parse_checkpoint(note).size < size:
+                report = verify_ledger(reader)  # never sign a head the stored checkpoints contradict
+                if not report.ok:
+                    out(f"FAIL {reader.path}: {report.problem}; nothing exported")
+                    return EXIT_FAILED
+                note = _anchor(reader, args, report.size, root_hash(reader.leaf_hashes(report.size)))
+            return _write_export(args, reader, note, keys.jwks(), since)
+        except LedgerError as exc:
+            out(f"FAIL {exc}")
+            return EXIT_FAILED
+
+
+def _write_export(args: argparse.Namespace, reader: Any, note: str, jwks: dict[str, Any], since: str | None) -> int:
+    """Write to --out through a temp file renamed into place (a failed export leaves no half file)."""
+    from audit.export import write_bundle
+
+    if not args.out:
+        write_bundle(reader, sys.stdout, checkpoint=note, jwks=jwks, since=since)
+        return EXIT_OK
+    target = Path(args.out)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            summary = write_bundle(reader, fh, checkpoint=note, jwks=jwks, since=since)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise ConfigError(f"{target}: cannot write the export: {exc.strerror or exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    since_text = f", with a consistency proof from size {summary.since_size}" if summary.since_size is not None else ""
+    out(f"exported {summary.size} records to {target}, root {summary.root.hex()}{since_text}")
     return EXIT_OK
 
 
@@ -151,6 +319,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--checkpoint", help="a checkpoint kept outside the database (catches truncation)")
     p.add_argument("--no-signature-check", action="store_true", help="use the checkpoint without checking its signature")
+    p.add_argument("--bundle", help="verify an export bundle offline instead of a ledger")
+    p.add_argument("--jwks", help="with --bundle: the published JWKS to check its checkpoints against")
     p.set_defaults(func=cmd_audit_verify)
 
     p = add_command(audit, "query", "list ledger records, oldest first, that match every filter given")
@@ -174,5 +344,22 @@ def add_parsers(sub: Any) -> None:
 
     p = add_command(audit, "checkpoint", "print a signed checkpoint of the ledger's head (keep it elsewhere)")
     p.add_argument("--ledger", help=LEDGER_HELP)
-    p.add_argument("--origin", default="dharma-gateway/karma-ledger", help="checkpoint origin line")
+    p.add_argument("--origin", help="checkpoint origin line (default: the gateway's, dharma-gateway/karma-ledger)")
     p.set_defaults(func=cmd_audit_checkpoint)
+
+    p = add_command(audit, "proof", "print a verified inclusion or consistency proof (JSON) and its checkpoint")
+    p.add_argument("--ledger", help=LEDGER_HELP)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--inclusion", type=_count_arg, metavar="SEQ", help="prove record SEQ is in the tree")
+    which.add_argument("--consistency", type=_count_arg, nargs=2, metavar=("OLD", "NEW"),
+                       help="prove the tree of OLD records is a prefix of the tree of NEW")
+    p.add_argument("--size", type=_count_arg, metavar="N", help="with --inclusion: the tree size (default: the latest checkpoint's)")
+    p.add_argument("--origin", help="origin line if a checkpoint must be signed (default: the gateway's)")
+    p.set_defaults(func=cmd_audit_proof)
+
+    p = add_command(audit, "export", "write a self-contained bundle an auditor verifies offline (audit verify --bundle)")
+    p.add_argument("--ledger", help=LEDGER_HELP)
+    p.add_argument("--out", help="bundle file to write (default: stdout)")
+    p.add_argument("--since-checkpoint", metavar="F", help="an older checkpoint the auditor holds: add the consistency proof from it")
+    p.add_argument("--origin", help="origin line if a checkpoint must be signed (default: the gateway's)")
+    p.set_defaults(func=cmd_audit_export)

@@ -39,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from audit.canon import canonical_bytes
+from audit.checkpoint import checkpoint_jwk
 from gateway.core.errors import ConfigError
 from gateway.crypto.b64 import Base64urlError, b64url_decode, b64url_encode
 from gateway.crypto import strict_json
@@ -318,10 +319,13 @@ class KeyStore:
         return self._active.kid
 
     def jwks(self) -> dict[str, list[dict[str, str]]]:
-        """Return the public JWKS: the active key first, then every retired key, newest first."""
+        """Return the public JWKS: the active receipt key first, every retired one newest first,
+        then the checkpoint key (kid `<key name>+<hex key id>`, use `dharma-checkpoint`, so a
+        receipt verifier never takes it for a receipt key; see `audit.checkpoint`)."""
         active = self._active
         keys = [_public_jwk(active.x, active.kid)]
         keys.extend(dict(k) for k in self._retired if k["kid"] != active.kid)
+        keys.append(checkpoint_jwk(self.checkpoint_key_name, self.checkpoint_key.public_key()))
         return {"keys": keys}
 
     def sign(self, payload: Mapping[str, Any]) -> str:

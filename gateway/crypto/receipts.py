@@ -26,6 +26,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from audit.canon import digest
+from audit.merkle import leaf_hash
+from audit.records import StoredRecord
 from gateway.core.errors import ConfigError
 from gateway.crypto.b64 import Base64urlError, b64url_decode
 from gateway.crypto import strict_json
@@ -48,6 +50,7 @@ __all__ = [
     "ReceiptInvalid",
     "attach_receipt",
     "build_receipt",
+    "check_receipt_in_ledger",
     "jwk_thumbprint",
     "load_jwks",
     "strip_receipt",
@@ -245,6 +248,38 @@ def verify_receipt(
     if request is not None and payload.get("req_sha256") != digest(request):
         raise ReceiptInvalid("digest mismatch for request: it is not the request that was signed")
     return payload
+
+
+def check_receipt_in_ledger(payload: Mapping[str, Any], record: StoredRecord | None) -> None:
+    """Check that a verified receipt's ledger position names `record` (the record at that seq).
+
+    The record's bytes must hash to the receipt's ``ledger.hash``, and its entry must carry the
+    receipt's ``request_id`` and, as ``response_digest``, its ``resp_sha256``.
+
+    Raises:
+        ReceiptInvalid: the message names the first check that failed.
+    """
+    ledger = payload.get("ledger")
+    if not isinstance(ledger, Mapping):
+        raise ReceiptInvalid("the receipt has no ledger position")
+    seq = ledger.get("seq")
+    if record is None:
+        raise ReceiptInvalid(f"the ledger has no record {seq!r} (the receipt's ledger.seq)")
+    actual = leaf_hash(record.body).hex()
+    if actual != record.hash:
+        raise ReceiptInvalid(f"ledger record {record.seq} was modified: its bytes do not hash to its stored hash")
+    if ledger.get("hash") != actual:
+        raise ReceiptInvalid(f"ledger record {record.seq} has hash {actual}, not the receipt's {ledger.get('hash')!r}")
+    try:
+        entry = record.to_dict()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ReceiptInvalid(f"ledger record {record.seq} is not a well-formed record") from None
+    if entry.get("request_id") != payload.get("request_id"):
+        raise ReceiptInvalid(f"ledger record {record.seq} is for request {entry.get('request_id')!r}, "
+                             f"not the receipt's {payload.get('request_id')!r}")
+    if entry.get("response_digest") != payload.get("resp_sha256"):
+        raise ReceiptInvalid(f"ledger record {record.seq} has response digest {entry.get('response_digest')!r}, "
+                             f"not the receipt's resp_sha256 {payload.get('resp_sha256')!r}")
 
 
 # --- JWKS files ---------------------------------------------------------------------------------

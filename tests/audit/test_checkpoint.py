@@ -91,3 +91,21 @@ def test_malformed_notes_raise_ledger_error(text: str) -> None:
 def test_bad_key_names_are_refused(key: Ed25519PrivateKey, name: str) -> None:
     with pytest.raises(LedgerError, match="key name"):
         sign_checkpoint("o", 1, ROOT, key, name)
+
+
+def test_the_published_jwk_verifies_notes_and_names_the_key(key: Ed25519PrivateKey) -> None:
+    from audit.checkpoint import checkpoint_jwk, verify_checkpoint_jwks
+
+    jwk = checkpoint_jwk("dharma-gateway", key.public_key())
+    assert jwk["kid"] == "dharma-gateway+" + key_id("dharma-gateway", key.public_key()).hex()
+    assert (jwk["use"], jwk["alg"], jwk["kty"], jwk["crv"]) == ("dharma-checkpoint", "Ed25519", "OKP", "Ed25519")
+    receipt_key = {"kty": "OKP", "crv": "Ed25519", "x": jwk["x"], "kid": "r", "use": "sig", "alg": "Ed25519"}
+    note = sign_checkpoint("o", 3, ROOT, key, "dharma-gateway")
+    assert verify_checkpoint_jwks(note, {"keys": [receipt_key, jwk]}).size == 3
+    with pytest.raises(LedgerError, match="publishes no checkpoint key"):
+        verify_checkpoint_jwks(note, {"keys": [receipt_key]})  # a receipt key is never a checkpoint key
+    other = checkpoint_jwk("dharma-gateway", Ed25519PrivateKey.generate().public_key())
+    with pytest.raises(LedgerError, match="signed by none of the published checkpoint keys"):
+        verify_checkpoint_jwks(note, {"keys": [other]})
+    with pytest.raises(LedgerError, match="not a well-formed checkpoint key"):
+        verify_checkpoint_jwks(note, {"keys": [{**jwk, "x": other["x"]}]})  # kid no longer names its key

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -180,3 +184,27 @@ def test_short_hashes_are_rejected_and_bad_ranges_raise() -> None:
         inclusion_proof(CT_LEAVES, 0, 9)
     with pytest.raises(ValueError):
         consistency_proof(CT_LEAVES, 5, 3)
+
+
+# transparency-dev/merkle test vectors (hashes only, copied into tests/audit/data/tlog_vectors.json)
+TLOG = json.loads((Path(__file__).parent / "data" / "tlog_vectors.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("case", TLOG["inclusion"], ids=lambda c: c["desc"])
+def test_tlog_inclusion_vectors(case: dict[str, Any]) -> None:
+    proof = [base64.b64decode(p) for p in case["proof"]]
+    ok = verify_inclusion(case["leafIdx"], case["treeSize"], base64.b64decode(case["leafHash"]), proof,
+                          base64.b64decode(case["root"]))
+    assert ok is not case["wantErr"]
+    if not case["wantErr"] and case["treeSize"] <= len(CT_LEAVES):  # the vectors' leaves are the RFC 6962 data
+        assert inclusion_proof(CT_LEAVES[: case["treeSize"]], case["leafIdx"]) == proof
+
+
+@pytest.mark.parametrize("case", TLOG["consistency"], ids=lambda c: c["desc"])
+def test_tlog_consistency_vectors(case: dict[str, Any]) -> None:
+    proof = [base64.b64decode(p) for p in case["proof"]]
+    root1, root2 = base64.b64decode(case["root1"]), base64.b64decode(case["root2"])
+    assert verify_consistency(case["size1"], case["size2"], root1, root2, proof) is not case["wantErr"]
+    if not case["wantErr"]:
+        assert consistency_proof(CT_LEAVES[: case["size2"]], case["size1"]) == proof
+        assert root_hash(CT_LEAVES[: case["size1"]]) == root1 and root_hash(CT_LEAVES[: case["size2"]]) == root2
