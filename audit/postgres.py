@@ -46,7 +46,6 @@ from audit.store import RawRecord
 
 log = structlog.get_logger()
 
-URL_SCHEMES = ("postgresql", "postgres")
 CONNECT_TIMEOUT_S = 5
 READ_CHUNK = 5000
 LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints")
@@ -90,11 +89,6 @@ INSERT_RECORD = (
 )
 INSERT_RULE = "INSERT INTO record_rules(seq, rule_id) VALUES (%s, %s)"
 INSERT_CHECKPOINT = "INSERT INTO checkpoints(size, note, created_at) VALUES (%s, %s, %s) ON CONFLICT (size) DO NOTHING"
-
-
-def is_postgres_url(text: str) -> bool:
-    """True when `text` names a PostgreSQL ledger (postgresql://… or postgres://…)."""
-    return text.split("://", 1)[0].lower() in URL_SCHEMES and "://" in text
 
 
 def display_url(url: str) -> str:
@@ -479,6 +473,19 @@ class PostgresLedgerReader:
     def checkpoints(self) -> list[tuple[int, str]]:
         """Every stored checkpoint as (size, note), smallest first."""
         return [(int(s), str(n)) for s, n in self._fetch("SELECT size, note FROM checkpoints ORDER BY size")]
+
+    def leaf_hashes(self, size: int | None = None) -> list[bytes]:
+        """The stored record hashes of seq 1..size (all when None)."""
+        stop = self.size() if size is None else size
+        return [bytes(h) for (h,) in self._fetch("SELECT hash FROM records WHERE seq <= %s ORDER BY seq", (stop,))]
+
+    def inclusion_proof(self, seq: int, size: int | None = None) -> list[bytes]:
+        """Audit path of record `seq` in the tree of the first `size` records."""
+        return merkle.inclusion_proof(self.leaf_hashes(size), seq - 1)
+
+    def consistency_proof(self, old_size: int, size: int | None = None) -> list[bytes]:
+        """Proof that the first `old_size` records are a prefix of the first `size`."""
+        return merkle.consistency_proof(self.leaf_hashes(size), old_size)
 
     def select_records(self, where: RecordFilter) -> Iterator[RawRecord]:
         """Yield (seq, hash, body) of the records matching `where`, oldest first, via the indexes."""

@@ -66,6 +66,17 @@ def build_backend(upstream: UpstreamConfig, python_path: list[Path] | None = Non
     return backend  # type: ignore[no-any-return]
 
 
+async def open_ledger(settings: Settings) -> Any:
+    """The karma ledger's writer: PostgreSQL when `ledger.url` is set, else the SQLite file."""
+    if settings.ledger.url is None:
+        return await SqliteLedger.open(settings.ledger_path, synchronous=settings.ledger.synchronous)
+    try:
+        from audit.postgres import PostgresLedger
+    except ImportError as exc:
+        raise ConfigError(f"ledger.url needs psycopg: pip install 'dharma-gateway[postgres]' ({exc})") from None
+    return await PostgresLedger.open(settings.ledger.url)
+
+
 async def open_gateway(
     settings: Settings | None = None,
     *,
@@ -94,7 +105,7 @@ async def open_gateway(
     backends = [*backends, *(build_backend(u, list(settings.python_path)) for u in settings.upstreams if not u.is_mcp)]
     approvals = SqliteApprovalStore(settings.approvals_path)
     try:
-        ledger = await SqliteLedger.open(settings.ledger_path, synchronous=settings.ledger.synchronous)
+        ledger = await open_ledger(settings)
     except LedgerError as exc:
         raise ConfigError(str(exc)) from None
     try:

@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.config import is_ledger_url
 from gateway.cli.common import EXIT_FAILED, EXIT_OK, add_command, add_group, open_keys, out, settings_of
 from gateway.core.errors import ConfigError
 
-LEDGER_HELP = "ledger file (default: the one dharma.yaml names, or ledger.db under the state root)"
+LEDGER_HELP = "ledger file or postgresql:// URL (default: the one dharma.yaml names, or ledger.db under the state root)"
 PASSTHROUGH_STATUS = "forwarded"
 """The status of a record for an MCP method the gateway does not govern, relayed as is."""
 
@@ -54,22 +55,40 @@ def _count_arg(text: str) -> int:
     return value
 
 
-def _ledger_path(args: argparse.Namespace) -> Path:
+def _ledger_path(args: argparse.Namespace) -> Path | str:
+    """The ledger to read: --ledger (a file or a postgresql:// URL), else the one dharma.yaml names."""
     if args.ledger:
-        return Path(args.ledger)
-    return settings_of(args).ledger_path
+        return args.ledger if is_ledger_url(args.ledger) else Path(args.ledger)
+    settings = settings_of(args)
+    return settings.ledger.url or settings.ledger_path
 
 
-def _open_reader(path: Path) -> Any:
+def _display(location: Path | str) -> str:
+    """The ledger's name for output: a URL loses its password."""
+    if isinstance(location, Path):
+        return str(location)
+    from audit.postgres import display_url
+
+    return display_url(location)
+
+
+def _open_reader(path: Path | str) -> Any:
     from audit.errors import LedgerError
-    from audit.sqlite import SqliteLedgerReader
 
-    if not path.exists():
-        raise ConfigError(f"{path}: no ledger there")
     try:
+        if isinstance(path, str):
+            from audit.postgres import PostgresLedgerReader
+
+            return PostgresLedgerReader(path)
+        from audit.sqlite import SqliteLedgerReader
+
+        if not path.exists():
+            raise ConfigError(f"{path}: no ledger there")
         return SqliteLedgerReader(path)
     except LedgerError as exc:
         raise ConfigError(str(exc)) from None
+    except ImportError as exc:
+        raise ConfigError(f"a PostgreSQL ledger needs psycopg: pip install 'dharma-gateway[postgres]' ({exc})") from None
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:
@@ -92,8 +111,9 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
         except LedgerError as exc:
             out(f"FAIL checkpoint {args.checkpoint}: {exc}")
             return EXIT_FAILED
-    path = _ledger_path(args)
-    with _open_reader(path) as reader:
+    location = _ledger_path(args)
+    with _open_reader(location) as reader:
+        path = _display(location)
         started = time.perf_counter()
         report = verify_ledger(reader, checkpoint)
         elapsed = time.perf_counter() - started

@@ -23,8 +23,9 @@ import psycopg
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit.postgres import LEDGER_TABLES, PostgresLedger, PostgresLedgerReader, is_postgres_url
+from audit.postgres import LEDGER_TABLES, PostgresLedger, PostgresLedgerReader
 from audit.sqlite import SqliteLedger, SqliteLedgerReader
+from gateway.config import is_ledger_url
 
 BACKENDS = ("sqlite", "postgres")
 Location = Path | str
@@ -92,7 +93,7 @@ def attacker(location: Location) -> Any:
 
     On PostgreSQL it takes SQLite's `?` placeholders, so one tampering script serves both backends.
     """
-    if is_postgres_url(str(location)):
+    if is_ledger_url(str(location)):
         return _PgAttacker(str(location))
     conn = sqlite3.connect(location, isolation_level=None)
     for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
@@ -114,14 +115,14 @@ class _PgAttacker:
 
 async def open_ledger(location: Location, **options: Any) -> Any:
     """The writer of the ledger at `location` (a file path or a PostgreSQL URL)."""
-    if is_postgres_url(str(location)):
+    if is_ledger_url(str(location)):
         return await PostgresLedger.open(str(location), **options)
     return await SqliteLedger.open(location, **options)
 
 
 def open_reader(location: Location) -> Any:
     """A reader of the ledger at `location` (a file path or a PostgreSQL URL)."""
-    if is_postgres_url(str(location)):
+    if is_ledger_url(str(location)):
         return PostgresLedgerReader(str(location))
     return SqliteLedgerReader(location)
 
@@ -208,3 +209,11 @@ def new_location(kind: str, request: pytest.FixtureRequest, directory: Path) -> 
 def ledger_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Location:
     """Where a contract test's ledger lives, once per backend: a SQLite file or a PostgreSQL URL."""
     return new_location(request.param, request, tmp_path)
+
+
+@pytest.fixture
+async def backend_ledger(ledger_backend: Location) -> AsyncIterator[Any]:
+    """An open writer of the `ledger_backend` ledger, closed after the test."""
+    opened = await open_ledger(ledger_backend)
+    yield opened
+    await opened.aclose()
