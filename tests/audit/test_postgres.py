@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -15,6 +20,8 @@ from audit.merkle import CompactRange
 from audit.postgres import PostgresLedger, PostgresLedgerReader, display_url
 from audit.records import index_fields
 from audit.verify import verify_ledger
+from gateway.config import Settings
+from gateway.runtime import open_ledger
 
 from .conftest import PostgresServer, fill, make_entry
 
@@ -170,3 +177,48 @@ async def test_appends_fail_closed_while_the_server_is_down_and_resume_after(url
     await ledger.aclose()
     with PostgresLedgerReader(url) as reader:
         assert verify_ledger(reader).ok and reader.size() == 2
+
+
+def dharma(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user would; never a traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DHARMA_")}
+    env.update(DHARMA_STATE_ROOT=str(cwd / "state"), PYTHONPATH=str(Path(__file__).parents[2]))
+    done = subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=60, check=False)
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+    return done
+
+
+async def test_audit_verify_and_query_take_a_postgres_url(url: str, tmp_path: Path) -> None:
+    ledger = await PostgresLedger.open(url)
+    await fill(ledger, 12)
+    await ledger.aclose()
+    verified = dharma("audit", "verify", "--ledger", url, cwd=tmp_path)
+    assert verified.returncode == 0 and verified.stdout.startswith(f"OK {url}: 12 records"), verified.stdout
+    queried = dharma("audit", "query", "--ledger", url, "--principal", "bob", "--format", "jsonl", cwd=tmp_path)
+    assert [json.loads(line)["seq"] for line in queried.stdout.splitlines()] == [2, 5, 8, 11]
+    (tmp_path / "dharma.yaml").write_text(f"ledger: {{url: '{url}'}}\n")
+    assert dharma("--config", "dharma.yaml", "audit", "verify", cwd=tmp_path).stdout.startswith(f"OK {url}: 12 records")
+    with raw(url) as conn:
+        conn.execute("ALTER TABLE records DISABLE TRIGGER USER")
+        conn.execute("UPDATE records SET body = 'x'::bytea WHERE seq = 5")
+    failed = dharma("audit", "verify", "--ledger", url, cwd=tmp_path)
+    assert failed.returncode == 1 and f"FAIL {url} at seq 5" in failed.stdout
+
+
+def test_audit_commands_refuse_a_database_that_is_not_a_ledger(url: str, tmp_path: Path) -> None:
+    with raw(url) as conn:
+        conn.execute("CREATE TABLE customers(id int)")
+    done = dharma("audit", "verify", "--ledger", url, cwd=tmp_path)
+    assert done.returncode == 2 and "is not a Dharma karma ledger (it holds other tables: customers)" in done.stderr
+
+
+async def test_the_gateway_writes_to_the_ledger_dharma_yaml_names(url: str, tmp_path: Path) -> None:
+    settings = Settings.model_validate({"state_root": str(tmp_path), "ledger": {"url": url}})
+    ledger = await open_ledger(settings)
+    assert isinstance(ledger, PostgresLedger)
+    assert (await ledger.append(make_entry(0))).seq == 1
+    await ledger.aclose()
+    settings = Settings.model_validate({"state_root": str(tmp_path), "ledger": {"url": url.rsplit(":", 1)[0] + ":1/x"}})
+    with pytest.raises(LedgerError, match="cannot connect to PostgreSQL"):
+        await open_ledger(settings)
