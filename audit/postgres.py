@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -42,7 +43,8 @@ from audit.records import (
     parse_record,
     record_bytes,
 )
-from audit.store import RawRecord
+from audit.store import LedgerReader, RawRecord
+from audit.verify import VerifyReport, verify_ledger
 
 log = structlog.get_logger()
 
@@ -532,3 +534,68 @@ def _filter_sql(where: RecordFilter) -> tuple[str, list[Any]]:
         sql += " LIMIT %s"
         params.append(where.limit)
     return sql, params
+
+
+def migrate_ledger(source: LedgerReader, source_name: str, url: str) -> VerifyReport:
+    """Copy a verified ledger record by record (bytes unchanged) into an empty PostgreSQL ledger.
+
+    The source is verified first (a damaged ledger is not copied), the copy is one transaction,
+    and the copy is verified afterwards: it must have the source's size and root.
+
+    Raises:
+        LedgerError: the source does not verify, the destination is not empty or not reachable,
+            or the copy does not match.
+    """
+    name = display_url(url)
+    before = verify_ledger(source)
+    if not before.ok:
+        where = f" at seq {before.first_bad_seq}" if before.first_bad_seq is not None else ""
+        raise LedgerError(f"{source_name} does not verify{where} ({before.problem}); nothing was copied")
+    with _connect(url, name) as conn:
+        try:
+            _prepare(conn, name, create=True)
+            with conn.transaction():
+                size = conn.execute("SELECT size FROM head FOR UPDATE").fetchone()[0]  # type: ignore[index]
+                if size:
+                    raise LedgerError(f"{name} already holds {size} records; migrate only into an empty ledger")
+                last = _copy_records(conn, source.iter_records())
+                for cp_size, note in source.checkpoints():
+                    conn.execute(INSERT_CHECKPOINT, (cp_size, note, _utc_now()))
+                if last is not None:
+                    conn.execute("UPDATE head SET size = %s, hash = %s", last)
+        except psycopg.Error as exc:
+            raise LedgerError(f"{name}: the copy was not committed ({_first_line(exc)})") from None
+    with PostgresLedgerReader(url) as copied:
+        after = verify_ledger(copied)
+    if not after.ok or (after.size, after.root) != (before.size, before.root):
+        raise LedgerError(f"{name}: the copy does not match {source_name} ({after.problem or 'size or root differ'})")
+    log.info("ledger.migrated", source=source_name, url=name, size=after.size)
+    return after
+
+
+def _copy_records(conn: psycopg.Connection[Any], records: Iterator[RawRecord]) -> tuple[int, bytes] | None:
+    """Insert records as they are, with the columns and rule rows derived from their bytes."""
+    last: tuple[int, bytes] | None = None
+    rows: list[tuple[Any, ...]] = []
+    rules: list[tuple[int, str]] = []
+
+    def flush() -> None:
+        with conn.cursor() as cur:
+            cur.executemany(INSERT_RECORD, rows)
+            if rules:
+                cur.executemany(INSERT_RULE, rules)
+        rows.clear()
+        rules.clear()
+
+    for seq, digest, body in records:
+        entry = json.loads(parse_record(body).entry)
+        f = index_fields(entry)
+        rows.append((seq, digest, body, f.time, f.principal, f.tool, f.decision, f.status, f.request_id,
+                     f.policy_version))
+        rules.extend((seq, rule) for rule in rule_ids(entry))
+        last = (seq, digest)
+        if len(rows) >= READ_CHUNK:
+            flush()
+    if rows:
+        flush()
+    return last

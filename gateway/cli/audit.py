@@ -164,6 +164,25 @@ def cmd_audit_checkpoint(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_audit_migrate(args: argparse.Namespace) -> int:
+    """Copy a SQLite ledger into an empty PostgreSQL one, bytes unchanged, and verify the copy."""
+    from audit.errors import LedgerError
+
+    source = Path(args.source.removeprefix("sqlite://")) if not is_ledger_url(args.source) else None
+    if source is None or not is_ledger_url(args.destination):
+        raise ConfigError("audit migrate copies a SQLite ledger (sqlite:///path or a path) into a postgresql:// URL")
+    with _open_reader(source) as reader:
+        from audit.postgres import migrate_ledger
+
+        try:
+            report = migrate_ledger(reader, str(source), args.destination)
+        except LedgerError as exc:
+            out(f"FAIL {exc}")
+            return EXIT_FAILED
+    out(f"OK {source} -> {_display(args.destination)}: {report.size} records, root {report.root.hex()}")
+    return EXIT_OK
+
+
 def add_parsers(sub: Any) -> None:
     """Add `dharma audit verify|query|checkpoint` to the `dharma` subparsers."""
     audit = add_group(sub, "audit", "verify, query and checkpoint the karma ledger", "audit_command")
@@ -196,3 +215,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--origin", default="dharma-gateway/karma-ledger", help="checkpoint origin line")
     p.set_defaults(func=cmd_audit_checkpoint)
+
+    p = add_command(audit, "migrate", "copy a SQLite ledger into an empty PostgreSQL one and verify the copy")
+    p.add_argument("source", help="the SQLite ledger: sqlite:///path/ledger.db or a path")
+    p.add_argument("destination", help="an empty PostgreSQL database: postgresql://user@host:port/db")
+    p.set_defaults(func=cmd_audit_migrate)

@@ -18,12 +18,14 @@ from audit.checkpoint import verify_checkpoint
 from audit.errors import LedgerError, NotALedger
 from audit.merkle import CompactRange
 from audit.postgres import PostgresLedger, PostgresLedgerReader, display_url
+from audit.query import query_records
 from audit.records import index_fields
+from audit.sqlite import SqliteLedger, SqliteLedgerReader
 from audit.verify import verify_ledger
 from gateway.config import Settings
 from gateway.runtime import open_ledger
 
-from .conftest import PostgresServer, fill, make_entry
+from .conftest import PostgresServer, attacker, fill, make_entry
 
 
 @pytest.fixture
@@ -222,3 +224,35 @@ async def test_the_gateway_writes_to_the_ledger_dharma_yaml_names(url: str, tmp_
     settings = Settings.model_validate({"state_root": str(tmp_path), "ledger": {"url": url.rsplit(":", 1)[0] + ":1/x"}})
     with pytest.raises(LedgerError, match="cannot connect to PostgreSQL"):
         await open_ledger(settings)
+
+
+async def test_migrate_copies_a_sqlite_ledger_byte_for_byte(url: str, tmp_path: Path, key: Ed25519PrivateKey) -> None:
+    path = tmp_path / "karma.db"
+    source = await SqliteLedger.open(path)
+    await fill(source, 30)
+    note = await source.checkpoint(key, "log", "example.com/karma")
+    await source.aclose()
+    done = dharma("audit", "migrate", f"sqlite://{path}", url, cwd=tmp_path)
+    assert done.returncode == 0 and f"OK {path} -> {url}: 30 records" in done.stdout, done.stdout + done.stderr
+    with SqliteLedgerReader(path) as original, PostgresLedgerReader(url) as copy:
+        assert list(copy.iter_records()) == list(original.iter_records())
+        assert copy.checkpoints() == [(30, note)]
+        assert [r["seq"] for r in query_records(copy, rule="rule-1")] == [
+            r["seq"] for r in query_records(original, rule="rule-1")]
+    again = dharma("audit", "migrate", str(path), url, cwd=tmp_path)  # never into a ledger that has records
+    assert again.returncode == 1 and "already holds 30 records" in again.stdout
+    ledger = await PostgresLedger.open(url)  # the copy is a ledger a gateway writes on
+    assert (await ledger.append(make_entry(30))).seq == 31
+    await ledger.aclose()
+
+
+async def test_migrate_refuses_a_damaged_source(url: str, tmp_path: Path) -> None:
+    path = tmp_path / "karma.db"
+    source = await SqliteLedger.open(path)
+    await fill(source, 5)
+    await source.aclose()
+    attacker(path).execute("UPDATE records SET body = x'00' WHERE seq = 3")
+    done = dharma("audit", "migrate", str(path), url, cwd=tmp_path)
+    assert done.returncode == 1 and "does not verify at seq 3" in done.stdout and "nothing was copied" in done.stdout
+    with raw(url) as conn:
+        assert conn.execute("SELECT to_regclass('records')").fetchone() == (None,)
