@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.config import is_ledger_url
 from gateway.cli.common import EXIT_FAILED, EXIT_OK, add_command, add_group, open_keys, out, settings_of
 from gateway.core.errors import ConfigError
 
@@ -57,6 +56,8 @@ def _count_arg(text: str) -> int:
 
 def _ledger_path(args: argparse.Namespace) -> Path | str:
     """The ledger to read: --ledger (a file or a postgresql:// URL), else the one dharma.yaml names."""
+    from gateway.config import is_ledger_url
+
     if args.ledger:
         return args.ledger if is_ledger_url(args.ledger) else Path(args.ledger)
     settings = settings_of(args)
@@ -167,6 +168,7 @@ def cmd_audit_checkpoint(args: argparse.Namespace) -> int:
 def cmd_audit_migrate(args: argparse.Namespace) -> int:
     """Copy a SQLite ledger into an empty PostgreSQL one, bytes unchanged, and verify the copy."""
     from audit.errors import LedgerError
+    from gateway.config import is_ledger_url
 
     source = Path(args.source.removeprefix("sqlite://")) if not is_ledger_url(args.source) else None
     if source is None or not is_ledger_url(args.destination):
