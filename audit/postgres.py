@@ -15,9 +15,11 @@ fails its whole batch (fail closed); after a lost connection the next batch reco
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -43,6 +45,8 @@ from audit.records import (
     parse_record,
     record_bytes,
 )
+from audit.sqlite import deliver
+from audit.sqlite_read import filter_sql
 from audit.store import LedgerReader, RawRecord
 from audit.verify import VerifyReport, verify_ledger
 
@@ -196,11 +200,11 @@ class _Pending:
 
 
 @dataclass(frozen=True, slots=True)
-class _CheckpointRequest:
-    private_key: Ed25519PrivateKey
-    key_name: str
-    origin: str
-    future: asyncio.Future[str]
+class _Command:
+    """Work the writer task runs between batches (signing a checkpoint), answered through `future`."""
+
+    run: Callable[[], Awaitable[list[Any]]]
+    future: asyncio.Future[Any]
 
 
 _NEXT: Any = object()  # the writer loop's "nothing taken yet, wait for the next item"
@@ -219,7 +223,7 @@ class PostgresLedger:
         self._hash = head_hash
         self._root = frontier.root()
         self._batch_max = batch_max
-        self._queue: asyncio.Queue[_Pending | _CheckpointRequest | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[_Pending | _Command | None] = asyncio.Queue()
         self._closed = False
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"karma-ledger:{self._name}")
 
@@ -285,9 +289,10 @@ class PostgresLedger:
 
     async def checkpoint(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> str:
         """Sign the ledger's current head (all writers' records) as a checkpoint, store it and return it."""
-        request = _CheckpointRequest(private_key, key_name, origin, asyncio.get_running_loop().create_future())
-        self._submit(request)
-        return await asyncio.shield(request.future)
+        command = _Command(functools.partial(self._sign, private_key, key_name, origin),
+                           asyncio.get_running_loop().create_future())
+        self._submit(command)
+        return await asyncio.shield(command.future)
 
     async def aclose(self) -> None:
         """Commit everything queued, stop the writer task and close the connection."""
@@ -298,7 +303,7 @@ class PostgresLedger:
         await self._task
         log.info("ledger.closed", url=self._name, size=self._size)
 
-    def _submit(self, item: _Pending | _CheckpointRequest) -> None:
+    def _submit(self, item: _Pending | _Command) -> None:
         if self._closed:
             raise LedgerError(f"{self._name}: the ledger is closed")
         self._queue.put_nowait(item)
@@ -308,8 +313,8 @@ class PostgresLedger:
         try:
             item = await self._queue.get()
             while item is not None:
-                if isinstance(item, _CheckpointRequest):
-                    await self._answer([item.future], self._sign(item))
+                if isinstance(item, _Command):
+                    await self._answer([item.future], item.run())
                     item = await self._queue.get()
                     continue
                 batch = [item]
@@ -336,13 +341,7 @@ class PostgresLedger:
         except Exception as exc:  # a bug here must not leave callers waiting
             log.exception("ledger.writer_failed", url=self._name)
             outcomes = [LedgerError(f"{self._name}: ledger writer failed ({exc})")] * len(futures)
-        for future, outcome in zip(futures, outcomes, strict=True):
-            if future.done():
-                continue
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
+        deliver(list(zip(futures, outcomes, strict=True)))
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
@@ -399,18 +398,17 @@ class PostgresLedger:
         self._size, self._hash, self._root = seq, prev, self._frontier.root()
         return results
 
-    async def _sign(self, request: _CheckpointRequest) -> list[str]:
+    async def _sign(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> list[str]:
         try:
             conn = await self._connection()
             async with conn.transaction():
                 size, _ = await self._locked_head(conn)
-                note = sign_checkpoint(request.origin, size, self._frontier.root(), request.private_key,
-                                       request.key_name)
+                note = sign_checkpoint(origin, size, self._frontier.root(), private_key, key_name)
                 await conn.execute(INSERT_CHECKPOINT, (size, note, _utc_now()))
         except psycopg.Error as exc:
             await self._drop_if_broken()
             raise LedgerError(f"{self._name}: the checkpoint was not stored ({_first_line(exc)})") from None
-        log.info("ledger.checkpoint_signed", size=size, origin=request.origin, key_name=request.key_name)
+        log.info("ledger.checkpoint_signed", size=size, origin=origin, key_name=key_name)
         return [note]
 
     async def _drop_if_broken(self) -> None:
@@ -420,8 +418,8 @@ class PostgresLedger:
             self._conn = None
 
 
-class PostgresLedgerReader:
-    """Read-only access to a PostgreSQL karma ledger; safe next to live writers."""
+class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerReader"]):
+    """Read-only access to a PostgreSQL karma ledger; safe next to live writers. Closes on leaving `with`."""
 
     def __init__(self, url: str) -> None:
         self._name = display_url(url)
@@ -435,13 +433,6 @@ class PostgresLedgerReader:
             self._conn.close()
             raise
 
-    @property
-    def url(self) -> str:
-        return self._name
-
-    def __enter__(self) -> PostgresLedgerReader:
-        return self
-
     def __exit__(self, *exc: object) -> None:
         self.close()
 
@@ -449,7 +440,7 @@ class PostgresLedgerReader:
         self._conn.close()
 
     def size(self) -> int:
-        """The highest seq stored (equals the record count in an intact ledger)."""
+        """The highest seq stored; the record count when the ledger is intact."""
         return int(self._fetch("SELECT COALESCE(MAX(seq), 0) FROM records")[0][0])
 
     def iter_records(self, start: int = 1) -> Iterator[RawRecord]:
@@ -502,38 +493,14 @@ class PostgresLedgerReader:
             raise LedgerError(f"{self._name}: cannot read the ledger ({_first_line(exc)})") from None
 
 
-_FILTER_COLUMNS = ("principal", "tool", "decision", "status", "policy_version", "request_id")
+def _starts_with(prefix: str) -> tuple[str, str]:
+    return "starts_with(r.tool, ?)", prefix
 
 
 def _filter_sql(where: RecordFilter) -> tuple[str, list[Any]]:
-    sql = "SELECT r.seq, r.hash, r.body FROM records r"
-    clauses: list[str] = []
-    params: list[Any] = []
-    if where.rule is not None:
-        sql += " JOIN record_rules rr ON rr.seq = r.seq"
-        clauses.append("rr.rule_id = %s")
-        params.append(where.rule)
-    for column in _FILTER_COLUMNS:
-        value = getattr(where, column)
-        if value is not None:
-            clauses.append(f"r.{column} = %s")
-            params.append(value)
-    if where.tool_prefix:  # literal prefix: compare the leading characters, no LIKE escaping needed
-        clauses.append("left(r.tool, %s) = %s")
-        params.extend([len(where.tool_prefix), where.tool_prefix])
-    if where.since is not None:
-        clauses.append("r.time >= %s")
-        params.append(where.since)
-    if where.until is not None:
-        clauses.append("r.time < %s")
-        params.append(where.until)
-    if clauses:
-        sql += " WHERE " + " AND ".join(clauses)
-    sql += " ORDER BY r.time, r.seq"
-    if where.limit is not None:
-        sql += " LIMIT %s"
-        params.append(where.limit)
-    return sql, params
+    """SQLite's query with PostgreSQL's placeholders (the generated SQL holds no literal `?`)."""
+    sql, params = filter_sql(where, _starts_with)
+    return sql.replace("?", "%s"), params
 
 
 def migrate_ledger(source: LedgerReader, source_name: str, url: str) -> VerifyReport:
