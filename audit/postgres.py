@@ -396,6 +396,7 @@ class PostgresLedger:
             raise LedgerError(f"{self._name}: {len(batch)} record(s) were not committed ({_first_line(exc)})") from None
         self._frontier.extend(hashes)
         self._size, self._hash, self._root = seq, prev, self._frontier.root()
+        log.debug("ledger.batch_committed", url=self._name, first_seq=first, count=len(batch))
         return results
 
     async def _sign(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> list[str]:

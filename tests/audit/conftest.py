@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import itertools
+import logging
 import os
 import shutil
 import socket
@@ -21,7 +22,9 @@ from typing import Any
 
 import psycopg
 import pytest
+import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from structlog.testing import capture_logs
 
 from audit.postgres import LEDGER_TABLES, PostgresLedger, PostgresLedgerReader
 from audit.sqlite import SqliteLedger, SqliteLedgerReader
@@ -217,3 +220,21 @@ async def backend_ledger(ledger_backend: Location) -> AsyncIterator[Any]:
     opened = await open_ledger(ledger_backend)
     yield opened
     await opened.aclose()
+
+
+@pytest.fixture
+def ledger_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """The ledgers' log events at every level, whatever logging an earlier test configured (a
+    level filter or a logger cached on first use would hide them from capture_logs)."""
+    import audit.postgres
+    import audit.sqlite
+
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG), cache_logger_on_first_use=False)
+    try:
+        with capture_logs() as logs:
+            monkeypatch.setattr(audit.sqlite, "log", structlog.get_logger())
+            monkeypatch.setattr(audit.postgres, "log", structlog.get_logger())
+            yield logs
+    finally:
+        structlog.configure(**saved)

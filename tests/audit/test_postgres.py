@@ -256,3 +256,12 @@ async def test_migrate_refuses_a_damaged_source(url: str, tmp_path: Path) -> Non
     assert done.returncode == 1 and "does not verify at seq 3" in done.stdout and "nothing was copied" in done.stdout
     with raw(url) as conn:
         assert conn.execute("SELECT to_regclass('records')").fetchone() == (None,)
+
+
+async def test_group_commit_batches_concurrent_appends(url: str, ledger_logs: list[dict[str, Any]]) -> None:
+    ledger = await PostgresLedger.open(url, batch_max=64)
+    await fill(ledger, 200)  # all 200 are queued before the writer task runs again
+    batches = [e for e in ledger_logs if e["event"] == "ledger.batch_committed"]
+    assert sum(e["count"] for e in batches) == 200
+    assert max(e["count"] for e in batches) == 64 and len(batches) <= 8
+    await ledger.aclose()

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import os
 import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-import structlog
-from structlog.testing import capture_logs
 
 from audit.canon import canonical_bytes
 from audit.checkpoint import verify_checkpoint
@@ -30,20 +26,6 @@ from .conftest import Location, attacker, fill, make_entry, open_ledger, open_re
 
 
 
-@pytest.fixture
-def ledger_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
-    """The ledger's log events at every level, whatever logging an earlier test configured (a
-    level filter or a logger cached on first use would hide them from capture_logs)."""
-    import audit.sqlite
-
-    saved = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG), cache_logger_on_first_use=False)
-    try:
-        with capture_logs() as logs:
-            monkeypatch.setattr(audit.sqlite, "log", structlog.get_logger())
-            yield logs
-    finally:
-        structlog.configure(**saved)
 
 async def test_appends_get_contiguous_seqs_and_chained_hashes(backend_ledger: Any, ledger_backend: Location) -> None:
     ledger, ledger_path = backend_ledger, ledger_backend
