@@ -434,12 +434,13 @@ def _settle(futures: Sequence[asyncio.Future[Any]], outcomes: Sequence[Any]) -> 
         by_loop.setdefault(future.get_loop(), []).append((future, outcome))
     for loop, pairs in by_loop.items():
         try:
-            loop.call_soon_threadsafe(_deliver, pairs)
+            loop.call_soon_threadsafe(deliver, pairs)
         except RuntimeError:
             log.warning("ledger.answer_dropped", reason="event loop closed", count=len(pairs))
 
 
-def _deliver(pairs: list[tuple[asyncio.Future[Any], Any]]) -> None:
+def deliver(pairs: list[tuple[asyncio.Future[Any], Any]]) -> None:
+    """Resolve each future with its outcome (an exception or a result), skipping those already done."""
     for future, outcome in pairs:
         if future.done():
             continue

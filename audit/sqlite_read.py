@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,7 @@ class SqliteLedgerReader:
 
     def select_records(self, where: RecordFilter) -> Iterator[RawRecord]:
         """Yield (seq, hash, body) of the records matching `where`, oldest first, via the indexes."""
-        sql, params = _filter_sql(where)
+        sql, params = filter_sql(where)
         return self._select(sql, params)
 
     def _select(self, sql: str, params: Sequence[Any] = ()) -> Iterator[Any]:
@@ -101,7 +101,18 @@ class SqliteLedgerReader:
 _FILTER_COLUMNS = ("principal", "tool", "decision", "status", "policy_version", "request_id")
 
 
-def _filter_sql(where: RecordFilter) -> tuple[str, list[Any]]:
+def _glob_prefix(prefix: str) -> tuple[str, str]:
+    return "r.tool GLOB ?", prefix + "*"
+
+
+def filter_sql(
+    where: RecordFilter, tool_prefix: Callable[[str], tuple[str, str]] = _glob_prefix
+) -> tuple[str, list[Any]]:
+    """The SELECT (with `?` placeholders) of the records matching `where`, oldest first.
+
+    `tool_prefix` gives the clause and parameter that keep tools starting with a literal prefix
+    (SQLite: GLOB, which uses the tool index); another backend passes its own.
+    """
     sql = "SELECT r.seq, r.hash, r.body FROM records r"
     clauses: list[str] = []
     params: list[Any] = []
@@ -115,8 +126,9 @@ def _filter_sql(where: RecordFilter) -> tuple[str, list[Any]]:
             clauses.append(f"r.{column} = ?")
             params.append(value)
     if where.tool_prefix:  # literal: query.py cuts it before the first of * ? [
-        clauses.append("r.tool GLOB ?")
-        params.append(where.tool_prefix + "*")
+        clause, value = tool_prefix(where.tool_prefix)
+        clauses.append(clause)
+        params.append(value)
     if where.since is not None:
         clauses.append("r.time >= ?")
         params.append(where.since)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.core.errors import ConfigError
 from gateway.policy.load import YamlProblem, compose_yaml, construct_yaml, find_scalar, line_of, node_lines
@@ -62,9 +62,34 @@ class UpstreamConfig(Strict):
         return self.type in MCP_UPSTREAM_TYPES
 
 
+LEDGER_URL_SCHEMES = ("postgresql", "postgres")
+
+
+def is_ledger_url(text: str) -> bool:
+    """True when `text` names a PostgreSQL ledger (postgresql://… or postgres://…), not a file."""
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.lower() in LEDGER_URL_SCHEMES
+
+
 class LedgerSettings(Strict):
+    """Where the karma ledger lives: a SQLite file (`path`, the default) or PostgreSQL (`url`)."""
+
     path: Path | None = None
+    url: str | None = None
     synchronous: Literal["FULL", "NORMAL"] = "FULL"
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_url(cls, value: str | None) -> str | None:
+        if value is not None and not is_ledger_url(value):
+            raise ValueError(f"must be a postgresql:// URL, not {value.split('://')[0]!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_place(self) -> LedgerSettings:
+        if self.path is not None and self.url is not None:
+            raise ValueError("give either path (SQLite) or url (PostgreSQL), not both")
+        return self
 
 
 class ServerSettings(Strict):

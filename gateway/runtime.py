@@ -67,6 +67,19 @@ def build_backend(upstream: UpstreamConfig, python_path: list[Path] | None = Non
     return backend  # type: ignore[no-any-return]
 
 
+async def open_ledger(settings: Settings, *, checkpoint_signer: CheckpointSigner | None = None) -> Any:
+    """The karma ledger's writer: PostgreSQL when `ledger.url` is set, else the SQLite file (which
+    signs a checkpoint at least every second while it grows, with `checkpoint_signer`)."""
+    if settings.ledger.url is None:
+        return await SqliteLedger.open(settings.ledger_path, synchronous=settings.ledger.synchronous,
+                                       checkpoint_signer=checkpoint_signer)
+    try:
+        from audit.postgres import PostgresLedger
+    except ImportError as exc:
+        raise ConfigError(f"ledger.url needs psycopg: pip install 'dharma-gateway[postgres]' ({exc})") from None
+    return await PostgresLedger.open(settings.ledger.url)
+
+
 async def open_gateway(
     settings: Settings | None = None,
     *,
@@ -96,9 +109,7 @@ async def open_gateway(
     approvals = SqliteApprovalStore(settings.approvals_path)
     try:
         signer = CheckpointSigner(keys.checkpoint_key, keys.checkpoint_key_name, LEDGER_ORIGIN)
-        ledger = await SqliteLedger.open(
-            settings.ledger_path, synchronous=settings.ledger.synchronous, checkpoint_signer=signer
-        )
+        ledger = await open_ledger(settings, checkpoint_signer=signer)
     except LedgerError as exc:
         raise ConfigError(str(exc)) from None
     try:

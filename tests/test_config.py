@@ -59,3 +59,22 @@ def test_bad_settings_name_what_and_where(tmp_path, text, env, needle):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config"):
         load_settings(tmp_path / "absent.yaml", {})
+
+
+def test_a_postgres_ledger_is_named_by_url(tmp_path):
+    settings = load_settings(write(tmp_path, "ledger: {url: 'postgresql://gw@db:5432/karma'}\n"), {})
+    assert settings.ledger.url == "postgresql://gw@db:5432/karma"
+    assert load_settings(write(tmp_path, ""), {}).ledger.url is None  # SQLite stays the default
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("ledger: {url: 'sqlite:///x.db'}\n", "must be a postgresql:// URL, not 'sqlite'"),
+        ("ledger: {url: 'postgresql://db/k', path: x.db}\n", "either path (SQLite) or url (PostgreSQL), not both"),
+    ],
+)
+def test_a_bad_ledger_url_is_refused(tmp_path, text, needle):
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, text), {})
+    assert needle in str(info.value) and "ledger" in str(info.value)

@@ -20,7 +20,7 @@ from typing import Any
 from gateway.cli.common import EXIT_FAILED, EXIT_OK, add_command, add_group, open_keys, out, settings_of
 from gateway.core.errors import ConfigError
 
-LEDGER_HELP = "ledger file (default: the one dharma.yaml names, or ledger.db under the state root)"
+LEDGER_HELP = "ledger file or postgresql:// URL (default: the one dharma.yaml names, or ledger.db under the state root)"
 PASSTHROUGH_STATUS = "forwarded"
 """The status of a record for an MCP method the gateway does not govern, relayed as is."""
 
@@ -59,22 +59,42 @@ def _count_arg(text: str) -> int:
     return value
 
 
-def _ledger_path(args: argparse.Namespace) -> Path:
+def _ledger_path(args: argparse.Namespace) -> Path | str:
+    """The ledger to read: --ledger (a file or a postgresql:// URL), else the one dharma.yaml names."""
+    from gateway.config import is_ledger_url
+
     if args.ledger:
-        return Path(args.ledger)
-    return settings_of(args).ledger_path
+        return args.ledger if is_ledger_url(args.ledger) else Path(args.ledger)
+    settings = settings_of(args)
+    return settings.ledger.url or settings.ledger_path
 
 
-def _open_reader(path: Path) -> Any:
+def _display(location: Path | str) -> str:
+    """The ledger's name for output: a URL loses its password."""
+    if isinstance(location, Path):
+        return str(location)
+    from audit.postgres import display_url
+
+    return display_url(location)
+
+
+def _open_reader(path: Path | str) -> Any:
     from audit.errors import LedgerError
-    from audit.sqlite import SqliteLedgerReader
 
-    if not path.exists():
-        raise ConfigError(f"{path}: no ledger there")
     try:
+        if isinstance(path, str):
+            from audit.postgres import PostgresLedgerReader
+
+            return PostgresLedgerReader(path)
+        from audit.sqlite import SqliteLedgerReader
+
+        if not path.exists():
+            raise ConfigError(f"{path}: no ledger there")
         return SqliteLedgerReader(path)
     except LedgerError as exc:
         raise ConfigError(str(exc)) from None
+    except ImportError as exc:
+        raise ConfigError(f"a PostgreSQL ledger needs psycopg: pip install 'dharma-gateway[postgres]' ({exc})") from None
 
 
 def _read_note(path: str, what: str) -> str:
@@ -104,8 +124,9 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
         except LedgerError as exc:
             out(f"FAIL checkpoint {args.checkpoint}: {exc}")
             return EXIT_FAILED
-    path = _ledger_path(args)
-    with _open_reader(path) as reader:
+    location = _ledger_path(args)
+    with _open_reader(location) as reader:
+        path = _display(location)
         started = time.perf_counter()
         report = verify_ledger(reader, checkpoint)
         elapsed = time.perf_counter() - started
@@ -312,6 +333,26 @@ def _write_export(args: argparse.Namespace, reader: Any, note: str, jwks: dict[s
     return EXIT_OK
 
 
+def cmd_audit_migrate(args: argparse.Namespace) -> int:
+    """Copy a SQLite ledger into an empty PostgreSQL one, bytes unchanged, and verify the copy."""
+    from audit.errors import LedgerError
+    from gateway.config import is_ledger_url
+
+    source = Path(args.source.removeprefix("sqlite://")) if not is_ledger_url(args.source) else None
+    if source is None or not is_ledger_url(args.destination):
+        raise ConfigError("audit migrate copies a SQLite ledger (sqlite:///path or a path) into a postgresql:// URL")
+    with _open_reader(source) as reader:
+        from audit.postgres import migrate_ledger
+
+        try:
+            report = migrate_ledger(reader, str(source), args.destination)
+        except LedgerError as exc:
+            out(f"FAIL {exc}")
+            return EXIT_FAILED
+    out(f"OK {source} -> {_display(args.destination)}: {report.size} records, root {report.root.hex()}")
+    return EXIT_OK
+
+
 def add_parsers(sub: Any) -> None:
     """Add `dharma audit verify|query|checkpoint` to the `dharma` subparsers."""
     audit = add_group(sub, "audit", "verify, query and checkpoint the karma ledger", "audit_command")
@@ -363,3 +404,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--since-checkpoint", metavar="F", help="an older checkpoint the auditor holds: add the consistency proof from it")
     p.add_argument("--origin", help="origin line if a checkpoint must be signed (default: the gateway's)")
     p.set_defaults(func=cmd_audit_export)
+
+    p = add_command(audit, "migrate", "copy a SQLite ledger into an empty PostgreSQL one and verify the copy")
+    p.add_argument("source", help="the SQLite ledger: sqlite:///path/ledger.db or a path")
+    p.add_argument("destination", help="an empty PostgreSQL database: postgresql://user@host:port/db")
+    p.set_defaults(func=cmd_audit_migrate)

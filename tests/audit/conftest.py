@@ -1,16 +1,37 @@
-"""Shared fixtures for the karma ledger tests: entries, ledgers on real SQLite files."""
+"""Shared fixtures for the karma ledger tests: entries, ledgers on real SQLite files and on a real
+PostgreSQL server started from Debian's binaries (one per session, one database per ledger).
+
+`ledger_backend` runs a contract test on both backends: it is the ledger's location, a file path
+or a `postgresql://` URL; `open_ledger`, `open_reader` and `attacker` take either.
+"""
 
 from __future__ import annotations
 
+import glob
+import itertools
+import logging
+import os
+import shutil
+import socket
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from structlog.testing import capture_logs
 
-from audit.sqlite import SqliteLedger
+from audit.postgres import LEDGER_TABLES, PostgresLedger, PostgresLedgerReader
+from audit.sqlite import SqliteLedger, SqliteLedgerReader
+from gateway.config import is_ledger_url
+
+BACKENDS = ("sqlite", "postgres")
+Location = Path | str
 
 PRINCIPALS = ("alice", "bob", "carol")
 TOOLS = ("fs.read", "fs.write", "http.get", "shell.exec")
@@ -63,16 +84,157 @@ async def ledger(ledger_path: Path) -> AsyncIterator[SqliteLedger]:
     await opened.aclose()
 
 
-async def fill(ledger: SqliteLedger, count: int, start: int = 0) -> None:
+async def fill(ledger: Any, count: int, start: int = 0) -> None:
     """Append `count` generated entries, concurrently."""
     import asyncio
 
     await asyncio.gather(*(ledger.append(make_entry(i)) for i in range(start, start + count)))
 
 
-def attacker(path: Path) -> sqlite3.Connection:
-    """A raw connection by someone with file access who drops the append-only triggers."""
-    conn = sqlite3.connect(path, isolation_level=None)
+def attacker(location: Location) -> Any:
+    """A raw connection by someone with database access who drops the append-only triggers.
+
+    On PostgreSQL it takes SQLite's `?` placeholders, so one tampering script serves both backends.
+    """
+    if is_ledger_url(str(location)):
+        return _PgAttacker(str(location))
+    conn = sqlite3.connect(location, isolation_level=None)
     for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
         conn.execute(f"DROP TRIGGER {name}")
     return conn
+
+
+class _PgAttacker:
+    """An owner of the PostgreSQL ledger who disables its triggers; `execute` takes `?` placeholders."""
+
+    def __init__(self, url: str) -> None:
+        self._conn = psycopg.connect(url, autocommit=True)
+        for table in (*LEDGER_TABLES, "head"):
+            self._conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
+
+    def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor[Any]:
+        return self._conn.execute(sql.replace("?", "%s"), params)
+
+
+async def open_ledger(location: Location, **options: Any) -> Any:
+    """The writer of the ledger at `location` (a file path or a PostgreSQL URL)."""
+    if is_ledger_url(str(location)):
+        return await PostgresLedger.open(str(location), **options)
+    return await SqliteLedger.open(location, **options)
+
+
+def open_reader(location: Location) -> Any:
+    """A reader of the ledger at `location` (a file path or a PostgreSQL URL)."""
+    if is_ledger_url(str(location)):
+        return PostgresLedgerReader(str(location))
+    return SqliteLedgerReader(location)
+
+
+def _pg_bin() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+    return Path(found[-1]).parent if found else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL server; `new_database()` gives each ledger its own database."""
+
+    def __init__(self, url: str, stop: Callable[[], None], start: Callable[[], None]) -> None:
+        self.url = url
+        self.stop = stop
+        self.start = start
+        self._names = itertools.count(1)
+
+    def admin(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.url + "/postgres", autocommit=True)
+
+    def new_database(self) -> str:
+        name = f"ledger_{os.getpid()}_{next(self._names)}"
+        with self.admin() as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return f"{self.url}/{name}"
+
+    def drop_database(self, url: str) -> None:
+        with self.admin() as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {url.rsplit('/', 1)[1]} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """Start PostgreSQL from the installed binaries (as the `postgres` user when we are root)."""
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL binaries not installed (/usr/lib/postgresql/*/bin); .ci/run installs them")
+    root = Path(tempfile.mkdtemp(prefix="dharma-pg-"))
+    root.chmod(0o777)
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    port = _free_port()
+    data = root / "data"
+
+    def run(*argv: str) -> None:
+        done = subprocess.run([*as_user, *argv], capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise RuntimeError(f"{argv[0]} failed: {done.stderr or done.stdout}")
+
+    def start() -> None:
+        run(str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(root / "pg.log"), "start",
+            "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off")
+
+    def stop() -> None:
+        run(str(bindir / "pg_ctl"), "-D", str(data), "-w", "-m", "immediate", "stop")
+
+    run(str(bindir / "initdb"), "-D", str(data), "-U", "dharma", "--auth=trust", "--no-locale", "-E", "UTF8")
+    start()
+    try:
+        yield PostgresServer(f"postgresql://dharma@127.0.0.1:{port}", stop, start)
+    finally:
+        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+                       capture_output=True, check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def new_location(kind: str, request: pytest.FixtureRequest, directory: Path) -> Location:
+    """A fresh ledger location of backend `kind`: a file under `directory`, or a new database."""
+    if kind == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres")
+        url = server.new_database()
+        request.addfinalizer(lambda: server.drop_database(url))
+        return url
+    return directory / "karma.db"
+
+
+@pytest.fixture(params=BACKENDS)
+def ledger_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Location:
+    """Where a contract test's ledger lives, once per backend: a SQLite file or a PostgreSQL URL."""
+    return new_location(request.param, request, tmp_path)
+
+
+@pytest.fixture
+async def backend_ledger(ledger_backend: Location) -> AsyncIterator[Any]:
+    """An open writer of the `ledger_backend` ledger, closed after the test."""
+    opened = await open_ledger(ledger_backend)
+    yield opened
+    await opened.aclose()
+
+
+@pytest.fixture
+def ledger_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """The ledgers' log events at every level, whatever logging an earlier test configured (a
+    level filter or a logger cached on first use would hide them from capture_logs)."""
+    import audit.postgres
+    import audit.sqlite
+
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG), cache_logger_on_first_use=False)
+    try:
+        with capture_logs() as logs:
+            monkeypatch.setattr(audit.sqlite, "log", structlog.get_logger())
+            monkeypatch.setattr(audit.postgres, "log", structlog.get_logger())
+            yield logs
+    finally:
+        structlog.configure(**saved)

@@ -14,23 +14,23 @@ import pytest
 from audit.query import CSV_COLUMNS, CSV_EXTRA, cell_text, format_records, query_records
 from audit.sqlite import SqliteLedger, SqliteLedgerReader
 
-from .conftest import fill, make_entry
+from .conftest import BACKENDS, Location, fill, make_entry, new_location, open_ledger, open_reader
 
 COUNT = 120
 ENTRIES = [make_entry(i) for i in range(COUNT)]
 
 
-@pytest.fixture(scope="module")
-def reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqliteLedgerReader]:
-    path = tmp_path_factory.mktemp("query") / "karma.db"
+@pytest.fixture(scope="module", params=BACKENDS)
+def reader(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqliteLedgerReader]:
+    path = new_location(request.param, request, tmp_path_factory.mktemp("query"))
 
     async def build() -> None:
-        ledger = await SqliteLedger.open(path)
+        ledger = await open_ledger(path)
         await fill(ledger, COUNT)
         await ledger.aclose()
 
     asyncio.run(build())
-    with SqliteLedgerReader(path) as opened:
+    with open_reader(path) as opened:
         yield opened
 
 
@@ -89,6 +89,8 @@ async def test_records_carry_seq_hash_and_entry(reader: SqliteLedgerReader) -> N
 
 
 async def test_filters_use_the_indexes(reader: SqliteLedgerReader) -> None:
+    if not isinstance(reader, SqliteLedgerReader):
+        pytest.skip("SQLite query plans")
     def plan(sql: str, *params: object) -> str:
         return " ".join(row[-1] for row in reader._conn.execute("EXPLAIN QUERY PLAN " + sql, params))  # noqa: SLF001
 
@@ -147,14 +149,15 @@ def test_unknown_format_is_refused() -> None:
         format_records([], "xml")  # type: ignore[arg-type]
 
 
-async def test_the_rule_index_is_built_from_the_record_bytes(ledger_path: Path) -> None:
-    ledger = await SqliteLedger.open(ledger_path)
+async def test_the_rule_index_is_built_from_the_record_bytes(ledger_backend: Location) -> None:
+    ledger_path = ledger_backend
+    ledger = await open_ledger(ledger_path)
     await ledger.append({"matched_rules": ["a", "a", "b", 7, None]})
     await ledger.append({"matched_rules": "a"})
     await ledger.append({"matched_rules": {"x": "a"}})
     await ledger.append({"other": ["a"]})
     await ledger.aclose()
-    with SqliteLedgerReader(ledger_path) as reader:
+    with open_reader(ledger_path) as reader:
         assert [r["seq"] for r in query_records(reader, rule="a")] == [1, 2]
         assert [r["seq"] for r in query_records(reader, rule="b")] == [1]
         assert list(reader._conn.execute("SELECT count(*) FROM record_rules WHERE seq = 1")) == [(2,)]  # noqa: SLF001

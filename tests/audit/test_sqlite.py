@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import os
 import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-import structlog
-from structlog.testing import capture_logs
 
 from audit.canon import canonical_bytes
 from audit.checkpoint import verify_checkpoint
@@ -26,30 +22,17 @@ from audit.merkle import EMPTY_ROOT, leaf_hash, root_hash, verify_inclusion, ver
 from audit.records import GENESIS_PREV, parse_record
 from audit.sqlite import SqliteLedger, SqliteLedgerReader
 
-from .conftest import attacker, fill, make_entry
+from .conftest import Location, attacker, fill, make_entry, open_ledger, open_reader
 
 
 
-@pytest.fixture
-def ledger_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
-    """The ledger's log events at every level, whatever logging an earlier test configured (a
-    level filter or a logger cached on first use would hide them from capture_logs)."""
-    import audit.sqlite
 
-    saved = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG), cache_logger_on_first_use=False)
-    try:
-        with capture_logs() as logs:
-            monkeypatch.setattr(audit.sqlite, "log", structlog.get_logger())
-            yield logs
-    finally:
-        structlog.configure(**saved)
-
-async def test_appends_get_contiguous_seqs_and_chained_hashes(ledger: SqliteLedger, ledger_path: Path) -> None:
+async def test_appends_get_contiguous_seqs_and_chained_hashes(backend_ledger: Any, ledger_backend: Location) -> None:
+    ledger, ledger_path = backend_ledger, ledger_backend
     results = await asyncio.gather(*(ledger.append(make_entry(i)) for i in range(300)))
     assert sorted(r.seq for r in results) == list(range(1, 301))
     assert ledger.size == 300
-    with SqliteLedgerReader(ledger_path) as reader:
+    with open_reader(ledger_path) as reader:
         rows = list(reader.iter_records())
         prev = GENESIS_PREV
         for seq, digest, body in rows:
@@ -64,16 +47,18 @@ async def test_appends_get_contiguous_seqs_and_chained_hashes(ledger: SqliteLedg
         assert all(by_seq[seq] == digest.hex() for seq, digest, _ in rows)
 
 
-async def test_the_answer_matches_what_was_stored(ledger: SqliteLedger, ledger_path: Path) -> None:
+async def test_the_answer_matches_what_was_stored(backend_ledger: Any, ledger_backend: Location) -> None:
+    ledger, ledger_path = backend_ledger, ledger_backend
     appended = await ledger.append(make_entry(1))
-    with SqliteLedgerReader(ledger_path) as reader:
+    with open_reader(ledger_path) as reader:
         stored = reader.get(appended.seq)
         assert stored is not None and stored.hash == appended.hash
         assert stored.to_dict()["request_id"] == "req-1"
         assert reader.get(99) is None
 
 
-async def test_empty_ledger_head(ledger: SqliteLedger) -> None:
+async def test_empty_ledger_head(backend_ledger: Any) -> None:
+    ledger = backend_ledger
     assert (ledger.size, ledger.head_hash, ledger.root()) == (0, GENESIS_PREV, EMPTY_ROOT)
 
 
@@ -160,8 +145,9 @@ async def test_group_commit_batches_concurrent_appends(ledger_path: Path, ledger
     await ledger.aclose()
 
 
-async def test_aclose_commits_what_was_queued_and_then_refuses(ledger_path: Path) -> None:
-    ledger = await SqliteLedger.open(ledger_path)
+async def test_aclose_commits_what_was_queued_and_then_refuses(ledger_backend: Location) -> None:
+    ledger_path = ledger_backend
+    ledger = await open_ledger(ledger_path)
     tasks = [asyncio.create_task(ledger.append(make_entry(i))) for i in range(50)]
     await asyncio.sleep(0)
     await ledger.aclose()
@@ -170,11 +156,12 @@ async def test_aclose_commits_what_was_queued_and_then_refuses(ledger_path: Path
     with pytest.raises(LedgerError, match="closed"):
         await ledger.append(make_entry(0))
     await ledger.aclose()
-    with SqliteLedgerReader(ledger_path) as reader:
+    with open_reader(ledger_path) as reader:
         assert reader.size() == 50
 
 
-async def test_checkpoint_is_signed_stored_and_provable(ledger: SqliteLedger, ledger_path: Path, key: Ed25519PrivateKey) -> None:
+async def test_checkpoint_is_signed_stored_and_provable(backend_ledger: Any, ledger_backend: Location, key: Ed25519PrivateKey) -> None:
+    ledger, ledger_path = backend_ledger, ledger_backend
     await fill(ledger, 10)
     note10 = await ledger.checkpoint(key, "log", "example.com/karma")
     await fill(ledger, 7, start=10)
@@ -182,7 +169,7 @@ async def test_checkpoint_is_signed_stored_and_provable(ledger: SqliteLedger, le
     cp10 = verify_checkpoint(note10, key.public_key(), "log")
     cp17 = verify_checkpoint(note17, key.public_key(), "log")
     assert (cp17.size, cp17.root) == (17, ledger.root())
-    with SqliteLedgerReader(ledger_path) as reader:
+    with open_reader(ledger_path) as reader:
         assert reader.latest_checkpoint() == note17
         assert reader.checkpoints() == [(10, note10), (17, note17)]
         assert verify_consistency(10, 17, cp10.root, cp17.root, reader.consistency_proof(10, 17))
@@ -371,7 +358,8 @@ async def test_a_batch_larger_than_one_insert_statement_is_still_one_transaction
         assert report.ok and report.size == 2500
 
 
-async def test_a_cancelled_caller_does_not_disturb_the_writer(ledger: SqliteLedger) -> None:
+async def test_a_cancelled_caller_does_not_disturb_the_writer(backend_ledger: Any) -> None:
+    ledger = backend_ledger
     task = asyncio.create_task(ledger.append(make_entry(0)))
     await asyncio.sleep(0)
     task.cancel()

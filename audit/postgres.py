@@ -1,0 +1,569 @@
+"""The karma ledger on PostgreSQL: `PostgresLedger` (writer) and `PostgresLedgerReader`.
+
+Same record bytes, record hash, derived columns and rule index as the SQLite ledger
+(`audit.sqlite`). The tables refuse UPDATE, DELETE and TRUNCATE by trigger. Positions are
+assigned inside each batch transaction under a row lock on the one-row `head` table (never a
+sequence: a rolled-back sequence value leaves a gap), so several gateway replicas may write the
+same ledger: their batches serialize on that lock, and a writer that finds the head moved reads
+the hashes the others appended to keep its Merkle frontier right.
+
+One asyncio writer task per `PostgresLedger` does group commit: it takes whatever appends are
+queued, commits them in one transaction and only then answers each caller. A failed commit
+fails its whole batch (fail closed); after a lost connection the next batch reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import structlog
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from audit import merkle
+from audit.checkpoint import parse_checkpoint, sign_checkpoint
+from audit.errors import LedgerError, NotALedger
+from audit.merkle import CompactRange
+from audit.records import (
+    FORMAT,
+    GENESIS_PREV,
+    Appended,
+    IndexFields,
+    RecordFilter,
+    StoredRecord,
+    encode_entry,
+    index_fields,
+    parse_record,
+    record_bytes,
+)
+from audit.sqlite import deliver
+from audit.sqlite_read import filter_sql
+from audit.store import LedgerReader, RawRecord
+from audit.verify import VerifyReport, verify_ledger
+
+log = structlog.get_logger()
+
+CONNECT_TIMEOUT_S = 5
+READ_CHUNK = 5000
+LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints")
+CREATE_LOCK = 0x6448_6172_6D61  # advisory lock id: two replicas creating one ledger take turns
+
+SCHEMA = """
+CREATE TABLE meta(key text PRIMARY KEY, value text NOT NULL);
+CREATE TABLE head(one boolean PRIMARY KEY DEFAULT true CHECK (one), size bigint NOT NULL, hash bytea NOT NULL);
+CREATE TABLE records(
+    seq bigint PRIMARY KEY,
+    hash bytea NOT NULL,
+    body bytea NOT NULL,
+    time text COLLATE "C", principal text, tool text COLLATE "C", decision text, status text,
+    request_id text, policy_version text
+);
+CREATE TABLE record_rules(seq bigint NOT NULL, rule_id text NOT NULL);
+CREATE TABLE checkpoints(size bigint PRIMARY KEY, note text NOT NULL, created_at text NOT NULL);
+CREATE INDEX records_principal_time ON records(principal, time);
+CREATE INDEX records_tool_time ON records(tool, time);
+CREATE INDEX records_time ON records(time);
+CREATE INDEX record_rules_rule ON record_rules(rule_id, seq);
+CREATE FUNCTION dharma_ledger_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'karma ledger is append-only (% on %)', TG_OP, TG_TABLE_NAME; END $$;
+CREATE FUNCTION dharma_ledger_head_forward() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.size < OLD.size THEN RAISE EXCEPTION 'karma ledger head cannot move back'; END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER head_forward BEFORE UPDATE ON head FOR EACH ROW EXECUTE FUNCTION dharma_ledger_head_forward();
+CREATE TRIGGER head_no_delete BEFORE DELETE OR TRUNCATE ON head FOR EACH STATEMENT
+    EXECUTE FUNCTION dharma_ledger_append_only();
+""" + "".join(
+    f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {table} "
+    "FOR EACH STATEMENT EXECUTE FUNCTION dharma_ledger_append_only();\n"
+    for table in LEDGER_TABLES
+)
+
+INSERT_RECORD = (
+    "INSERT INTO records(seq, hash, body, time, principal, tool, decision, status, request_id, policy_version) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+INSERT_RULE = "INSERT INTO record_rules(seq, rule_id) VALUES (%s, %s)"
+INSERT_CHECKPOINT = "INSERT INTO checkpoints(size, note, created_at) VALUES (%s, %s, %s) ON CONFLICT (size) DO NOTHING"
+
+
+def display_url(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def rule_ids(entry: Mapping[str, Any]) -> list[str]:
+    """The distinct rule ids of `entry["matched_rules"]` (a string or a list's strings), as SQLite's trigger takes them."""
+    rules = entry.get("matched_rules")
+    if isinstance(rules, str):
+        return [rules]
+    if not isinstance(rules, list):
+        return []
+    return list(dict.fromkeys(r for r in rules if isinstance(r, str)))
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _prepare(conn: psycopg.Connection[Any], name: str, *, create: bool) -> None:
+    """Check that the database is a ledger (or, with `create`, make an empty one into a ledger).
+
+    Raises:
+        NotALedger: the database holds other tables, or a `meta` table of another format.
+    """
+    with conn.transaction():
+        if create:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (CREATE_LOCK,))
+        if conn.execute("SELECT to_regclass('meta')").fetchone()[0] is None:  # type: ignore[index]
+            tables = [t for (t,) in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
+                "ORDER BY table_name LIMIT 5")]
+            if tables:
+                raise NotALedger(f"{name} is not a Dharma karma ledger (it holds other tables: {', '.join(tables)})")
+            if not create:
+                raise LedgerError(f"{name}: no karma ledger there (the database is empty)")
+            conn.execute(SCHEMA)
+            conn.execute("INSERT INTO meta(key, value) VALUES ('format', %s), ('created_at', %s)", (FORMAT, _utc_now()))
+            conn.execute("INSERT INTO head(size, hash) VALUES (0, %s)", (bytes.fromhex(GENESIS_PREV),))
+            log.info("ledger.created", url=name)
+        row = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+    if row is None or row[0] != FORMAT:
+        found = "no format" if row is None else f"format {row[0]!r}"
+        raise NotALedger(f"{name} is not a Dharma karma ledger ({found}, expected {FORMAT!r})")
+
+
+def _connect(url: str, name: str) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+    except psycopg.Error as exc:
+        raise LedgerError(f"{name}: cannot connect to PostgreSQL ({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _rebuild(conn: psycopg.Connection[Any], name: str) -> tuple[CompactRange, str]:
+    """Rebuild the Merkle frontier from the stored hashes; refuse a ledger whose tail or checkpoint is off."""
+    frontier = CompactRange()
+    with conn.transaction():
+        size, head = conn.execute("SELECT size, hash FROM head").fetchone()  # type: ignore[misc]
+        latest = conn.execute("SELECT size, note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchone()
+        cp_root: bytes | None = merkle.EMPTY_ROOT if latest is not None and latest[0] == 0 else None
+        for seq, digest in conn.execute("SELECT seq, hash FROM records WHERE seq <= %s ORDER BY seq", (size,)):
+            if seq != frontier.size + 1 or len(digest) != merkle.HASH_SIZE:
+                raise LedgerError(f"{name}: record {frontier.size + 1} is missing or damaged; run `dharma audit verify`")
+            frontier.append(bytes(digest))
+            if latest is not None and frontier.size == latest[0]:
+                cp_root = frontier.root()
+        tail = conn.execute("SELECT body FROM records WHERE seq = %s", (size,)).fetchone() if size else None
+    if frontier.size != size:
+        raise LedgerError(f"{name}: the head says {size} records but {frontier.size} are stored")
+    if tail is not None:
+        body = bytes(tail[0])
+        try:
+            ok = merkle.leaf_hash(body) == bytes(head) and parse_record(body).seq == size
+        except ValueError:
+            ok = False
+        if not ok:
+            raise LedgerError(f"{name}: the last record ({size}) does not match the head hash")
+    if latest is not None:
+        if cp_root is None:
+            raise LedgerError(f"{name}: ledger has {size} records but its checkpoint is at size {latest[0]}")
+        if parse_checkpoint(str(latest[1])).root != cp_root:
+            raise LedgerError(f"{name}: the first {latest[0]} records do not match the stored checkpoint")
+    return frontier, bytes(head).hex() if size else GENESIS_PREV
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    entry: bytes
+    fields: IndexFields
+    rules: list[str]
+    future: asyncio.Future[Appended]
+
+
+@dataclass(frozen=True, slots=True)
+class _Command:
+    """Work the writer task runs between batches (signing a checkpoint), answered through `future`."""
+
+    run: Callable[[], Awaitable[list[Any]]]
+    future: asyncio.Future[Any]
+
+
+_NEXT: Any = object()  # the writer loop's "nothing taken yet, wait for the next item"
+
+
+class PostgresLedger:
+    """A writer of a PostgreSQL karma ledger (one of possibly several). Build it with `await PostgresLedger.open(url)`."""
+
+    def __init__(self, url: str, conn: psycopg.AsyncConnection[Any], frontier: CompactRange, head_hash: str,
+                 *, batch_max: int) -> None:
+        self._url = url
+        self._name = display_url(url)
+        self._conn: psycopg.AsyncConnection[Any] | None = conn
+        self._frontier = frontier
+        self._size = frontier.size
+        self._hash = head_hash
+        self._root = frontier.root()
+        self._batch_max = batch_max
+        self._queue: asyncio.Queue[_Pending | _Command | None] = asyncio.Queue()
+        self._closed = False
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"karma-ledger:{self._name}")
+
+    @classmethod
+    async def open(cls, url: str, *, batch_max: int = 256) -> PostgresLedger:
+        """Connect, create the ledger if the database is empty, check it, and start the writer task.
+
+        Raises:
+            NotALedger: the database holds something else (it is left untouched).
+            LedgerError: PostgreSQL cannot be reached, or the ledger is damaged.
+        """
+        name = display_url(url)
+        if batch_max < 1:
+            raise LedgerError(f"{name}: batch_max must be >= 1")
+        frontier, head_hash = await asyncio.to_thread(cls._open_sync, url, name)
+        conn = await cls._connect_async(url, name)
+        log.info("ledger.opened", url=name, size=frontier.size)
+        return cls(url, conn, frontier, head_hash, batch_max=batch_max)
+
+    @staticmethod
+    def _open_sync(url: str, name: str) -> tuple[CompactRange, str]:
+        with _connect(url, name) as conn:
+            try:
+                _prepare(conn, name, create=True)
+                return _rebuild(conn, name)
+            except psycopg.Error as exc:
+                raise LedgerError(f"{name} cannot be prepared as a karma ledger ({_first_line(exc)})") from None
+
+    @staticmethod
+    async def _connect_async(url: str, name: str) -> psycopg.AsyncConnection[Any]:
+        try:
+            return await psycopg.AsyncConnection.connect(url, connect_timeout=CONNECT_TIMEOUT_S)
+        except psycopg.Error as exc:
+            raise LedgerError(f"{name}: cannot connect to PostgreSQL ({_first_line(exc)})") from None
+
+    @property
+    def url(self) -> str:
+        return self._name
+
+    @property
+    def size(self) -> int:
+        """Records committed as of this writer's last batch (others may have added since)."""
+        return self._size
+
+    @property
+    def head_hash(self) -> str:
+        return self._hash
+
+    def root(self) -> bytes:
+        return self._root
+
+    async def append(self, entry: Mapping[str, Any]) -> Appended:
+        """Record one entry; return its seq and hash once it is committed.
+
+        Raises:
+            LedgerError: the entry is not canonical JSON, the ledger is closed, or its batch
+                was not committed (PostgreSQL down: nothing of that batch is acknowledged).
+        """
+        item = _Pending(encode_entry(entry, ledger=self._name), index_fields(entry), rule_ids(entry),
+                        asyncio.get_running_loop().create_future())
+        self._submit(item)
+        return await asyncio.shield(item.future)
+
+    async def checkpoint(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> str:
+        """Sign the ledger's current head (all writers' records) as a checkpoint, store it and return it."""
+        command = _Command(functools.partial(self._sign, private_key, key_name, origin),
+                           asyncio.get_running_loop().create_future())
+        self._submit(command)
+        return await asyncio.shield(command.future)
+
+    async def aclose(self) -> None:
+        """Commit everything queued, stop the writer task and close the connection."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put_nowait(None)
+        await self._task
+        log.info("ledger.closed", url=self._name, size=self._size)
+
+    def _submit(self, item: _Pending | _Command) -> None:
+        if self._closed:
+            raise LedgerError(f"{self._name}: the ledger is closed")
+        self._queue.put_nowait(item)
+
+    async def _run(self) -> None:
+        """Take one item, drain the queue behind it into one batch, commit, answer; until the stop."""
+        try:
+            item = await self._queue.get()
+            while item is not None:
+                if isinstance(item, _Command):
+                    await self._answer([item.future], item.run())
+                    item = await self._queue.get()
+                    continue
+                batch = [item]
+                while len(batch) < self._batch_max and not self._queue.empty():
+                    item = self._queue.get_nowait()
+                    if not isinstance(item, _Pending):
+                        break
+                    batch.append(item)
+                else:
+                    item = _NEXT
+                await self._answer([p.future for p in batch], self._commit(batch))
+                if item is _NEXT:
+                    item = await self._queue.get()
+        finally:
+            if self._conn is not None:
+                await self._conn.close()
+
+    async def _answer(self, futures: Sequence[asyncio.Future[Any]], work: Any) -> None:
+        """Run one unit of work and hand its outcome (a list, one per future, or one error) to the callers."""
+        try:
+            outcomes = await work
+        except LedgerError as exc:
+            outcomes = [exc] * len(futures)
+        except Exception as exc:  # a bug here must not leave callers waiting
+            log.exception("ledger.writer_failed", url=self._name)
+            outcomes = [LedgerError(f"{self._name}: ledger writer failed ({exc})")] * len(futures)
+        deliver(list(zip(futures, outcomes, strict=True)))
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await self._connect_async(self._url, self._name)
+            log.info("ledger.reconnected", url=self._name)
+        return self._conn
+
+    async def _locked_head(self, conn: psycopg.AsyncConnection[Any]) -> tuple[int, str]:
+        """Lock the head row and bring the frontier up to it (records other writers appended)."""
+        cur = await conn.execute("SELECT size, hash FROM head FOR UPDATE")
+        size, digest = await cur.fetchone()  # type: ignore[misc]
+        if size != self._frontier.size:
+            cur = await conn.execute("SELECT hash FROM records WHERE seq > %s AND seq <= %s ORDER BY seq",
+                                     (self._frontier.size, size))
+            hashes = [bytes(h) for (h,) in await cur.fetchall()]
+            if len(hashes) != size - self._frontier.size:
+                raise LedgerError(f"{self._name}: records {self._frontier.size + 1}..{size} are missing")
+            self._frontier.extend(hashes)
+            self._size, self._hash, self._root = size, bytes(digest).hex(), self._frontier.root()
+        return size, bytes(digest).hex() if size else GENESIS_PREV
+
+    async def _commit(self, batch: list[_Pending]) -> list[Appended]:
+        rows: list[tuple[Any, ...]] = []
+        rules: list[tuple[int, str]] = []
+        hashes: list[bytes] = []
+        results: list[Appended] = []
+        first = 0
+        try:
+            conn = await self._connection()
+            async with conn.transaction():
+                seq, prev = await self._locked_head(conn)
+                first = seq + 1
+                for item in batch:
+                    seq += 1
+                    body = record_bytes(item.entry, prev, seq)
+                    digest = hashlib.sha256(b"\x00" + body).digest()
+                    prev = digest.hex()
+                    f = item.fields
+                    rows.append((seq, digest, body, f.time, f.principal, f.tool, f.decision, f.status,
+                                 f.request_id, f.policy_version))
+                    rules.extend((seq, rule) for rule in item.rules)
+                    hashes.append(digest)
+                    results.append(Appended(seq, prev))
+                async with conn.cursor() as cur:
+                    await cur.executemany(INSERT_RECORD, rows)
+                    if rules:
+                        await cur.executemany(INSERT_RULE, rules)
+                    await cur.execute("UPDATE head SET size = %s, hash = %s", (seq, hashes[-1]))
+        except psycopg.Error as exc:
+            await self._drop_if_broken()
+            log.error("ledger.batch_failed", url=self._name, first_seq=first, count=len(batch), error=_first_line(exc))
+            raise LedgerError(f"{self._name}: {len(batch)} record(s) were not committed ({_first_line(exc)})") from None
+        self._frontier.extend(hashes)
+        self._size, self._hash, self._root = seq, prev, self._frontier.root()
+        log.debug("ledger.batch_committed", url=self._name, first_seq=first, count=len(batch))
+        return results
+
+    async def _sign(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> list[str]:
+        try:
+            conn = await self._connection()
+            async with conn.transaction():
+                size, _ = await self._locked_head(conn)
+                note = sign_checkpoint(origin, size, self._frontier.root(), private_key, key_name)
+                await conn.execute(INSERT_CHECKPOINT, (size, note, _utc_now()))
+        except psycopg.Error as exc:
+            await self._drop_if_broken()
+            raise LedgerError(f"{self._name}: the checkpoint was not stored ({_first_line(exc)})") from None
+        log.info("ledger.checkpoint_signed", size=size, origin=origin, key_name=key_name)
+        return [note]
+
+    async def _drop_if_broken(self) -> None:
+        """Forget a dead connection so the next batch reconnects."""
+        if self._conn is not None and (self._conn.broken or self._conn.closed):
+            await self._conn.close()
+            self._conn = None
+
+
+class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerReader"]):
+    """Read-only access to a PostgreSQL karma ledger; safe next to live writers. Closes on leaving `with`."""
+
+    def __init__(self, url: str) -> None:
+        self._name = display_url(url)
+        self._conn = _connect(url, self._name)
+        try:
+            _prepare(self._conn, self._name, create=False)
+        except psycopg.Error as exc:
+            self._conn.close()
+            raise LedgerError(f"{self._name}: cannot read the ledger ({_first_line(exc)})") from None
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def size(self) -> int:
+        """The highest seq stored; the record count when the ledger is intact."""
+        return int(self._fetch("SELECT COALESCE(MAX(seq), 0) FROM records")[0][0])
+
+    def iter_records(self, start: int = 1) -> Iterator[RawRecord]:
+        """Yield (seq, hash bytes, record bytes) in seq order, a chunk of rows at a time."""
+        after = start - 1
+        while True:
+            rows = self._fetch("SELECT seq, hash, body FROM records WHERE seq > %s ORDER BY seq LIMIT %s",
+                               (after, READ_CHUNK))
+            for seq, digest, body in rows:
+                yield seq, bytes(digest), bytes(body)
+            if len(rows) < READ_CHUNK:
+                return
+            after = rows[-1][0]
+
+    def get(self, seq: int) -> StoredRecord | None:
+        rows = self._fetch("SELECT seq, hash, body FROM records WHERE seq = %s", (seq,))
+        return StoredRecord(rows[0][0], bytes(rows[0][1]).hex(), bytes(rows[0][2])) if rows else None
+
+    def latest_checkpoint(self) -> str | None:
+        rows = self._fetch("SELECT note FROM checkpoints ORDER BY size DESC LIMIT 1")
+        return str(rows[0][0]) if rows else None
+
+    def checkpoints(self) -> list[tuple[int, str]]:
+        """Every stored checkpoint as (size, note), smallest first."""
+        return [(int(s), str(n)) for s, n in self._fetch("SELECT size, note FROM checkpoints ORDER BY size")]
+
+    def leaf_hashes(self, size: int | None = None) -> list[bytes]:
+        """The stored record hashes of seq 1..size (all when None)."""
+        stop = self.size() if size is None else size
+        return [bytes(h) for (h,) in self._fetch("SELECT hash FROM records WHERE seq <= %s ORDER BY seq", (stop,))]
+
+    def inclusion_proof(self, seq: int, size: int | None = None) -> list[bytes]:
+        """Audit path of record `seq` in the tree of the first `size` records."""
+        return merkle.inclusion_proof(self.leaf_hashes(size), seq - 1)
+
+    def consistency_proof(self, old_size: int, size: int | None = None) -> list[bytes]:
+        """Proof that the first `old_size` records are a prefix of the first `size`."""
+        return merkle.consistency_proof(self.leaf_hashes(size), old_size)
+
+    def select_records(self, where: RecordFilter) -> Iterator[RawRecord]:
+        """Yield (seq, hash, body) of the records matching `where`, oldest first, via the indexes."""
+        sql, params = _filter_sql(where)
+        for seq, digest, body in self._fetch(sql, params):
+            yield seq, bytes(digest), bytes(body)
+
+    def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except psycopg.Error as exc:
+            raise LedgerError(f"{self._name}: cannot read the ledger ({_first_line(exc)})") from None
+
+
+def _starts_with(prefix: str) -> tuple[str, str]:
+    return "starts_with(r.tool, ?)", prefix
+
+
+def _filter_sql(where: RecordFilter) -> tuple[str, list[Any]]:
+    """SQLite's query with PostgreSQL's placeholders (the generated SQL holds no literal `?`)."""
+    sql, params = filter_sql(where, _starts_with)
+    return sql.replace("?", "%s"), params
+
+
+def migrate_ledger(source: LedgerReader, source_name: str, url: str) -> VerifyReport:
+    """Copy a verified ledger record by record (bytes unchanged) into an empty PostgreSQL ledger.
+
+    The source is verified first (a damaged ledger is not copied), the copy is one transaction,
+    and the copy is verified afterwards: it must have the source's size and root.
+
+    Raises:
+        LedgerError: the source does not verify, the destination is not empty or not reachable,
+            or the copy does not match.
+    """
+    name = display_url(url)
+    before = verify_ledger(source)
+    if not before.ok:
+        where = f" at seq {before.first_bad_seq}" if before.first_bad_seq is not None else ""
+        raise LedgerError(f"{source_name} does not verify{where} ({before.problem}); nothing was copied")
+    with _connect(url, name) as conn:
+        try:
+            _prepare(conn, name, create=True)
+            with conn.transaction():
+                size = conn.execute("SELECT size FROM head FOR UPDATE").fetchone()[0]  # type: ignore[index]
+                if size:
+                    raise LedgerError(f"{name} already holds {size} records; migrate only into an empty ledger")
+                last = _copy_records(conn, source.iter_records())
+                for cp_size, note in source.checkpoints():
+                    conn.execute(INSERT_CHECKPOINT, (cp_size, note, _utc_now()))
+                if last is not None:
+                    conn.execute("UPDATE head SET size = %s, hash = %s", last)
+        except psycopg.Error as exc:
+            raise LedgerError(f"{name}: the copy was not committed ({_first_line(exc)})") from None
+    with PostgresLedgerReader(url) as copied:
+        after = verify_ledger(copied)
+    if not after.ok or (after.size, after.root) != (before.size, before.root):
+        raise LedgerError(f"{name}: the copy does not match {source_name} ({after.problem or 'size or root differ'})")
+    log.info("ledger.migrated", source=source_name, url=name, size=after.size)
+    return after
+
+
+def _copy_records(conn: psycopg.Connection[Any], records: Iterator[RawRecord]) -> tuple[int, bytes] | None:
+    """Insert records as they are, with the columns and rule rows derived from their bytes."""
+    last: tuple[int, bytes] | None = None
+    rows: list[tuple[Any, ...]] = []
+    rules: list[tuple[int, str]] = []
+
+    def flush() -> None:
+        with conn.cursor() as cur:
+            cur.executemany(INSERT_RECORD, rows)
+            if rules:
+                cur.executemany(INSERT_RULE, rules)
+        rows.clear()
+        rules.clear()
+
+    for seq, digest, body in records:
+        entry = json.loads(parse_record(body).entry)
+        f = index_fields(entry)
+        rows.append((seq, digest, body, f.time, f.principal, f.tool, f.decision, f.status, f.request_id,
+                     f.policy_version))
+        rules.extend((seq, rule) for rule in rule_ids(entry))
+        last = (seq, digest)
+        if len(rows) >= READ_CHUNK:
+            flush()
+    if rows:
+        flush()
+    return last
