@@ -7,12 +7,11 @@ import csv
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
 from audit.query import CSV_COLUMNS, CSV_EXTRA, cell_text, format_records, query_records
-from audit.sqlite import SqliteLedger, SqliteLedgerReader
+from audit.sqlite import SqliteLedgerReader
 
 from .conftest import BACKENDS, Location, fill, make_entry, new_location, open_ledger, open_reader
 
