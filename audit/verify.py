@@ -257,6 +257,11 @@ def _diagnose(seq: int, body: bytes, prev: str) -> tuple[int, str]:
         parsed = parse_record(body)
     except ValueError as exc:
         return seq, f"record {seq} is malformed: it {exc}"
+    if parsed.seq == seq - 1:
+        return seq - 1, (
+            f"record {seq} holds the record written as seq {seq - 1}: a record was inserted at seq {seq - 1} "
+            "(or records were renumbered)"
+        )
     if parsed.seq != seq:
         return seq, (
             f"record {seq} holds the record written as seq {parsed.seq}: records were reordered, "
