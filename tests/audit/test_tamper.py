@@ -122,7 +122,7 @@ class SqliteTamper:
         for at, body in rows:
             entry = parse_record(bytes(body)).entry
             if at == seq:
-                entry = entry.replace(b'"request_id":"req-', b'"request_id":"rex-')
+                entry = entry.replace(b'"backend":"demo"', b'"backend":"evil"')  # a field no index holds
             new = record_bytes(entry, prev, at)
             digest = leaf_hash(new)
             self._conn.execute("UPDATE records SET body = ?, hash = ? WHERE seq = ?", (new, digest, at))
