@@ -17,10 +17,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+
+import structlog
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from audit.canon import NotCanonicalizable, canonical_bytes
 from audit.checkpoint import Checkpoint, parse_checkpoint
@@ -39,6 +45,7 @@ from audit.records import (
 from audit.store import IndexedRecord, LedgerReader
 
 _INDEXED = tuple(field.name for field in dataclasses.fields(IndexFields))
+log = structlog.get_logger()
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,3 +295,52 @@ def _entry_problem(body: bytes) -> str:
     except NotCanonicalizable:
         return "holds an entry that is not I-JSON"
     return "" if canonical == entry else "holds an entry that is not in canonical (RFC 8785) form"
+
+
+class VerifyStamp(BaseModel):
+    """What the last passing `dharma audit verify` of a ledger file covered (`<ledger>.verified`).
+
+    A reminder for the auditor's queries, not evidence: whoever can edit the ledger can edit it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    size: int
+    root: str
+    verified_at: str
+
+
+def stamp_path(ledger: Path) -> Path:
+    return ledger.with_name(ledger.name + ".verified")
+
+
+def write_stamp(ledger: Path, report: VerifyReport) -> None:
+    """Record a passing verification beside the ledger file; a ledger directory we cannot write is only logged."""
+    if not report.ok:
+        return
+    stamp = VerifyStamp(size=report.size, root=report.root.hex(), verified_at=datetime.now(UTC).isoformat(timespec="seconds"))
+    target = stamp_path(ledger)
+    scratch = target.with_name(target.name + ".tmp")
+    try:
+        scratch.write_text(stamp.model_dump_json() + "\n", encoding="utf-8")
+        os.replace(scratch, target)
+    except OSError as exc:
+        log.warning("ledger.verify_stamp_not_written", path=str(target), error=str(exc))
+
+
+def unverified_note(ledger: Path, size: int) -> str:
+    """"" when a passing verify covered all `size` records, else a sentence saying what was not verified."""
+    try:
+        stamp = VerifyStamp.model_validate_json(stamp_path(ledger).read_bytes())
+    except FileNotFoundError:
+        since = "ever (no passing `dharma audit verify` on record)"
+    except (OSError, ValidationError) as exc:
+        since = f"reliably ({stamp_path(ledger)} is unreadable: {str(exc).splitlines()[0]})"
+    else:
+        if stamp.size >= size:
+            return ""
+        since = f"since {stamp.verified_at} (records {stamp.size + 1}..{size} are new)"
+    return (
+        f"{ledger} has not been verified {since}: a record whose index was edited can be missing from "
+        "these results; only `dharma audit verify` proves none is"
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ def _open_reader(path: Path) -> Any:
 def cmd_audit_verify(args: argparse.Namespace) -> int:
     from audit.checkpoint import parse_checkpoint, verify_checkpoint
     from audit.errors import LedgerError
-    from audit.verify import verify_ledger
+    from audit.verify import verify_ledger, write_stamp
 
     checkpoint = None
     if args.checkpoint:
@@ -98,6 +99,7 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
         report = verify_ledger(reader, checkpoint)
         elapsed = time.perf_counter() - started
     if report.ok:
+        write_stamp(path, report)
         rate = f", {report.size / elapsed:,.0f} records/s" if elapsed > 0 and report.size else ""
         out(f"OK {path}: {report.size} records, root {report.root.hex()}, {report.checkpoints_checked} checkpoint(s) matched{rate}")
         return EXIT_OK
@@ -108,8 +110,12 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
 
 def cmd_audit_query(args: argparse.Namespace) -> int:
     from audit.query import format_records, query_records
+    from audit.verify import unverified_note
 
-    with _open_reader(_ledger_path(args)) as reader:
+    path = _ledger_path(args)
+    with _open_reader(path) as reader:
+        if note := unverified_note(path, reader.size()):
+            sys.stderr.write(f"dharma: warning: {note}\n")
         records = query_records(
             reader,
             principal=args.principal,
