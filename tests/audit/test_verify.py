@@ -124,8 +124,11 @@ async def test_a_deletion_hidden_by_renumbering_is_named(built: Checkpoint, ledg
 
 
 async def test_truncation_is_caught_only_against_a_checkpoint(built: Checkpoint, ledger_path: Path) -> None:
-    attacker(ledger_path).execute("DELETE FROM records WHERE seq > 17")
-    assert verify(ledger_path, stored_checkpoints=False).ok  # a shorter chain is self-consistent
+    conn = attacker(ledger_path)
+    conn.execute("DELETE FROM records WHERE seq > 17")
+    assert verify(ledger_path, stored_checkpoints=False).first_bad_seq == 18  # their rule rows still name them
+    conn.execute("DELETE FROM record_rules WHERE seq > 17")
+    assert verify(ledger_path, stored_checkpoints=False).ok  # a careful truncation is self-consistent
     report = verify(ledger_path, built, stored_checkpoints=False)
     assert (report.ok, report.first_bad_seq, report.size) == (False, 18, 17)
     assert report.problem == "ledger has 17 records but checkpoint at size 20 — truncated"
