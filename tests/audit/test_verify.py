@@ -174,3 +174,11 @@ async def test_strict_mode_catches_a_non_canonical_entry(built: Checkpoint, ledg
     assert verify(ledger_path, stored_checkpoints=False).ok
     report = verify(ledger_path, stored_checkpoints=False, strict=True)
     assert report.first_bad_seq == 5 and "not in canonical (RFC 8785) form" in report.problem
+
+
+async def test_an_entry_sqlite_cannot_read_is_named_by_the_index_check(built: Checkpoint, ledger_path: Path) -> None:
+    rechain(attacker(ledger_path), 5, lambda entry: b"{not json}")
+    assert verify(ledger_path, stored_checkpoints=False, indexes=False).ok  # hashes and links are all fine
+    report = verify(ledger_path, stored_checkpoints=False)
+    assert (report.ok, report.first_bad_seq, report.size) == (False, 5, SIZE)
+    assert report.problem == "record 5 holds no JSON entry object, so its indexed columns cannot be checked"
