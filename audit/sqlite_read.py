@@ -172,7 +172,7 @@ def _indexed(row: Sequence[Any]) -> IndexedRecord:
     rules = json.loads(row[-1]) if row[-1] is not None else []
     return IndexedRecord(
         seq=row[0],
-        body=bytes(row[1]),
+        body=row[1].encode("utf-8") if isinstance(row[1], str) else bytes(row[1]),  # TEXT: the chain walk names it
         fields=IndexFields(*row[2:-1]),
         rules=tuple(sorted(rule if isinstance(rule, str) else json.dumps(rule) for rule in rules)),
     )

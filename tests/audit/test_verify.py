@@ -182,3 +182,11 @@ async def test_an_entry_sqlite_cannot_read_is_named_by_the_index_check(built: Ch
     report = verify(ledger_path, stored_checkpoints=False)
     assert (report.ok, report.first_bad_seq, report.size) == (False, 5, SIZE)
     assert report.problem == "record 5 holds no JSON entry object, so its indexed columns cannot be checked"
+
+
+async def test_a_body_stored_as_text_is_named(built: Checkpoint, ledger_path: Path) -> None:
+    conn = attacker(ledger_path)
+    conn.execute("UPDATE records SET body = CAST(body AS TEXT), principal = 'nobody' WHERE seq = 6")
+    report = verify(ledger_path)
+    assert (report.ok, report.first_bad_seq) == (False, 6)
+    assert report.problem == "record 6 is not stored as bytes"
