@@ -47,7 +47,7 @@ from audit.records import (
 )
 from audit.sqlite import deliver
 from audit.sqlite_read import filter_sql
-from audit.store import LedgerReader, RawRecord
+from audit.store import IndexedRecord, LedgerReader, RawRecord
 from audit.verify import VerifyReport, verify_ledger
 
 log = structlog.get_logger()
@@ -423,6 +423,7 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
     """Read-only access to a PostgreSQL karma ledger; safe next to live writers. Closes on leaving `with`."""
 
     def __init__(self, url: str) -> None:
+        self._url = url
         self._name = display_url(url)
         self._conn = _connect(url, self._name)
         try:
@@ -455,6 +456,33 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
             if len(rows) < READ_CHUNK:
                 return
             after = rows[-1][0]
+
+    def index_suspects(self) -> Iterator[IndexedRecord]:
+        """Every record with its indexed columns and rule rows, oldest first, for verify's exact
+        check (no SQL shortcut here). Reads on a connection of its own, so it can run in another
+        thread while the chain is walked."""
+        conn = _connect(self._url, self._name)
+        after = 0
+        try:
+            while True:
+                rows = conn.execute(
+                    "SELECT r.seq, r.body, r.time, r.principal, r.tool, r.decision, r.status, r.request_id,"
+                    " r.policy_version, ARRAY(SELECT rule_id FROM record_rules x WHERE x.seq = r.seq ORDER BY rule_id COLLATE \"C\")"
+                    " FROM records r WHERE r.seq > %s ORDER BY r.seq LIMIT %s", (after, READ_CHUNK)).fetchall()
+                for row in rows:
+                    yield IndexedRecord(seq=row[0], body=bytes(row[1]), fields=IndexFields(*row[2:9]), rules=tuple(row[9]))
+                if len(rows) < READ_CHUNK:
+                    return
+                after = rows[-1][0]
+        except psycopg.Error as exc:
+            raise LedgerError(f"{self._name}: cannot read the ledger's indexes ({_first_line(exc)})") from None
+        finally:
+            conn.close()
+
+    def index_orphans(self) -> Iterator[tuple[Any, str]]:
+        """(seq, rule id) of every rule-index row whose seq names no record, lowest seq first."""
+        yield from self._fetch("SELECT x.seq, x.rule_id FROM record_rules x WHERE NOT EXISTS"
+                               " (SELECT 1 FROM records r WHERE r.seq = x.seq) ORDER BY x.seq, x.rule_id")
 
     def get(self, seq: int) -> StoredRecord | None:
         rows = self._fetch("SELECT seq, hash, body FROM records WHERE seq = %s", (seq,))

@@ -4,6 +4,11 @@ Filtering happens in the backend's indexed columns (SQL WHERE) wherever an index
 glob narrows by its literal prefix there. What no column holds (the rest of a tool glob,
 `error_code`, `approval_id`) is checked on the decoded record bytes, the verified truth, so only
 the records the indexes let through are decoded. Read-only.
+
+The indexes are not hashed: every hit is re-checked against its decoded bytes, and a hit whose
+bytes do not match the filter (its index was edited) is dropped with a warning. A record whose
+index was edited so that the filter misses it cannot be seen here at all: only `verify_ledger`,
+which recomputes every index from the bytes, proves that none is missing.
 """
 
 from __future__ import annotations
@@ -16,9 +21,13 @@ from datetime import datetime
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
+import structlog
+
 from audit.canon import canonical_bytes
-from audit.records import RecordFilter, decode_record, normalize_time
+from audit.records import RecordFilter, decode_record, index_fields, normalize_time, rule_ids
 from audit.store import LedgerReader
+
+log = structlog.get_logger()
 
 Format = Literal["table", "jsonl", "csv"]
 
@@ -91,7 +100,8 @@ def query_records(
         limit=None if checks else limit,
     )
     raw = reader.select_records(where)
-    records = (decode_record(seq, bytes(digest).hex(), bytes(body)) for seq, digest, body in raw)
+    decoded = (decode_record(seq, bytes(digest).hex(), bytes(body)) for seq, digest, body in raw)
+    records = (record for record in decoded if _index_told_the_truth(record, where))
     if checks:
         records = (record for record in records if all(check(record) for check in checks))
         if limit is not None:
@@ -102,6 +112,29 @@ def query_records(
         close = getattr(raw, "close", None)
         if close is not None:
             close()
+
+
+_EXACT_FILTERS = ("principal", "tool", "decision", "status", "policy_version", "request_id")
+
+
+def _index_told_the_truth(record: dict[str, Any], where: RecordFilter) -> bool:
+    """Re-check an index hit on the record's decoded bytes; warn about and drop a false one."""
+    fields = index_fields(record)
+    wrong = [name for name in _EXACT_FILTERS if getattr(where, name) is not None and getattr(fields, name) != getattr(where, name)]
+    if where.tool_prefix is not None and not (fields.tool or "").startswith(where.tool_prefix):
+        wrong.append("tool")
+    if where.rule is not None and where.rule not in rule_ids(record):
+        wrong.append("rule")
+    if (where.since is not None or where.until is not None) and not (
+        fields.time is not None
+        and (where.since is None or fields.time >= where.since)
+        and (where.until is None or fields.time < where.until)
+    ):
+        wrong.append("time")
+    if wrong:
+        log.warning("audit.query_hit_dropped", seq=record["seq"], filters=wrong,
+                    reason="the ledger's index disagrees with the record bytes; run `dharma audit verify`")
+    return not wrong
 
 
 def format_records(records: Iterable[dict[str, Any]], fmt: Format = "table") -> Iterator[str]:

@@ -157,6 +157,19 @@ def index_fields(entry: Mapping[str, Any]) -> IndexFields:
     )
 
 
+def rule_ids(entry: Mapping[str, Any]) -> tuple[str, ...]:
+    """The rule ids the rule index holds for an entry: its text `matched_rules`, distinct, sorted.
+
+    Mirrors what the SQLite schema's trigger indexes (a list's text items, or one text value).
+    """
+    rules = entry.get("matched_rules")
+    if isinstance(rules, str):
+        return (rules,)
+    if isinstance(rules, list):
+        return tuple(sorted({rule for rule in rules if isinstance(rule, str)}))
+    return ()
+
+
 def _text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value

@@ -6,17 +6,23 @@ and never writes. Writing is `audit.sqlite`'s job.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from audit import merkle
 from audit.errors import LedgerError
-from audit.records import RecordFilter, StoredRecord
+from audit.records import IndexFields, RecordFilter, StoredRecord
 from audit.sqlite_files import check_format, connect_ro, inspect_file
-from audit.store import RawRecord
+from audit.store import IndexedRecord, RawRecord
+
+log = structlog.get_logger()
 
 
 class SqliteLedgerReader:
@@ -85,6 +91,37 @@ class SqliteLedgerReader:
         sql, params = filter_sql(where)
         return self._select(sql, params)
 
+    def index_suspects(self) -> Iterator[IndexedRecord]:
+        """Records whose indexed columns or rule rows may disagree with their bytes, oldest first.
+
+        One SQL pass on a connection of its own (so it can run in another thread): SQLite's
+        JSON functions read the indexed fields and `matched_rules` out of the body and compare
+        them with the columns and the rule rows, so only the records that differ reach Python.
+        A body SQLite cannot read as JSON, or a BLOB smuggled into a column, makes that pass
+        fail; then every remaining record is handed over for the exact check.
+        """
+        conn = connect_ro(self._path)
+        after = 0
+        try:
+            for sql in (_SUSPECTS_SQL, _EVERY_RECORD_SQL):
+                try:
+                    for row in conn.execute(sql, (after,)):
+                        after = row[0]
+                        yield _indexed(row)
+                    return
+                except sqlite3.OperationalError as exc:
+                    log.warning("ledger.index_check_thorough", path=str(self._path), after_seq=after, reason=str(exc))
+        except sqlite3.Error as exc:
+            raise LedgerError(f"{self._path}: cannot read the ledger's indexes ({exc})") from exc
+        finally:
+            conn.close()
+
+    def index_orphans(self) -> Iterator[tuple[Any, str]]:
+        """(seq, rule id) of every rule-index row whose seq names no record, lowest seq first."""
+        return self._select(
+            "SELECT seq, rule_id FROM record_rules WHERE seq NOT IN (SELECT seq FROM records) ORDER BY seq, rule_id"
+        )
+
     def _select(self, sql: str, params: Sequence[Any] = ()) -> Iterator[Any]:
         try:
             yield from self._conn.execute(sql, params)
@@ -99,6 +136,46 @@ class SqliteLedgerReader:
 
 
 _FILTER_COLUMNS = ("principal", "tool", "decision", "status", "policy_version", "request_id")
+_INDEXED = tuple(field.name for field in dataclasses.fields(IndexFields))
+_CANONICAL_TIME_GLOB = "[0-9]" * 4 + "-" + "[0-9]" * 2 + "-" + "[0-9]" * 2 + "T" + ":".join(["[0-9]" * 2] * 3) + "." + "[0-9]" * 6 + "Z"
+
+
+def _index_sql(rule_value: str, where: str) -> str:
+    """Each record with its indexed columns and its rule rows (a JSON array, in row order)."""
+    columns = ", ".join(f"r.{name}" for name in _INDEXED)
+    return (
+        f"WITH idx AS (SELECT seq, json_group_array({rule_value}) AS rules"
+        " FROM (SELECT seq, rule_id FROM record_rules ORDER BY seq, rowid) GROUP BY seq)"
+        f" SELECT r.seq, r.body, {columns}, idx.rules FROM records r LEFT JOIN idx ON idx.seq = r.seq"
+        f" WHERE r.seq > ?{where} ORDER BY r.seq"
+    )
+
+
+def _suspect_clause() -> str:
+    """True unless every indexed field, read from the body by SQLite, equals its column as JSON
+    text, the rule rows are exactly `matched_rules` in order, and `time` is in canonical form."""
+    columns = ", ".join(f"r.{name}" for name in _INDEXED)
+    paths = ", ".join(f"'$.entry.{name}'" for name in _INDEXED)
+    read = f"json_extract(CAST(r.body AS TEXT), {paths}, '$.entry.matched_rules')"
+    same = (
+        f"{read} IN (json_array({columns}, json(COALESCE(idx.rules, '[]'))),"
+        f" CASE WHEN idx.rules IS NULL THEN json_array({columns}, NULL) END)"
+    )
+    return f" AND NOT coalesce({same} AND (r.time IS NULL OR r.time GLOB '{_CANONICAL_TIME_GLOB}'), 0)"
+
+
+_SUSPECTS_SQL = _index_sql("rule_id", _suspect_clause())
+_EVERY_RECORD_SQL = _index_sql("CASE typeof(rule_id) WHEN 'text' THEN rule_id ELSE quote(rule_id) END", "")
+
+
+def _indexed(row: Sequence[Any]) -> IndexedRecord:
+    rules = json.loads(row[-1]) if row[-1] is not None else []
+    return IndexedRecord(
+        seq=row[0],
+        body=row[1].encode("utf-8") if isinstance(row[1], str) else bytes(row[1]),  # TEXT: the chain walk names it
+        fields=IndexFields(*row[2:-1]),
+        rules=tuple(sorted(rule if isinstance(rule, str) else json.dumps(rule) for rule in rules)),
+    )
 
 
 def _glob_prefix(prefix: str) -> tuple[str, str]:

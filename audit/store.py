@@ -7,14 +7,28 @@ PostgreSQL later) gets them for free. No I/O here.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit.records import Appended, RecordFilter, StoredRecord
+from audit.records import Appended, IndexFields, RecordFilter, StoredRecord
 
 RawRecord = tuple[int, bytes, bytes]
 """(seq, record hash as 32 raw bytes, record bytes), as fast as the backend yields them."""
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedRecord:
+    """A record's bytes beside what the backend's query indexes hold for it (not hashed).
+
+    `rules` is every rule-index row of the record, sorted, duplicates kept.
+    """
+
+    seq: int
+    body: bytes
+    fields: IndexFields
+    rules: tuple[str, ...]
 
 
 class LedgerStore(Protocol):
@@ -49,5 +63,17 @@ class LedgerReader(Protocol):
     def checkpoints(self) -> list[tuple[int, str]]: ...
 
     def select_records(self, where: RecordFilter) -> Iterator[RawRecord]: ...
+
+    def index_suspects(self) -> Iterator[IndexedRecord]:
+        """Records whose indexed columns or index rows may disagree with their bytes, oldest first.
+
+        A cheap superset computed by the backend (verify re-checks each one on the decoded
+        bytes); usable from another thread while the chain is walked.
+        """
+        ...
+
+    def index_orphans(self) -> Iterator[tuple[Any, str]]:
+        """(seq as stored, rule id) of every rule-index row that names no record."""
+        ...
 
     def close(self) -> None: ...

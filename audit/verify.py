@@ -5,28 +5,56 @@ starts at: an edited record, a missing one, reordered or renumbered ones, and, a
 checkpoint held outside the database, truncation and rewritten history (a fork). Reads
 through `LedgerReader`; never writes. A chain that is consistent in itself proves nothing
 about truncation or a wholesale rewrite: only a checkpoint kept elsewhere does.
+
+Queries filter on what the backend indexes (derived columns, the rule index), which no hash
+covers. So, beside the chain walk and in a second thread, verification recomputes every
+indexed column and rule row from the record bytes and names the first record whose index
+differs, and any rule row that names no record.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from audit.canon import NotCanonicalizable, canonical_bytes
 from audit.checkpoint import Checkpoint, parse_checkpoint
 from audit.errors import LedgerError
 from audit.merkle import EMPTY_ROOT, CompactRange
-from audit.records import ENTRY_PREFIX, GENESIS_PREV, PREV_MARK, SEQ_MARK, parse_record
-from audit.store import LedgerReader
+from audit.records import (
+    ENTRY_PREFIX,
+    GENESIS_PREV,
+    PREV_MARK,
+    SEQ_MARK,
+    IndexFields,
+    index_fields,
+    parse_record,
+    rule_ids,
+)
+from audit.store import IndexedRecord, LedgerReader
+
+_INDEXED = tuple(field.name for field in dataclasses.fields(IndexFields))
+log = structlog.get_logger()
 
 
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
     """The outcome of `verify_ledger`.
 
-    `size` is the number of records found intact before the first problem (all of them
-    when ok); `root` is the Merkle root over those.
+    `size` is the number of records whose bytes and chain were found intact before the first
+    problem (all of them when ok, or when only an index is wrong); `root` is the Merkle root
+    over those.
     """
 
     ok: bool
@@ -50,6 +78,7 @@ def verify_ledger(
     *,
     stored_checkpoints: bool = True,
     strict: bool = False,
+    indexes: bool = True,
 ) -> VerifyReport:
     """Recompute the ledger and compare it with `checkpoint` and the checkpoints stored in it.
 
@@ -59,12 +88,79 @@ def verify_ledger(
         stored_checkpoints: also compare with the checkpoints stored in the ledger itself
             (these catch accidents; an attacker with file access can rewrite them too).
         strict: also check that every entry is canonical JSON (about 20x slower).
+        indexes: also recompute every indexed column and rule-index row from the record
+            bytes (what queries filter on); runs in a second thread beside the chain walk.
     """
     try:
         anchors = _anchors(reader, checkpoint, stored_checkpoints)
     except LedgerError as exc:
         return VerifyReport(False, 0, None, str(exc), EMPTY_ROOT)
-    return _Walk(anchors, strict).run(reader)
+    if not indexes:
+        return _Walk(anchors, strict).run(reader)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-index") as pool:
+        index_check = pool.submit(_first_index_problem, reader)
+        report = _Walk(anchors, strict).run(reader)
+        try:
+            index_problem = index_check.result() or _first_orphan(reader.index_orphans())
+        except LedgerError as exc:
+            index_problem = (None, str(exc))
+    return _earliest(report, index_problem)
+
+
+def _earliest(report: VerifyReport, index_problem: tuple[int | None, str] | None) -> VerifyReport:
+    """The chain's report, unless an index problem comes first (or the chain is fine)."""
+    if index_problem is None:
+        return report
+    seq, problem = index_problem
+    if report.ok or (seq is not None and report.first_bad_seq is not None and seq < report.first_bad_seq):
+        return dataclasses.replace(report, ok=False, first_bad_seq=seq, problem=problem)
+    return report
+
+
+def _first_index_problem(reader: LedgerReader) -> tuple[int, str] | None:
+    suspects = reader.index_suspects()
+    try:
+        for record in suspects:
+            if problem := index_problem(record):
+                return record.seq, problem
+    finally:
+        getattr(suspects, "close", lambda: None)()
+    return None
+
+
+def _first_orphan(rows: Iterable[tuple[Any, str]]) -> tuple[int | None, str] | None:
+    iterator = iter(rows)
+    try:
+        for seq, rule in iterator:
+            return (seq if isinstance(seq, int) else None), (
+                f"the rule index has a row ({rule!r}) for record {seq!r}, which is not in the ledger"
+            )
+    finally:
+        getattr(iterator, "close", lambda: None)()
+    return None
+
+
+def index_problem(record: IndexedRecord) -> str:
+    """What the backend's index holds for `record` that its bytes do not say ("" when none)."""
+    try:
+        entry = json.loads(record.body)["entry"]
+    except (ValueError, TypeError, KeyError):
+        entry = None
+    if not isinstance(entry, dict):
+        return f"record {record.seq} holds no JSON entry object, so its indexed columns cannot be checked"
+    derived = index_fields(entry)
+    for name in _INDEXED:
+        stored, wanted = getattr(record.fields, name), getattr(derived, name)
+        if stored != wanted or type(stored) is not type(wanted):
+            return f"record {record.seq}: indexed column {name} holds {stored!r} but the record says {wanted!r}"
+    wanted_rules = rule_ids(entry)
+    if record.rules == wanted_rules:
+        return ""
+    missing = [rule for rule in wanted_rules if rule not in record.rules]
+    extra = sorted({rule for rule in record.rules if rule not in wanted_rules})
+    doubled = sorted({rule for rule in record.rules if record.rules.count(rule) > 1})
+    parts = [f"{what} {rules}" for what, rules in (("missing", missing), ("extra", extra), ("duplicated", doubled)) if rules]
+    return f"record {record.seq}: rule index rows differ from its matched_rules ({'; '.join(parts)})"
 
 
 def _anchors(reader: LedgerReader, checkpoint: Checkpoint | None, stored: bool) -> list[_Anchor]:
@@ -168,6 +264,11 @@ def _diagnose(seq: int, body: bytes, prev: str) -> tuple[int, str]:
         parsed = parse_record(body)
     except ValueError as exc:
         return seq, f"record {seq} is malformed: it {exc}"
+    if parsed.seq == seq - 1:
+        return seq - 1, (
+            f"record {seq} holds the record written as seq {seq - 1}: a record was inserted at seq {seq - 1} "
+            "(or records were renumbered)"
+        )
     if parsed.seq != seq:
         return seq, (
             f"record {seq} holds the record written as seq {parsed.seq}: records were reordered, "
@@ -194,3 +295,52 @@ def _entry_problem(body: bytes) -> str:
     except NotCanonicalizable:
         return "holds an entry that is not I-JSON"
     return "" if canonical == entry else "holds an entry that is not in canonical (RFC 8785) form"
+
+
+class VerifyStamp(BaseModel):
+    """What the last passing `dharma audit verify` of a ledger file covered (`<ledger>.verified`).
+
+    A reminder for the auditor's queries, not evidence: whoever can edit the ledger can edit it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    size: int
+    root: str
+    verified_at: str
+
+
+def stamp_path(ledger: Path) -> Path:
+    return ledger.with_name(ledger.name + ".verified")
+
+
+def write_stamp(ledger: Path, report: VerifyReport) -> None:
+    """Record a passing verification beside the ledger file; a ledger directory we cannot write is only logged."""
+    if not report.ok:
+        return
+    stamp = VerifyStamp(size=report.size, root=report.root.hex(), verified_at=datetime.now(UTC).isoformat(timespec="seconds"))
+    target = stamp_path(ledger)
+    scratch = target.with_name(target.name + ".tmp")
+    try:
+        scratch.write_text(stamp.model_dump_json() + "\n", encoding="utf-8")
+        os.replace(scratch, target)
+    except OSError as exc:
+        log.warning("ledger.verify_stamp_not_written", path=str(target), error=str(exc))
+
+
+def unverified_note(ledger: Path, size: int) -> str:
+    """"" when a passing verify covered all `size` records, else a sentence saying what was not verified."""
+    try:
+        stamp = VerifyStamp.model_validate_json(stamp_path(ledger).read_bytes())
+    except FileNotFoundError:
+        since = "ever (no passing `dharma audit verify` on record)"
+    except (OSError, ValidationError) as exc:
+        since = f"reliably ({stamp_path(ledger)} is unreadable: {str(exc).splitlines()[0]})"
+    else:
+        if stamp.size >= size:
+            return ""
+        since = f"since {stamp.verified_at} (records {stamp.size + 1}..{size} are new)"
+    return (
+        f"{ledger} has not been verified {since}: a record whose index was edited can be missing from "
+        "these results; only `dharma audit verify` proves none is"
+    )

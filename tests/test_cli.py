@@ -519,6 +519,7 @@ async def test_audit_query_into_a_closed_pipe_exits_quietly(tmp_path: Path, stat
     ledger = await SqliteLedger.open(ledger_path)
     await fill(ledger, 2000)  # ~1 MB of JSON lines: far more than a pipe buffers
     await ledger.aclose()
+    assert dharma("audit", "verify", "--ledger", ledger_path, state_root=state_root).rc == 0  # no "not verified" warning
     for fmt in ("jsonl", "table", "csv"):
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "audit", "query", "--ledger", str(ledger_path), "--format", fmt],

@@ -108,7 +108,7 @@ def _read_note(path: str, what: str) -> str:
 def cmd_audit_verify(args: argparse.Namespace) -> int:
     from audit.checkpoint import parse_checkpoint, verify_checkpoint
     from audit.errors import LedgerError
-    from audit.verify import verify_ledger
+    from audit.verify import verify_ledger, write_stamp
 
     if args.bundle:
         return _verify_bundle(args)
@@ -131,6 +131,7 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
         report = verify_ledger(reader, checkpoint)
         elapsed = time.perf_counter() - started
     if report.ok:
+        write_stamp(path, report)
         rate = f", {report.size / elapsed:,.0f} records/s" if elapsed > 0 and report.size else ""
         out(f"OK {path}: {report.size} records, root {report.root.hex()}, {report.checkpoints_checked} checkpoint(s) matched{rate}")
         return EXIT_OK
@@ -162,8 +163,12 @@ def _verify_bundle(args: argparse.Namespace) -> int:
 
 def cmd_audit_query(args: argparse.Namespace) -> int:
     from audit.query import format_records, query_records
+    from audit.verify import unverified_note
 
-    with _open_reader(_ledger_path(args)) as reader:
+    path = _ledger_path(args)
+    with _open_reader(path) as reader:
+        if note := unverified_note(path, reader.size()):
+            sys.stderr.write(f"dharma: warning: {note}\n")
         records = query_records(
             reader,
             principal=args.principal,

@@ -129,8 +129,11 @@ async def test_a_deletion_hidden_by_renumbering_is_named(built: Checkpoint, ledg
 
 
 async def test_truncation_is_caught_only_against_a_checkpoint(built: Checkpoint, ledger_path: Path) -> None:
-    attacker(ledger_path).execute("DELETE FROM records WHERE seq > 17")
-    assert verify(ledger_path, stored_checkpoints=False).ok  # a shorter chain is self-consistent
+    conn = attacker(ledger_path)
+    conn.execute("DELETE FROM records WHERE seq > 17")
+    assert verify(ledger_path, stored_checkpoints=False).first_bad_seq == 18  # their rule rows still name them
+    conn.execute("DELETE FROM record_rules WHERE seq > 17")
+    assert verify(ledger_path, stored_checkpoints=False).ok  # a careful truncation is self-consistent
     report = verify(ledger_path, built, stored_checkpoints=False)
     assert (report.ok, report.first_bad_seq, report.size) == (False, 18, 17)
     assert report.problem == "ledger has 17 records but checkpoint at size 20 — truncated"
@@ -178,3 +181,19 @@ async def test_strict_mode_catches_a_non_canonical_entry(built: Checkpoint, ledg
     assert verify(ledger_path, stored_checkpoints=False).ok
     report = verify(ledger_path, stored_checkpoints=False, strict=True)
     assert report.first_bad_seq == 5 and "not in canonical (RFC 8785) form" in report.problem
+
+
+async def test_an_entry_sqlite_cannot_read_is_named_by_the_index_check(built: Checkpoint, ledger_path: Path) -> None:
+    rechain(attacker(ledger_path), 5, lambda entry: b"{not json}")
+    assert verify(ledger_path, stored_checkpoints=False, indexes=False).ok  # hashes and links are all fine
+    report = verify(ledger_path, stored_checkpoints=False)
+    assert (report.ok, report.first_bad_seq, report.size) == (False, 5, SIZE)
+    assert report.problem == "record 5 holds no JSON entry object, so its indexed columns cannot be checked"
+
+
+async def test_a_body_stored_as_text_is_named(built: Checkpoint, ledger_path: Path) -> None:
+    conn = attacker(ledger_path)
+    conn.execute("UPDATE records SET body = CAST(body AS TEXT), principal = 'nobody' WHERE seq = 6")
+    report = verify(ledger_path)
+    assert (report.ok, report.first_bad_seq) == (False, 6)
+    assert report.problem == "record 6 is not stored as bytes"
