@@ -143,7 +143,7 @@ def _verify(reader: BundleReader, jwks: dict[str, Any] | None) -> BundleReport:
             since_size = _check_since(header["since"], cp, keys, where)
         except LedgerError as exc:
             return BundleReport(False, str(exc))
-    report = verify_ledger(reader, cp, stored_checkpoints=False)
+    report = verify_ledger(reader, cp, stored_checkpoints=False, indexes=False)  # a bundle has no query index
     if reader.problem:
         return BundleReport(False, reader.problem)
     if not report.ok:

@@ -131,7 +131,8 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
         report = verify_ledger(reader, checkpoint)
         elapsed = time.perf_counter() - started
     if report.ok:
-        write_stamp(path, report)
+        if isinstance(location, Path):  # the verified-stamp reminder sits beside a ledger file
+            write_stamp(location, report)
         rate = f", {report.size / elapsed:,.0f} records/s" if elapsed > 0 and report.size else ""
         out(f"OK {path}: {report.size} records, root {report.root.hex()}, {report.checkpoints_checked} checkpoint(s) matched{rate}")
         return EXIT_OK
@@ -167,7 +168,7 @@ def cmd_audit_query(args: argparse.Namespace) -> int:
 
     path = _ledger_path(args)
     with _open_reader(path) as reader:
-        if note := unverified_note(path, reader.size()):
+        if isinstance(path, Path) and (note := unverified_note(path, reader.size())):
             sys.stderr.write(f"dharma: warning: {note}\n")
         records = query_records(
             reader,

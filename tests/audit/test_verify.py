@@ -192,6 +192,8 @@ async def test_an_entry_sqlite_cannot_read_is_named_by_the_index_check(built: Ch
 
 
 async def test_a_body_stored_as_text_is_named(built: Checkpoint, ledger_path: Path) -> None:
+    if not isinstance(ledger_path, Path):
+        pytest.skip("SQLite-specific: a PostgreSQL bytea column cannot hold text")
     conn = attacker(ledger_path)
     conn.execute("UPDATE records SET body = CAST(body AS TEXT), principal = 'nobody' WHERE seq = 6")
     report = verify(ledger_path)
