@@ -631,7 +631,7 @@ def test_corrupted_key_file_is_a_config_error(state_root: Path) -> None:
 # ---- serve, and the one-writer rule --------------------------------------------------------
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -645,7 +645,7 @@ async def test_serve_and_second_writer_refused(
         yaml.safe_dump({"policy": str(policy_path), "python_path": [str(REPO)], "upstreams": [DEMO_UPSTREAM], "log_level": "info"}),
         encoding="utf-8",
     )
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "gateway", "--config", str(config), "serve", "--port", str(port)],
         env=cli_env(state_root, DHARMA_DEMO_SANDBOX=str(sandbox)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

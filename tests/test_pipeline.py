@@ -8,13 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from audit.errors import LedgerError
 from audit.query import query_records
-from audit.sqlite import SqliteLedgerReader
+from audit.records import Appended
+from audit.sqlite import SqliteLedger, SqliteLedgerReader
 from audit.verify import verify_ledger
 from gateway.core.call import Status
 from gateway.core.errors import ErrorCode
-from gateway.core.gateway import envelope
-from gateway.crypto.receipts import ReceiptInvalid, verify_receipt
+from gateway.core.gateway import Gateway, envelope
+from gateway.crypto.receipts import KeyStore, ReceiptInvalid, verify_receipt
+from gateway.policy.compile import load_policy
 from tests.helpers import Recorder, open_gateway, text_result, write_policy
 
 TIERS = """\
@@ -626,3 +629,46 @@ async def test_closing_signs_a_checkpoint_that_verify_checks(tmp_path):
         report = verify_ledger(reader)
     checkpoint = verify_checkpoint(note, keys.checkpoint_key.public_key(), keys.checkpoint_key_name)
     assert checkpoint.size == 4 and report.ok and report.checkpoints_checked == 1  # 2 calls, 2 records each
+
+
+class RefusesDecisions:
+    """The real SQLite ledger, except that appending a decision record fails (as a full disk would)."""
+
+    def __init__(self, inner: SqliteLedger) -> None:
+        self.inner = inner
+
+    async def append(self, entry: dict) -> Appended:
+        if entry.get("kind") == "decision":
+            raise LedgerError(f"{self.inner.path}: disk full")
+        return await self.inner.append(entry)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_decision_record_that_cannot_be_written_means_nothing_is_forwarded(tmp_path):
+    recorder = Recorder()
+    policy = write_policy(tmp_path, TIERS, RULES)
+    ledger = RefusesDecisions(await SqliteLedger.open(tmp_path / "ledger.db"))
+    gateway = Gateway(load_policy(policy), [tools(recorder)], ledger=ledger, keys=KeyStore.open(tmp_path / "state"))
+    try:
+        outcome = await gateway.call("read_file", {"path": "a.txt"}, api_key="alice-key")
+        refused = await gateway.call("read_file", {"path": "../a"}, api_key="alice-key")  # needs no decision record
+    finally:
+        await gateway.aclose()
+    assert recorder.calls == []  # fail closed: the backend never saw the call
+    assert outcome.status is Status.ERROR and outcome.error_code is ErrorCode.INTERNAL_ERROR and outcome.result is None
+    assert "not forwarded" in outcome.message
+    assert refused.error_code is ErrorCode.POLICY_BLOCKED
+    failed, blocked = ledger_records(tmp_path)  # the refusal is one record, with no decision record before it
+    assert "kind" not in failed and failed["status"] == "error" and failed["error_code"] == "internal_error"
+    assert failed["decision"] == "allow" and failed["request_id"] == outcome.request_id
+    assert "kind" not in blocked and blocked["status"] == "blocked"
+
+
+async def test_a_closed_ledger_fails_the_call_closed_before_the_backend(setup):
+    gateway, recorder, _ = setup
+    await gateway.ledger.aclose()
+    outcome = await gateway.call("read_file", {"path": "a.txt"}, api_key="alice-key")
+    assert recorder.calls == []
+    assert outcome.status is Status.ERROR and outcome.error_code is ErrorCode.INTERNAL_ERROR and outcome.result is None
