@@ -672,3 +672,33 @@ async def test_a_closed_ledger_fails_the_call_closed_before_the_backend(setup):
     outcome = await gateway.call("read_file", {"path": "a.txt"}, api_key="alice-key")
     assert recorder.calls == []
     assert outcome.status is Status.ERROR and outcome.error_code is ErrorCode.INTERNAL_ERROR and outcome.result is None
+
+
+async def test_the_decision_record_names_the_rules_that_matched_by_error(tmp_path):
+    recorder = Recorder()
+    rules = {"call.yaml": """\
+        apiVersion: dharma/v1
+        kind: RuleSet
+        metadata: {name: call}
+        rules:
+          - id: audit-unguarded
+            tools: ["search"]
+            when: 'args.missing == 1'
+            effect: deny
+            mode: audit
+          - id: audit-queries
+            tools: ["search"]
+            when: 'has(args.query)'
+            effect: deny
+            mode: audit
+        """}
+    gateway = await open_gateway(tmp_path, write_policy(tmp_path, TIERS, rules), [tools(recorder)])
+    try:
+        outcome = await gateway.call("search", {"query": "x"}, api_key="alice-key")
+    finally:
+        await gateway.aclose()
+    assert outcome.status is Status.OK and recorder.calls == [("search", {"query": "x"})]
+    decided, _ = ledger_records(tmp_path)
+    assert decided["kind"] == "decision" and decided["enforced"] is False
+    assert decided["matched_rules"] == ["audit-unguarded", "audit-queries"]
+    assert decided["matched_by_error"] == ["audit-unguarded"]  # its condition errored: a match by error
