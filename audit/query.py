@@ -24,12 +24,13 @@ from typing import Any, Literal
 import structlog
 
 from audit.canon import canonical_bytes
-from audit.records import RecordFilter, decode_record, index_fields, normalize_time, rule_ids
+from audit.records import KIND_DECISION, KIND_OUTCOME, RecordFilter, decode_record, index_fields, normalize_time, rule_ids
 from audit.store import LedgerReader
 
 log = structlog.get_logger()
 
 Format = Literal["table", "jsonl", "csv"]
+Show = Literal["calls", "records", "unknown"]
 
 TABLE_COLUMNS: tuple[tuple[str, int], ...] = (
     ("seq", 8),
@@ -51,6 +52,8 @@ CSV_COLUMNS = (
 CSV_EXTRA = "extra"
 """The CSV column holding, as one canonical JSON object, any record field not in CSV_COLUMNS."""
 GLOB_CHARS = frozenset("*?[")
+OUTCOME_UNKNOWN = "unknown"
+"""A decision record's `outcome` when no outcome record answers it: the gateway stopped mid-call."""
 
 
 def query_records(
@@ -165,7 +168,7 @@ def _table_lines(records: Iterable[dict[str, Any]]) -> Iterator[str]:
     yield _table_row([name for name, _ in TABLE_COLUMNS])
     yield _table_row(["-" * max(width, len(name)) for name, width in TABLE_COLUMNS])
     for record in records:
-        values = {**record, "rules": record.get("matched_rules")}
+        values = {**record, "rules": record.get("matched_rules"), "status": status_text(record)}
         yield _table_row([cell_text(values.get(name)) for name, _ in TABLE_COLUMNS])
 
 
@@ -197,3 +200,60 @@ def _csv_lines(records: Iterable[dict[str, Any]]) -> Iterator[str]:
     for record in records:
         extra = {k: v for k, v in record.items() if k not in known}
         yield line([*(cell_text(record.get(name)) for name in CSV_COLUMNS), canonical_bytes(extra).decode("utf-8") if extra else ""])
+
+
+def outcome_seq(reader: LedgerReader, decision: dict[str, Any]) -> int | None:
+    """The seq of the outcome record answering this decision record, or None (outcome unknown).
+
+    Looked up through the indexed request id, then checked on the decoded record bytes.
+    """
+    where = RecordFilter(request_id=decision.get("request_id"))
+    raw = reader.select_records(where)
+    try:
+        for seq, digest, body in raw:
+            record = decode_record(seq, bytes(digest).hex(), bytes(body))
+            if record.get("kind") == KIND_OUTCOME and record.get("decision_seq") == decision["seq"]:
+                return seq
+    finally:
+        close = getattr(raw, "close", None)
+        if close is not None:
+            close()
+    return None
+
+
+def with_outcomes(reader: LedgerReader, records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Add `outcome` to each decision record: its outcome record's seq, or "unknown" (gateway stopped mid-call).
+
+    `outcome` is derived (like seq and hash), not a field of the record bytes.
+    """
+    for record in records:
+        if record.get("kind") == KIND_DECISION:
+            found = outcome_seq(reader, record)
+            record["outcome"] = OUTCOME_UNKNOWN if found is None else found
+        yield record
+
+
+def call_rows(reader: LedgerReader, records: Iterable[dict[str, Any]], *, show: Show = "calls") -> Iterator[dict[str, Any]]:
+    """The records with their decision records' `outcome` (see `with_outcomes`), as `show` asks.
+
+    "calls": one row per call; a decision record answered by an outcome record is left out (the
+    outcome record repeats its fields and names it in `decision_seq`), an unanswered one stays.
+    "records": every record. "unknown": only decision records with outcome unknown.
+    """
+    for record in with_outcomes(reader, records):
+        if record.get("kind") == KIND_DECISION:
+            if show != "records" and record["outcome"] != OUTCOME_UNKNOWN:
+                continue
+        elif show == "unknown":
+            continue
+        yield record
+
+
+def status_text(record: dict[str, Any]) -> Any:
+    """A record's status as shown in the table: a decision record has none, so say where its outcome is."""
+    if record.get("kind") != KIND_DECISION:
+        return record.get("status")
+    found = record.get("outcome")
+    if found == OUTCOME_UNKNOWN:
+        return "outcome unknown"
+    return "decided" if found is None else f"decided→{found}"

@@ -25,6 +25,14 @@ ENTRY_PREFIX = b'{"entry":'
 PREV_MARK = b',"prev":"'
 SEQ_MARK = b'","seq":'
 _HEX_DIGITS = b"0123456789abcdef"
+KIND_DECISION = "decision"
+"""`kind` of the record committed before a call reaches its backend."""
+KIND_OUTCOME = "outcome"
+"""`kind` of the record of that call's outcome; `decision_seq` / `decision_hash` name its decision record.
+
+A record with no `kind` is a whole call in one record: a refused call, or any call in a ledger
+written before records were two-phase.
+"""
 _CANONICAL_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z", re.ASCII)
 
 

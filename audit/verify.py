@@ -35,6 +35,8 @@ from audit.merkle import EMPTY_ROOT, CompactRange
 from audit.records import (
     ENTRY_PREFIX,
     GENESIS_PREV,
+    KIND_DECISION,
+    KIND_OUTCOME,
     PREV_MARK,
     SEQ_MARK,
     IndexFields,
@@ -344,3 +346,50 @@ def unverified_note(ledger: Path, size: int) -> str:
         f"{ledger} has not been verified {since}: a record whose index was edited can be missing from "
         "these results; only `dharma audit verify` proves none is"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeReport:
+    """Two-phase records checked: what `check_outcomes` found.
+
+    `unknown`: seqs of decision records no outcome record answers (the gateway stopped mid-call,
+    or, on a live ledger, the call is still running): not tampering. `dangling`: seqs of outcome
+    records whose `decision_seq` names no earlier, unanswered decision record of the same request:
+    the ledger contradicts itself.
+    """
+
+    decisions: int
+    unknown: tuple[int, ...]
+    dangling: tuple[int, ...]
+
+
+_KIND_MARKS = (b'"kind":"' + KIND_DECISION.encode() + b'"', b'"kind":"' + KIND_OUTCOME.encode() + b'"')
+
+
+def check_outcomes(reader: LedgerReader) -> OutcomeReport:
+    """Pair every decision record with its outcome record, in one pass over the records.
+
+    Only records whose bytes hold a `"kind":` mark are parsed (the mark can also sit inside the
+    arguments, so the parsed top-level `kind` decides). Run it after `verify_ledger` passed.
+    """
+    waiting: dict[int, object] = {}
+    decisions = 0
+    dangling: list[int] = []
+    for seq, _, body in reader.iter_records():
+        if not any(mark in body for mark in _KIND_MARKS):
+            continue
+        try:
+            entry = json.loads(parse_record(body).entry)
+        except ValueError:
+            continue
+        kind = entry.get("kind") if isinstance(entry, dict) else None
+        if kind == KIND_DECISION:
+            decisions += 1
+            waiting[seq] = entry.get("request_id")
+        elif kind == KIND_OUTCOME:
+            linked = entry.get("decision_seq")
+            if type(linked) is int and linked in waiting and waiting[linked] == entry.get("request_id"):
+                del waiting[linked]
+            else:
+                dangling.append(seq)
+    return OutcomeReport(decisions, tuple(waiting), tuple(dangling))

@@ -1,7 +1,8 @@
 """governed: a whole governed call in process, through `Gateway.call`.
 
 Per call: decision (all stages, the policy below) → CallableBackend returning a small result →
-disclosure → durable SQLite ledger append (group commit, one writer thread) → Ed25519 receipt.
+disclosure → durable SQLite ledger appends (two-phase: the decision record before the backend, the
+outcome after; group commit, one writer thread) → Ed25519 receipt.
 Policy: the shipped `policies/standard.yaml` (rule sets resolved next to it); its rate limits
 are raised so the benchmark measures the limiter's cost instead of being throttled by it. If
 it does not load, a rule set that is missing is dropped (and named); failing that, a generated
@@ -165,7 +166,7 @@ async def run(opts: Options, results: Results) -> None:
                 if sink is not None:
                     quiet_logging()
                     sink.close()
-    table("governed: sequential in-process calls (decision + backend + ledger append + receipt)",
+    table("governed: sequential in-process calls (decision + 2 ledger appends + backend + receipt)",
           ["path", "p50", "p99", "mean", "cpu/call", "calls/s", "added p50", "x direct", "calls/s per core"],
           seq_rows, note=f"policy: {what}\ncalls cycle over {', '.join(TOOLS)}; ~{seconds:g} s per row; "
                          "'calls/s per core' = 1 / process CPU time per call")

@@ -79,6 +79,7 @@ README_LABELS = {
     "tier gate": "tier_gate",
     "dharma rules": "dharma_rules",
     "approval": "approval",
+    "decision record": "record_decision",
     "[backend]": "forward",
     "disclosure rules": "disclosure",
     "karma ledger": "record",
@@ -103,5 +104,5 @@ def test_readme_pipeline_line_is_the_declaration():
     assert declared[:2] == ["authenticate", "tool_visibility"]
     assert [README_LABELS[label] for label in labels] == declared[2:]
     decide, act = split(steps(wiring))
-    assert [s.name for s in act] == ["forward", "disclosure", "record", "receipt"]
+    assert [s.name for s in act] == ["record_decision", "forward", "disclosure", "record", "receipt"]
     assert len(decide) + len(act) == len(declared)

@@ -379,19 +379,22 @@ def _tamper(source: Path, target: Path, *statements: str, edit: tuple[int, bytes
 async def test_audit_verify_detects_tampering(recorded: dict[str, Any], tmp_path: Path, state_root: Path) -> None:
     ledger: Path = recorded["ledger"]
     assert not Path(str(ledger) + "-wal").exists() or Path(str(ledger) + "-wal").stat().st_size == 0
-    edited = _tamper(ledger, tmp_path / "edited.db", edit=(2, b"../etc/passwd", b"notes.txt"))
-    deleted = _tamper(ledger, tmp_path / "deleted.db", "DELETE FROM records WHERE seq = 3")
+    # seq 1-2 the first call's decision and outcome, 3 the refused traversal (one record), 4-5 the next call
+    edited = _tamper(ledger, tmp_path / "edited.db", edit=(3, b"../etc/passwd", b"notes.txt"))
+    deleted = _tamper(ledger, tmp_path / "deleted.db", "DELETE FROM records WHERE seq = 4")
     swapped = _tamper(
         ledger, tmp_path / "swapped.db",
-        "UPDATE records SET seq = -4 WHERE seq = 4",
-        "UPDATE records SET seq = 4 WHERE seq = 5",
-        "UPDATE records SET seq = 5 WHERE seq = -4",
+        "UPDATE records SET seq = -5 WHERE seq = 5",
+        "UPDATE records SET seq = 5 WHERE seq = 6",
+        "UPDATE records SET seq = 6 WHERE seq = -5",
     )
     intact, *bad = dharma_many(
         [["audit", "verify"], *[["audit", "verify", "--ledger", p] for p in (edited, deleted, swapped)]], state_root
     )
-    assert intact.rc == 0 and intact.out.startswith("OK") and "6 records" in intact.out, intact.out + intact.err
-    for run, seq in zip(bad, (2, 3, 4), strict=True):
+    # 4 calls reached the backend (2 records each), 2 were refused (1 each); every decision has its outcome
+    assert intact.rc == 0 and intact.out.startswith("OK") and "10 records" in intact.out, intact.out + intact.err
+    assert "outcome unknown" not in intact.out
+    for run, seq in zip(bad, (3, 4, 5), strict=True):
         assert run.rc == 1, run.out + run.err
         assert run.out.startswith("FAIL") and f"at seq {seq}:" in run.out, run.out
 
@@ -399,7 +402,7 @@ async def test_audit_verify_detects_tampering(recorded: dict[str, Any], tmp_path
 async def test_audit_verify_detects_truncation_against_a_checkpoint(recorded: dict[str, Any], tmp_path: Path, state_root: Path) -> None:
     checkpoint = dharma("audit", "checkpoint", state_root=state_root)
     assert checkpoint.rc == 0, checkpoint.err
-    assert "\n6\n" in checkpoint.out  # the C2SP note: origin, size, root hash, signature
+    assert "\n10\n" in checkpoint.out  # the C2SP note: origin, size, root hash, signature
     saved = tmp_path / "checkpoint.txt"
     saved.write_text(checkpoint.out, encoding="utf-8")
     truncated = _tamper(recorded["ledger"], tmp_path / "truncated.db", "DELETE FROM record_rules WHERE seq >= 5", "DELETE FROM records WHERE seq >= 5", "DELETE FROM checkpoints")
@@ -725,7 +728,7 @@ def test_corrupted_key_file_is_a_config_error(state_root: Path) -> None:
 # ---- serve, and the one-writer rule --------------------------------------------------------
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -739,7 +742,7 @@ async def test_serve_and_second_writer_refused(
         yaml.safe_dump({"policy": str(policy_path), "python_path": [str(REPO)], "upstreams": [DEMO_UPSTREAM], "log_level": "info"}),
         encoding="utf-8",
     )
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "gateway", "--config", str(config), "serve", "--port", str(port)],
         env=cli_env(state_root, DHARMA_DEMO_SANDBOX=str(sandbox)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -779,9 +782,11 @@ async def test_serve_and_second_writer_refused(
     assert "Traceback" not in err
     assert '"event": "ledger.closed"' in err  # SIGTERM shut down gracefully: the ledger writer was closed
     with SqliteLedgerReader(state_root / "ledger.db") as reader:
-        [record] = [reader.get(1).to_dict()]  # type: ignore[union-attr]
-    assert record["request_id"] == response.json()["request_id"]
+        decided, record = [reader.get(1).to_dict(), reader.get(2).to_dict()]  # type: ignore[union-attr]
+        assert reader.size() == 2  # the call's decision record, then its outcome record
+    assert decided["kind"] == "decision" and record["kind"] == "outcome" and record["decision_seq"] == 1
+    assert decided["request_id"] == record["request_id"] == response.json()["request_id"]
     verify_receipt(response.json()["receipt"], jwks, response={k: v for k, v in response.json().items() if k != "receipt"})
     # the writer lock was released on SIGTERM: the ledger opens again
     gw = await open_test_gateway(policy_path)
-    assert gw.ledger.size == 1
+    assert gw.ledger.size == 2

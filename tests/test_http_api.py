@@ -81,9 +81,16 @@ def ledger_size(gw: Any) -> int:
 
 
 def record_for(gw: Any, request_id: str) -> dict[str, Any]:
+    """The record a call's answer is bound to: its one record, or its outcome record linked to its decision record."""
     found = [r for r in records(gw) if r["request_id"] == request_id]
-    assert len(found) == 1, found
-    return found[0]
+    final = [r for r in found if r.get("kind") != "decision"]
+    decided = [r for r in found if r.get("kind") == "decision"]
+    assert len(final) == 1 and len(decided) <= 1, found
+    if decided:
+        assert final[0]["kind"] == "outcome" and final[0]["decision_seq"] == decided[0]["seq"] < final[0]["seq"], found
+    else:
+        assert "kind" not in final[0], found
+    return final[0]
 
 
 def without(envelope: dict[str, Any], *keys: str) -> dict[str, Any]:

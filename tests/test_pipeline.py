@@ -8,13 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from audit.errors import LedgerError
 from audit.query import query_records
-from audit.sqlite import SqliteLedgerReader
+from audit.records import Appended
+from audit.sqlite import SqliteLedger, SqliteLedgerReader
 from audit.verify import verify_ledger
 from gateway.core.call import Status
 from gateway.core.errors import ErrorCode
-from gateway.core.gateway import envelope
-from gateway.crypto.receipts import ReceiptInvalid, verify_receipt
+from gateway.core.gateway import Gateway, envelope
+from gateway.crypto.receipts import KeyStore, ReceiptInvalid, verify_receipt
+from gateway.policy.compile import load_policy
 from tests.helpers import Recorder, open_gateway, text_result, write_policy
 
 TIERS = """\
@@ -148,11 +151,16 @@ async def test_allowed_call_is_forwarded_recorded_and_signed(setup):
     assert outcome.result == text_result("contents of a.txt")
     assert recorder.calls == [("read_file", {"path": "a.txt"})]
     payload = verify_receipt(outcome.receipt, gateway.keys.jwks(), response=envelope(outcome), request={"tool": "read_file", "arguments": {"path": "a.txt"}})
-    assert payload["ledger"]["seq"] == outcome.ledger_seq == 1
+    # two-phase: the decision record (seq 1) before the backend, the outcome record (seq 2) the receipt binds to
+    assert payload["ledger"]["seq"] == outcome.ledger_seq == 2
     assert "decision" not in payload
-    [record] = ledger_records(tmp)
+    decided, record = ledger_records(tmp)
+    assert decided["kind"] == "decision" and decided["seq"] == 1 and "status" not in decided
+    assert decided["principal"] == "alice" and decided["decision"] == "allow" and decided["args"] == {"path": "a.txt"}
+    assert record["kind"] == "outcome" and record["decision_seq"] == 1 and record["decision_hash"] == decided["hash"]
+    assert record["request_id"] == decided["request_id"] and record["args_digest"] == decided["args_digest"]
     assert record["principal"] == "alice" and record["decision"] == "allow" and record["status"] == "ok"
-    assert record["response_digest"] == payload["resp_sha256"]
+    assert record["response_digest"] == payload["resp_sha256"] and record["hash"] == payload["ledger"]["hash"]
     tampered = dict(envelope(outcome), result=text_result("contents of b.txt"))
     with pytest.raises(ReceiptInvalid):
         verify_receipt(outcome.receipt, gateway.keys.jwks(), response=tampered)
@@ -191,9 +199,11 @@ async def test_audit_mode_records_would_deny_and_lets_the_call_through(setup):
     outcome = await gateway.call("read_file", {"path": "data.big"}, api_key="alice-key")
     assert outcome.status is Status.OK and recorder.calls
     assert outcome.decision.effect.value == "deny" and outcome.decision.enforced is False
-    [record] = ledger_records(tmp)
-    assert record["decision"] == "deny" and record["enforced"] is False
-    assert record["matched_rules"] == ["audit-big-reads"]
+    decided, record = ledger_records(tmp)  # it reached the backend: a decision record, then the outcome
+    for r in (decided, record):
+        assert r["decision"] == "deny" and r["enforced"] is False
+        assert r["matched_rules"] == ["audit-big-reads"]
+    assert decided["kind"] == "decision" and decided["matched_by_error"] == [] and record["kind"] == "outcome"
 
 
 async def test_warn_rule_returns_its_message(setup):
@@ -595,11 +605,14 @@ async def test_every_outcome_kind_lands_in_a_verifiable_ledger(setup):
     await gateway.call("nothing", {}, api_key="alice-key")
     await asyncio.gather(*(gateway.call("read_file", {"path": f"{i}"}, api_key="alice-key") for i in range(50)))
     records = ledger_records(tmp)
-    assert len(records) == 55
-    assert {r["status"] for r in records} >= {"ok", "blocked", "pending_approval"}
+    # 52 calls reached the backend (a decision and an outcome record each), 3 were refused (one record each)
+    assert len(records) == 52 * 2 + 3
+    assert sum(r.get("kind") == "decision" for r in records) == sum(r.get("kind") == "outcome" for r in records) == 52
+    assert {r["status"] for r in records if "kind" not in r} >= {"blocked", "pending_approval"}
+    assert {r["status"] for r in records if r.get("kind") == "outcome"} >= {"ok"}
     with SqliteLedgerReader(tmp / "ledger.db") as reader:
         report = verify_ledger(reader)
-    assert report.ok and report.size == 55
+    assert report.ok and report.size == 107
 
 
 async def test_closing_signs_a_checkpoint_that_verify_checks(tmp_path):
@@ -615,4 +628,77 @@ async def test_closing_signs_a_checkpoint_that_verify_checks(tmp_path):
         note = reader.latest_checkpoint()
         report = verify_ledger(reader)
     checkpoint = verify_checkpoint(note, keys.checkpoint_key.public_key(), keys.checkpoint_key_name)
-    assert checkpoint.size == 2 and report.ok and report.checkpoints_checked == 1
+    assert checkpoint.size == 4 and report.ok and report.checkpoints_checked == 1  # 2 calls, 2 records each
+
+
+class RefusesDecisions:
+    """The real SQLite ledger, except that appending a decision record fails (as a full disk would)."""
+
+    def __init__(self, inner: SqliteLedger) -> None:
+        self.inner = inner
+
+    async def append(self, entry: dict) -> Appended:
+        if entry.get("kind") == "decision":
+            raise LedgerError(f"{self.inner.path}: disk full")
+        return await self.inner.append(entry)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_decision_record_that_cannot_be_written_means_nothing_is_forwarded(tmp_path):
+    recorder = Recorder()
+    policy = write_policy(tmp_path, TIERS, RULES)
+    ledger = RefusesDecisions(await SqliteLedger.open(tmp_path / "ledger.db"))
+    gateway = Gateway(load_policy(policy), [tools(recorder)], ledger=ledger, keys=KeyStore.open(tmp_path / "state"))
+    try:
+        outcome = await gateway.call("read_file", {"path": "a.txt"}, api_key="alice-key")
+        refused = await gateway.call("read_file", {"path": "../a"}, api_key="alice-key")  # needs no decision record
+    finally:
+        await gateway.aclose()
+    assert recorder.calls == []  # fail closed: the backend never saw the call
+    assert outcome.status is Status.ERROR and outcome.error_code is ErrorCode.INTERNAL_ERROR and outcome.result is None
+    assert "not forwarded" in outcome.message
+    assert refused.error_code is ErrorCode.POLICY_BLOCKED
+    failed, blocked = ledger_records(tmp_path)  # the refusal is one record, with no decision record before it
+    assert "kind" not in failed and failed["status"] == "error" and failed["error_code"] == "internal_error"
+    assert failed["decision"] == "allow" and failed["request_id"] == outcome.request_id
+    assert "kind" not in blocked and blocked["status"] == "blocked"
+
+
+async def test_a_closed_ledger_fails_the_call_closed_before_the_backend(setup):
+    gateway, recorder, _ = setup
+    await gateway.ledger.aclose()
+    outcome = await gateway.call("read_file", {"path": "a.txt"}, api_key="alice-key")
+    assert recorder.calls == []
+    assert outcome.status is Status.ERROR and outcome.error_code is ErrorCode.INTERNAL_ERROR and outcome.result is None
+
+
+async def test_the_decision_record_names_the_rules_that_matched_by_error(tmp_path):
+    recorder = Recorder()
+    rules = {"call.yaml": """\
+        apiVersion: dharma/v1
+        kind: RuleSet
+        metadata: {name: call}
+        rules:
+          - id: audit-unguarded
+            tools: ["search"]
+            when: 'args.missing == 1'
+            effect: deny
+            mode: audit
+          - id: audit-queries
+            tools: ["search"]
+            when: 'has(args.query)'
+            effect: deny
+            mode: audit
+        """}
+    gateway = await open_gateway(tmp_path, write_policy(tmp_path, TIERS, rules), [tools(recorder)])
+    try:
+        outcome = await gateway.call("search", {"query": "x"}, api_key="alice-key")
+    finally:
+        await gateway.aclose()
+    assert outcome.status is Status.OK and recorder.calls == [("search", {"query": "x"})]
+    decided, _ = ledger_records(tmp_path)
+    assert decided["kind"] == "decision" and decided["enforced"] is False
+    assert decided["matched_rules"] == ["audit-unguarded", "audit-queries"]
+    assert decided["matched_by_error"] == ["audit-unguarded"]  # its condition errored: a match by error

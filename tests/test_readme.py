@@ -18,7 +18,7 @@ def test_readme_python_example_runs(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [l for l in proc.stdout.splitlines() if l.startswith(("ok ", "blocked "))]
-    assert lines[0].startswith("ok {'content'") and " 1 " in lines[0]
+    assert lines[0].startswith("ok {'content'") and " 2 " in lines[0]  # seq 2: the outcome record, after the decision record
     assert lines[1].startswith("blocked policy_blocked")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -135,7 +136,8 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
             write_stamp(location, report)
         rate = f", {report.size / elapsed:,.0f} records/s" if elapsed > 0 and report.size else ""
         out(f"OK {path}: {report.size} records, root {report.root.hex()}, {report.checkpoints_checked} checkpoint(s) matched{rate}")
-        return EXIT_OK
+        with _open_reader(location) as reader:
+            return report_outcomes(reader, path, strict=args.strict_outcomes)
     where = f" at seq {report.first_bad_seq}" if report.first_bad_seq is not None else ""
     out(f"FAIL {path}{where}: {report.problem}")
     return EXIT_FAILED
@@ -162,8 +164,27 @@ def _verify_bundle(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def report_outcomes(reader: Any, path: str, *, strict: bool) -> int:
+    """Say which calls have a decision record and no outcome; fail on them only when `strict`.
+
+    An outcome record that names no decision record of its call always fails (the ledger contradicts itself).
+    """
+    from audit.verify import check_outcomes
+
+    found = check_outcomes(reader)
+    if found.unknown:
+        seqs = ", ".join(str(seq) for seq in found.unknown)
+        out(f"{'FAIL' if strict else 'NOTE'} {path}: {len(found.unknown)} call(s) with outcome unknown "
+            f"(a decision record and no outcome: the gateway stopped mid-call) at seq {seqs}")
+    if found.dangling:
+        seqs = ", ".join(str(seq) for seq in found.dangling)
+        out(f"FAIL {path}: {len(found.dangling)} outcome record(s) name no decision record of their call, at seq {seqs}")
+        return EXIT_FAILED
+    return EXIT_FAILED if strict and found.unknown else EXIT_OK
+
+
 def cmd_audit_query(args: argparse.Namespace) -> int:
-    from audit.query import format_records, query_records
+    from audit.query import call_rows, format_records, query_records
     from audit.verify import unverified_note
 
     path = _ledger_path(args)
@@ -183,10 +204,11 @@ def cmd_audit_query(args: argparse.Namespace) -> int:
             approval_id=args.approval_id,
             since=args.since,
             until=args.until,
-            limit=args.limit,
-        )
+        )  # no limit here: it counts the rows shown (streamed, so it still stops early)
         with contextlib.closing(records):  # closed before the reader, also when stdout's reader goes away
-            for line in format_records(records, args.format):
+            show = "unknown" if args.outcome_unknown else "records" if args.all_records else "calls"
+            shown = itertools.islice(call_rows(reader, records, show=show), args.limit)
+            for line in format_records(shown, args.format):
                 out(line)
     return EXIT_OK
 
@@ -368,6 +390,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--no-signature-check", action="store_true", help="use the checkpoint without checking its signature")
     p.add_argument("--bundle", help="verify an export bundle offline instead of a ledger")
     p.add_argument("--jwks", help="with --bundle: the published JWKS to check its checkpoints against")
+    p.add_argument("--strict-outcomes", action="store_true",
+                   help="also fail on calls with outcome unknown (a decision record and no outcome), which are reported either way")
     p.set_defaults(func=cmd_audit_verify)
 
     p = add_command(audit, "query", "list ledger records, oldest first, that match every filter given")
@@ -385,6 +409,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--since", type=_time_arg, help="RFC 3339 time, e.g. 2026-11-22T00:00:00Z (inclusive)")
     p.add_argument("--until", type=_time_arg, help="RFC 3339 time (exclusive)")
     p.add_argument("--limit", type=_count_arg, help="at most this many records")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--outcome-unknown", action="store_true",
+                       help="only decision records no outcome record answers (the gateway stopped mid-call)")
+    shown.add_argument("--all-records", action="store_true",
+                       help="every record: also the decision records of calls whose outcome is recorded "
+                            "(by default a call is one row: its outcome record, or its decision record if the outcome is unknown)")
     p.add_argument("--format", choices=["table", "jsonl", "csv"], default="table",
                    help="table (default), jsonl (one canonical JSON record a line) or csv (every field jsonl has)")
     p.set_defaults(func=cmd_audit_query)

@@ -270,6 +270,8 @@ class CallContext:
     receipt_request: Any = None
     # from the decision on
     decision: Decision | None = None
+    decision_record: Any = None  # where the decision record landed (the ledger's Appended)
+    decision_committed: bool = False  # Forward sends nothing unless this is true
     status: Status = Status.OK
     error_code: ErrorCode | None = None
     message: str = ""

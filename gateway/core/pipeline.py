@@ -1,12 +1,13 @@
 """THE ordered declaration of every step a governed call goes through, and the loop that runs it.
 
     authenticate → tool visibility → sanitizer → circuit breaker → rate limiter → tier gate
-    → dharma rules → approval → [forward to the backend] → disclosure rules → karma ledger
-    → signed receipt
+    → dharma rules → approval → decision record → [forward to the backend] → disclosure rules
+    → karma ledger (outcome record) → signed receipt
 
 `steps()` is that line, in code: adding a stage is one line there and one module in
-`gateway/stages/`. The stages before `forward` decide (the first block ends the decision; a
-stage that raises fails closed); the steps from `forward` on act on the decision. The
+`gateway/stages/`. The stages before `record_decision` decide (the first block ends the
+decision; a stage that raises fails closed); the steps from `record_decision` on act on the
+decision: its record is committed before `forward` may reach the backend (two-phase records). The
 visibility check runs before the sanitizer so a schema error cannot reveal that a hidden tool
 exists. No I/O of its own: the ledger, keys and stores come in through `Wiring`.
 """
@@ -31,7 +32,7 @@ from gateway.stages.disclosure import DisclosureRules
 from gateway.stages.forward import Forward
 from gateway.stages.rate_limiter import RateLimiter
 from gateway.stages.receipt import Receipt
-from gateway.stages.record import History, Ledger, Record, safe_digest
+from gateway.stages.record import History, Ledger, Record, RecordDecision, safe_digest
 from gateway.stages.sanitizer.stage import Sanitizer
 from gateway.stages.tier_gate import TierGate
 from gateway.stages.visibility import ToolVisibility
@@ -65,19 +66,20 @@ def steps(w: Wiring) -> tuple[Stage | Step, ...]:
         TierGate(),  # forbidden, purpose_required
         DharmaRules(),  # policy_blocked
         ApprovalGate(w.approvals),  # approval_required / _denied / _timeout
+        RecordDecision(w.ledger),  # decision record committed (fails closed: nothing is forwarded)
         Forward(w.breaker, w.idempotency, w.clock),  # [backend]: replay, admit → send → record
         DisclosureRules(),  # PERMIT / REDACT / WITHHOLD
-        Record(w.ledger, w.history, w.idempotency, w.clock),  # karma ledger append (fails closed)
+        Record(w.ledger, w.history, w.idempotency, w.clock),  # outcome record, or the one record of a refusal
         Receipt(w.keys, w.clock),  # signed receipt
     )
 
 
 #: The first step that acts on the decision instead of deciding.
-FIRST_AFTER_DECISION = Forward
+FIRST_AFTER_DECISION = RecordDecision
 
 
 def split(all_steps: Sequence[Stage | Step]) -> tuple[tuple[Stage, ...], tuple[Step, ...]]:
-    """The declaration cut at `forward`: the deciding stages, then the steps that act on the decision."""
+    """The declaration cut at `record_decision`: the deciding stages, then the steps that act on the decision."""
     at = next(i for i, s in enumerate(all_steps) if isinstance(s, FIRST_AFTER_DECISION))
     return tuple(all_steps[:at]), tuple(all_steps[at:])  # type: ignore[arg-type]
 

@@ -6,6 +6,8 @@ fresh ones). Otherwise the circuit breaker admits the call right before it is se
 how the backend answered right after — admit → send → record — or releases the probe if the
 call ended without an answer (cancelled), so the breaker never waits for an outcome that never
 comes. The backend's failures arrive as `CallError` (timeout, backend_unavailable, backend_error).
+Nothing is sent (nor replayed) unless the call's decision record is committed (`RecordDecision`):
+without it the call fails closed with `internal_error`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gateway.stores.base import IdempotencyStore
 
 log = structlog.get_logger()
 _BREAKER_FAILURES = (ErrorCode.TIMEOUT, ErrorCode.BACKEND_UNAVAILABLE, ErrorCode.BACKEND_ERROR)
+UNRECORDED = "the karma ledger could not record the decision, so the call was not forwarded"
 
 
 def replay_key(ctx: CallContext) -> str | None:
@@ -55,6 +58,9 @@ class Forward:
     async def _send(self, ctx: CallContext, policy: CompiledPolicy) -> None:
         backend, tool = ctx.backend, ctx.tool
         assert backend is not None and tool is not None
+        if not ctx.decision_committed:
+            ctx.status, ctx.error_code, ctx.message = Status.ERROR, ErrorCode.INTERNAL_ERROR, UNRECORDED
+            return
         key = replay_key(ctx)
         if key is not None:
             stored = await self.idempotency.get(key)

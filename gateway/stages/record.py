@@ -1,10 +1,17 @@
-"""Record: the karma ledger append, before the response leaves (invariant 1).
+"""Record and RecordDecision: the karma ledger appends of a call (invariant 1), two-phase.
 
-Builds the call's `Outcome` and its ledger entry (the entry's fields are a contract: auditors
-and `dharma audit` read them), appends it, and notes the call in the session history rules see.
-A fresh answer to a call with an `idempotency_key` is stored here too, as returned, for replay.
-If the ledger cannot be written the call fails closed: the outcome becomes `internal_error`
-and nothing of the result is returned.
+A call about to reach its backend is recorded twice: `RecordDecision` commits a *decision*
+record (`kind: "decision"`) before `Forward` may send anything, and `Record` commits the
+*outcome* record (`kind: "outcome"`, linked by `decision_seq` / `decision_hash`) before the
+answer leaves. A decision with no outcome therefore means the gateway stopped mid-call. A
+refused call (blocked, dry run, a transport's refusal) never reaches a backend and stays one
+record with no `kind`, the form older ledgers hold throughout.
+
+`Record` builds the call's `Outcome` and its ledger entry (the entry's fields are a contract:
+auditors and `dharma audit` read them), appends it, and notes the call in the session history
+rules see. A fresh answer to a call with an `idempotency_key` is stored here too, as returned,
+for replay. If the ledger cannot be written the call fails closed: the outcome becomes
+`internal_error` and nothing of the result is returned.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ from typing import Any, Protocol
 import structlog
 
 from audit.canon import NotCanonicalizable, digest, sha256_hex
-from gateway.core.call import CallContext, Decision, Outcome, Status
+from audit.records import KIND_DECISION, KIND_OUTCOME
+from gateway.core.call import CallContext, Decision, Outcome, RuleMatch, Status
 from gateway.core.errors import ErrorCode
 from gateway.crypto.receipts import strip_receipt
 from gateway.policy.compile import CompiledPolicy
@@ -76,19 +84,19 @@ def outcome_of(ctx: CallContext) -> Outcome:
     )
 
 
-def ledger_entry(
-    ctx: CallContext, policy: CompiledPolicy, outcome: Outcome, *, response_digest: str, latency_us: int
-) -> dict[str, Any]:
-    """The ledger record of one call (contract: keep every field and its meaning)."""
-    call, decision = ctx.call, outcome.decision
-    stored_args, _ = redact_secrets(ctx.arguments) if ctx.arguments else (None, ())
-    matched = list(decision.matched)
+def decided_matches(ctx: CallContext, decision: Decision) -> list[RuleMatch]:
+    """The rule matches behind `decision`: the rules' own when another stage's decision won."""
     if ctx.rules_decision is not None and ctx.rules_decision is not decision:
-        matched = list(ctx.rules_decision.matched)
-    if ctx.disclosure is not None:
-        matched.extend(ctx.disclosure.matched)
+        return list(ctx.rules_decision.matched)
+    return list(decision.matched)
+
+
+def call_fields(ctx: CallContext, policy: CompiledPolicy, decision: Decision, matched: list[RuleMatch]) -> dict[str, Any]:
+    """The fields the decision record and the outcome (or single) record share: who, what, decided how."""
+    call = ctx.call
+    stored_args, _ = redact_secrets(ctx.arguments) if ctx.arguments else (None, ())
     return {
-        "time": outcome.timestamp,
+        "time": rfc3339(ctx.clock),
         "request_id": call.request_id,
         "principal": ctx.principal.id if ctx.principal else None,
         "tier": ctx.principal.tier if ctx.principal else None,
@@ -106,17 +114,74 @@ def ledger_entry(
         "stage": decision.stage or None,
         "sensitivity": ctx.sensitivity.value,
         "purpose": call.purpose,
-        "disclosure": ctx.disclosure_note,
         "policy_version": policy.version,
-        "approval_id": outcome.approval_id,
+        "approval_id": ctx.approval_id,
         "idempotency_key": call.idempotency_key,
+        "tool_digest": ctx.tool.digest if ctx.tool else None,
+        "dry_run": call.dry_run,
+    }
+
+
+def decision_entry(ctx: CallContext, policy: CompiledPolicy) -> dict[str, Any]:
+    """The decision record of a call about to be forwarded (contract: keep every field and its meaning).
+
+    `matched_by_error` names the matched rules whose condition errored (counted as holding).
+    """
+    assert ctx.decision is not None
+    matched = decided_matches(ctx, ctx.decision)
+    return {
+        "kind": KIND_DECISION,
+        **call_fields(ctx, policy, ctx.decision, matched),
+        "matched_by_error": list(dict.fromkeys(m.rule_id for m in matched if m.by_error is not None)),
+    }
+
+
+def ledger_entry(
+    ctx: CallContext, policy: CompiledPolicy, outcome: Outcome, *, response_digest: str, latency_us: int
+) -> dict[str, Any]:
+    """The ledger record of one call's outcome (contract: keep every field and its meaning).
+
+    Self-contained, as the single record of older ledgers was; an outcome record adds `kind` and
+    the link to its decision record (see `Record`).
+    """
+    matched = decided_matches(ctx, outcome.decision)
+    if ctx.disclosure is not None:
+        matched.extend(ctx.disclosure.matched)
+    return {
+        **call_fields(ctx, policy, outcome.decision, matched),
+        "time": outcome.timestamp,
+        "approval_id": outcome.approval_id,
+        "disclosure": ctx.disclosure_note,
         "response_digest": response_digest,
         "status": outcome.status.value,
         "error_code": outcome.error_code.value if outcome.error_code else None,
         "latency_us": latency_us,
-        "tool_digest": ctx.tool.digest if ctx.tool else None,
-        "dry_run": call.dry_run,
     }
+
+
+class RecordDecision:
+    """Commit the decision record of a call that will reach its backend, before `Forward` runs.
+
+    A refused call (blocked, dry run) is skipped: it reaches no backend and `Record` writes its one
+    record. If the append fails, `ctx.decision_committed` stays false and `Forward` refuses to send:
+    the call fails closed with `internal_error`.
+    """
+
+    name = "record_decision"
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    async def __call__(self, ctx: CallContext, policy: CompiledPolicy) -> None:
+        assert ctx.decision is not None
+        if ctx.decision.blocks or ctx.call.dry_run:
+            return
+        try:
+            ctx.decision_record = await self.ledger.append(decision_entry(ctx, policy))
+        except Exception as exc:
+            log.error("ledger.decision_append_failed", request_id=ctx.call.request_id, error=str(exc))
+            return
+        ctx.decision_committed = True
 
 
 class Record:
@@ -143,6 +208,9 @@ class Record:
         ctx.response_digest = safe_digest(strip_receipt(body))  # the form verifiers digest
         ctx.latency_us = int((self.clock() - ctx.clock) * 1_000_000)
         entry = ledger_entry(ctx, policy, outcome, response_digest=ctx.response_digest, latency_us=ctx.latency_us)
+        if ctx.decision_committed:
+            link = ctx.decision_record
+            entry.update(kind=KIND_OUTCOME, decision_seq=getattr(link, "seq", None), decision_hash=getattr(link, "hash", None))
         try:
             ctx.appended = await self.ledger.append(entry)
         except Exception as exc:

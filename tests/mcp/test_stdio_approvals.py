@@ -47,8 +47,11 @@ async def test_elicitation_asks_the_client(tmp_path: Path, state: Path, mcp_poli
         assert result.is_error
         assert result.meta["dharma.gateway/decision"]["error_code"] == "approval_denied"
         assert backend_calls(tmp_path) == []
-    decisions = [r["decision"] for r in ledger_records(state) if r["tool"] == "write_note"]
+    written = [r for r in ledger_records(state) if r["tool"] == "write_note"]
+    decisions = [r["decision"] for r in written if r.get("kind") != "decision"]
     assert decisions[0] == "require_approval" and len(decisions) == 2
+    # only the approved retry reached the backend, so only it has a decision record
+    assert [r.get("kind") for r in written] == ([None, "decision", "outcome"] if approve else [None, None])
 
 
 async def test_hold_until_approved_by_the_cli_with_progress(tmp_path: Path, state: Path, mcp_policy: Path) -> None:

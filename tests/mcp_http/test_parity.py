@@ -44,7 +44,8 @@ SCRIPT: list[tuple[int, str, dict[str, Any]]] = [
 ]
 
 #: Ledger fields that legitimately differ between two runs (ids, times, where the server runs).
-VOLATILE = {"time", "request_id", "session_id", "latency_us", "backend", "response_digest", "hash", "prev_hash", "prev"}
+VOLATILE = {"time", "request_id", "session_id", "latency_us", "backend", "response_digest", "hash", "prev_hash", "prev",
+            "decision_hash"}  # the hash of the decision record, which holds the volatile fields
 
 
 def _normal(message: dict[str, Any]) -> dict[str, Any]:
@@ -116,6 +117,7 @@ async def test_same_session_same_answers_and_same_ledger_records(tmp_path: Path)
     # The script's calls left records, in order, and both transports wrote the same ones.
     kinds = [(r.get("tool"), r.get("method"), r.get("decision"), r.get("status")) for r in stdio_records]
     assert ("echo", "tools/call", "allow", "ok") in kinds
+    assert ("echo", "tools/call", "allow", None) in kinds  # its decision record, committed before the backend saw it
     assert ("write_note", "tools/call", "deny", "blocked") in kinds
     assert (None, "vendor/custom", "allow", "forwarded") in kinds
     assert sum(1 for r in stdio_records if r.get("stage") == "mcp") == 2  # the malformed arguments and name
