@@ -413,7 +413,7 @@ async def test_audit_verify_detects_truncation_against_a_checkpoint(recorded: di
     # the external checkpoint plus the ones the gateway stored (periodically, and when it closed)
     with SqliteLedgerReader(recorded["ledger"]) as reader:
         stored = reader.checkpoints()
-    assert stored and stored[-1][0] == 6
+    assert stored and stored[-1][0] == 10  # the last one covers the whole ledger (two records per forwarded call)
     assert intact.rc == 0 and f"{1 + len(stored)} checkpoint(s) matched" in intact.out, intact.out + intact.err
     assert with_checkpoint.rc == 1 and "truncated" in with_checkpoint.out.lower(), with_checkpoint.out
 
@@ -629,25 +629,25 @@ async def test_audit_proof_prints_proofs_an_outsider_can_check(recorded: dict[st
 
     inclusion, consistency, missing, backwards = dharma_many(
         [["audit", "proof", "--inclusion", "2"], ["audit", "proof", "--consistency", "2", "6"],
-         ["audit", "proof", "--inclusion", "7"], ["audit", "proof", "--consistency", "5", "3"]], state_root,
+         ["audit", "proof", "--inclusion", "11"], ["audit", "proof", "--consistency", "5", "3"]], state_root,
     )
     jwks = json.loads(dharma("keys", "jwks", state_root=state_root).out)
     assert inclusion.rc == 0, inclusion.err
     doc = json.loads(inclusion.out)
     checkpoint = verify_checkpoint_jwks(doc["checkpoint"], jwks)  # anchored to a note the published key signed
-    assert (doc["seq"], doc["leaf_index"], doc["tree_size"], checkpoint.size) == (2, 1, 6, 6)
+    assert (doc["seq"], doc["leaf_index"], doc["tree_size"], checkpoint.size) == (2, 1, 10, 10)
     assert checkpoint.root.hex() == doc["root"]
     with SqliteLedgerReader(recorded["ledger"]) as reader:
         assert leaf_hash(reader.get(2).body).hex() == doc["leaf_hash"]  # type: ignore[union-attr]
     proof = [bytes.fromhex(h) for h in doc["proof"]]
-    assert verify_inclusion(1, 6, bytes.fromhex(doc["leaf_hash"]), proof, checkpoint.root)
-    assert not verify_inclusion(2, 6, bytes.fromhex(doc["leaf_hash"]), proof, checkpoint.root)
+    assert verify_inclusion(1, 10, bytes.fromhex(doc["leaf_hash"]), proof, checkpoint.root)
+    assert not verify_inclusion(2, 10, bytes.fromhex(doc["leaf_hash"]), proof, checkpoint.root)
     assert consistency.rc == 0, consistency.err
     doc = json.loads(consistency.out)
     checkpoint = verify_checkpoint_jwks(doc["checkpoint"], jwks)
     assert (doc["old_size"], doc["tree_size"]) == (2, 6) and checkpoint.root.hex() == doc["root"]
     assert verify_consistency(2, 6, bytes.fromhex(doc["old_root"]), checkpoint.root, [bytes.fromhex(h) for h in doc["proof"]])
-    assert missing.rc == 2 and "--inclusion 7: the ledger has records 1..6" in missing.err and "Traceback" not in missing.err
+    assert missing.rc == 2 and "--inclusion 11: the ledger has records 1..10" in missing.err and "Traceback" not in missing.err
     assert backwards.rc == 2 and "need 0 <= OLD <= NEW" in backwards.err
 
 
@@ -662,15 +662,15 @@ async def test_audit_export_verifies_offline_with_only_the_published_keys(record
     exported, jwks = dharma_many(
         [["audit", "export", "--out", bundle, "--since-checkpoint", old], ["keys", "jwks"]], state_root
     )
-    assert exported.rc == 0 and "exported 7 records" in exported.out and "from size 6" in exported.out, exported.out + exported.err
+    assert exported.rc == 0 and "exported 11 records" in exported.out and "from size 10" in exported.out, exported.out + exported.err
     jwks_file.write_text(jwks.out, encoding="utf-8")
     lines = bundle.read_text(encoding="utf-8").splitlines()
-    record = json.loads(lines[2])  # line 3: record 2
+    record = json.loads(lines[3])  # line 4: record 3, the refused ../etc/passwd read
     body = base64.b64decode(record["record"])
     assert b"../etc/passwd" in body
     record["record"] = base64.b64encode(body.replace(b"../etc/passwd", b"notes.txt", 1)).decode()
     edited = tmp_path / "edited.jsonl"
-    edited.write_text("\n".join([*lines[:2], json.dumps(record), *lines[3:]]) + "\n", encoding="utf-8")
+    edited.write_text("\n".join([*lines[:3], json.dumps(record), *lines[4:]]) + "\n", encoding="utf-8")
     elsewhere = tmp_path / "auditor"  # an outsider: no keys, no ledger, only the bundle and the published JWKS
     elsewhere.mkdir()
     ok, bad, no_key = dharma_many(
@@ -678,9 +678,9 @@ async def test_audit_export_verifies_offline_with_only_the_published_keys(record
          ["audit", "verify", "--bundle", edited, "--jwks", jwks_file],
          ["audit", "verify", "--bundle", bundle, "--jwks", tmp_path / "missing.json"]], elsewhere,
     )
-    assert ok.rc == 0 and ok.out.startswith("OK") and "7 records" in ok.out, ok.out + ok.err
-    assert "consistent with the checkpoint at size 6" in ok.out
-    assert bad.rc == 1 and bad.out.startswith(f"FAIL {edited} (line 3): record 2 was modified"), bad.out + bad.err
+    assert ok.rc == 0 and ok.out.startswith("OK") and "11 records" in ok.out, ok.out + ok.err
+    assert "consistent with the checkpoint at size 10" in ok.out
+    assert bad.rc == 1 and bad.out.startswith(f"FAIL {edited} (line 4): record 3 was modified"), bad.out + bad.err
     assert no_key.rc == 2 and "missing.json" in no_key.err and not list(elsewhere.iterdir())
 
 
@@ -708,8 +708,8 @@ async def test_receipt_verify_finds_the_record_in_a_ledger_or_a_bundle(demo_gate
         ["receipt", "verify", saved, "--jwks", jwks_file, "--ledger", tmp_path / "foreign.db"],
         ["receipt", "verify", saved, "--jwks", jwks_file, "--ledger", edited],
     ], state_root)
-    assert in_db.rc == 0 and f"ledger seq {outcome.ledger_seq}, found in {ledger}, included in its signed checkpoint at size 2" in in_db.out, in_db.out + in_db.err
-    assert in_bundle.rc == 0 and "signed checkpoint at size 2" in in_bundle.out, in_bundle.out + in_bundle.err
+    assert in_db.rc == 0 and f"ledger seq {outcome.ledger_seq}, found in {ledger}, included in its signed checkpoint at size 4" in in_db.out, in_db.out + in_db.err
+    assert in_bundle.rc == 0 and "signed checkpoint at size 4" in in_bundle.out, in_bundle.out + in_bundle.err
     assert swapped.rc == 1 and f"ledger record {outcome.ledger_seq} has hash" in swapped.out, swapped.out
     assert tampered.rc == 1 and f"ledger record {outcome.ledger_seq} was modified" in tampered.out, tampered.out
 
