@@ -8,6 +8,7 @@ import base64
 import copy
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -276,3 +277,19 @@ async def test_a_repeated_parameter_is_a_400(http: httpx.AsyncClient) -> None:
     assert response.status_code == 400 and "`principal`" in response.json()["message"]
     bad = await http.get("/v1/audit/consistency", params={"from": "x", "to": "1"}, headers=AUDITOR)
     assert bad.status_code == 400 and "`from`" in bad.json()["message"]
+
+
+async def test_a_tampered_record_gets_a_500_naming_it_not_a_proof(http: httpx.AsyncClient, gw: Any) -> None:
+    await make_calls(http)
+    conn = sqlite3.connect(gw.ledger.path, isolation_level=None)
+    try:
+        conn.execute("DROP TRIGGER IF EXISTS records_no_update")
+        (body,) = conn.execute("SELECT body FROM records WHERE seq = 2").fetchone()
+        conn.execute("UPDATE records SET body = ? WHERE seq = 2", (bytes(body).replace(b'"principal":"reader"', b'"principal":"admin"', 1),))
+    finally:
+        conn.close()
+    response = await http.get("/v1/audit/records/2", headers=AUDITOR)
+    assert response.status_code == 500, response.text
+    body_ = response.json()
+    assert body_["error_code"] == "internal_error" and "record 2" in body_["message"] and "inclusion" not in body_
+    assert (await http.get("/v1/audit/records/3", headers=AUDITOR)).status_code == 200  # the others still prove

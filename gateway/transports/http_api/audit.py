@@ -153,26 +153,16 @@ def audit_routes(gateway: Gateway) -> list[Route]:
         return str(note)
 
     async def records(request: Request) -> Response:
-        if (refused := refusal(request)) is not None:
-            return refused
-        try:
-            query: RecordsQuery = parse_query(RecordsQuery, request)
-        except BadQuery as exc:
-            return bad_request(str(exc))
+        query: RecordsQuery = parse_query(RecordsQuery, request)
         reader = await open_reader()
         try:
             rows = await anyio.to_thread.run_sync(page_rows, reader, query)
-        except BadQuery as exc:
-            reader.close()
-            return bad_request(str(exc))
         except BaseException:
             reader.close()
             raise
         return StreamingResponse(stream_page(reader, rows, query.limit), media_type="application/json")
 
     async def record(request: Request) -> Response:
-        if (refused := refusal(request)) is not None:
-            return refused
         seq = request.path_params["seq"]
         with contextlib.closing(await open_reader()) as reader:
             stored = await anyio.to_thread.run_sync(reader.get, seq)
@@ -187,24 +177,17 @@ def audit_routes(gateway: Gateway) -> list[Route]:
                              "entry": stored.to_dict(), "inclusion": proof})
 
     async def checkpoint(request: Request) -> Response:
-        if (refused := refusal(request)) is not None:
-            return refused
         with contextlib.closing(await open_reader()) as reader:
             size = await anyio.to_thread.run_sync(reader.size)
             note = await latest_checkpoint(reader, size)
         return PlainTextResponse(note, headers={"cache-control": "no-store"})
 
     async def consistency(request: Request) -> Response:
-        if (refused := refusal(request)) is not None:
-            return refused
-        try:
-            query: ConsistencyQuery = parse_query(ConsistencyQuery, request)
-        except BadQuery as exc:
-            return bad_request(str(exc))
+        query: ConsistencyQuery = parse_query(ConsistencyQuery, request)
         with contextlib.closing(await open_reader()) as reader:
             size = await anyio.to_thread.run_sync(reader.size)
             if not query.old <= query.new <= size:
-                return bad_request(f"query parameters `from` {query.old} and `to` {query.new}: need from <= to <= {size} (the ledger size)")
+                raise BadQuery(f"query parameters `from` {query.old} and `to` {query.new}: need from <= to <= {size} (the ledger size)")
             doc = await anyio.to_thread.run_sync(proofs.consistency, reader, query.old, query.new)
             sign = signer()
             doc["checkpoint"] = await anyio.to_thread.run_sync(proofs.anchor_checkpoint, reader, sign, query.new, bytes.fromhex(doc["root"]))
@@ -212,29 +195,29 @@ def audit_routes(gateway: Gateway) -> list[Route]:
                                                                    bytes.fromhex(doc["old_root"]))
         return JSONResponse(doc)
 
+    def guarded(endpoint: Any) -> Any:
+        """Refuse callers without the role; a bad parameter is a 400 naming it; a ledger that cannot
+        be read or proven (tampered, gone) a 500 saying why, never a traceback."""
+
+        async def answer(request: Request) -> Response:
+            if (refused := refusal(request)) is not None:
+                return refused
+            try:
+                return await endpoint(request)  # type: ignore[no-any-return]
+            except BadQuery as exc:
+                return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, str(exc)), status_code=400)
+            except (LedgerError, ConfigError) as exc:
+                log.error("audit_api.failed", path=request.url.path, error=str(exc))
+                return JSONResponse(error_envelope("", ErrorCode.INTERNAL_ERROR, f"the ledger cannot answer: {exc}"), status_code=500)
+
+        return answer
+
     return [
-        Route("/v1/audit/records", _failing_closed(records), methods=["GET"]),
-        Route("/v1/audit/records/{seq:int}", _failing_closed(record), methods=["GET"]),
-        Route("/v1/audit/checkpoint", _failing_closed(checkpoint), methods=["GET"]),
-        Route("/v1/audit/consistency", _failing_closed(consistency), methods=["GET"]),
+        Route("/v1/audit/records", guarded(records), methods=["GET"]),
+        Route("/v1/audit/records/{seq:int}", guarded(record), methods=["GET"]),
+        Route("/v1/audit/checkpoint", guarded(checkpoint), methods=["GET"]),
+        Route("/v1/audit/consistency", guarded(consistency), methods=["GET"]),
     ]
-
-
-def bad_request(message: str) -> Response:
-    return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, message), status_code=400)
-
-
-def _failing_closed(endpoint: Any) -> Any:
-    """Answer a ledger that cannot be read or proven (tampered, gone) with 500 naming why, never a traceback."""
-
-    async def guarded(request: Request) -> Response:
-        try:
-            return await endpoint(request)  # type: ignore[no-any-return]
-        except (LedgerError, ConfigError) as exc:
-            log.error("audit_api.failed", path=request.url.path, error=str(exc))
-            return JSONResponse(error_envelope("", ErrorCode.INTERNAL_ERROR, f"the ledger cannot answer: {exc}"), status_code=500)
-
-    return guarded
 
 
 async def stream_page(reader: Any, rows: Iterator[dict[str, Any]], limit: int) -> AsyncIterator[bytes]:
