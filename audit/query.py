@@ -56,6 +56,19 @@ OUTCOME_UNKNOWN = "unknown"
 """A decision record's `outcome` when no outcome record answers it: the gateway stopped mid-call."""
 
 
+def check_time(text: str) -> str:
+    """`text` if it is an RFC 3339 time (or date), for a `since`/`until` filter.
+
+    Raises:
+        ValueError: anything else (a filter must not quietly match nothing).
+    """
+    try:
+        datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+    except ValueError:
+        raise ValueError(f"not an RFC 3339 time: {text!r} (e.g. 2026-11-22T00:00:00Z)") from None
+    return text
+
+
 def query_records(
     reader: LedgerReader,
     *,

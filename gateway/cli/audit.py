@@ -20,33 +20,18 @@ from typing import Any
 
 from gateway.cli.common import EXIT_FAILED, EXIT_OK, add_command, add_group, open_keys, out, settings_of
 from gateway.core.errors import ConfigError
+from gateway.ledger_access import ledger_location, open_ledger_reader, query_choices
 
 LEDGER_HELP = "ledger file or postgresql:// URL (default: the one dharma.yaml names, or ledger.db under the state root)"
-PASSTHROUGH_STATUS = "forwarded"
-"""The status of a record for an MCP method the gateway does not govern, relayed as is."""
-
-
-def choices() -> dict[str, list[str]]:
-    """The values a ledger record can hold, per validated flag: from the code's enums."""
-    from gateway.core.call import Effect, Status
-    from gateway.core.errors import ErrorCode
-
-    return {
-        "decision": [e.value for e in Effect],
-        "status": [s.value for s in Status] + [PASSTHROUGH_STATUS],
-        "error_code": [c.value for c in ErrorCode],
-    }
-
 
 def _time_arg(text: str) -> str:
     """An RFC 3339 time (or date) for --since/--until; anything else is a usage error, not an empty result."""
-    from datetime import datetime
+    from audit.query import check_time
 
     try:
-        datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an RFC 3339 time: {text!r} (e.g. 2026-11-22T00:00:00Z)") from None
-    return text
+        return check_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _count_arg(text: str) -> int:
@@ -67,7 +52,7 @@ def _ledger_path(args: argparse.Namespace) -> Path | str:
     if args.ledger:
         return args.ledger if is_ledger_url(args.ledger) else Path(args.ledger)
     settings = settings_of(args)
-    return settings.ledger.url or settings.ledger_path
+    return ledger_location(settings)
 
 
 def _display(location: Path | str) -> str:
@@ -77,25 +62,6 @@ def _display(location: Path | str) -> str:
     from audit.postgres import display_url
 
     return display_url(location)
-
-
-def _open_reader(path: Path | str) -> Any:
-    from audit.errors import LedgerError
-
-    try:
-        if isinstance(path, str):
-            from audit.postgres import PostgresLedgerReader
-
-            return PostgresLedgerReader(path)
-        from audit.sqlite import SqliteLedgerReader
-
-        if not path.exists():
-            raise ConfigError(f"{path}: no ledger there")
-        return SqliteLedgerReader(path)
-    except LedgerError as exc:
-        raise ConfigError(str(exc)) from None
-    except ImportError as exc:
-        raise ConfigError(f"a PostgreSQL ledger needs psycopg: pip install 'dharma-gateway[postgres]' ({exc})") from None
 
 
 def _read_note(path: str, what: str) -> str:
@@ -126,7 +92,7 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
             out(f"FAIL checkpoint {args.checkpoint}: {exc}")
             return EXIT_FAILED
     location = _ledger_path(args)
-    with _open_reader(location) as reader:
+    with open_ledger_reader(location) as reader:
         path = _display(location)
         started = time.perf_counter()
         report = verify_ledger(reader, checkpoint)
@@ -136,7 +102,7 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
             write_stamp(location, report)
         rate = f", {report.size / elapsed:,.0f} records/s" if elapsed > 0 and report.size else ""
         out(f"OK {path}: {report.size} records, root {report.root.hex()}, {report.checkpoints_checked} checkpoint(s) matched{rate}")
-        with _open_reader(location) as reader:
+        with open_ledger_reader(location) as reader:
             return report_outcomes(reader, path, strict=args.strict_outcomes)
     where = f" at seq {report.first_bad_seq}" if report.first_bad_seq is not None else ""
     out(f"FAIL {path}{where}: {report.problem}")
@@ -188,7 +154,7 @@ def cmd_audit_query(args: argparse.Namespace) -> int:
     from audit.verify import unverified_note
 
     path = _ledger_path(args)
-    with _open_reader(path) as reader:
+    with open_ledger_reader(path) as reader:
         if isinstance(path, Path) and (note := unverified_note(path, reader.size())):
             sys.stderr.write(f"dharma: warning: {note}\n")
         records = query_records(
@@ -219,7 +185,7 @@ def cmd_audit_checkpoint(args: argparse.Namespace) -> int:
     from audit.merkle import root_hash
 
     keys = open_keys(args, create=False)
-    with _open_reader(_ledger_path(args)) as reader:
+    with open_ledger_reader(_ledger_path(args)) as reader:
         size = reader.size()
         root = root_hash(reader.leaf_hashes(size))
     out(sign_checkpoint(_origin(args), size, root, keys.checkpoint_key, keys.checkpoint_key_name).rstrip("\n"))
@@ -233,23 +199,12 @@ def _origin(args: argparse.Namespace) -> str:
 
 
 def _anchor(reader: Any, args: argparse.Namespace, size: int, root: bytes) -> str:
-    """The signed checkpoint at `size`: the one stored in the ledger, else one signed now with the
-    checkpoint key. Its root must be `root` (recomputed from the records); else the ledger is bad."""
-    from audit.checkpoint import sign_checkpoint, verify_checkpoint
-    from audit.errors import LedgerError
+    """The signed checkpoint at `size` (`audit.proofs.anchor_checkpoint`), signed with the checkpoint key if none is stored."""
+    from audit.checkpoint import CheckpointSigner
+    from audit.proofs import anchor_checkpoint
 
-    stored = dict(reader.checkpoints()).get(size)
     keys = open_keys(args, create=False)
-    if stored is None:
-        return str(sign_checkpoint(_origin(args), size, root, keys.checkpoint_key, keys.checkpoint_key_name))
-    try:
-        cp = verify_checkpoint(stored, keys.checkpoint_key.public_key(), keys.checkpoint_key_name)
-    except LedgerError as exc:
-        raise LedgerError(f"stored checkpoint at size {size}: {exc}") from None
-    if cp.root != root:
-        raise LedgerError(f"records 1..{size} do not give the root of the stored checkpoint at size {size}: "
-                          "run `dharma audit verify`")
-    return str(stored)
+    return anchor_checkpoint(reader, CheckpointSigner(keys.checkpoint_key, keys.checkpoint_key_name, _origin(args)), size, root)
 
 
 def _tree_size(reader: Any, wanted: int | None, at_least: int) -> int:
@@ -268,40 +223,22 @@ def _tree_size(reader: Any, wanted: int | None, at_least: int) -> int:
 
 def cmd_audit_proof(args: argparse.Namespace) -> int:
     """Print an inclusion or consistency proof as JSON, verified before it is printed."""
-    from audit import merkle
+    from audit import proofs
     from audit.errors import LedgerError
 
-    with _open_reader(_ledger_path(args)) as reader:
-        if args.inclusion is not None:
-            seq = args.inclusion
-            if not 1 <= seq <= reader.size():
-                raise ConfigError(f"--inclusion {seq}: the ledger has records 1..{reader.size()}")
-            size = _tree_size(reader, args.size, seq)
-            leaves = reader.leaf_hashes(size)
-            record = reader.get(seq)
-            leaf = merkle.leaf_hash(record.body)
-            root = merkle.root_hash(leaves)
-            proof = merkle.inclusion_proof(leaves, seq - 1, size)
-            if leaf != leaves[seq - 1] or not merkle.verify_inclusion(seq - 1, size, leaf, proof, root):
-                out(f"FAIL record {seq}: its bytes do not hash to its stored leaf, so no proof holds")
-                return EXIT_FAILED
-            doc: dict[str, Any] = {"type": "inclusion", "seq": seq, "leaf_index": seq - 1, "tree_size": size,
-                                   "leaf_hash": leaf.hex(), "root": root.hex(), "proof": [p.hex() for p in proof]}
-        else:
-            old, size = args.consistency
-            if not 0 <= old <= size <= reader.size():
-                raise ConfigError(f"--consistency {old} {size}: need 0 <= OLD <= NEW <= {reader.size()} (the ledger size)")
-            leaves = reader.leaf_hashes(size)
-            root, old_root = merkle.root_hash(leaves), merkle.root_hash(leaves[:old])
-            proof = merkle.consistency_proof(leaves, old, size)
-            if not merkle.verify_consistency(old, size, old_root, root, proof):
-                out(f"FAIL the consistency proof from {old} to {size} does not verify")
-                return EXIT_FAILED
-            stored_old = dict(reader.checkpoints()).get(old)
-            doc = {"type": "consistency", "old_size": old, "tree_size": size, "old_root": old_root.hex(),
-                   "root": root.hex(), "proof": [p.hex() for p in proof], "old_checkpoint": stored_old}
+    with open_ledger_reader(_ledger_path(args)) as reader:
         try:
-            doc["checkpoint"] = _anchor(reader, args, size, root)
+            if args.inclusion is not None:
+                seq = args.inclusion
+                if not 1 <= seq <= reader.size():
+                    raise ConfigError(f"--inclusion {seq}: the ledger has records 1..{reader.size()}")
+                doc = proofs.inclusion(reader, seq, _tree_size(reader, args.size, seq))
+            else:
+                old, size = args.consistency
+                if not 0 <= old <= size <= reader.size():
+                    raise ConfigError(f"--consistency {old} {size}: need 0 <= OLD <= NEW <= {reader.size()} (the ledger size)")
+                doc = proofs.consistency(reader, old, size)
+            doc["checkpoint"] = _anchor(reader, args, doc["tree_size"], bytes.fromhex(doc["root"]))
         except LedgerError as exc:
             out(f"FAIL {exc}")
             return EXIT_FAILED
@@ -318,7 +255,7 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
 
     keys = open_keys(args, create=False)
     since = _read_note(args.since_checkpoint, "old checkpoint") if args.since_checkpoint else None
-    with _open_reader(_ledger_path(args)) as reader:
+    with open_ledger_reader(_ledger_path(args)) as reader:
         try:
             if since is not None:
                 try:
@@ -369,7 +306,7 @@ def cmd_audit_migrate(args: argparse.Namespace) -> int:
     source = Path(args.source.removeprefix("sqlite://")) if not is_ledger_url(args.source) else None
     if source is None or not is_ledger_url(args.destination):
         raise ConfigError("audit migrate copies a SQLite ledger (sqlite:///path or a path) into a postgresql:// URL")
-    with _open_reader(source) as reader:
+    with open_ledger_reader(source) as reader:
         from audit.postgres import migrate_ledger
 
         try:
@@ -398,7 +335,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--principal", help="principal id")
     p.add_argument("--tool", help="tool name or glob, e.g. 'read_*' (quote it from the shell)")
-    values = choices()
+    values = query_choices()
     p.add_argument("--decision", choices=values["decision"], metavar="DECISION", help="one of: " + ", ".join(values["decision"]))
     p.add_argument("--status", choices=values["status"], metavar="STATUS", help="one of: " + ", ".join(values["status"]))
     p.add_argument("--error-code", choices=values["error_code"], metavar="CODE", help="one of: " + ", ".join(values["error_code"]))

@@ -240,6 +240,9 @@ def build_app(
         Route("/.well-known/jwks.json", jwks, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]
+    from gateway.transports.http_api.audit import audit_routes
+
+    routes += audit_routes(gateway)
     if mcp is not None:
         path = getattr(getattr(getattr(gateway, "settings", None), "mcp", None), "path", "/mcp")
         routes.append(Route(path, mcp))  # a pure ASGI app: SSE is streamed, never buffered
