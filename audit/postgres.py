@@ -10,6 +10,9 @@ the hashes the others appended to keep its Merkle frontier right.
 One asyncio writer task per `PostgresLedger` does group commit: it takes whatever appends are
 queued, commits them in one transaction and only then answers each caller. A failed commit
 fails its whole batch (fail closed); after a lost connection the next batch reconnects.
+Given a `CheckpointSigner`, the writer signs and stores checkpoints on its own, on the same
+schedule as the SQLite writer (`audit.checkpoint.CheckpointSchedule`: at least every
+`checkpoint_interval` seconds while the tree grows, and on close).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,7 +34,7 @@ import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit import merkle
-from audit.checkpoint import parse_checkpoint, sign_checkpoint
+from audit.checkpoint import CheckpointSchedule, CheckpointSigner, parse_checkpoint
 from audit.errors import LedgerError, NotALedger
 from audit.merkle import CompactRange
 from audit.records import (
@@ -208,13 +212,14 @@ class _Command:
 
 
 _NEXT: Any = object()  # the writer loop's "nothing taken yet, wait for the next item"
+_DUE: Any = object()  # the writer loop's "idle long enough: a periodic checkpoint may be due"
 
 
 class PostgresLedger:
     """A writer of a PostgreSQL karma ledger (one of possibly several). Build it with `await PostgresLedger.open(url)`."""
 
     def __init__(self, url: str, conn: psycopg.AsyncConnection[Any], frontier: CompactRange, head_hash: str,
-                 *, batch_max: int) -> None:
+                 *, batch_max: int, schedule: CheckpointSchedule) -> None:
         self._url = url
         self._name = display_url(url)
         self._conn: psycopg.AsyncConnection[Any] | None = conn
@@ -223,32 +228,40 @@ class PostgresLedger:
         self._hash = head_hash
         self._root = frontier.root()
         self._batch_max = batch_max
+        self._schedule = schedule
         self._queue: asyncio.Queue[_Pending | _Command | None] = asyncio.Queue()
         self._closed = False
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"karma-ledger:{self._name}")
 
     @classmethod
-    async def open(cls, url: str, *, batch_max: int = 256) -> PostgresLedger:
+    async def open(cls, url: str, *, batch_max: int = 256, checkpoint_signer: CheckpointSigner | None = None,
+                   checkpoint_interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> PostgresLedger:
         """Connect, create the ledger if the database is empty, check it, and start the writer task.
+
+        `checkpoint_signer` turns on periodic checkpoints (every `checkpoint_interval` seconds of
+        `clock` while the tree grows, and on close), as on SQLite.
 
         Raises:
             NotALedger: the database holds something else (it is left untouched).
             LedgerError: PostgreSQL cannot be reached, or the ledger is damaged.
         """
         name = display_url(url)
-        if batch_max < 1:
-            raise LedgerError(f"{name}: batch_max must be >= 1")
-        frontier, head_hash = await asyncio.to_thread(cls._open_sync, url, name)
+        if batch_max < 1 or checkpoint_interval <= 0:
+            raise LedgerError(f"{name}: batch_max must be >= 1 and checkpoint_interval > 0")
+        frontier, head_hash, checkpointed = await asyncio.to_thread(cls._open_sync, url, name)
         conn = await cls._connect_async(url, name)
         log.info("ledger.opened", url=name, size=frontier.size)
-        return cls(url, conn, frontier, head_hash, batch_max=batch_max)
+        schedule = CheckpointSchedule(checkpoint_signer, checkpoint_interval, clock, checkpointed)
+        return cls(url, conn, frontier, head_hash, batch_max=batch_max, schedule=schedule)
 
     @staticmethod
-    def _open_sync(url: str, name: str) -> tuple[CompactRange, str]:
+    def _open_sync(url: str, name: str) -> tuple[CompactRange, str, int]:
         with _connect(url, name) as conn:
             try:
                 _prepare(conn, name, create=True)
-                return _rebuild(conn, name)
+                frontier, head_hash = _rebuild(conn, name)
+                checkpointed = conn.execute("SELECT COALESCE(MAX(size), 0) FROM checkpoints").fetchone()[0]  # type: ignore[index]
+                return frontier, head_hash, int(checkpointed)
             except psycopg.Error as exc:
                 raise LedgerError(f"{name} cannot be prepared as a karma ledger ({_first_line(exc)})") from None
 
@@ -289,7 +302,7 @@ class PostgresLedger:
 
     async def checkpoint(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> str:
         """Sign the ledger's current head (all writers' records) as a checkpoint, store it and return it."""
-        command = _Command(functools.partial(self._sign, private_key, key_name, origin),
+        command = _Command(functools.partial(self._sign, CheckpointSigner(private_key, key_name, origin)),
                            asyncio.get_running_loop().create_future())
         self._submit(command)
         return await asyncio.shield(command.future)
@@ -309,13 +322,18 @@ class PostgresLedger:
         self._queue.put_nowait(item)
 
     async def _run(self) -> None:
-        """Take one item, drain the queue behind it into one batch, commit, answer; until the stop."""
+        """Take one item, drain the queue behind it into one batch, commit, answer; until the stop.
+        Between items, sign a periodic checkpoint when one is due; on the stop, a last one."""
         try:
-            item = await self._queue.get()
+            item = await self._next_item()
             while item is not None:
+                if item is _DUE:
+                    await self._auto_checkpoint(final=False)
+                    item = await self._next_item()
+                    continue
                 if isinstance(item, _Command):
                     await self._answer([item.future], item.run())
-                    item = await self._queue.get()
+                    item = await self._next_item()
                     continue
                 batch = [item]
                 while len(batch) < self._batch_max and not self._queue.empty():
@@ -326,11 +344,36 @@ class PostgresLedger:
                 else:
                     item = _NEXT
                 await self._answer([p.future for p in batch], self._commit(batch))
+                await self._auto_checkpoint(final=False)
                 if item is _NEXT:
-                    item = await self._queue.get()
+                    item = await self._next_item()
+            await self._auto_checkpoint(final=True)
         finally:
             if self._conn is not None:
                 await self._conn.close()
+
+    async def _next_item(self) -> _Pending | _Command | None:
+        """The next queued item, or `_DUE` once a periodic checkpoint may be due while idle."""
+        due = self._schedule.wait_for(self._size)
+        if due is None:
+            return await self._queue.get()
+        try:
+            async with asyncio.timeout(due):
+                return await self._queue.get()
+        except TimeoutError:
+            return _DUE
+
+    async def _auto_checkpoint(self, *, final: bool) -> None:
+        """Sign and store a checkpoint if the tree grew and one is due; a failure is logged, never raised
+        (the records are committed; the next try may work)."""
+        signer = self._schedule.signer
+        if signer is None or not self._schedule.due(self._size, final=final):
+            return
+        try:
+            await self._sign(signer)
+        except LedgerError as exc:
+            log.error("ledger.checkpoint_failed", url=self._name, size=self._size, error=str(exc))
+            self._schedule.failed()
 
     async def _answer(self, futures: Sequence[asyncio.Future[Any]], work: Any) -> None:
         """Run one unit of work and hand its outcome (a list, one per future, or one error) to the callers."""
@@ -399,17 +442,19 @@ class PostgresLedger:
         log.debug("ledger.batch_committed", url=self._name, first_seq=first, count=len(batch))
         return results
 
-    async def _sign(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> list[str]:
+    async def _sign(self, signer: CheckpointSigner) -> list[str]:
+        """Sign the ledger's head (locked, so all writers' records) and store the note; one-item list for `_answer`."""
         try:
             conn = await self._connection()
             async with conn.transaction():
                 size, _ = await self._locked_head(conn)
-                note = sign_checkpoint(origin, size, self._frontier.root(), private_key, key_name)
+                note = signer.sign(size, self._frontier.root())
                 await conn.execute(INSERT_CHECKPOINT, (size, note, _utc_now()))
         except psycopg.Error as exc:
             await self._drop_if_broken()
             raise LedgerError(f"{self._name}: the checkpoint was not stored ({_first_line(exc)})") from None
-        log.info("ledger.checkpoint_signed", size=size, origin=origin, key_name=key_name)
+        self._schedule.signed(size)
+        log.info("ledger.checkpoint_signed", size=size, origin=signer.origin, key_name=signer.key_name)
         return [note]
 
     async def _drop_if_broken(self) -> None:
