@@ -14,11 +14,13 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit.checkpoint import CheckpointSigner, checkpoint_jwk, parse_checkpoint, sign_checkpoint
+from audit.checkpoint import CheckpointSigner, checkpoint_jwk, parse_checkpoint, sign_checkpoint, verify_checkpoint_jwks
 from audit.errors import LedgerError
 from audit.export import BUNDLE_FORMAT, verify_bundle, write_bundle
-from audit.merkle import root_hash
+from audit.merkle import leaf_hash, root_hash, verify_consistency, verify_inclusion
+from gateway.crypto.receipts import KeyStore
 from tests.audit.conftest import Location, attacker, fill, open_ledger, open_reader
+from tests.audit.test_tamper import cli
 
 ORIGIN = "test/karma"
 NAME = "dharma-gateway"
@@ -227,3 +229,54 @@ async def test_consistency_from_an_old_checkpoint_is_proven_and_a_fork_refused(l
             write_bundle(reader, fh, checkpoint=rewritten, jwks=jwks_of(key), since=old)
         with pytest.raises(LedgerError, match="records 1..5 do not give the root"):
             write_bundle(reader, fh, checkpoint=old, jwks=jwks_of(key))
+
+
+# ---- the auditor's CLI on either backend ---------------------------------------------------
+
+
+async def test_cli_proof_and_export_of_a_ledger_on_either_backend(ledger_backend: Location, state_root: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`audit proof` and `audit export --ledger LOCATION` give proofs and a bundle an outsider checks with the
+    JWKS alone; a tampered ledger is refused with a message naming it, never a traceback."""
+    keys = KeyStore.open(state_root, create=True)
+    jwks = keys.jwks()
+    signer = CheckpointSigner(keys.checkpoint_key, keys.checkpoint_key_name, ORIGIN)
+    ledger = await open_ledger(ledger_backend, checkpoint_signer=signer)
+    await fill(ledger, 6)
+    await ledger.aclose()  # close signs the checkpoint at 6
+    with open_reader(ledger_backend) as reader:
+        [(size, old_note)] = reader.checkpoints()
+        leaf2 = leaf_hash(reader.get(2).body)  # type: ignore[union-attr]
+    assert size == 6
+
+    code, out = cli(capsys, "audit", "proof", "--ledger", ledger_backend, "--inclusion", "2")
+    assert code == 0, out
+    doc = json.loads(out)
+    anchor = verify_checkpoint_jwks(doc["checkpoint"], jwks)
+    assert (doc["tree_size"], anchor.size, doc["leaf_hash"]) == (6, 6, leaf2.hex())
+    assert verify_inclusion(1, 6, leaf2, [bytes.fromhex(h) for h in doc["proof"]], anchor.root)
+    code, out = cli(capsys, "audit", "proof", "--ledger", ledger_backend, "--consistency", "2", "6")
+    assert code == 0, out
+    doc = json.loads(out)
+    anchor = verify_checkpoint_jwks(doc["checkpoint"], jwks)
+    assert verify_consistency(2, 6, bytes.fromhex(doc["old_root"]), anchor.root, [bytes.fromhex(h) for h in doc["proof"]])
+
+    old = tmp_path / "old.txt"
+    old.write_text(old_note, encoding="utf-8")
+    grown = await open_ledger(ledger_backend)  # grows with no checkpoint: export signs the head itself
+    await fill(grown, 3, start=6)
+    await grown.aclose()
+    bundle = tmp_path / "export.jsonl"
+    code, out = cli(capsys, "audit", "export", "--ledger", ledger_backend, "--out", bundle, "--since-checkpoint", old,
+                    "--origin", ORIGIN)
+    assert code == 0 and "exported 9 records" in out, out
+    report = verify_bundle(bundle, jwks)
+    assert report.ok and report.size == 9 and report.since_size == 6, report.problem
+
+    conn = attacker(ledger_backend)
+    conn.execute("UPDATE records SET body = ? WHERE seq = 8", (b'{"entry":{},"prev":"00","seq":8}',))
+    conn.close()
+    refused = tmp_path / "refused.jsonl"
+    code, out = cli(capsys, "audit", "export", "--ledger", ledger_backend, "--out", refused)
+    assert code == 1 and out.startswith("FAIL") and "record 8" in out and "nothing exported" in out, out
+    assert not refused.exists()
