@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -503,22 +504,29 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
             after = rows[-1][0]
 
     def index_suspects(self) -> Iterator[IndexedRecord]:
-        """Every record with its indexed columns and rule rows, oldest first, for verify's exact
-        check (no SQL shortcut here). Reads on a connection of its own, so it can run in another
-        thread while the chain is walked."""
+        """Records whose indexed columns or rule rows may disagree with their bytes, oldest first.
+
+        One SQL pass per window of SUSPECT_WINDOW seqs, on a connection of its own (so it can run
+        in another thread while the chain is walked): PostgreSQL reads the body as jsonb and
+        compares each indexed field with its column and `matched_rules` with the rule rows, so only
+        the records that differ reach Python's exact check. A body PostgreSQL cannot read as JSON
+        makes that window's pass fail; then every record of the window is handed over instead.
+        """
         conn = _connect(self._url, self._name)
-        after = 0
         try:
-            while True:
-                rows = conn.execute(
-                    "SELECT r.seq, r.body, r.time, r.principal, r.tool, r.decision, r.status, r.request_id,"
-                    " r.policy_version, ARRAY(SELECT rule_id FROM record_rules x WHERE x.seq = r.seq ORDER BY rule_id COLLATE \"C\")"
-                    " FROM records r WHERE r.seq > %s ORDER BY r.seq LIMIT %s", (after, READ_CHUNK)).fetchall()
-                for row in rows:
-                    yield IndexedRecord(seq=row[0], body=bytes(row[1]), fields=IndexFields(*row[2:9]), rules=tuple(row[9]))
-                if len(rows) < READ_CHUNK:
-                    return
-                after = rows[-1][0]
+            last = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()[0])  # type: ignore[index]
+            for low in range(0, last, SUSPECT_WINDOW):
+                high = low + SUSPECT_WINDOW
+                try:
+                    windows = [conn.execute(_SUSPECTS_SQL, (low, high)).fetchall()]
+                except psycopg.DataError as exc:
+                    log.warning("ledger.index_check_thorough", url=self._name, after_seq=low, reason=_first_line(exc))
+                    windows = (conn.execute(_INDEXED_SQL, (sub, min(sub + READ_CHUNK, high))).fetchall()
+                               for sub in range(low, high, READ_CHUNK))
+                for rows in windows:
+                    for row in rows:
+                        yield IndexedRecord(seq=row[0], body=bytes(row[1]), fields=IndexFields(*row[2:9]),
+                                            rules=tuple(row[9]))
         except psycopg.Error as exc:
             raise LedgerError(f"{self._name}: cannot read the ledger's indexes ({_first_line(exc)})") from None
         finally:
@@ -565,6 +573,31 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
             return self._conn.execute(sql, params).fetchall()
         except psycopg.Error as exc:
             raise LedgerError(f"{self._name}: cannot read the ledger ({_first_line(exc)})") from None
+
+
+SUSPECT_WINDOW = 50_000
+_INDEXED = tuple(field.name for field in dataclasses.fields(IndexFields))
+_RULE_ROWS = "ARRAY(SELECT rule_id FROM record_rules x WHERE x.seq = r.seq ORDER BY rule_id COLLATE \"C\")"
+_INDEXED_SQL = (
+    f"SELECT r.seq, r.body, {', '.join(f'r.{name}' for name in _INDEXED)}, {_RULE_ROWS} AS rules"
+    " FROM records r WHERE r.seq > %s AND r.seq <= %s ORDER BY r.seq"
+)
+_CANONICAL_TIME_RE = "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}[.][0-9]{6}Z$"
+_CLEAN = " AND ".join([
+    "jsonb_typeof(e.entry) = 'object'",
+    *(f"COALESCE(e.entry -> '{name}', 'null') = COALESCE(to_jsonb(r.{name}), 'null')" for name in _INDEXED),
+    f"(r.time IS NULL OR r.time ~ '{_CANONICAL_TIME_RE}')",
+    f"to_jsonb({_RULE_ROWS}) = COALESCE(NULLIF(e.entry -> 'matched_rules', 'null'), '[]')",
+    "(SELECT count(*) = count(DISTINCT rule_id) FROM record_rules x WHERE x.seq = r.seq)",
+])
+# Only the records that may be wrong: a field whose JSON differs from its column (a number where
+# the column holds its text, say) or rules not already distinct and sorted go to Python's exact check.
+_SUSPECTS_SQL = (
+    f"SELECT r.seq, r.body, {', '.join(f'r.{name}' for name in _INDEXED)}, {_RULE_ROWS} AS rules"
+    " FROM records r CROSS JOIN LATERAL"
+    " (SELECT convert_from(r.body, 'UTF8')::jsonb -> 'entry' AS entry) e"
+    f" WHERE r.seq > %s AND r.seq <= %s AND NOT COALESCE({_CLEAN}, false) ORDER BY r.seq"
+)
 
 
 def _starts_with(prefix: str) -> tuple[str, str]:

@@ -36,6 +36,7 @@ class Tamper(Protocol):
 
     def edit_record_bytes(self, seq: int) -> None: ...
     def edit_column(self, seq: int, column: str, value: Any) -> None: ...
+    def replace_body(self, seq: int, body: bytes) -> None: ...
     def delete_index_row(self, seq: int, rule: str) -> None: ...
     def insert_index_row(self, seq: int, rule: str) -> None: ...
     def delete_record(self, seq: int) -> None: ...
@@ -73,6 +74,9 @@ class SqliteTamper:
         body = self._body(seq)
         assert b'"request_id":"req-' in body
         self._conn.execute("UPDATE records SET body = ? WHERE seq = ?", (body.replace(b'"request_id":"req-', b'"request_id":"rex-'), seq))
+
+    def replace_body(self, seq: int, body: bytes) -> None:
+        self._conn.execute("UPDATE records SET body = ? WHERE seq = ?", (body, seq))
 
     def edit_column(self, seq: int, column: str, value: Any) -> None:
         assert column in INDEXED_COLUMNS
@@ -321,3 +325,19 @@ def test_an_unverified_ledger_makes_query_warn(tamper: Tamper, capsys: pytest.Ca
     assert cli(capsys, "audit", "verify", "--ledger", tamper.location)[0] == 0
     code, out = cli(capsys, "audit", "query", "--ledger", tamper.location, "--decision", "deny", "--format", "jsonl")
     assert code == 0 and "not been verified" not in out and '"decision":"deny"' in out, out
+
+
+def test_the_index_check_hands_python_only_the_suspects(tamper: Tamper, capsys: pytest.CaptureFixture[str]) -> None:
+    """The backend's SQL pass returns no record of an intact ledger and exactly the edited ones after
+    tampering; a body the database cannot read as JSON still reaches the exact check."""
+    with tamper.reader() as reader:
+        assert list(reader.index_suspects()) == []
+    ruled = first_seq_with_rules(tamper, start=10)
+    tamper.edit_column(7, "decision", "forged")
+    tamper.delete_index_row(ruled, tamper.rules_of(ruled)[0])
+    with tamper.reader() as reader:
+        assert [r.seq for r in reader.index_suspects()] == [7, ruled]
+    tamper.replace_body(3, b"\xff not json")
+    with tamper.reader() as reader:
+        assert 3 in [r.seq for r in reader.index_suspects()]  # the window falls back to every record
+    assert_caught(tamper, capsys, 3, "record 3")
