@@ -89,6 +89,7 @@ class CheckpointSchedule:
         self._clock = clock
         self.checkpointed_size = checkpointed_size
         self._last = clock()
+        self._due_at: float | None = None
 
     def wait_for(self, size: int) -> float | None:
         """Seconds an idle writer may block before a checkpoint of `size` records falls due; None: no limit."""
@@ -100,16 +101,23 @@ class CheckpointSchedule:
         """Whether to sign a checkpoint of `size` records now (`final`: the writer is closing)."""
         if self.signer is None or size <= self.checkpointed_size:
             return False
-        return final or self._clock() - self._last >= self.interval
+        now = self._clock()
+        if final or now - self._last >= self.interval:
+            self._due_at = now
+            return True
+        return False
 
     def signed(self, size: int) -> None:
-        """A checkpoint of `size` records was stored."""
+        """A checkpoint of `size` records was stored. The next interval counts from when this one fell
+        due (or now, for one signed on request), not from when the store returned."""
         self.checkpointed_size = max(self.checkpointed_size, size)
-        self._last = self._clock()
+        self._last = self._clock() if self._due_at is None else self._due_at
+        self._due_at = None
 
     def failed(self) -> None:
         """Signing or storing failed; try again one interval later (the records stay committed)."""
         self._last = self._clock()
+        self._due_at = None
 
 
 def key_id(key_name: str, public_key: Ed25519PublicKey) -> bytes:

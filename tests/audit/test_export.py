@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit.checkpoint import CheckpointSigner, checkpoint_jwk, parse_checkpoint, sign_checkpoint, verify_checkpoint_jwks
+from audit.checkpoint import CheckpointSchedule, CheckpointSigner, checkpoint_jwk, parse_checkpoint, sign_checkpoint, verify_checkpoint_jwks
 from audit.errors import LedgerError
 from audit.export import BUNDLE_FORMAT, verify_bundle, write_bundle
 from audit.merkle import leaf_hash, root_hash, verify_consistency, verify_inclusion
@@ -119,6 +119,24 @@ async def test_a_failing_checkpoint_store_never_fails_the_appends(ledger_backend
         await ledger.aclose()
     with open_reader(ledger_backend) as reader:
         assert reader.size() == 3 and reader.checkpoints() == []
+
+
+def test_the_schedule_counts_the_interval_from_when_a_checkpoint_fell_due(key: Ed25519PrivateKey) -> None:
+    """A slow store must not push the next periodic checkpoint back: the interval runs from the
+    moment the writer decided to sign. Nothing is due while the tree did not grow."""
+    clock = FakeClock()
+    schedule = CheckpointSchedule(CheckpointSigner(key, NAME, ORIGIN), 1.0, clock)
+    assert schedule.wait_for(0) is None and not schedule.due(0, final=True)  # an empty tree: nothing to sign
+    assert schedule.wait_for(3) == 1.0 and not schedule.due(3, final=False)
+    assert schedule.due(3, final=True)  # close signs whatever the clock says
+    clock.advance(1.0)
+    assert schedule.due(3, final=False)
+    clock.advance(5.0)  # the store took five seconds
+    schedule.signed(3)
+    assert schedule.wait_for(3) is None and not schedule.due(3, final=True)
+    assert schedule.due(5, final=False)  # one interval after it fell due, not after the store returned
+    schedule.failed()
+    assert not schedule.due(5, final=False) and schedule.wait_for(5) == 1.0
 
 
 # ---- bundles -------------------------------------------------------------------------------
