@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
@@ -70,6 +71,53 @@ class CheckpointSigner:
 
     def sign(self, size: int, root: bytes) -> str:
         return sign_checkpoint(self.origin, size, root, self.private_key, self.key_name)
+
+
+class CheckpointSchedule:
+    """When a ledger writer signs a checkpoint on its own (shared by the SQLite and PostgreSQL writers).
+
+    A checkpoint is due once the tree grew past the last signed size and `interval` seconds of
+    `clock` passed since the last one (or a failed try), and always on close; never when the tree
+    did not grow. So every committed record is under a stored signed checkpoint within about
+    `interval` seconds.
+    """
+
+    def __init__(self, signer: CheckpointSigner | None, interval: float, clock: Callable[[], float],
+                 checkpointed_size: int = 0) -> None:
+        self.signer = signer
+        self.interval = interval
+        self._clock = clock
+        self.checkpointed_size = checkpointed_size
+        self._last = clock()
+        self._due_at: float | None = None
+
+    def wait_for(self, size: int) -> float | None:
+        """Seconds an idle writer may block before a checkpoint of `size` records falls due; None: no limit."""
+        if self.signer is None or size <= self.checkpointed_size:
+            return None
+        return max(self._last + self.interval - self._clock(), 0.0)
+
+    def due(self, size: int, *, final: bool) -> bool:
+        """Whether to sign a checkpoint of `size` records now (`final`: the writer is closing)."""
+        if self.signer is None or size <= self.checkpointed_size:
+            return False
+        now = self._clock()
+        if final or now - self._last >= self.interval:
+            self._due_at = now
+            return True
+        return False
+
+    def signed(self, size: int) -> None:
+        """A checkpoint of `size` records was stored. The next interval counts from when this one fell
+        due (or now, for one signed on request), not from when the store returned."""
+        self.checkpointed_size = max(self.checkpointed_size, size)
+        self._last = self._clock() if self._due_at is None else self._due_at
+        self._due_at = None
+
+    def failed(self) -> None:
+        """Signing or storing failed; try again one interval later (the records stay committed)."""
+        self._last = self._clock()
+        self._due_at = None
 
 
 def key_id(key_name: str, public_key: Ed25519PublicKey) -> bytes:

@@ -10,15 +10,20 @@ the hashes the others appended to keep its Merkle frontier right.
 One asyncio writer task per `PostgresLedger` does group commit: it takes whatever appends are
 queued, commits them in one transaction and only then answers each caller. A failed commit
 fails its whole batch (fail closed); after a lost connection the next batch reconnects.
+Given a `CheckpointSigner`, the writer signs and stores checkpoints on its own, on the same
+schedule as the SQLite writer (`audit.checkpoint.CheckpointSchedule`: at least every
+`checkpoint_interval` seconds while the tree grows, and on close).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,7 +35,7 @@ import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit import merkle
-from audit.checkpoint import parse_checkpoint, sign_checkpoint
+from audit.checkpoint import CheckpointSchedule, CheckpointSigner, parse_checkpoint
 from audit.errors import LedgerError, NotALedger
 from audit.merkle import CompactRange
 from audit.records import (
@@ -208,13 +213,14 @@ class _Command:
 
 
 _NEXT: Any = object()  # the writer loop's "nothing taken yet, wait for the next item"
+_DUE: Any = object()  # the writer loop's "idle long enough: a periodic checkpoint may be due"
 
 
 class PostgresLedger:
     """A writer of a PostgreSQL karma ledger (one of possibly several). Build it with `await PostgresLedger.open(url)`."""
 
     def __init__(self, url: str, conn: psycopg.AsyncConnection[Any], frontier: CompactRange, head_hash: str,
-                 *, batch_max: int) -> None:
+                 *, batch_max: int, schedule: CheckpointSchedule) -> None:
         self._url = url
         self._name = display_url(url)
         self._conn: psycopg.AsyncConnection[Any] | None = conn
@@ -223,32 +229,40 @@ class PostgresLedger:
         self._hash = head_hash
         self._root = frontier.root()
         self._batch_max = batch_max
+        self._schedule = schedule
         self._queue: asyncio.Queue[_Pending | _Command | None] = asyncio.Queue()
         self._closed = False
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"karma-ledger:{self._name}")
 
     @classmethod
-    async def open(cls, url: str, *, batch_max: int = 256) -> PostgresLedger:
+    async def open(cls, url: str, *, batch_max: int = 256, checkpoint_signer: CheckpointSigner | None = None,
+                   checkpoint_interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> PostgresLedger:
         """Connect, create the ledger if the database is empty, check it, and start the writer task.
+
+        `checkpoint_signer` turns on periodic checkpoints (every `checkpoint_interval` seconds of
+        `clock` while the tree grows, and on close), as on SQLite.
 
         Raises:
             NotALedger: the database holds something else (it is left untouched).
             LedgerError: PostgreSQL cannot be reached, or the ledger is damaged.
         """
         name = display_url(url)
-        if batch_max < 1:
-            raise LedgerError(f"{name}: batch_max must be >= 1")
-        frontier, head_hash = await asyncio.to_thread(cls._open_sync, url, name)
+        if batch_max < 1 or checkpoint_interval <= 0:
+            raise LedgerError(f"{name}: batch_max must be >= 1 and checkpoint_interval > 0")
+        frontier, head_hash, checkpointed = await asyncio.to_thread(cls._open_sync, url, name)
         conn = await cls._connect_async(url, name)
         log.info("ledger.opened", url=name, size=frontier.size)
-        return cls(url, conn, frontier, head_hash, batch_max=batch_max)
+        schedule = CheckpointSchedule(checkpoint_signer, checkpoint_interval, clock, checkpointed)
+        return cls(url, conn, frontier, head_hash, batch_max=batch_max, schedule=schedule)
 
     @staticmethod
-    def _open_sync(url: str, name: str) -> tuple[CompactRange, str]:
+    def _open_sync(url: str, name: str) -> tuple[CompactRange, str, int]:
         with _connect(url, name) as conn:
             try:
                 _prepare(conn, name, create=True)
-                return _rebuild(conn, name)
+                frontier, head_hash = _rebuild(conn, name)
+                checkpointed = conn.execute("SELECT COALESCE(MAX(size), 0) FROM checkpoints").fetchone()[0]  # type: ignore[index]
+                return frontier, head_hash, int(checkpointed)
             except psycopg.Error as exc:
                 raise LedgerError(f"{name} cannot be prepared as a karma ledger ({_first_line(exc)})") from None
 
@@ -289,7 +303,7 @@ class PostgresLedger:
 
     async def checkpoint(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> str:
         """Sign the ledger's current head (all writers' records) as a checkpoint, store it and return it."""
-        command = _Command(functools.partial(self._sign, private_key, key_name, origin),
+        command = _Command(functools.partial(self._sign, CheckpointSigner(private_key, key_name, origin)),
                            asyncio.get_running_loop().create_future())
         self._submit(command)
         return await asyncio.shield(command.future)
@@ -309,13 +323,18 @@ class PostgresLedger:
         self._queue.put_nowait(item)
 
     async def _run(self) -> None:
-        """Take one item, drain the queue behind it into one batch, commit, answer; until the stop."""
+        """Take one item, drain the queue behind it into one batch, commit, answer; until the stop.
+        Between items, sign a periodic checkpoint when one is due; on the stop, a last one."""
         try:
-            item = await self._queue.get()
+            item = await self._next_item()
             while item is not None:
+                if item is _DUE:
+                    await self._auto_checkpoint(final=False)
+                    item = await self._next_item()
+                    continue
                 if isinstance(item, _Command):
                     await self._answer([item.future], item.run())
-                    item = await self._queue.get()
+                    item = await self._next_item()
                     continue
                 batch = [item]
                 while len(batch) < self._batch_max and not self._queue.empty():
@@ -326,11 +345,36 @@ class PostgresLedger:
                 else:
                     item = _NEXT
                 await self._answer([p.future for p in batch], self._commit(batch))
+                await self._auto_checkpoint(final=False)
                 if item is _NEXT:
-                    item = await self._queue.get()
+                    item = await self._next_item()
+            await self._auto_checkpoint(final=True)
         finally:
             if self._conn is not None:
                 await self._conn.close()
+
+    async def _next_item(self) -> _Pending | _Command | None:
+        """The next queued item, or `_DUE` once a periodic checkpoint may be due while idle."""
+        due = self._schedule.wait_for(self._size)
+        if due is None:
+            return await self._queue.get()
+        try:
+            async with asyncio.timeout(due):
+                return await self._queue.get()
+        except TimeoutError:
+            return _DUE
+
+    async def _auto_checkpoint(self, *, final: bool) -> None:
+        """Sign and store a checkpoint if the tree grew and one is due; a failure is logged, never raised
+        (the records are committed; the next try may work)."""
+        signer = self._schedule.signer
+        if signer is None or not self._schedule.due(self._size, final=final):
+            return
+        try:
+            await self._sign(signer)
+        except LedgerError as exc:
+            log.error("ledger.checkpoint_failed", url=self._name, size=self._size, error=str(exc))
+            self._schedule.failed()
 
     async def _answer(self, futures: Sequence[asyncio.Future[Any]], work: Any) -> None:
         """Run one unit of work and hand its outcome (a list, one per future, or one error) to the callers."""
@@ -399,17 +443,19 @@ class PostgresLedger:
         log.debug("ledger.batch_committed", url=self._name, first_seq=first, count=len(batch))
         return results
 
-    async def _sign(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> list[str]:
+    async def _sign(self, signer: CheckpointSigner) -> list[str]:
+        """Sign the ledger's head (locked, so all writers' records) and store the note; one-item list for `_answer`."""
         try:
             conn = await self._connection()
             async with conn.transaction():
                 size, _ = await self._locked_head(conn)
-                note = sign_checkpoint(origin, size, self._frontier.root(), private_key, key_name)
+                note = signer.sign(size, self._frontier.root())
                 await conn.execute(INSERT_CHECKPOINT, (size, note, _utc_now()))
         except psycopg.Error as exc:
             await self._drop_if_broken()
             raise LedgerError(f"{self._name}: the checkpoint was not stored ({_first_line(exc)})") from None
-        log.info("ledger.checkpoint_signed", size=size, origin=origin, key_name=key_name)
+        self._schedule.signed(size)
+        log.info("ledger.checkpoint_signed", size=size, origin=signer.origin, key_name=signer.key_name)
         return [note]
 
     async def _drop_if_broken(self) -> None:
@@ -458,22 +504,29 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
             after = rows[-1][0]
 
     def index_suspects(self) -> Iterator[IndexedRecord]:
-        """Every record with its indexed columns and rule rows, oldest first, for verify's exact
-        check (no SQL shortcut here). Reads on a connection of its own, so it can run in another
-        thread while the chain is walked."""
+        """Records whose indexed columns or rule rows may disagree with their bytes, oldest first.
+
+        One SQL pass per window of SUSPECT_WINDOW seqs, on a connection of its own (so it can run
+        in another thread while the chain is walked): PostgreSQL reads the body as jsonb and
+        compares each indexed field with its column and `matched_rules` with the rule rows, so only
+        the records that differ reach Python's exact check. A body PostgreSQL cannot read as JSON
+        makes that window's pass fail; then every record of the window is handed over instead.
+        """
         conn = _connect(self._url, self._name)
-        after = 0
         try:
-            while True:
-                rows = conn.execute(
-                    "SELECT r.seq, r.body, r.time, r.principal, r.tool, r.decision, r.status, r.request_id,"
-                    " r.policy_version, ARRAY(SELECT rule_id FROM record_rules x WHERE x.seq = r.seq ORDER BY rule_id COLLATE \"C\")"
-                    " FROM records r WHERE r.seq > %s ORDER BY r.seq LIMIT %s", (after, READ_CHUNK)).fetchall()
-                for row in rows:
-                    yield IndexedRecord(seq=row[0], body=bytes(row[1]), fields=IndexFields(*row[2:9]), rules=tuple(row[9]))
-                if len(rows) < READ_CHUNK:
-                    return
-                after = rows[-1][0]
+            last = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()[0])  # type: ignore[index]
+            for low in range(0, last, SUSPECT_WINDOW):
+                high = low + SUSPECT_WINDOW
+                try:
+                    windows = [conn.execute(_SUSPECTS_SQL, (low, high)).fetchall()]
+                except psycopg.DataError as exc:
+                    log.warning("ledger.index_check_thorough", url=self._name, after_seq=low, reason=_first_line(exc))
+                    windows = (conn.execute(_INDEXED_SQL, (sub, min(sub + READ_CHUNK, high))).fetchall()
+                               for sub in range(low, high, READ_CHUNK))
+                for rows in windows:
+                    for row in rows:
+                        yield IndexedRecord(seq=row[0], body=bytes(row[1]), fields=IndexFields(*row[2:9]),
+                                            rules=tuple(row[9]))
         except psycopg.Error as exc:
             raise LedgerError(f"{self._name}: cannot read the ledger's indexes ({_first_line(exc)})") from None
         finally:
@@ -520,6 +573,31 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
             return self._conn.execute(sql, params).fetchall()
         except psycopg.Error as exc:
             raise LedgerError(f"{self._name}: cannot read the ledger ({_first_line(exc)})") from None
+
+
+SUSPECT_WINDOW = 50_000
+_INDEXED = tuple(field.name for field in dataclasses.fields(IndexFields))
+_RULE_ROWS = "ARRAY(SELECT rule_id FROM record_rules x WHERE x.seq = r.seq ORDER BY rule_id COLLATE \"C\")"
+_INDEXED_SQL = (
+    f"SELECT r.seq, r.body, {', '.join(f'r.{name}' for name in _INDEXED)}, {_RULE_ROWS} AS rules"
+    " FROM records r WHERE r.seq > %s AND r.seq <= %s ORDER BY r.seq"
+)
+_CANONICAL_TIME_RE = "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}[.][0-9]{6}Z$"
+_CLEAN = " AND ".join([
+    "jsonb_typeof(e.entry) = 'object'",
+    *(f"COALESCE(e.entry -> '{name}', 'null') = COALESCE(to_jsonb(r.{name}), 'null')" for name in _INDEXED),
+    f"(r.time IS NULL OR r.time ~ '{_CANONICAL_TIME_RE}')",
+    f"to_jsonb({_RULE_ROWS}) = COALESCE(NULLIF(e.entry -> 'matched_rules', 'null'), '[]')",
+    "(SELECT count(*) = count(DISTINCT rule_id) FROM record_rules x WHERE x.seq = r.seq)",
+])
+# Only the records that may be wrong: a field whose JSON differs from its column (a number where
+# the column holds its text, say) or rules not already distinct and sorted go to Python's exact check.
+_SUSPECTS_SQL = (
+    f"SELECT r.seq, r.body, {', '.join(f'r.{name}' for name in _INDEXED)}, {_RULE_ROWS} AS rules"
+    " FROM records r CROSS JOIN LATERAL"
+    " (SELECT convert_from(r.body, 'UTF8')::jsonb -> 'entry' AS entry) e"
+    f" WHERE r.seq > %s AND r.seq <= %s AND NOT COALESCE({_CLEAN}, false) ORDER BY r.seq"
+)
 
 
 def _starts_with(prefix: str) -> tuple[str, str]:

@@ -37,7 +37,7 @@ import anyio.to_thread
 import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit.checkpoint import CheckpointSigner, sign_checkpoint
+from audit.checkpoint import CheckpointSchedule, CheckpointSigner, sign_checkpoint
 from audit.errors import LedgerError
 from audit.merkle import CompactRange
 from audit.records import (
@@ -129,11 +129,7 @@ class SqliteLedger:
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._gate = threading.Lock()
         self._closed = False
-        self._signer = signer
-        self._checkpoint_interval = checkpoint_interval
-        self._clock = clock
-        self._checkpointed_size = checkpointed_size
-        self._last_checkpoint_at = clock()
+        self._schedule = CheckpointSchedule(signer, checkpoint_interval, clock, checkpointed_size)
         self._thread = threading.Thread(target=self._run, name=f"karma-ledger:{path.name}", daemon=True)
 
     @classmethod
@@ -305,33 +301,31 @@ class SqliteLedger:
 
     def _first_item(self) -> _Item | None:
         """Block for the next item; None once a periodic checkpoint falls due while idle."""
-        if self._signer is None or self._head.size == self._checkpointed_size:
+        due = self._schedule.wait_for(self._head.size)
+        if due is None:
             return self._queue.get()
-        due = self._last_checkpoint_at + self._checkpoint_interval - self._clock()
         try:
-            return self._queue.get(timeout=max(due, 0.0))
+            return self._queue.get(timeout=due)
         except queue.Empty:
             return None
 
     def _auto_checkpoint(self, *, final: bool) -> None:
         """Sign and store a checkpoint if the tree grew and one is due (always when `final`)."""
-        signer, head = self._signer, self._head
-        if signer is None or head.size == self._checkpointed_size:
+        schedule, head = self._schedule, self._head
+        if schedule.signer is None or not schedule.due(head.size, final=final):
             return
-        if not final and self._clock() - self._last_checkpoint_at < self._checkpoint_interval:
-            return
+        signer = schedule.signer
         try:
             self._store_checkpoint(head, signer.sign(head.size, head.root))
         except (LedgerError, sqlite3.Error) as exc:  # the records are committed; the next try may work
             log.error("ledger.checkpoint_failed", path=str(self._path), size=head.size, error=str(exc))
-            self._last_checkpoint_at = self._clock()
+            schedule.failed()
             return
         log.debug("ledger.checkpoint_signed", size=head.size, origin=signer.origin, periodic=not final)
 
     def _store_checkpoint(self, head: _Head, note: str) -> None:
         self._conn.execute(INSERT_CHECKPOINT, (head.size, note, _utc_now()))
-        self._checkpointed_size = max(self._checkpointed_size, head.size)
-        self._last_checkpoint_at = self._clock()
+        self._schedule.signed(head.size)
 
     def _commit(self, batch: list[_Pending]) -> None:
         started = time.perf_counter()

@@ -68,8 +68,8 @@ def build_backend(upstream: UpstreamConfig, python_path: list[Path] | None = Non
 
 
 async def open_ledger(settings: Settings, *, checkpoint_signer: CheckpointSigner | None = None) -> Any:
-    """The karma ledger's writer: PostgreSQL when `ledger.url` is set, else the SQLite file (which
-    signs a checkpoint at least every second while it grows, with `checkpoint_signer`)."""
+    """The karma ledger's writer: PostgreSQL when `ledger.url` is set, else the SQLite file. Either
+    signs a checkpoint at least every second while it grows, and on close, with `checkpoint_signer`."""
     if settings.ledger.url is None:
         return await SqliteLedger.open(settings.ledger_path, synchronous=settings.ledger.synchronous,
                                        checkpoint_signer=checkpoint_signer)
@@ -77,7 +77,7 @@ async def open_ledger(settings: Settings, *, checkpoint_signer: CheckpointSigner
         from audit.postgres import PostgresLedger
     except ImportError as exc:
         raise ConfigError(f"ledger.url needs psycopg: pip install 'dharma-gateway[postgres]' ({exc})") from None
-    return await PostgresLedger.open(settings.ledger.url)
+    return await PostgresLedger.open(settings.ledger.url, checkpoint_signer=checkpoint_signer)
 
 
 async def open_gateway(

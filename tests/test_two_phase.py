@@ -3,6 +3,8 @@
 A `dharma serve` process whose backend tool writes a marker and then blocks is killed with
 SIGKILL once the marker appears: the ledger holds that call's decision record and no outcome,
 `dharma audit query` shows it as outcome unknown and `dharma audit verify` passes and reports it.
+On each backend: the default SQLite file under the state root, and a PostgreSQL database
+(`ledger: {url: …}`) started from the installed binaries.
 (A decision record that cannot be appended: tests/test_pipeline.py.)
 """
 
@@ -18,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from audit.query import query_records
-from audit.sqlite import SqliteLedgerReader
+from tests.audit.conftest import BACKENDS, new_location, open_reader, postgres  # noqa: F401  (fixture)
 from tests.conftest import KEYS, REPO, write_policy
 from tests.test_cli import cli_env, dharma, free_port
 
@@ -51,9 +54,14 @@ async def _wait_for(condition: Any, what: str, server: subprocess.Popen[str], se
         await asyncio.sleep(0.02)
 
 
-async def test_kill_9_mid_call_leaves_the_decision_and_audit_says_outcome_unknown(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_kill_9_mid_call_leaves_the_decision_and_audit_says_outcome_unknown(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     state_root = tmp_path / "state"
     state_root.mkdir()
+    location = state_root / "ledger.db" if backend == "sqlite" else new_location(backend, request, tmp_path)
+    ledger_args = ("--ledger", str(location)) if backend == "postgres" else ()
     modules = tmp_path / "modules"
     modules.mkdir()
     (modules / "blocking_backend.py").write_text(BLOCKING_BACKEND, encoding="utf-8")
@@ -63,6 +71,7 @@ async def test_kill_9_mid_call_leaves_the_decision_and_audit_says_outcome_unknow
     config.write_text(yaml.safe_dump({
         "policy": str(policy), "python_path": [str(modules), str(REPO)],
         "upstreams": [{"id": "blocker", "type": "python", "target": "blocking_backend:backend"}],
+        **({"ledger": {"url": location}} if backend == "postgres" else {}),
     }), encoding="utf-8")
     port = free_port()
     server = subprocess.Popen(
@@ -102,7 +111,7 @@ async def test_kill_9_mid_call_leaves_the_decision_and_audit_says_outcome_unknow
         server.communicate(timeout=30)
     assert server.returncode == -signal.SIGKILL
 
-    with SqliteLedgerReader(state_root / "ledger.db") as reader:
+    with open_reader(location) as reader:
         records = [r for r in query_records(reader) if r["request_id"] == request_id]
     [decided] = records  # the decision record, and no outcome record
     assert decided["kind"] == "decision" and decided["tool"] == "write_marker" and decided["principal"] == "operator"
@@ -111,10 +120,10 @@ async def test_kill_9_mid_call_leaves_the_decision_and_audit_says_outcome_unknow
     unknown, table, verify, strict = (
         dharma(*args, state_root=state_root)
         for args in (
-            ("audit", "query", "--outcome-unknown", "--format", "jsonl"),
-            ("audit", "query"),
-            ("audit", "verify"),
-            ("audit", "verify", "--strict-outcomes"),
+            ("audit", "query", *ledger_args, "--outcome-unknown", "--format", "jsonl"),
+            ("audit", "query", *ledger_args),
+            ("audit", "verify", *ledger_args),
+            ("audit", "verify", *ledger_args, "--strict-outcomes"),
         )
     )
     assert unknown.rc == 0, unknown.err

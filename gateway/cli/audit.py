@@ -255,7 +255,8 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
 
     keys = open_keys(args, create=False)
     since = _read_note(args.since_checkpoint, "old checkpoint") if args.since_checkpoint else None
-    with open_ledger_reader(_ledger_path(args)) as reader:
+    location = _ledger_path(args)
+    with open_ledger_reader(location) as reader:
         try:
             if since is not None:
                 try:
@@ -267,7 +268,7 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
             if note is None or parse_checkpoint(note).size < size:
                 report = verify_ledger(reader)  # never sign a head the stored checkpoints contradict
                 if not report.ok:
-                    out(f"FAIL {reader.path}: {report.problem}; nothing exported")
+                    out(f"FAIL {_display(location)}: {report.problem}; nothing exported")
                     return EXIT_FAILED
                 note = _anchor(reader, args, report.size, root_hash(reader.leaf_hashes(report.size)))
             return _write_export(args, reader, note, keys.jwks(), since)

@@ -115,6 +115,13 @@ class _PgAttacker:
     def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor[Any]:
         return self._conn.execute(sql.replace("?", "%s"), params)
 
+    def executemany(self, sql: str, params: Any) -> None:
+        with self._conn.cursor() as cur:
+            cur.executemany(sql.replace("?", "%s"), params)
+
+    def close(self) -> None:
+        self._conn.close()
+
 
 async def open_ledger(location: Location, **options: Any) -> Any:
     """The writer of the ledger at `location` (a file path or a PostgreSQL URL)."""

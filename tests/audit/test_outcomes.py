@@ -1,4 +1,4 @@
-"""Two-phase records on a real SQLite ledger: decision records paired with their outcome records.
+"""Two-phase records on a real ledger, on each backend (`ledger_backend`: SQLite file, PostgreSQL database): decision records paired with their outcome records.
 
 `check_outcomes` (what `dharma audit verify` reports) and `call_rows` (what `dharma audit query`
 shows) find a decision with no outcome ("outcome unknown"), and old single records stay valid.
@@ -6,14 +6,12 @@ shows) find a decision with no outcome ("outcome unknown"), and old single recor
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from audit.query import OUTCOME_UNKNOWN, call_rows, query_records, status_text
 from audit.records import KIND_DECISION, KIND_OUTCOME
-from audit.sqlite import SqliteLedger, SqliteLedgerReader
 from audit.verify import check_outcomes, verify_ledger
-from tests.audit.conftest import make_entry
+from tests.audit.conftest import Location, make_entry, open_ledger, open_reader
 
 
 def decision(i: int) -> dict[str, Any]:
@@ -27,9 +25,9 @@ def outcome(i: int, seq: int, hash_hex: str) -> dict[str, Any]:
     return {**make_entry(i), "kind": KIND_OUTCOME, "decision_seq": seq, "decision_hash": hash_hex}
 
 
-async def write_mixed(path: Path) -> dict[str, int]:
+async def write_mixed(location: Location) -> dict[str, int]:
     """An old single record, a decided-and-answered call, a decision left unanswered, one more single."""
-    ledger = await SqliteLedger.open(path)
+    ledger = await open_ledger(location)
     try:
         await ledger.append(make_entry(1))  # seq 1: the single-record form (refusals, older ledgers)
         decided = await ledger.append(decision(2))  # seq 2
@@ -43,17 +41,17 @@ async def write_mixed(path: Path) -> dict[str, int]:
     return {"decided": decided.seq, "answered": answered.seq, "unanswered": unanswered.seq}
 
 
-async def test_verify_reports_a_decision_without_outcome_and_still_passes(tmp_path: Path) -> None:
-    seqs = await write_mixed(tmp_path / "ledger.db")
-    with SqliteLedgerReader(tmp_path / "ledger.db") as reader:
+async def test_verify_reports_a_decision_without_outcome_and_still_passes(ledger_backend: Location) -> None:
+    seqs = await write_mixed(ledger_backend)
+    with open_reader(ledger_backend) as reader:
         report = verify_ledger(reader)
         found = check_outcomes(reader)
     assert report.ok and report.size == 6  # not tampering: the chain is whole
     assert found.decisions == 2 and found.unknown == (seqs["unanswered"],) and found.dangling == ()
 
 
-async def test_an_outcome_naming_no_decision_of_its_call_is_dangling(tmp_path: Path) -> None:
-    ledger = await SqliteLedger.open(tmp_path / "ledger.db")
+async def test_an_outcome_naming_no_decision_of_its_call_is_dangling(ledger_backend: Location) -> None:
+    ledger = await open_ledger(ledger_backend)
     try:
         first = await ledger.append(decision(1))
         await ledger.append(outcome(2, first.seq, first.hash))  # another request's outcome claims it
@@ -62,14 +60,14 @@ async def test_an_outcome_naming_no_decision_of_its_call_is_dangling(tmp_path: P
         await ledger.append(outcome(1, first.seq, first.hash))  # a second answer to an answered decision
     finally:
         await ledger.aclose()
-    with SqliteLedgerReader(tmp_path / "ledger.db") as reader:
+    with open_reader(ledger_backend) as reader:
         found = check_outcomes(reader)
     assert found.unknown == () and found.dangling == (2, 3, good.seq + 1)
 
 
-async def test_query_shows_one_row_per_call_and_flags_outcome_unknown(tmp_path: Path) -> None:
-    seqs = await write_mixed(tmp_path / "ledger.db")
-    with SqliteLedgerReader(tmp_path / "ledger.db") as reader:
+async def test_query_shows_one_row_per_call_and_flags_outcome_unknown(ledger_backend: Location) -> None:
+    seqs = await write_mixed(ledger_backend)
+    with open_reader(ledger_backend) as reader:
         calls = list(call_rows(reader, query_records(reader)))
         every = list(call_rows(reader, query_records(reader), show="records"))
         unknown = list(call_rows(reader, query_records(reader), show="unknown"))

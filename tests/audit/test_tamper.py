@@ -1,8 +1,8 @@
-"""Every tamper class on a real ledger file: `audit verify` exits 1 and names where (CLI and library).
+"""Every tamper class on a real ledger, on each backend: `audit verify` exits 1 and names where (CLI and library).
 
-The attacker has the file and drops the append-only triggers first. The `tamper` fixture yields a
-backend-neutral object with one method per tamper class; only SQLite implements it today, so a
-PostgreSQL backend joins by adding a parameter and a class with the same methods.
+The attacker has the storage and drops (SQLite) or disables (PostgreSQL) the append-only triggers
+first. The `tamper` fixture yields a backend-neutral object with one method per tamper class:
+`SqliteTamper` on a ledger file, `PostgresTamper` on a real PostgreSQL database.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from audit.checkpoint import parse_checkpoint
 from audit.merkle import leaf_hash
 from audit.query import query_records
 from audit.records import IndexFields, index_fields, parse_record, record_bytes, rule_ids
-from audit.sqlite import SqliteLedger, SqliteLedgerReader
+from audit.postgres import PostgresLedgerReader
+from audit.sqlite import SqliteLedgerReader
 from audit.verify import VerifyReport, verify_ledger
 from gateway.cli.main import main as dharma_main
 from gateway.crypto.receipts import KeyStore
 
-from .conftest import attacker, fill, make_entry
+from .conftest import BACKENDS, Location, attacker, fill, make_entry, new_location, open_ledger
 
 SIZE = 20
 INDEXED_COLUMNS = tuple(IndexFields.__dataclass_fields__)
@@ -35,6 +36,7 @@ class Tamper(Protocol):
 
     def edit_record_bytes(self, seq: int) -> None: ...
     def edit_column(self, seq: int, column: str, value: Any) -> None: ...
+    def replace_body(self, seq: int, body: bytes) -> None: ...
     def delete_index_row(self, seq: int, rule: str) -> None: ...
     def insert_index_row(self, seq: int, rule: str) -> None: ...
     def delete_record(self, seq: int) -> None: ...
@@ -49,9 +51,9 @@ class Tamper(Protocol):
 class SqliteTamper:
     """Tampering done with a raw sqlite3 connection after dropping the triggers."""
 
-    def __init__(self, path: Path) -> None:
-        self.location = str(path)
-        self._conn = attacker(path)
+    def __init__(self, location: Location) -> None:
+        self.location = str(location)
+        self._conn = attacker(location)
 
     def close(self) -> None:
         self._conn.close()
@@ -72,6 +74,9 @@ class SqliteTamper:
         body = self._body(seq)
         assert b'"request_id":"req-' in body
         self._conn.execute("UPDATE records SET body = ? WHERE seq = ?", (body.replace(b'"request_id":"req-', b'"request_id":"rex-'), seq))
+
+    def replace_body(self, seq: int, body: bytes) -> None:
+        self._conn.execute("UPDATE records SET body = ? WHERE seq = ?", (body, seq))
 
     def edit_column(self, seq: int, column: str, value: Any) -> None:
         assert column in INDEXED_COLUMNS
@@ -130,18 +135,38 @@ class SqliteTamper:
         self._conn.execute("DELETE FROM checkpoints")
 
 
-@pytest.fixture(params=["sqlite"])
+class PostgresTamper(SqliteTamper):
+    """The same tampering by the owner of a PostgreSQL ledger, its triggers disabled (the attacker's
+    `execute` takes `?` placeholders). A careful forger also moves the `head` row, so writers still open."""
+
+    def reader(self) -> PostgresLedgerReader:  # type: ignore[override]
+        return PostgresLedgerReader(self.location)
+
+    def _move_head(self) -> None:
+        self._conn.execute("UPDATE head SET size = t.seq, hash = t.hash FROM"
+                           " (SELECT seq, hash FROM records ORDER BY seq DESC LIMIT 1) AS t")
+
+    def truncate(self, keep: int) -> None:
+        super().truncate(keep)
+        self._move_head()
+
+    def rewrite_history(self, seq: int) -> None:
+        super().rewrite_history(seq)
+        self._move_head()
+
+
+@pytest.fixture(params=BACKENDS)
 async def tamper(request: pytest.FixtureRequest, tmp_path: Path, state_root: Path) -> Iterator[Tamper]:
     """A closed ledger of 20 records (stored checkpoints at 10 and 20), ready to be tampered with."""
-    path = tmp_path / "karma.db"
+    path = new_location(request.param, request, tmp_path)
     keys = KeyStore.open(state_root, create=True)
-    ledger = await SqliteLedger.open(path)
+    ledger = await open_ledger(path)
     await fill(ledger, 10)
     await ledger.checkpoint(keys.checkpoint_key, keys.checkpoint_key_name, "example.com/karma")
     await fill(ledger, SIZE - 10, start=10)
     await ledger.checkpoint(keys.checkpoint_key, keys.checkpoint_key_name, "example.com/karma")
     await ledger.aclose()
-    forger = SqliteTamper(path)
+    forger = PostgresTamper(path) if request.param == "postgres" else SqliteTamper(path)
     yield forger
     forger.close()
 
@@ -210,6 +235,8 @@ def test_edited_derived_column(tamper: Tamper, capsys: pytest.CaptureFixture[str
 
 
 def test_a_blob_smuggled_into_a_column(tamper: Tamper, capsys: pytest.CaptureFixture[str]) -> None:
+    if isinstance(tamper, PostgresTamper):
+        pytest.skip("PostgreSQL's text columns refuse a blob; SQLite's dynamic typing takes one")
     with tamper.reader() as reader:
         principal = next(iter(reader.index_suspects()), None)
     assert principal is None  # nothing to re-check in an intact ledger
@@ -291,8 +318,26 @@ def test_queries_recheck_hits_and_only_verify_finds_a_hidden_record(tamper: Tamp
 
 
 def test_an_unverified_ledger_makes_query_warn(tamper: Tamper, capsys: pytest.CaptureFixture[str]) -> None:
+    if isinstance(tamper, PostgresTamper):
+        pytest.skip("the verified-stamp reminder is a file beside a SQLite ledger; a PostgreSQL ledger has none")
     code, out = cli(capsys, "audit", "query", "--ledger", tamper.location, "--decision", "deny", "--format", "jsonl")
     assert code == 0 and "not been verified" in out, out
     assert cli(capsys, "audit", "verify", "--ledger", tamper.location)[0] == 0
     code, out = cli(capsys, "audit", "query", "--ledger", tamper.location, "--decision", "deny", "--format", "jsonl")
     assert code == 0 and "not been verified" not in out and '"decision":"deny"' in out, out
+
+
+def test_the_index_check_hands_python_only_the_suspects(tamper: Tamper, capsys: pytest.CaptureFixture[str]) -> None:
+    """The backend's SQL pass returns no record of an intact ledger and exactly the edited ones after
+    tampering; a body the database cannot read as JSON still reaches the exact check."""
+    with tamper.reader() as reader:
+        assert list(reader.index_suspects()) == []
+    ruled = first_seq_with_rules(tamper, start=10)
+    tamper.edit_column(7, "decision", "forged")
+    tamper.delete_index_row(ruled, tamper.rules_of(ruled)[0])
+    with tamper.reader() as reader:
+        assert [r.seq for r in reader.index_suspects()] == [7, ruled]
+    tamper.replace_body(3, b"\xff not json")
+    with tamper.reader() as reader:
+        assert 3 in [r.seq for r in reader.index_suspects()]  # the window falls back to every record
+    assert_caught(tamper, capsys, 3, "record 3")
