@@ -91,3 +91,15 @@ def running_postgres(bindir: Path, *, fsync: bool = False) -> Iterator[PostgresS
         subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
                        capture_output=True, check=False)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def postgres_or_skip() -> Iterator[PostgresServer]:
+    """A test's server (fsync off); the test is skipped when no PostgreSQL binaries are installed."""
+    import pytest
+
+    bindir = pg_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL binaries not installed (/usr/lib/postgresql/*/bin); .ci/run installs them")
+    with running_postgres(bindir) as server:
+        yield server

@@ -21,7 +21,7 @@ from audit.sqlite import SqliteLedger, SqliteLedgerReader
 from audit.verify import verify_ledger
 from bench.ledgerbulk import CHUNK, PostgresSink, SqliteSink, load
 from bench.ledgerfill import entry
-from tests.pg import PostgresServer, pg_bin, running_postgres
+from tests.pg import PostgresServer, pg_bin, postgres_or_skip
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,10 +59,7 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[PostgresServer]:
-    bindir = pg_bin()
-    if bindir is None:
-        pytest.skip("PostgreSQL binaries not installed (/usr/lib/postgresql/*/bin); .ci/run installs them")
-    with running_postgres(bindir) as server:
+    with postgres_or_skip() as server:
         yield server
 
 

@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 from audit.postgres import LEDGER_TABLES, PostgresLedger, PostgresLedgerReader
 from audit.sqlite import SqliteLedger, SqliteLedgerReader
 from gateway.config import is_ledger_url
-from tests.pg import PostgresServer, pg_bin, running_postgres
+from tests.pg import PostgresServer, postgres_or_skip
 
 BACKENDS = ("sqlite", "postgres")
 Location = Path | str
@@ -127,10 +127,7 @@ def open_reader(location: Location) -> Any:
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
     """Start PostgreSQL from the installed binaries (as the `postgres` user when we are root)."""
-    bindir = pg_bin()
-    if bindir is None:
-        pytest.skip("PostgreSQL binaries not installed (/usr/lib/postgresql/*/bin); .ci/run installs them")
-    with running_postgres(bindir) as server:
+    with postgres_or_skip() as server:
         yield server
 
 
