@@ -1,6 +1,6 @@
 """Dharma Gateway benchmarks: figures for design §8 (performance budget).
 
-Run `python -m bench` (all, ~6 minutes), `python -m bench --quick` (seconds) or
+Run `python -m bench` (all, ~7 minutes), `python -m bench --quick` (seconds) or
 `python -m bench --only decision` (names: decision, governed, ledger_append, ledger_verify,
 ledger_query, mcp_stdio, mcp_http).
 These print figures; nothing here asserts on speed (see bench/README.md).
