@@ -78,6 +78,7 @@ CREATE INDEX records_principal_time ON records(principal, time);
 CREATE INDEX records_tool_time ON records(tool, time);
 CREATE INDEX records_time ON records(time);
 CREATE INDEX record_rules_rule ON record_rules(rule_id, seq);
+CREATE INDEX record_rules_seq ON record_rules(seq);  -- verify reads each record's rule rows by seq
 CREATE FUNCTION dharma_ledger_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'karma ledger is append-only (% on %)', TG_OP, TG_TABLE_NAME; END $$;
 CREATE FUNCTION dharma_ledger_head_forward() RETURNS trigger LANGUAGE plpgsql AS $$

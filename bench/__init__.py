@@ -1,8 +1,8 @@
 """Dharma Gateway benchmarks: figures for design §8 (performance budget).
 
-Run `python -m bench` (all, ~4 minutes), `python -m bench --quick` (seconds) or
-`python -m bench --only decision` (names: decision, governed, ledger_verify, ledger_query,
-mcp_stdio, mcp_http).
+Run `python -m bench` (all, ~7 minutes), `python -m bench --quick` (seconds) or
+`python -m bench --only decision` (names: decision, governed, ledger_append, ledger_verify,
+ledger_query, mcp_stdio, mcp_http).
 These print figures; nothing here asserts on speed (see bench/README.md).
 """
 
@@ -17,15 +17,47 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-BENCHMARKS: tuple[str, ...] = ("decision", "governed", "ledger_verify", "ledger_query", "mcp_stdio", "mcp_http")
+BENCHMARKS: tuple[str, ...] = ("decision", "governed", "ledger_append", "ledger_verify", "ledger_query", "mcp_stdio",
+                                "mcp_http")
+LEDGER_BENCHMARKS: tuple[str, ...] = ("ledger_append", "ledger_verify", "ledger_query")
+LEDGER_BACKENDS: tuple[str, ...] = ("sqlite", "postgres")
+BACKEND_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
 
 
 @dataclass(frozen=True)
 class Options:
     quick: bool = False
     workdir: str | None = None  # where ledgers go (default: a temporary directory)
+    backends: tuple[str, ...] = LEDGER_BACKENDS
+    postgres: Any = None  # a running tests.pg.PostgresServer, for the PostgreSQL rows
+    postgres_missing: str = "not started"  # why there are no PostgreSQL rows (when `postgres` is None)
+    append_seconds: float | None = None  # per ledger_append row (default 3; quick 0.3)
+    verify_records: int | None = None  # ledger_verify's ledger (default 100,000; quick 5,000)
+    query_records: int | None = None  # ledger_query's ledger (default 1,000,000; quick 20,000)
+
+    def ledger_backends(self) -> list[str]:
+        """The chosen ledger backends that can run (PostgreSQL only with a server)."""
+        return [b for b in self.backends if b != "postgres" or self.postgres is not None]
+
+    def new_ledger(self, backend: str, directory: Path, stem: str) -> Path | str:
+        """A fresh, empty ledger location: a file in `directory` or a new PostgreSQL database."""
+        if backend == "postgres":
+            return str(self.postgres.new_database())
+        path = directory / f"{stem}.db"
+        for old in directory.glob(f"{stem}.db*"):
+            old.unlink()
+        return path
+
+    def skipped_backends(self, target: str, results: Results) -> None:
+        """Record a NOT MEASURED `target` line for each chosen backend that cannot run."""
+        for backend in self.backends:
+            if backend not in self.ledger_backends():
+                results.add(Target(f"{target} ({BACKEND_NAMES[backend]})", None, _LIMITS[target], _UNITS[target],
+                                   higher_is_better=target == "ledger verify",
+                                   note=f"PostgreSQL {self.postgres_missing}"))
 
 
 @dataclass
@@ -64,6 +96,10 @@ class Results:
 
     def add(self, target: Target) -> None:
         self.targets.append(target)
+
+
+_LIMITS = {"ledger verify": 100_000, "ledger query by principal+time (1M records)": 100}
+_UNITS = {"ledger verify": "records/s", "ledger query by principal+time (1M records)": "ms"}
 
 
 # ---- measurement --------------------------------------------------------------------

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import os
 import platform
 import sys
 import time
+from typing import Any
 
-from bench import BENCHMARKS, Options, Results, quiet_logging
+from bench import BENCHMARKS, LEDGER_BACKENDS, LEDGER_BENCHMARKS, Options, Results, quiet_logging
+from tests.pg import pg_bin, running_postgres
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,10 +22,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=BENCHMARKS, metavar="NAME",
                         help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}")
     parser.add_argument("--dir", default=None, help="directory for the ledgers (default: a temp dir on /tmp)")
+    parser.add_argument("--backend", action="append", choices=LEDGER_BACKENDS,
+                        help="ledger backend of the ledger_* benchmarks (repeatable; default: both)")
+    parser.add_argument("--append-seconds", type=_positive(float), default=None, metavar="S",
+                        help="ledger_append: seconds per row (default 3, --quick 0.3)")
+    parser.add_argument("--verify-records", type=_positive(int), default=None, metavar="N",
+                        help="ledger_verify: ledger size (default 100,000, --quick 5,000)")
+    parser.add_argument("--query-records", type=_positive(int), default=None, metavar="N",
+                        help="ledger_query: ledger size (default 1,000,000, --quick 20,000)")
     args = parser.parse_args(argv)
-    opts = Options(quick=args.quick, workdir=args.dir)
     quiet_logging()
     chosen = [b for b in BENCHMARKS if not args.only or b in args.only]
+    backends = tuple(b for b in LEDGER_BACKENDS if not args.backend or b in args.backend)
+    with contextlib.ExitStack() as stack:
+        postgres, missing = None, "not chosen (--backend)"
+        if "postgres" in backends and set(chosen) & set(LEDGER_BENCHMARKS):
+            bindir = pg_bin()
+            missing = "binaries not installed (/usr/lib/postgresql/*/bin)"
+            if bindir is not None:
+                postgres = stack.enter_context(running_postgres(bindir, fsync=True))
+        opts = Options(quick=args.quick, workdir=args.dir, backends=backends, postgres=postgres,
+                       postgres_missing=missing, append_seconds=args.append_seconds,
+                       verify_records=args.verify_records, query_records=args.query_records)
+        return _run(opts, chosen)
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    """An argparse type: a number of `kind` above zero, or a clear error naming the value."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be above zero")
+        return value
+    return parse
+
+
+def _run(opts: Options, chosen: list[str]) -> int:
     print(f"Dharma Gateway benchmarks ({'quick' if opts.quick else 'full'} run): Python {platform.python_version()}, "
           f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform(terse=True)}")
     load = os.getloadavg()

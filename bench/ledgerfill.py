@@ -1,4 +1,4 @@
-"""Fill a fresh ledger through `SqliteLedger.append` with many concurrent appenders.
+"""The entries the ledger benchmarks record (`ledger_append` appends them, `bench.ledgerbulk` bulk-loads them).
 
 Entries have the shape Gateway._record_and_sign writes (same keys, realistic values); the
 principal cycles over `PRINCIPALS` names and `time` advances evenly from `START` so a time
@@ -7,14 +7,8 @@ window selects a predictable slice.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
-
-from audit.sqlite import SqliteLedger
 
 PRINCIPALS = 100
 START = datetime(2025, 1, 1, tzinfo=UTC)
@@ -58,34 +52,3 @@ def entry(i: int, total: int) -> dict[str, Any]:
         "dry_run": False,
     }
 
-
-async def fill(
-    path: Path,
-    total: int,
-    *,
-    callers: int = 256,
-    synchronous: str = "NORMAL",
-    batch_max: int = 256,
-    stop_if: Callable[[int, float], bool] | None = None,
-) -> tuple[int, float]:
-    """Append `total` entries (fewer if `stop_if(done, elapsed)` says so); return (count, seconds)."""
-    ledger = await SqliteLedger.open(path, synchronous=synchronous, batch_max=batch_max)  # type: ignore[arg-type]
-    done = 0
-    stop = False
-    t0 = time.perf_counter()
-
-    async def worker(w: int) -> None:
-        nonlocal done, stop
-        for i in range(w, total, callers):
-            if stop:
-                return
-            await ledger.append(entry(i, total))
-            done += 1
-            if stop_if is not None and done % 10_000 == 0 and stop_if(done, time.perf_counter() - t0):
-                stop = True
-
-    try:
-        await asyncio.gather(*(worker(w) for w in range(callers)))
-    finally:
-        await ledger.aclose()
-    return done, time.perf_counter() - t0

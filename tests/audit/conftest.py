@@ -7,15 +7,8 @@ or a `postgresql://` URL; `open_ledger`, `open_reader` and `attacker` take eithe
 
 from __future__ import annotations
 
-import glob
-import itertools
 import logging
-import os
-import shutil
-import socket
 import sqlite3
-import subprocess
-import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +22,7 @@ from structlog.testing import capture_logs
 from audit.postgres import LEDGER_TABLES, PostgresLedger, PostgresLedgerReader
 from audit.sqlite import SqliteLedger, SqliteLedgerReader
 from gateway.config import is_ledger_url
+from tests.pg import PostgresServer, postgres_or_skip
 
 BACKENDS = ("sqlite", "postgres")
 Location = Path | str
@@ -137,72 +131,11 @@ def open_reader(location: Location) -> Any:
     return SqliteLedgerReader(location)
 
 
-def _pg_bin() -> Path | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-    return Path(found[-1]).parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class PostgresServer:
-    """A throwaway PostgreSQL server; `new_database()` gives each ledger its own database."""
-
-    def __init__(self, url: str, stop: Callable[[], None], start: Callable[[], None]) -> None:
-        self.url = url
-        self.stop = stop
-        self.start = start
-        self._names = itertools.count(1)
-
-    def admin(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.url + "/postgres", autocommit=True)
-
-    def new_database(self) -> str:
-        name = f"ledger_{os.getpid()}_{next(self._names)}"
-        with self.admin() as conn:
-            conn.execute(f"CREATE DATABASE {name}")
-        return f"{self.url}/{name}"
-
-    def drop_database(self, url: str) -> None:
-        with self.admin() as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {url.rsplit('/', 1)[1]} WITH (FORCE)")
-
-
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
     """Start PostgreSQL from the installed binaries (as the `postgres` user when we are root)."""
-    bindir = _pg_bin()
-    if bindir is None:
-        pytest.skip("PostgreSQL binaries not installed (/usr/lib/postgresql/*/bin); .ci/run installs them")
-    root = Path(tempfile.mkdtemp(prefix="dharma-pg-"))
-    root.chmod(0o777)
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    port = _free_port()
-    data = root / "data"
-
-    def run(*argv: str) -> None:
-        done = subprocess.run([*as_user, *argv], capture_output=True, text=True, check=False)
-        if done.returncode:
-            raise RuntimeError(f"{argv[0]} failed: {done.stderr or done.stdout}")
-
-    def start() -> None:
-        run(str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(root / "pg.log"), "start",
-            "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off")
-
-    def stop() -> None:
-        run(str(bindir / "pg_ctl"), "-D", str(data), "-w", "-m", "immediate", "stop")
-
-    run(str(bindir / "initdb"), "-D", str(data), "-U", "dharma", "--auth=trust", "--no-locale", "-E", "UTF8")
-    start()
-    try:
-        yield PostgresServer(f"postgresql://dharma@127.0.0.1:{port}", stop, start)
-    finally:
-        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-                       capture_output=True, check=False)
-        shutil.rmtree(root, ignore_errors=True)
+    with postgres_or_skip() as server:
+        yield server
 
 
 def new_location(kind: str, request: pytest.FixtureRequest, directory: Path) -> Location:
