@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from gateway.cli.common import EXIT_FAILED, EXIT_OK, UsageError, add_command, add_group, out, settings_of
@@ -127,6 +128,8 @@ def add_parsers(sub: Any) -> None:
     for verb, approve in (("approve", True), ("deny", False)):
         p = add_command(approvals, verb, f"{verb} a held call")
         p.add_argument("id", metavar="ID", help="approval id, as `dharma approvals list` shows it")
+        p.add_argument("--policy", type=Path, help="the policy that says who may decide (default: the gateway's, "
+                       "from --config or $DHARMA_POLICY)")
         p.add_argument("--api-key", metavar="KEY", help="decide as the principal this key names (default: $DHARMA_API_KEY, "
                        "else the OS user's principal by local_user); it needs role approver or admin")
         p.add_argument("--reason", help="why, recorded with the decision in the karma ledger")
