@@ -193,9 +193,10 @@ class Gateway:
         if refusal is not None:
             log.warning("approval.refused", approval_id=approval_id, by=by, via=via, reason=refusal)
             raise ApprovalRefused(refusal)
-        item = await self.approvals.decide(approval_id, approve=approve, by=by, now=self.clock(), via=via, reason=reason)
-        await self.approval_recorder.try_sync()
-        return item
+        try:
+            return await self.approvals.decide(approval_id, approve=approve, by=by, now=self.clock(), via=via, reason=reason)
+        finally:  # the decision, or the `expired` event a late decision found, goes into the chain now
+            await self.approval_recorder.try_sync()
 
     # ---- calls -----------------------------------------------------------------------
 
