@@ -49,11 +49,11 @@ class Wiring:
     keys: KeyStore
     limiter_store: LimiterStore
     approvals: ApprovalStore
-    approval_recorder: ApprovalRecorder
     idempotency: IdempotencyStore
     history: History
     breaker: CircuitBreaker
     clock: Callable[[], float]
+    approval_recorder: ApprovalRecorder | None = None  # the Gateway's, shared with approve/deny; else one of its own
 
 
 def steps(w: Wiring) -> tuple[Stage | Step, ...]:
@@ -66,7 +66,7 @@ def steps(w: Wiring) -> tuple[Stage | Step, ...]:
         RateLimiter(w.limiter_store),  # rate_limited
         TierGate(),  # forbidden, purpose_required
         DharmaRules(),  # policy_blocked
-        ApprovalGate(w.approvals, w.approval_recorder),  # approval_required / _denied / _timeout
+        ApprovalGate(w.approvals, w.approval_recorder or ApprovalRecorder(w.approvals, w.ledger)),  # approval_required / _denied / _timeout
         RecordDecision(w.ledger),  # decision record committed (fails closed: nothing is forwarded)
         Forward(w.breaker, w.idempotency, w.clock),  # [backend]: replay, admit → send → record
         DisclosureRules(),  # PERMIT / REDACT / WITHHOLD
