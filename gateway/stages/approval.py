@@ -83,7 +83,9 @@ def approval_entry(event: ApprovalEvent) -> dict[str, Any]:
         "tool": a.tool,
         "args_digest": a.argument_digest,
         "policy_version": a.policy_version,
-        "request_id": None,  # null: `request_id` names the records of one call, and this is not one
+        # null, present as in every record: these name one call's records and decision, and this is neither
+        "request_id": None,
+        "decision": None,
         "held_request_id": a.request_id,
         "expires_at": rfc3339(a.expires_at),
     }
