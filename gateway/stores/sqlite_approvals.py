@@ -61,18 +61,18 @@ WHERE e.no > (SELECT COALESCE(MAX(no), 0) FROM approval_recorded)
   AND e.event IN ({", ".join(f"'{name}'" for name in sorted(LEDGER_EVENTS))})
 ORDER BY e.no
 """
-_LEGACY_COPY = f"""
-INSERT INTO approval_holds({_HOLD_COLUMNS})
-  SELECT {_HOLD_COLUMNS} FROM approvals WHERE id NOT IN (SELECT id FROM approval_holds);
-INSERT INTO approval_events(approval_id, event, actor, via, reason, at)
-  SELECT id, 'held', principal, 'gateway', reason, created_at FROM approvals;
-INSERT INTO approval_events(approval_id, event, actor, via, reason, at)
-  SELECT id, CASE state WHEN 'used' THEN 'approved' ELSE state END, decided_by, 'legacy', '', created_at
-  FROM approvals WHERE state IN ('approved', 'denied', 'used');
-INSERT INTO approval_events(approval_id, event, actor, via, reason, at)
-  SELECT id, state, '', 'legacy', '', created_at FROM approvals WHERE state IN ('expired', 'used');
-DROP TABLE approvals;
-"""
+_LEGACY_COPY = (
+    f"INSERT INTO approval_holds({_HOLD_COLUMNS}) SELECT {_HOLD_COLUMNS} FROM approvals",
+    "INSERT INTO approval_events(approval_id, event, actor, via, reason, at)"
+    " SELECT id, 'held', principal, 'gateway', reason, created_at FROM approvals",
+    "INSERT INTO approval_events(approval_id, event, actor, via, reason, at)"
+    " SELECT id, CASE state WHEN 'used' THEN 'approved' ELSE state END, decided_by, 'legacy', '', created_at"
+    " FROM approvals WHERE state IN ('approved', 'denied', 'used')",
+    "INSERT INTO approval_events(approval_id, event, actor, via, reason, at)"
+    " SELECT id, state, '', 'legacy', '', created_at FROM approvals WHERE state IN ('expired', 'used')",
+    "DROP TABLE approvals",
+)
+"""Carry an older gateway's mutable `approvals` table (state in a column) over as events, once."""
 
 
 class SqliteApprovalStore:
@@ -86,12 +86,20 @@ class SqliteApprovalStore:
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(f"{path}: cannot open the approvals store: {exc}") from None
 
-    @staticmethod
-    def _carry_over_legacy(conn: sqlite3.Connection) -> None:
-        """Copy the one mutable `approvals` table of an older gateway into the event tables, once."""
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
-        if "state" in columns:
-            conn.executescript("BEGIN IMMEDIATE;" + _LEGACY_COPY + "COMMIT;")
+    def _carry_over_legacy(self, conn: sqlite3.Connection) -> None:
+        """Copy the one mutable `approvals` table of an older gateway into the event tables, once
+        (checked again inside the transaction, so two processes opening it do not both copy)."""
+
+        def legacy(c: sqlite3.Connection) -> bool:
+            return "state" in {row[1] for row in c.execute("PRAGMA table_info(approvals)")}
+
+        def op(c: sqlite3.Connection) -> None:
+            if legacy(c):
+                for statement in _LEGACY_COPY:
+                    c.execute(statement)
+
+        if legacy(conn):
+            self._transaction(op)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
