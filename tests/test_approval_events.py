@@ -173,6 +173,17 @@ async def test_cli_decides_as_a_mapped_principal_only(
     ]
 
 
+async def test_cli_refuses_self_approval(open_test_gateway: OpenGateway, tmp_path: Path, sandbox: Path, state_root: Path) -> None:
+    policy = write_policy(tmp_path / "p", profile())
+    gw = await open_test_gateway(policy)
+    held = await gw.call("delete_file", {"path": "z.txt"}, api_key=KEYS["admin"])
+    refused = await anyio.to_thread.run_sync(lambda: dharma(
+        "approvals", "approve", held.approval_id, "--policy", policy, "--api-key", KEYS["admin"], state_root=state_root))
+    assert refused.rc == 1 and "admin made this call and may not approve it" in refused.err
+    assert (await gw.approvals.get(held.approval_id)).state == "pending"
+    assert [r["event"] for r in approval_records(gw, held.approval_id)] == ["held"]
+
+
 async def test_cli_records_in_the_ledger_when_no_gateway_runs(
     open_test_gateway: OpenGateway, tmp_path: Path, sandbox: Path, state_root: Path
 ) -> None:
