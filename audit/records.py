@@ -33,6 +33,12 @@ KIND_OUTCOME = "outcome"
 A record with no `kind` is a whole call in one record: a refused call, or any call in a ledger
 written before records were two-phase.
 """
+KIND_APPROVAL = "approval"
+"""`kind` of an approval event: `event` is held, approved, denied or expired; `approval_id`, `by`
+(a principal id, or null for expired), `via`, `reason` and the binding (principal, tool,
+args_digest, policy_version, held_request_id: the request id of the held call) say which,
+who, how and why. Its `request_id` and `decision` are null: they name one call's records.
+"""
 _CANONICAL_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z", re.ASCII)
 
 

@@ -558,7 +558,7 @@ def test_config_errors_exit_2(tmp_path: Path, state_root: Path) -> None:
 # ---- approvals -----------------------------------------------------------------------------
 
 
-async def test_approvals_decided_by_the_cli_reach_the_gateway(demo_gateway: Any, sandbox: Path, state_root: Path) -> None:
+async def test_approvals_decided_by_the_cli_reach_the_gateway(demo_gateway: Any, sandbox: Path, state_root: Path, policy_path: Path) -> None:
     gw = demo_gateway
     for name in ("x.txt", "y.txt"):
         (sandbox / name).write_text(name, encoding="utf-8")
@@ -572,15 +572,16 @@ async def test_approvals_decided_by_the_cli_reach_the_gateway(demo_gateway: Any,
     assert [(p["id"], p["tool"], p["principal"]) for p in pending] == [
         (held_x.approval_id, "delete_file", "operator"), (held_y.approval_id, "delete_file", "operator")
     ]
+    as_admin = ["--policy", policy_path, "--api-key", KEYS["admin"]]
     approve, deny, unknown = dharma_many(
         [
-            ["approvals", "approve", held_x.approval_id, "--by", "alice"],
-            ["approvals", "deny", held_y.approval_id],
-            ["approvals", "approve", "apr_does_not_exist"],
+            ["approvals", "approve", held_x.approval_id, *as_admin, "--reason", "alice checked it"],
+            ["approvals", "deny", held_y.approval_id, *as_admin],
+            ["approvals", "approve", "apr_does_not_exist", *as_admin],
         ],
         state_root,
     )
-    assert approve.rc == 0 and f"{held_x.approval_id} approved by alice" in approve.out
+    assert approve.rc == 0 and f"{held_x.approval_id} approved by admin" in approve.out
     assert deny.rc == 0 and "denied" in deny.out
     assert unknown.rc == 1 and "unknown approval" in unknown.out
 
@@ -590,7 +591,7 @@ async def test_approvals_decided_by_the_cli_reach_the_gateway(demo_gateway: Any,
     refused = await gw.call("delete_file", {"path": "y.txt"}, api_key=KEYS["operator"], approval_id=held_y.approval_id)
     assert refused.error_code is not None and refused.error_code.value == "approval_denied"
     assert (sandbox / "y.txt").exists()
-    again, table = dharma_many([["approvals", "approve", held_x.approval_id], ["approvals", "list"]], state_root)
+    again, table = dharma_many([["approvals", "approve", held_x.approval_id, *as_admin], ["approvals", "list"]], state_root)
     assert again.rc == 1 and "not pending" in again.out
     assert table.rc == 0 and "no pending approvals" in table.out
 

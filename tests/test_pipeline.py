@@ -605,14 +605,16 @@ async def test_every_outcome_kind_lands_in_a_verifiable_ledger(setup):
     await gateway.call("nothing", {}, api_key="alice-key")
     await asyncio.gather(*(gateway.call("read_file", {"path": f"{i}"}, api_key="alice-key") for i in range(50)))
     records = ledger_records(tmp)
-    # 52 calls reached the backend (a decision and an outcome record each), 3 were refused (one record each)
-    assert len(records) == 52 * 2 + 3
+    # 52 calls reached the backend (a decision and an outcome record each), 3 were refused (one record each),
+    # and the held write is an approval event too
+    assert len(records) == 52 * 2 + 3 + 1
+    assert [(r["event"], r["principal"], r["tool"]) for r in records if r.get("kind") == "approval"] == [("held", "bob", "write_file")]
     assert sum(r.get("kind") == "decision" for r in records) == sum(r.get("kind") == "outcome" for r in records) == 52
     assert {r["status"] for r in records if "kind" not in r} >= {"blocked", "pending_approval"}
     assert {r["status"] for r in records if r.get("kind") == "outcome"} >= {"ok"}
     with SqliteLedgerReader(tmp / "ledger.db") as reader:
         report = verify_ledger(reader)
-    assert report.ok and report.size == 107
+    assert report.ok and report.size == 108
 
 
 async def test_closing_signs_a_checkpoint_that_verify_checks(tmp_path):

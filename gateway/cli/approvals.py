@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from gateway.cli.common import EXIT_FAILED, EXIT_OK, add_command, add_group, out, settings_of
+from gateway.cli.common import EXIT_FAILED, EXIT_OK, UsageError, add_command, add_group, out, settings_of
 
 
 def _approvals(args: argparse.Namespace) -> Any:
@@ -32,18 +34,88 @@ def cmd_approvals_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def decide(args: argparse.Namespace, approve: bool) -> int:
-    store = _approvals(args)
-    by = args.by or os.environ.get("USER") or "cli"
+def os_user() -> str:
+    """The OS account running this process (from the process's uid, not from $USER)."""
     try:
-        item = store.decide_sync(args.id, approve=approve, by=by, now=time.time())
-    except KeyError:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        import getpass
+
+        return getpass.getuser()
+
+
+def approver_of(args: argparse.Namespace, policy: Any) -> Any:
+    """The principal deciding: the one `--api-key` names, else the OS user's (`local_user`).
+
+    Raises UsageError when the policy maps neither to a principal with role approver or admin.
+    """
+    from gateway.core.call import Credentials
+    from gateway.stages.authenticate import authenticate
+
+    key = args.api_key or os.environ.get("DHARMA_API_KEY")
+    credentials = Credentials(api_key=key) if key else Credentials(local_user=os_user())
+    who = "the given API key" if key else f"OS user {credentials.local_user!r}"
+    principal = authenticate(policy, credentials)
+    if principal is None:
+        raise UsageError(f"{who} is not a principal of policy {policy.name} (give --api-key, or map the user with local_user)")
+    if not {"approver", "admin"} & set(principal.roles):
+        raise UsageError(f"{who} is principal {principal.id}, which has no role approver or admin, so it may not decide approvals")
+    return principal
+
+
+async def record_in_ledger(settings: Any, store: Any) -> str:
+    """Copy the store's unrecorded approval events into the SQLite ledger when no gateway holds it.
+
+    A running gateway holds the ledger's one writer lock and records them itself (while the call
+    waits, when it is retried, or at shutdown), so a held lock is not an error.
+    """
+    from audit.errors import LedgerError, LedgerLocked
+    from audit.sqlite import SqliteLedger
+    from gateway.stages.approval import ApprovalRecorder
+
+    if settings.ledger.url is not None:
+        return "the gateway records it in the karma ledger"
+    try:
+        ledger = await SqliteLedger.open(settings.ledger_path, synchronous=settings.ledger.synchronous)
+    except LedgerLocked:
+        return "the running gateway records it in the karma ledger"
+    except LedgerError as exc:
+        return f"not yet in the karma ledger ({exc}); the gateway records it when it next runs"
+    try:
+        await ApprovalRecorder(store, ledger).sync()
+    finally:
+        await ledger.aclose()
+    return "recorded in the karma ledger"
+
+
+def decide(args: argparse.Namespace, approve: bool) -> int:
+    """Decide a held call as the CLI user's principal (never free text); self-approval only where allowed."""
+    import anyio
+
+    from gateway.policy.compile import load_policy
+    from gateway.stages.approval import approver_refusal
+
+    settings = settings_of(args)
+    store = _approvals(args)
+    policy = load_policy(settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
+    principal = approver_of(args, policy)
+    current = store.get_sync(args.id)
+    if current is None:
         out(f"unknown approval {args.id}")
         return EXIT_FAILED
+    refusal = approver_refusal(policy, current, by=principal.id, approve=approve, via="cli")
+    if refusal is not None:
+        sys.stderr.write(f"dharma: {refusal}\n")
+        return EXIT_FAILED
+    try:
+        item = store.decide_sync(args.id, approve=approve, by=principal.id, now=time.time(), via="cli", reason=args.reason or "")
     except ValueError as exc:
         out(str(exc))
         return EXIT_FAILED
-    out(f"{item.id} {item.state} by {by}")
+    where = anyio.run(record_in_ledger, settings, store)
+    out(f"{item.id} {item.state} by {principal.id} ({where})")
     return EXIT_OK
 
 
@@ -56,5 +128,9 @@ def add_parsers(sub: Any) -> None:
     for verb, approve in (("approve", True), ("deny", False)):
         p = add_command(approvals, verb, f"{verb} a held call")
         p.add_argument("id", metavar="ID", help="approval id, as `dharma approvals list` shows it")
-        p.add_argument("--by", help="who decides (default: $USER)")
+        p.add_argument("--policy", type=Path, help="the policy that says who may decide (default: the gateway's, "
+                       "from --config or $DHARMA_POLICY)")
+        p.add_argument("--api-key", metavar="KEY", help="decide as the principal this key names (default: $DHARMA_API_KEY, "
+                       "else the OS user's principal by local_user); it needs role approver or admin")
+        p.add_argument("--reason", help="why, recorded with the decision in the karma ledger")
         p.set_defaults(func=lambda a, approve=approve: decide(a, approve))

@@ -24,6 +24,7 @@ from gateway.core.pipeline import Wiring, run, split, steps
 from gateway.crypto.receipts import KeyStore
 from gateway.logging import ensure_logging
 from gateway.policy.compile import CompiledPolicy, load_policy
+from gateway.stages.approval import ApprovalRecorder, ApprovalRefused, approver_refusal
 from gateway.stages.authenticate import authenticate
 from gateway.stages.circuit_breaker import CircuitBreaker
 from gateway.stages.record import Ledger, rfc3339, safe_digest
@@ -99,6 +100,7 @@ class Gateway:
         self.keys = keys
         self.clock = clock
         self.approvals = approval_store or MemoryApprovalStore()
+        self.approval_recorder = ApprovalRecorder(self.approvals, ledger)
         self.idempotency = idempotency_store or MemoryIdempotencyStore()
         self.history = SessionHistory()
         self.breaker = CircuitBreaker()
@@ -108,6 +110,7 @@ class Gateway:
                 keys=keys,
                 limiter_store=limiter_store or MemoryLimiterStore(),
                 approvals=self.approvals,
+                approval_recorder=self.approval_recorder,
                 idempotency=self.idempotency,
                 history=self.history,
                 breaker=self.breaker,
@@ -168,12 +171,32 @@ class Gateway:
         """Held calls waiting for a human, oldest first."""
         return await self.approvals.pending(self.clock())
 
-    async def approve(self, approval_id: str, *, by: str) -> Any:
-        """Approve a held call; the caller then repeats it with `approval_id` (single use)."""
-        return await self.approvals.decide(approval_id, approve=True, by=by, now=self.clock())
+    async def approve(self, approval_id: str, *, by: str, via: str = "api", reason: str = "") -> Any:
+        """Approve a held call as principal `by` (an authenticated principal id, never free text);
+        the caller then repeats it with `approval_id` (single use).
 
-    async def deny(self, approval_id: str, *, by: str) -> Any:
-        return await self.approvals.decide(approval_id, approve=False, by=by, now=self.clock())
+        Raises KeyError (unknown id), ValueError (not pending) or ApprovalRefused (self-approval
+        the policy does not allow). The approved event is in the ledger before the call is released.
+        """
+        return await self.decide(approval_id, approve=True, by=by, via=via, reason=reason)
+
+    async def deny(self, approval_id: str, *, by: str, via: str = "api", reason: str = "") -> Any:
+        """Deny a held call as principal `by`; raises as `approve` does."""
+        return await self.decide(approval_id, approve=False, by=by, via=via, reason=reason)
+
+    async def decide(self, approval_id: str, *, approve: bool, by: str, via: str, reason: str) -> Any:
+        """Append the decision to the approval store, then record it in the ledger (see `approve`)."""
+        current = await self.approvals.get(approval_id)
+        if current is None:
+            raise KeyError(approval_id)
+        refusal = approver_refusal(self.policy, current, by=by, approve=approve, via=via)
+        if refusal is not None:
+            log.warning("approval.refused", approval_id=approval_id, by=by, via=via, reason=refusal)
+            raise ApprovalRefused(refusal)
+        try:
+            return await self.approvals.decide(approval_id, approve=approve, by=by, now=self.clock(), via=via, reason=reason)
+        finally:  # the decision, or the `expired` event a late decision found, goes into the chain now
+            await self.approval_recorder.try_sync()
 
     # ---- calls -----------------------------------------------------------------------
 
@@ -250,7 +273,9 @@ class Gateway:
         return Governed(ctx.outcome, ctx.response)
 
     async def aclose(self) -> None:
-        """Close backends, sign a checkpoint of the ledger head into the ledger, close it."""
+        """Record approval events still outside the chain (e.g. a CLI decision nobody came back
+        for), close backends, sign a checkpoint of the ledger head into the ledger, close it."""
+        await self.approval_recorder.try_sync()
         for backend in self._backends.values():
             await backend.aclose()
         checkpoint = getattr(self.ledger, "checkpoint", None)

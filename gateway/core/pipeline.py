@@ -24,7 +24,7 @@ from gateway.core.errors import ErrorCode
 from gateway.crypto.receipts import KeyStore
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages import Stage, Step
-from gateway.stages.approval import ApprovalGate
+from gateway.stages.approval import ApprovalGate, ApprovalRecorder
 from gateway.stages.authenticate import Authenticate
 from gateway.stages.circuit_breaker import CircuitBreaker
 from gateway.stages.dharma_rules import DharmaRules
@@ -53,6 +53,7 @@ class Wiring:
     history: History
     breaker: CircuitBreaker
     clock: Callable[[], float]
+    approval_recorder: ApprovalRecorder | None = None  # the Gateway's, shared with approve/deny; else one of its own
 
 
 def steps(w: Wiring) -> tuple[Stage | Step, ...]:
@@ -65,7 +66,7 @@ def steps(w: Wiring) -> tuple[Stage | Step, ...]:
         RateLimiter(w.limiter_store),  # rate_limited
         TierGate(),  # forbidden, purpose_required
         DharmaRules(),  # policy_blocked
-        ApprovalGate(w.approvals),  # approval_required / _denied / _timeout
+        ApprovalGate(w.approvals, w.approval_recorder or ApprovalRecorder(w.approvals, w.ledger)),  # approval_required / _denied / _timeout
         RecordDecision(w.ledger),  # decision record committed (fails closed: nothing is forwarded)
         Forward(w.breaker, w.idempotency, w.clock),  # [backend]: replay, admit → send → record
         DisclosureRules(),  # PERMIT / REDACT / WITHHOLD

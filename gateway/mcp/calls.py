@@ -308,14 +308,15 @@ class ToolsCall:
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         scope = anyio.CancelScope()
         with port.holding(scope), scope:
-            if not site.modern and site.can_ask_client and ap.can_elicit(site.capabilities):
+            if (not site.modern and site.can_ask_client and ap.can_elicit(site.capabilities)
+                    and self.gateway.policy.approval_allow_elicitation):
                 form = ap.approval_form(outcome, name, arguments, version=site.protocol_version)
                 rid, response = await port.ask_client("elicitation/create", form, timeout=self.hold_seconds)
                 if response is None:
                     await port.notify(jsonrpc.notification(
                         "notifications/cancelled", {"requestId": rid, "reason": "approval timed out"}))
                 verdict = ap.accepted(response.get("result")) if response is not None else None
-                await holding.settle(self.gateway, approval_id, verdict, by=f"mcp-elicitation:{site.principal}")
+                await holding.settle(self.gateway, approval_id, verdict, by=site.principal)
             else:
                 await holding.hold(self.gateway, approval_id, token, port.notify,
                                    seconds=self.hold_seconds, interval=self.progress_interval)

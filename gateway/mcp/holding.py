@@ -2,6 +2,10 @@
 be decided (CLI/HTTP, or the client's elicitation answer) or to time out, sending progress on
 the client's token meanwhile so its request does not time out. The transports only say how a
 note reaches their client.
+
+An elicitation answer is recorded as the session's own principal deciding `via: elicitation`
+(self-approval by nature): it counts only where the policy's `approval.allow_elicitation` holds
+(default true); otherwise the approval stays pending for an operator.
 """
 
 from __future__ import annotations
@@ -11,9 +15,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import structlog
 
 from gateway.core.gateway import Gateway
 from gateway.mcp import approval as ap
+from gateway.stages.approval import VIA_ELICITATION, ApprovalRefused
+
+log = structlog.get_logger()
 
 #: How often the approval store is asked whether a held call has been decided (seconds).
 POLL_SECONDS = 0.05
@@ -29,6 +37,7 @@ async def hold(gateway: Gateway, approval_id: str, token: Any, notify: Callable[
         while True:
             current = await gateway.approvals.get(approval_id)
             if current is not None and current.state != "pending":
+                await gateway.approval_recorder.try_sync()
                 return
             now = time.monotonic() - started
             if token is not None and now - last >= interval:
@@ -37,16 +46,25 @@ async def hold(gateway: Gateway, approval_id: str, token: Any, notify: Callable[
                 await notify(ap.hold_note(token, count, approval_id))
             await anyio.sleep(POLL_SECONDS)
     await gateway.approvals.expire(approval_id)
+    await gateway.approval_recorder.try_sync()
+
+
+async def answer(gateway: Gateway, approval_id: str, approve: bool, *, by: str) -> None:
+    """Record principal `by`'s elicitation answer; one the policy refuses leaves the approval pending."""
+    try:
+        await gateway.decide(approval_id, approve=approve, by=by, via=VIA_ELICITATION, reason="answered the elicitation")
+    except ApprovalRefused as exc:
+        log.warning("approval.elicitation_refused", approval_id=approval_id, reason=str(exc))
 
 
 async def settle(gateway: Gateway, approval_id: str, verdict: bool | None, *, by: str) -> None:
-    """Record the client's elicitation answer: approve, deny, or (no answer) let the approval expire."""
-    if verdict is True:
-        await gateway.approve(approval_id, by=by)
-    elif verdict is False:
-        await gateway.deny(approval_id, by=by)
-    else:
+    """Record the client's elicitation answer (`by` is the session's principal): approve, deny,
+    or (no answer) let the approval expire."""
+    if verdict is None:
         await gateway.approvals.expire(approval_id)
+        await gateway.approval_recorder.try_sync()
+    else:
+        await answer(gateway, approval_id, verdict, by=by)
 
 
 async def apply_state(gateway: Gateway, sealer: ap.StateSealer, params: dict[str, Any], *, principal: str, tool: str,
@@ -60,11 +78,11 @@ async def apply_state(gateway: Gateway, sealer: ap.StateSealer, params: dict[str
     if isinstance(opened, tuple):
         return opened
     answers = params.get("inputResponses")
-    answer = answers.get(ap.APPROVAL_INPUT) if isinstance(answers, dict) else None
+    response = answers.get(ap.APPROVAL_INPUT) if isinstance(answers, dict) else None
     current = await gateway.approvals.get(opened)
     if current is not None and current.state == "pending":
-        if ap.accepted(answer):
-            await gateway.approve(opened, by=f"mcp-elicitation:{principal}")
-        elif isinstance(answer, dict):
-            await gateway.deny(opened, by=f"mcp-elicitation:{principal}")
+        if ap.accepted(response):
+            await answer(gateway, opened, True, by=principal)
+        elif isinstance(response, dict):
+            await answer(gateway, opened, False, by=principal)
     return opened

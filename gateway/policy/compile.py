@@ -172,6 +172,8 @@ class CompiledPolicy:
     breaker_reset_seconds: float = 30.0
     approval_hold_seconds: float = 0.0
     approval_expires_seconds: float = 900.0
+    approval_allow_self: bool = False
+    approval_allow_elicitation: bool = True
     backend_timeout_seconds: float = 30.0
     disclosure_modes: tuple[str, ...] = ("direct", "summary", "none")
     warnings: tuple[PolicyProblem, ...] = ()
@@ -482,6 +484,8 @@ def _compile_profile(doc: LoadedDocument, c: _Compiler, layers: Sequence[LoadedD
         "breaker_reset_seconds": model.circuit_breaker.reset_seconds,
         "approval_hold_seconds": model.approval.hold_seconds,
         "approval_expires_seconds": model.approval.expires_seconds,
+        "approval_allow_self": model.approval.allow_self_approval,
+        "approval_allow_elicitation": model.approval.allow_elicitation,
         "backend_timeout_seconds": model.backend_timeout_seconds,
         "disclosure_modes": tuple(model.disclosure_modes),
     }

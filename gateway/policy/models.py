@@ -189,6 +189,13 @@ class BreakerSettings(Strict):
 class ApprovalSettings(Strict):
     hold_seconds: float = Field(default=0.0, ge=0)
     expires_seconds: float = Field(default=900.0, gt=0)
+    allow_self_approval: bool = Field(
+        default=False, description="may a principal approve a call it made itself (over HTTP, the CLI or the Python API)"
+    )
+    allow_elicitation: bool = Field(
+        default=True,
+        description="may the MCP client's user approve the agent's held call by answering an elicitation (self-approval by nature)",
+    )
 
 
 class Policy(Document):

@@ -4,33 +4,128 @@ An approval is bound to the exact call (principal, tool, argument digest, policy
 single use and expires. A call that comes back with an approved `approval_id` goes through once;
 otherwise the gateway holds it (up to the profile's `hold_seconds`) or answers
 `approval_required` with the id to come back with. A timeout denies.
+
+Every approval event (held, approved, denied, expired) is a chained ledger record
+(`kind: "approval"`), written by `ApprovalRecorder` from the append-only approval store: the
+store is where the CLI, in another process, appends its decision; the gateway, the ledger's one
+writer, copies each event into the chain. A call is released only once its approval is in the
+chain (fail closed). `approver_refusal` is the one rule of who may decide.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import secrets
+from typing import Any
 
 import anyio
+import structlog
 
 from audit.canon import canonical_bytes
+from audit.records import KIND_APPROVAL
 
 from gateway.core.call import BlockClass, CallContext, Decision, Effect
 from gateway.core.errors import ErrorCode
 from gateway.policy.compile import CompiledPolicy
+from gateway.stages.record import Ledger, rfc3339
 from gateway.stages.sanitizer.walk import redact_secrets
-from gateway.stores.base import Approval, ApprovalStore
+from gateway.stores.base import Approval, ApprovalEvent, ApprovalStore
+
+log = structlog.get_logger()
+VIA_ELICITATION = "elicitation"
+"""`via` of a decision the MCP client's user gave by answering an elicitation."""
 
 
 def new_approval_id() -> str:
     return "apr_" + secrets.token_urlsafe(12)
 
 
+class ApprovalRefused(PermissionError):
+    """The principal may not make this decision (self-approval, or elicitation not allowed)."""
+
+
+def approver_refusal(policy: CompiledPolicy, approval: Approval, *, by: str, approve: bool, via: str) -> str | None:
+    """Why principal `by` may not approve `approval` under `policy`, or None if it may.
+
+    Denying is always allowed (it only refuses). An elicitation answer is the calling principal
+    approving its own call: it counts when `approval.allow_elicitation` (default true) and only
+    for that principal. Anyone else approving their own call is refused unless
+    `approval.allow_self_approval` (default false).
+    """
+    if not approve:
+        return None
+    if via == VIA_ELICITATION:
+        if not policy.approval_allow_elicitation:
+            return f"approval {approval.id}: the policy does not accept approvals by elicitation (approval.allow_elicitation)"
+        if by != approval.principal:
+            return f"approval {approval.id}: an elicitation answer counts only for the principal that made the call"
+        return None
+    if by == approval.principal and not policy.approval_allow_self:
+        return (
+            f"approval {approval.id}: {by} made this call and may not approve it (self-approval is refused "
+            "unless the policy sets approval.allow_self_approval)"
+        )
+    return None
+
+
+def approval_entry(event: ApprovalEvent) -> dict[str, Any]:
+    """The ledger record of one approval event (contract: keep every field and its meaning)."""
+    a = event.approval
+    return {
+        "kind": KIND_APPROVAL,
+        "event": event.event,
+        "approval_id": a.id,
+        "time": rfc3339(event.at),
+        "by": event.by or None,
+        "via": event.via,
+        "reason": event.reason,
+        "principal": a.principal,
+        "tool": a.tool,
+        "args_digest": a.argument_digest,
+        "policy_version": a.policy_version,
+        # null, present as in every record: these name one call's records and decision, and this is neither
+        "request_id": None,
+        "decision": None,
+        "held_request_id": a.request_id,
+        "expires_at": rfc3339(a.expires_at),
+    }
+
+
+class ApprovalRecorder:
+    """Copies approval events from the store into the karma ledger, oldest first, each once.
+
+    One per gateway (the ledger's writer); a lock keeps two copies from racing. An event whose
+    append fails stays unrecorded and is tried again on the next `sync`.
+    """
+
+    def __init__(self, store: ApprovalStore, ledger: Ledger) -> None:
+        self.store = store
+        self.ledger = ledger
+        self._lock = anyio.Lock()
+
+    async def sync(self) -> None:
+        """Record every unrecorded event; raises what the ledger raised if one cannot be."""
+        async with self._lock:
+            for event in await self.store.unrecorded():
+                appended = await self.ledger.append(approval_entry(event))
+                await self.store.mark_recorded(event.no, getattr(appended, "seq", 0), getattr(appended, "hash", ""))
+
+    async def try_sync(self) -> bool:
+        """`sync`, logging instead of raising; False if an event could not be recorded."""
+        try:
+            await self.sync()
+        except Exception as exc:
+            log.error("approval.record_failed", error=str(exc))
+            return False
+        return True
+
+
 class ApprovalGate:
     name = "approval"
 
-    def __init__(self, store: ApprovalStore, *, poll_seconds: float = 0.05) -> None:
+    def __init__(self, store: ApprovalStore, recorder: ApprovalRecorder, *, poll_seconds: float = 0.05) -> None:
         self.store = store
+        self.recorder = recorder
         self.poll_seconds = poll_seconds
 
     def _block(self, code: ErrorCode, message: str, ctx: CallContext, approval_id: str | None) -> Decision:
@@ -68,6 +163,9 @@ class ApprovalGate:
             arguments_preview=_preview(ctx),
         )
         await self.store.create(approval)
+        if not await self.recorder.try_sync():
+            await self.store.expire(approval.id, now=ctx.clock)
+            return self._unrecorded(ctx, approval.id)
         if policy.approval_hold_seconds <= 0:
             return self._block(
                 ErrorCode.APPROVAL_REQUIRED,
@@ -77,6 +175,15 @@ class ApprovalGate:
                 approval.id,
             )
         return await self._hold(ctx, approval, policy.approval_hold_seconds)
+
+    def _unrecorded(self, ctx: CallContext, approval_id: str) -> Decision:
+        """Fail closed: an approval event the ledger could not record releases nothing."""
+        return self._block(
+            ErrorCode.INTERNAL_ERROR,
+            f"the karma ledger could not record approval {approval_id}, so the call was refused",
+            ctx,
+            approval_id,
+        )
 
     async def _hold(self, ctx: CallContext, approval: Approval, hold: float) -> Decision | None:
         with anyio.move_on_after(hold):
@@ -89,8 +196,10 @@ class ApprovalGate:
         if current is not None and current.state == "approved":
             return await self._redeem(ctx, approval.id, (approval.principal, approval.tool, approval.argument_digest, approval.policy_version))
         if current is not None and current.state == "denied":
+            await self.recorder.try_sync()
             return self._block(ErrorCode.APPROVAL_DENIED, f"approval {approval.id} was denied by {current.decided_by or 'an operator'}", ctx, approval.id)
-        await self.store.expire(approval.id)
+        await self.store.expire(approval.id, now=ctx.clock + hold)
+        await self.recorder.try_sync()
         return self._block(ErrorCode.APPROVAL_TIMEOUT, f"approval {approval.id} was not granted within {hold:g}s; the call is denied", ctx, approval.id)
 
     async def _redeem(self, ctx: CallContext, approval_id: str, binding: tuple[str, str, str, str]) -> Decision | None:
@@ -106,13 +215,16 @@ class ApprovalGate:
             )
         if approval.state == "pending":
             if approval.expires_at <= ctx.clock:
-                await self.store.expire(approval_id)
+                await self.store.expire(approval_id, now=ctx.clock)
+                await self.recorder.try_sync()
                 return self._block(ErrorCode.APPROVAL_TIMEOUT, f"approval {approval_id} expired before anyone decided", ctx, approval_id)
             return self._block(ErrorCode.APPROVAL_REQUIRED, f"approval {approval_id} is still pending", ctx, approval_id)
         if approval.state == "denied":
             return self._block(ErrorCode.APPROVAL_DENIED, f"approval {approval_id} was denied", ctx, approval_id)
         if approval.state == "expired" or (approval.state == "approved" and approval.expires_at <= ctx.clock):
             return self._block(ErrorCode.APPROVAL_TIMEOUT, f"approval {approval_id} expired", ctx, approval_id)
+        if approval.state == "approved" and not await self.recorder.try_sync():
+            return self._unrecorded(ctx, approval_id)
         if approval.state == "used" or not await self.store.consume(approval_id, now=ctx.clock):
             return self._block(ErrorCode.APPROVAL_DENIED, f"approval {approval_id} was already used (approvals are single use)", ctx, approval_id)
         ctx.approval_id = approval_id

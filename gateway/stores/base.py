@@ -42,15 +42,47 @@ class Approval:
         )
 
 
+#: The approval events the karma ledger records (`used` stays in the approval store: the call's
+#: own decision record names its approval id).
+LEDGER_EVENTS = frozenset({"held", "approved", "denied", "expired"})
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalEvent:
+    """One event of an approval's life, as the append-only approval store keeps it.
+
+    `by` is a principal id (the caller for `held`, the approver for `approved`/`denied`, empty
+    for `expired`); `via` says through what (gateway, http, cli, elicitation, api, timeout).
+    """
+
+    no: int
+    approval: Approval
+    event: str
+    by: str
+    via: str
+    reason: str
+    at: float
+
+
 class ApprovalStore(Protocol):
+    """Approvals as an append-only event log; an approval's state is its latest event."""
+
     async def create(self, approval: Approval) -> None: ...
     async def get(self, approval_id: str) -> Approval | None: ...
-    async def decide(self, approval_id: str, *, approve: bool, by: str, now: float) -> Approval: ...
+    async def decide(
+        self, approval_id: str, *, approve: bool, by: str, now: float, via: str = "api", reason: str = ""
+    ) -> Approval: ...
     async def consume(self, approval_id: str, *, now: float) -> bool:
         """Mark an approved approval used; False if it was not approved or already used (single use)."""
         ...
-    async def expire(self, approval_id: str) -> None: ...
+    async def expire(self, approval_id: str, *, now: float | None = None) -> None: ...
     async def pending(self, now: float) -> list[Approval]: ...
+    async def unrecorded(self) -> list[ApprovalEvent]:
+        """The events of LEDGER_EVENTS not yet marked recorded in the karma ledger, oldest first."""
+        ...
+    async def mark_recorded(self, no: int, seq: int, record_hash: str) -> None:
+        """Note that event `no` is ledger record `seq` (insert-only: a second mark is refused)."""
+        ...
 
 
 class IdempotencyStore(Protocol):

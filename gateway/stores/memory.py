@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import OrderedDict, deque
 from typing import Any
 
-from gateway.stores.base import Approval
+from gateway.stores.base import LEDGER_EVENTS, Approval, ApprovalEvent
 
 
 class MemoryLimiterStore:
@@ -37,41 +38,62 @@ def gcra(
 
 
 class MemoryApprovalStore:
+    """Approvals as an append-only list of events; an approval's state is its latest event."""
+
     def __init__(self) -> None:
-        self._items: dict[str, Approval] = {}
+        self._holds: dict[str, Approval] = {}
+        self._events: list[ApprovalEvent] = []
+        self._recorded: dict[int, tuple[int, str]] = {}
+
+    def _add(self, approval: Approval, event: str, by: str, via: str, reason: str, at: float) -> Approval:
+        state = "pending" if event == "held" else event
+        decided_by = by if event in ("approved", "denied") else approval.decided_by
+        current = dataclasses.replace(approval, state=state, decided_by=decided_by)
+        self._holds[approval.id] = current
+        self._events.append(ApprovalEvent(len(self._events) + 1, current, event, by, via, reason, at))
+        return current
 
     async def create(self, approval: Approval) -> None:
-        self._items[approval.id] = approval
+        self._add(approval, "held", approval.principal, "gateway", approval.reason, approval.created_at)
 
     async def get(self, approval_id: str) -> Approval | None:
-        return self._items.get(approval_id)
+        return self._holds.get(approval_id)
 
-    async def decide(self, approval_id: str, *, approve: bool, by: str, now: float) -> Approval:
-        item = self._items.get(approval_id)
+    async def decide(
+        self, approval_id: str, *, approve: bool, by: str, now: float, via: str = "api", reason: str = ""
+    ) -> Approval:
+        item = self._holds.get(approval_id)
         if item is None:
             raise KeyError(approval_id)
         if item.state == "pending" and item.expires_at <= now:
-            item = dataclasses.replace(item, state="expired")
+            item = self._add(item, "expired", "", "timeout", "expired before anyone decided", now)
         if item.state != "pending":
             raise ValueError(f"approval {approval_id} is {item.state}, not pending")
-        item = dataclasses.replace(item, state="approved" if approve else "denied", decided_by=by)
-        self._items[approval_id] = item
-        return item
+        return self._add(item, "approved" if approve else "denied", by, via, reason, now)
 
     async def consume(self, approval_id: str, *, now: float) -> bool:
-        item = self._items.get(approval_id)
+        item = self._holds.get(approval_id)
         if item is None or item.state != "approved" or item.expires_at <= now:
             return False
-        self._items[approval_id] = dataclasses.replace(item, state="used")
+        self._add(item, "used", "", "gateway", "", now)
         return True
 
-    async def expire(self, approval_id: str) -> None:
-        item = self._items.get(approval_id)
+    async def expire(self, approval_id: str, *, now: float | None = None) -> None:
+        item = self._holds.get(approval_id)
         if item is not None and item.state == "pending":
-            self._items[approval_id] = dataclasses.replace(item, state="expired")
+            self._add(item, "expired", "", "timeout", "no decision in time", time.time() if now is None else now)
 
     async def pending(self, now: float) -> list[Approval]:
-        return [a for a in self._items.values() if a.state == "pending" and a.expires_at > now]
+        return [a for a in self._holds.values() if a.state == "pending" and a.expires_at > now]
+
+    async def unrecorded(self) -> list[ApprovalEvent]:
+        last = max(self._recorded, default=0)
+        return [e for e in self._events[last:] if e.event in LEDGER_EVENTS]
+
+    async def mark_recorded(self, no: int, seq: int, record_hash: str) -> None:
+        if no in self._recorded:
+            raise ValueError(f"approval event {no} is already recorded")
+        self._recorded[no] = (seq, record_hash)
 
 
 class MemoryIdempotencyStore:

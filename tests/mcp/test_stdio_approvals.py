@@ -4,6 +4,7 @@ a client cancel that drops the hold."""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 import time
@@ -47,11 +48,16 @@ async def test_elicitation_asks_the_client(tmp_path: Path, state: Path, mcp_poli
         assert result.is_error
         assert result.meta["dharma.gateway/decision"]["error_code"] == "approval_denied"
         assert backend_calls(tmp_path) == []
-    written = [r for r in ledger_records(state) if r["tool"] == "write_note"]
+    everything = ledger_records(state)
+    written = [r for r in everything if r["tool"] == "write_note" and r.get("kind") != "approval"]
     decisions = [r["decision"] for r in written if r.get("kind") != "decision"]
     assert decisions[0] == "require_approval" and len(decisions) == 2
     # only the approved retry reached the backend, so only it has a decision record
     assert [r.get("kind") for r in written] == ([None, "decision", "outcome"] if approve else [None, None])
+    # the answer is the session's own principal deciding by elicitation (self-approval by nature)
+    caller = written[0]["principal"]
+    events = [(r["event"], r["by"], r["via"]) for r in everything if r.get("kind") == "approval"]
+    assert events == [("held", caller, "gateway"), ("approved" if approve else "denied", caller, "elicitation")]
 
 
 async def test_hold_until_approved_by_the_cli_with_progress(tmp_path: Path, state: Path, mcp_policy: Path) -> None:
@@ -66,9 +72,18 @@ async def test_hold_until_approved_by_the_cli_with_progress(tmp_path: Path, stat
             while not (pending := store.pending_sync(time.time())):
                 await anyio.sleep(0.1)
         done = await anyio.to_thread.run_sync(lambda: subprocess.run(
-            [sys.executable, "-m", "gateway", "--state-root", str(state), "approvals", "approve", pending[0].id, "--by", "tester"],
+            [sys.executable, "-m", "gateway", "--state-root", str(state), "approvals", "approve", pending[0].id,
+             "--policy", str(mcp_policy), "--api-key", "operator-key"],
             capture_output=True, text=True, cwd=str(REPO)))
         assert done.returncode == 0, done.stderr
+        assert "approved by operator" in done.stdout
+
+    # a human operator (role approver, by API key) decides for the agent's principal `local`
+    text = mcp_policy.read_text()
+    local = '  - {id: local, local_user: "*", tier: agent}\n'
+    assert local in text
+    digest = hashlib.sha256(b"operator-key").hexdigest()
+    mcp_policy.write_text(text.replace(local, local + f"  - {{id: operator, api_key_sha256: {digest}, tier: agent, roles: [approver]}}\n"))
 
     params = _params(tmp_path, state, mcp_policy, "--hold-seconds", "20", "--progress-interval", "0.2")
     async with Client(params, mode="legacy") as client:  # no elicitation declared
@@ -79,6 +94,8 @@ async def test_hold_until_approved_by_the_cli_with_progress(tmp_path: Path, stat
     assert not result.is_error and result.content[0].text == "wrote 3 characters to important/a.md"
     assert progress and "waiting for a human to approve apr_" in (progress[0][1] or "")
     assert backend_calls(tmp_path) == ["write_note"]
+    events = [(r["event"], r["by"], r["via"]) for r in ledger_records(state) if r.get("kind") == "approval"]
+    assert events == [("held", "local", "gateway"), ("approved", "operator", "cli")]
 
 
 async def test_hold_times_out_without_a_decision(raw_gateway, tmp_path: Path) -> None:

@@ -218,9 +218,18 @@ def build_app(
         if verb not in ("approve", "deny"):
             return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, f"unknown action {verb!r}: use :approve or :deny"), status_code=404)
         try:
-            item = await gateway.approvals.decide(approval_id, approve=verb == "approve", by=who, now=time.time())
+            body = parse_json_body(await read_body(request, max_body_bytes), max_body_bytes)
+        except BadRequest as exc:
+            return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, str(exc)), status_code=400)
+        reason = body.get("reason", "") if isinstance(body, dict) else None
+        if not isinstance(reason, str):
+            return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, 'the body, if any, must be a JSON object with an optional text "reason"'), status_code=400)
+        try:
+            item = await gateway.decide(approval_id, approve=verb == "approve", by=who, via="http", reason=reason)
         except KeyError:
             return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, f"unknown approval {approval_id}"), status_code=404)
+        except PermissionError as exc:
+            return JSONResponse(error_envelope("", ErrorCode.FORBIDDEN, str(exc)), status_code=403)
         except ValueError as exc:
             return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, str(exc)), status_code=409)
         log.info("approval.decided", approval_id=approval_id, state=item.state, by=who)
