@@ -55,7 +55,7 @@ def stored_checkpoints(location: Location) -> list[int]:
 async def wait_healthy(http: httpx.AsyncClient, server: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + ROUND_TIMEOUT_S
     while True:
-        assert server.poll() is None, server.communicate()
+        assert server.poll() is None, "the gateway exited before it was healthy (see its serve-*.log)"
         try:
             if (await http.get("/healthz")).status_code == 200:
                 return
@@ -69,8 +69,9 @@ async def one_round(config: Path, state_root: Path, location: Location, names: A
     """Serve, load from CLIENTS concurrent clients, SIGKILL once ACKS_PER_ROUND answers came back and
     a new checkpoint is stored; return the request ids that were answered."""
     port = free_port()
+    log = (state_root / f"serve-{port}.log").open("w")  # a file, not a pipe: a full unread pipe would stall the server
     server = subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(config), "serve", "--port", str(port)],
-                              env=cli_env(state_root), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              env=cli_env(state_root), stdout=subprocess.DEVNULL, stderr=log, text=True)
     acked: set[str] = set()
     enough = asyncio.Event()
     try:
@@ -105,7 +106,8 @@ async def one_round(config: Path, state_root: Path, location: Location, names: A
     finally:
         if server.poll() is None:
             server.kill()
-        server.communicate(timeout=30)
+        server.wait(timeout=30)
+        log.close()
     assert server.returncode == -signal.SIGKILL
     return acked
 
