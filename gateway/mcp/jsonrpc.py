@@ -50,15 +50,6 @@ def dumps(message: Any) -> bytes:
         return json.dumps(message, separators=(",", ":"), allow_nan=False).encode("ascii")
 
 
-def dumps_safely(message: dict[str, Any]) -> bytes:
-    """`dumps` for an answer the gateway must send whatever its id holds: an id that cannot be
-    written as UTF-8 JSON (a lone surrogate) becomes null, as for a request whose id is unknown."""
-    try:
-        return dumps(message)
-    except (ValueError, TypeError):
-        return dumps({**message, "id": None})
-
-
 def recover_id(line: bytes) -> RpcId | None:
     """The id of a message whose handling failed, when it can be read (else None)."""
     try:

@@ -108,7 +108,7 @@ class Reply:
     async def final(self, body: bytes | dict[str, Any] | None, status: int = 200, headers: dict[str, str] | None = None) -> None:
         if self.done:
             return
-        data = jsonrpc.dumps_safely(body) if isinstance(body, dict) else body
+        data = jsonrpc.dumps(body) if isinstance(body, dict) else body
         if isinstance(body, dict):
             self.message = body
         if self.sse:

@@ -200,7 +200,7 @@ class StdioProxy:
             rpc_id = jsonrpc.recover_id(answer_to) if answer_to is not None else None
             log.exception("mcp.message_failed", handler=getattr(handle, "__name__", "?"), request_id=rpc_id)
             if answer_to is not None and rpc_id is not None:
-                await self.send_client(jsonrpc.dumps_safely(
+                await self.send_client(jsonrpc.dumps(
                     jsonrpc.error(rpc_id, jsonrpc.INTERNAL_ERROR, "Dharma Gateway failed to handle this message")))
 
     # ---- actions -----------------------------------------------------------------------
