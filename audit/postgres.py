@@ -9,7 +9,9 @@ the hashes the others appended to keep its Merkle frontier right.
 
 One asyncio writer task per `PostgresLedger` does group commit: it takes whatever appends are
 queued, commits them in one transaction and only then answers each caller. A failed commit
-fails its whole batch (fail closed); after a lost connection the next batch reconnects.
+fails its whole batch (fail closed) and the writer drops its connection, so the next batch starts
+on a fresh session: after PostgreSQL was down, made read-only or out of space, appends resume on
+their own once it can take them again.
 Given a `CheckpointSigner`, the writer signs and stores checkpoints on its own, on the same
 schedule as the SQLite writer (`audit.checkpoint.CheckpointSchedule`: at least every
 `checkpoint_interval` seconds while the tree grows, and on close).
@@ -22,6 +24,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -59,6 +62,8 @@ log = structlog.get_logger()
 
 CONNECT_TIMEOUT_S = 5
 READ_CHUNK = 5000
+STREAM_CHUNK = 100
+"""Rows a query's server-side cursor fetches per round trip."""
 LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints")
 CREATE_LOCK = 0x6448_6172_6D61  # advisory lock id: two replicas creating one ledger take turns
 
@@ -436,7 +441,7 @@ class PostgresLedger:
                         await cur.executemany(INSERT_RULE, rules)
                     await cur.execute("UPDATE head SET size = %s, hash = %s", (seq, hashes[-1]))
         except psycopg.Error as exc:
-            await self._drop_if_broken()
+            await self._drop_connection()
             log.error("ledger.batch_failed", url=self._name, first_seq=first, count=len(batch), error=_first_line(exc))
             raise LedgerError(f"{self._name}: {len(batch)} record(s) were not committed ({_first_line(exc)})") from None
         self._frontier.extend(hashes)
@@ -453,16 +458,18 @@ class PostgresLedger:
                 note = signer.sign(size, self._frontier.root())
                 await conn.execute(INSERT_CHECKPOINT, (size, note, _utc_now()))
         except psycopg.Error as exc:
-            await self._drop_if_broken()
+            await self._drop_connection()
             raise LedgerError(f"{self._name}: the checkpoint was not stored ({_first_line(exc)})") from None
         self._schedule.signed(size)
         log.info("ledger.checkpoint_signed", size=size, origin=signer.origin, key_name=signer.key_name)
         return [note]
 
-    async def _drop_if_broken(self) -> None:
-        """Forget a dead connection so the next batch reconnects."""
-        if self._conn is not None and (self._conn.broken or self._conn.closed):
-            await self._conn.close()
+    async def _drop_connection(self) -> None:
+        """Forget the connection after a failure so the next batch reconnects: it may be dead, or
+        carry session settings the administrator has changed since (`default_transaction_read_only`)."""
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self._conn.close()
             self._conn = None
 
 
@@ -473,6 +480,8 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
         self._url = url
         self._name = display_url(url)
         self._conn = _connect(url, self._name)
+        self._streams: psycopg.Connection[Any] | None = None
+        self._cursor_ids = itertools.count(1)
         try:
             _prepare(self._conn, self._name, create=False)
         except psycopg.Error as exc:
@@ -486,6 +495,8 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
         self.close()
 
     def close(self) -> None:
+        if self._streams is not None:
+            self._streams.close()
         self._conn.close()
 
     def size(self) -> int:
@@ -564,10 +575,30 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
         return merkle.consistency_proof(self.leaf_hashes(size), old_size)
 
     def select_records(self, where: RecordFilter) -> Iterator[RawRecord]:
-        """Yield (seq, hash, body) of the records matching `where`, oldest first, via the indexes."""
+        """Yield (seq, hash, body) of the records matching `where`, oldest first, via the indexes.
+
+        Streamed through a server-side cursor, STREAM_CHUNK rows per round trip, so a page of a
+        large ledger holds a bounded number of rows in memory. The cursors live in a transaction on
+        a second connection: other reads (an outcome looked up per row) may run while one is open.
+        """
         sql, params = _filter_sql(where)
-        for seq, digest, body in self._fetch(sql, params):
-            yield seq, bytes(digest), bytes(body)
+        try:
+            conn = self._stream_connection()
+            with conn.cursor(name=f"dharma_select_{next(self._cursor_ids)}") as cur:
+                cur.itersize = STREAM_CHUNK
+                cur.execute(sql, params)
+                for seq, digest, body in cur:
+                    yield seq, bytes(digest), bytes(body)
+        except psycopg.Error as exc:
+            if self._streams is not None:
+                self._streams.close()
+                self._streams = None
+            raise LedgerError(f"{self._name}: cannot read the ledger ({_first_line(exc)})") from None
+
+    def _stream_connection(self) -> psycopg.Connection[Any]:
+        if self._streams is None:
+            self._streams = psycopg.connect(self._url, connect_timeout=CONNECT_TIMEOUT_S)
+        return self._streams
 
     def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         try:
