@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+import psycopg.sql
 import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -644,6 +645,104 @@ def _filter_sql(where: RecordFilter) -> tuple[str, list[Any]]:
     """SQLite's query with PostgreSQL's placeholders (the generated SQL holds no literal `?`)."""
     sql, params = filter_sql(where, _starts_with)
     return sql.replace("?", "%s"), params
+
+
+WRITER_PRIVILEGES = {"meta": "SELECT", "head": "SELECT, UPDATE", "records": "SELECT, INSERT",
+                     "record_rules": "SELECT, INSERT", "checkpoints": "SELECT, INSERT"}
+"""What the gateway's role may do: read, append, and move the one head row forward (its trigger
+refuses a move back). `SELECT … FOR UPDATE` on the head needs UPDATE there."""
+TRIGGER_FUNCTIONS = ("dharma_ledger_append_only()", "dharma_ledger_head_forward()")
+
+
+def grant_roles(url: str, *, writer: str | None, readers: Sequence[str]) -> list[str]:
+    """Make the ledger at `url` insert-only by privileges too, for a writer role and auditor roles.
+
+    Run as the ledger's owner (or a superuser). Creates the ledger if the database is empty and
+    each missing role (LOGIN, no password). Revokes everything on the ledger's tables, its schema's
+    CREATE and the database's CONNECT and TEMP from PUBLIC and the roles, then grants `writer`
+    WRITER_PRIVILEGES and each reader SELECT on every table (and both CONNECT and USAGE). Neither may
+    own a table or be a superuser: an owner can disable the triggers, a superuser skips every check.
+    Idempotent. Returns one line per action, for the operator.
+
+    Raises:
+        LedgerError: a role is the owner, a superuser, named twice, or the statements fail.
+    """
+    name = display_url(url)
+    roles = [r for r in (writer, *readers) if r is not None]
+    if not roles:
+        raise LedgerError("name a --writer role, a --reader role or both")
+    if len(set(roles)) != len(roles):
+        raise LedgerError(f"a role is named twice ({', '.join(roles)}): the writer and each reader must be different roles")
+    done: list[str] = []
+    with _connect(url, name) as conn:
+        try:
+            _prepare(conn, name, create=True)
+            with conn.transaction():
+                _refuse_powerful_roles(conn, roles)
+                done += _create_missing_roles(conn, roles)
+                done += _apply_grants(conn, writer, list(readers))
+        except psycopg.Error as exc:
+            raise LedgerError(f"{name}: the grants were not applied ({_first_line(exc)})") from None
+    log.info("ledger.grants_applied", url=name, writer=writer, readers=list(readers))
+    return done
+
+
+def _refuse_powerful_roles(conn: psycopg.Connection[Any], roles: list[str]) -> None:
+    """Refuse a role that owns a ledger table, or is a member of its owner (it could disable the
+    triggers), or is a superuser."""
+    for (role,) in conn.execute("SELECT rolname FROM pg_roles WHERE rolsuper AND rolname = ANY(%s)", (roles,)):
+        raise LedgerError(f"role {role} is a superuser, which no privilege or trigger binds: give the gateway and "
+                          "the auditors ordinary roles")
+    owners = conn.execute(
+        "SELECT r.rolname, c.relname, pg_get_userbyid(c.relowner) FROM pg_class c JOIN pg_roles r ON r.rolname = ANY(%s)"
+        " WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%s)"
+        " AND pg_has_role(r.oid, c.relowner, 'MEMBER') ORDER BY r.rolname, c.relname",
+        (roles, [*LEDGER_TABLES, "head"]))
+    for role, table, owner in owners:
+        raise LedgerError(f"role {role} owns the ledger table {table} (or is a member of its owner {owner}), so it could "
+                          "disable the append-only triggers: run `dharma audit grant` as the owner and give the gateway "
+                          "and the auditors other roles")
+
+
+def _create_missing_roles(conn: psycopg.Connection[Any], roles: list[str]) -> list[str]:
+    existing = {r for (r,) in conn.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", (roles,))}
+    created = []
+    for role in roles:
+        if role not in existing:
+            conn.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN").format(psycopg.sql.Identifier(role)))
+            created.append(f"created role {role} (LOGIN, no password: set one with ALTER ROLE … PASSWORD, or use the server's auth)")
+    return created
+
+
+def _apply_grants(conn: psycopg.Connection[Any], writer: str | None, readers: list[str]) -> list[str]:
+    """REVOKE everything from PUBLIC and the roles, then GRANT each role exactly its part."""
+    ident, sql_ = psycopg.sql.Identifier, psycopg.sql.SQL
+    roles = [r for r in (writer, *readers) if r is not None]
+    who = sql_(", ").join([sql_("PUBLIC"), *(ident(r) for r in roles)])
+    listed = sql_(", ").join(ident(r) for r in roles)
+    schema = ident(conn.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
+    database = ident(conn.execute("SELECT current_database()").fetchone()[0])  # type: ignore[index]
+    tables = sql_(", ").join(ident(t) for t in (*LEDGER_TABLES, "head"))
+    statements = [
+        sql_("REVOKE ALL ON TABLE {} FROM {}").format(tables, who),
+        *(sql_("REVOKE ALL ON FUNCTION {} FROM {}").format(sql_(f), who) for f in TRIGGER_FUNCTIONS),
+        sql_("REVOKE CREATE ON SCHEMA {} FROM {}").format(schema, who),
+        sql_("REVOKE ALL ON DATABASE {} FROM {}").format(database, who),
+        sql_("GRANT CONNECT ON DATABASE {} TO {}").format(database, listed),
+        sql_("GRANT USAGE ON SCHEMA {} TO {}").format(schema, listed),
+    ]
+    done = [f"revoked every privilege on the ledger's tables, CREATE on its schema and CONNECT, TEMP on "
+            f"{conn.info.dbname} from PUBLIC and {', '.join(roles)}"]
+    if writer is not None:
+        for table, privileges in WRITER_PRIVILEGES.items():
+            statements.append(sql_("GRANT {} ON TABLE {} TO {}").format(sql_(privileges), ident(table), ident(writer)))
+        done.append(f"writer {writer}: " + "; ".join(f"{p} on {t}" for t, p in WRITER_PRIVILEGES.items()))
+    for reader in readers:
+        statements.append(sql_("GRANT SELECT ON TABLE {} TO {}").format(tables, ident(reader)))
+        done.append(f"auditor {reader}: SELECT on {', '.join((*LEDGER_TABLES, 'head'))}")
+    for statement in statements:
+        conn.execute(statement)
+    return done
 
 
 def migrate_ledger(source: LedgerReader, source_name: str, url: str) -> VerifyReport:
