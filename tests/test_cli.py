@@ -101,7 +101,8 @@ def _leaf_argv(path: tuple[str, ...]) -> list[str]:
     """The smallest argv that parses for a leaf command (its required arguments filled in)."""
     required = {("eval",): ["--tool", "read_file"], ("approvals", "approve"): ["apr_1"], ("approvals", "deny"): ["apr_1"],
                 ("tools", "accept"): ["demo"], ("receipt", "verify"): ["response.json"],
-                ("audit", "proof"): ["--inclusion", "1"], ("audit", "migrate"): ["ledger.db", "postgresql://db/karma"]}
+                ("audit", "proof"): ["--inclusion", "1"], ("audit", "migrate"): ["ledger.db", "postgresql://db/karma"],
+                ("audit", "grant"): ["postgresql://db/karma"]}
     return [*path, *required.get(path, [])]
 
 

@@ -103,6 +103,7 @@ class Gateway:
         self.approval_recorder = ApprovalRecorder(self.approvals, ledger)
         self.idempotency = idempotency_store or MemoryIdempotencyStore()
         self.history = SessionHistory()
+        self._closed = False
         self.breaker = CircuitBreaker()
         self.steps = steps(
             Wiring(
@@ -274,7 +275,10 @@ class Gateway:
 
     async def aclose(self) -> None:
         """Record approval events still outside the chain (e.g. a CLI decision nobody came back
-        for), close backends, sign a checkpoint of the ledger head into the ledger, close it."""
+        for), close backends, sign a checkpoint of the ledger head into the ledger, close it. Once."""
+        if self._closed:
+            return
+        self._closed = True
         await self.approval_recorder.try_sync()
         for backend in self._backends.values():
             await backend.aclose()
