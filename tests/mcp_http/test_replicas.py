@@ -193,9 +193,9 @@ async def test_a_session_continues_on_any_replica(toy_url: str, redis_url: str, 
     from audit.postgres import PostgresLedgerReader
 
     with PostgresLedgerReader(ledger_url) as reader:
-        records = [json.loads(bytes(r[2])) for r in reader.iter_records()]
-    echoes = [r for r in records if '"echo: hi' in json.dumps(r)]
-    assert len(echoes) >= 6
+        records = [json.dumps(json.loads(bytes(r[2]))) for r in reader.iter_records()]
+    echoes = [r for r in records if '"tool": "echo"' in r]
+    assert len(echoes) >= 7 and any('"policy_blocked"' in r for r in echoes), records[-3:]
 
 
 async def test_the_stateless_era_needs_nothing_shared(toy_url: str, tmp_path: Path) -> None:
