@@ -11,7 +11,8 @@ body's `_meta` protocol version):
   (JSON or SSE); the GET stream merges every upstream's; DELETE ends the session everywhere.
   Event streams carry the **gateway's own** event ids (priming events with `retry:` for
   2025-11-25+ clients), never the upstream's; a GET with `Last-Event-ID` replays from the
-  session's store of events the gateway governed and sent (`mcp_events`), and `Last-Event-ID` is
+  session's store of events the gateway governed and sent (`gateway.stores`: memory, or Redis
+  shared by replicas), and `Last-Event-ID` is
   never forwarded, so a client cannot make an upstream replay an event the gateway did not
   govern. The gateway resumes upstream streams itself (`upstream_http`) and closes the client's
   stream when the upstream closes its own early (SSE polling).
