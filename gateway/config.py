@@ -115,6 +115,7 @@ class RedisSettings(Strict):
     key_prefix: str = Field(default="dharma:", min_length=1, description="prefix of every key the gateway writes")
     connect_timeout_seconds: float = Field(default=1.0, gt=0, le=60)
     operation_timeout_seconds: float = Field(default=1.0, gt=0, le=60)
+    idempotency_ttl_seconds: float = Field(default=86_400.0, gt=0, description="how long an answer stays replayable under its idempotency key")
 
     @field_validator("url")
     @classmethod

@@ -16,7 +16,62 @@ class StoreUnavailable(Exception):
 
 class LimiterStore(Protocol):
     async def acquire(self, key: str, *, interval: float, burst: int, cost: int, now: float) -> float:
-        """Take `cost` tokens under GCRA; return 0.0 if allowed, else seconds until it would be."""
+        """Take `cost` tokens under GCRA; return 0.0 if allowed, else seconds until it would be.
+
+        `now` is the caller's clock; a shared store may use its own (one clock for all replicas)."""
+        ...
+
+
+class BreakerStore(Protocol):
+    """Circuit state per backend: the stage *checks*, the forward step *admits* then *records* or
+    *releases* (gateway.stages.circuit_breaker). Waits are seconds; 0.0 means go."""
+
+    async def check(self, backend: str, *, now: float, reset_seconds: float) -> float:
+        """0.0 if a call could go to the backend now, else seconds to wait. Changes nothing."""
+        ...
+    async def admit(self, backend: str, *, now: float, reset_seconds: float) -> float:
+        """Like `check`, but claims the call's place (the one half-open probe)."""
+        ...
+    async def record(self, backend: str, *, ok: bool, now: float, threshold: int) -> None:
+        """The backend answered an admitted call: success closes, failures open."""
+        ...
+    async def release(self, backend: str) -> None:
+        """An admitted call ended without an answer: free the probe."""
+        ...
+
+
+class HistoryStore(Protocol):
+    """Recent calls per session and recent call/denial counts per principal, read by rules as
+    `session` and `principal.karma`."""
+
+    async def read(self, session_id: str | None, principal: str, now: float) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """The session's recent calls (oldest first) and the principal's {calls, denials} in the window."""
+        ...
+    async def record(self, *, session_id: str | None, principal: str, tool: str, decision: str, denied: bool,
+                     now: float, time: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SeenTool:
+    """A tool definition as a backend listed it, with its digest (gateway.mcp.governance)."""
+
+    name: str
+    digest: str
+    definition: dict[str, Any]
+
+
+class PinStore(Protocol):
+    """Tool pins (rug-pull defence): the first definition seen of each tool, per backend, and the
+    last different definition seen since, until an operator accepts it."""
+
+    async def observe(self, backend: str, seen: list[SeenTool], now: str) -> dict[str, bool]:
+        """Pin what is new (atomically: the first pin wins); return {name: changed} for each."""
+        ...
+    async def list(self, backend: str | None = None) -> list[dict[str, Any]]:
+        """Every pin (optionally of one backend), sorted by backend and tool."""
+        ...
+    async def accept(self, backend: str, tool: str | None, now: str) -> list[str]:
+        """Pin the last seen definition of `tool` (or of every changed tool); KeyError if unknown."""
         ...
 
 
@@ -90,6 +145,8 @@ class ApprovalStore(Protocol):
 
 
 class IdempotencyStore(Protocol):
+    """Answers stored for replay under an idempotency key; values are JSON-able dicts."""
+
     async def get(self, key: str) -> Any | None: ...
     async def put(self, key: str, value: Any) -> None: ...
 

@@ -359,11 +359,13 @@ def build_mcp_app(gateway: Gateway, settings: Any, *, max_body_bytes: int) -> Mc
             from gateway.transports.upstreams.mcp_stdio import McpStdioUpstream
 
             upstreams.append(McpStdioUpstream(cfg.id, [cfg.command, *cfg.args], env=cfg.env, prefix=cfg.prefix))
+    from gateway.runtime import pin_store_for
+
     mcp = settings.mcp
     return McpHttpApp(
         gateway,
         upstreams,
-        pins=PinStore(settings.state_dir),
+        pins=pin_store_for(gateway, settings),
         max_body_bytes=max_body_bytes,
         anonymous_user=mcp.anonymous_user,
         hold_seconds=mcp.hold_seconds,
