@@ -43,13 +43,14 @@ class RedisServer:
         self.port = _free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
+        self.extra_args: list[str] = []  # e.g. ["--requirepass", PW]: `url` then needs the password
 
     def start(self) -> None:
         """Start (or restart) the server and wait until it answers PING."""
         log = open(self.root / "redis.log", "ab")  # noqa: SIM115 - the child holds it
         self.process = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.root)],
+             "--dir", str(self.root), *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()
@@ -58,6 +59,8 @@ class RedisServer:
             try:
                 with redis.Redis.from_url(self.url, socket_connect_timeout=0.5) as client:
                     client.ping()
+                return
+            except redis.exceptions.AuthenticationError:  # up, and asking for the password it was given
                 return
             except redis.exceptions.ConnectionError:
                 if self.process.poll() is not None:

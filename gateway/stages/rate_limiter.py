@@ -62,6 +62,6 @@ class RateLimiter:
                     f"rate limit {limit.id} exceeded for {ctx.call.tool}; retry in {wait:.2f}s",
                     BlockClass.RATE_LIMIT,
                     stage=self.name,
-                    retry_after=round(wait, 3),
+                    retry_after=max(round(wait, 3), 0.001),  # never "retry in 0 s" for a refusal
                 )
         return None
