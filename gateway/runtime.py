@@ -115,15 +115,18 @@ async def open_gateway(
     except LedgerError as exc:
         raise ConfigError(str(exc)) from None
     shared = shared_stores(settings)
+    links = shared.pop("dependencies", [])
     try:
         gateway = Gateway(
             compiled, backends, ledger=ledger, keys=keys, approval_store=approvals, policy_path=settings.policy,
-            dependencies=[ledger_probe(settings), *shared.pop("dependencies", [])], **shared,
+            dependencies=[ledger_probe(settings), *links], **shared,
         )
         gateway.settings = settings  # type: ignore[attr-defined]  # read by server.build_app (MCP upstreams)
         return gateway
     except ValueError as exc:
         await ledger.aclose()
+        for link in links:
+            await link.aclose()
         raise ConfigError(str(exc)) from None
 
 

@@ -338,6 +338,14 @@ def test_schema_accepts_shipped_profiles(schema_validator: jsonschema.Draft20201
         schema_validator.validate(yaml.safe_load(profile.read_text()))
 
 
+def test_schema_knows_a_limit_may_fail_open(schema_validator: jsonschema.Draft202012Validator) -> None:
+    profile = {"apiVersion": "dharma/v1", "kind": "Policy", "metadata": {"name": "p"},
+               "rate_limits": [{"id": "soft", "key": ["tool"], "rate": 5, "store_down": "allow"}]}
+    schema_validator.validate(profile)
+    profile["rate_limits"][0]["store_down"] = "sometimes"
+    assert not schema_validator.is_valid(profile)
+
+
 # ---- auditor: verify, checkpoint, query ----------------------------------------------------
 
 
