@@ -344,7 +344,7 @@ async def test_redis_outage_refuses_without_forwarding_and_recovers(tmp_path: Pa
             await wait_for(refused_naming_redis, f"calls refused after {outage.__name__}")
             started = time.monotonic()
             assert await refused_naming_redis()
-            assert time.monotonic() - started < 5 * settings.redis.operation_timeout_seconds + 2  # not minutes
+            assert time.monotonic() - started < 2 * settings.redis.operation_timeout_seconds + 1  # one wait, not minutes
             assert len(recorder.calls) == reached  # nothing was forwarded
             health = await http.get("/healthz")
             assert health.status_code == 503 and health.json()["dependencies"]["redis"]["status"] == "down"

@@ -10,8 +10,6 @@ import argparse
 import json
 from typing import Any
 
-import anyio
-
 from gateway.cli.common import EXIT_FAILED, EXIT_OK, add_command, add_group, out, settings_of
 
 
@@ -67,6 +65,8 @@ def cmd_stdio(args: argparse.Namespace) -> int:
 
 
 def cmd_tools_pins(args: argparse.Namespace) -> int:
+    import anyio
+
     from gateway.mcp.pins import diff_definitions
     from gateway.runtime import open_pin_store
 
@@ -100,6 +100,8 @@ def cmd_tools_pins(args: argparse.Namespace) -> int:
 
 
 def cmd_tools_accept(args: argparse.Namespace) -> int:
+    import anyio
+
     from gateway.mcp.pins import now_stamp
     from gateway.runtime import open_pin_store
 

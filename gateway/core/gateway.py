@@ -24,7 +24,7 @@ from gateway.core.pipeline import Wiring, run, split, steps
 from gateway.crypto.receipts import KeyStore
 from gateway.logging import ensure_logging
 from gateway.policy.compile import CompiledPolicy, load_policy
-from gateway.stages import store_down
+from gateway.stages import HISTORY, store_down
 from gateway.stages.approval import ApprovalRecorder, ApprovalRefused, approver_refusal
 from gateway.stages.authenticate import authenticate
 from gateway.stages.circuit_breaker import CircuitBreaker
@@ -294,7 +294,7 @@ class Gateway:
                 ctx.session, ctx.karma = await self.history.read(call.session_id, ctx.principal.id, started)
             except StoreUnavailable as exc:  # sequence and karma rules cannot be judged: fail closed
                 log.error("history.store_down", request_id=call.request_id, error=str(exc))
-                ctx.decision = ctx.decision or store_down(exc, "history")
+                ctx.decision = ctx.decision or store_down(exc, HISTORY)
         await run(self.stages, self.after_decision, ctx, policy)
         assert ctx.outcome is not None and ctx.response is not None
         return Governed(ctx.outcome, ctx.response)

@@ -22,6 +22,8 @@ from gateway.stores.base import StoreUnavailable
 
 #: How soon a caller refused because a shared store is down may retry.
 STORE_DOWN_RETRY_SECONDS = 1.0
+#: The stage name of a refusal because the session history could not be read (Gateway.govern).
+HISTORY = "history"
 
 
 class Stage(Protocol):

@@ -30,6 +30,7 @@ from gateway.core.errors import ErrorCode
 from gateway.crypto.receipts import strip_receipt
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages.sanitizer.walk import redact_secrets
+from gateway.stages import HISTORY
 from gateway.stores.base import HistoryStore, IdempotencyStore, StoreUnavailable
 
 log = structlog.get_logger()
@@ -222,16 +223,18 @@ class Record:
             )
             ctx.outcome, ctx.response = failed, ctx.render(failed)  # final: nothing to sign
             return
+        history_down = ctx.decision is not None and ctx.decision.stage == HISTORY  # already waited on it once
         try:
-            await self.history.record(
-                session_id=call.session_id,
-                principal=ctx.principal.id if ctx.principal else "",
-                tool=call.tool,
-                decision=entry["decision"],
-                denied=outcome.decision.blocks,
-                now=ctx.clock,
-                time=outcome.timestamp,
-            )
+            if not history_down:
+                await self.history.record(
+                    session_id=call.session_id,
+                    principal=ctx.principal.id if ctx.principal else "",
+                    tool=call.tool,
+                    decision=entry["decision"],
+                    denied=outcome.decision.blocks,
+                    now=ctx.clock,
+                    time=outcome.timestamp,
+                )
         except StoreUnavailable as exc:  # the ledger has the call; only the rules' recent history misses it
             log.error("history.store_failed", request_id=call.request_id, error=str(exc))
         ctx.outcome, ctx.body, ctx.entry = outcome, body, entry
