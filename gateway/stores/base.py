@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ class PinStore(Protocol):
     async def list(self, backend: str | None = None) -> list[dict[str, Any]]:
         """Every pin (optionally of one backend), sorted by backend and tool."""
         ...
-    async def accept(self, backend: str, tool: str | None, now: str) -> list[str]:
+    async def accept(self, backend: str, tool: str | None, now: str) -> builtins.list[str]:
         """Pin the last seen definition of `tool` (or of every changed tool); KeyError if unknown."""
         ...
 

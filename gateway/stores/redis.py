@@ -9,6 +9,7 @@ command, so a Redis that comes back is used again without a restart.
 
 from __future__ import annotations
 
+import builtins
 import json
 import secrets
 from collections.abc import Awaitable
@@ -334,7 +335,7 @@ class RedisPinStore:
                 rows.append(pin_row(name_of, tool, {k[:1]: v for k, v in fields.items() if k[2:] == tool}))
         return rows
 
-    async def accept(self, backend: str, tool: str | None, now: str) -> list[str]:
+    async def accept(self, backend: str, tool: str | None, now: str) -> builtins.list[str]:
         key = self.link.key("pins", backend)
         names = await _run(self.link, self.link.client.hkeys(key))
         pinned = {n.decode()[2:] for n in names if n.startswith(b"d:")}
