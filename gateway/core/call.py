@@ -264,6 +264,7 @@ class CallContext:
     disclosure: Any = None
     approval_id: str | None = None
     argument_digest: str = ""
+    stored_arguments: Any = None  # `arguments` with secrets redacted, as the ledger stores them
     # what the transport asked for: where to forward, how to render, what the receipt covers
     backend: Backend | None = None
     render: Callable[[Outcome], dict[str, Any]] | None = None

@@ -69,6 +69,7 @@ class ToolEntry:
     name: str
     definition: dict[str, Any]
     backend: str
+    digest: str | None = None  # `definition_digest(definition)` when the catalog already took it
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +233,11 @@ class ToolsCall:
             req = Request(req.id, req.method, params, {**req.message, "params": params})
         info: ToolInfo | None = None
         if entry is not None:
-            changed = (await observe_or_distrust(self.pins, entry.backend, [entry.definition])).get(entry.definition["name"], True)
-            info = gov.tool_info({**entry.definition, "name": name}, entry.backend, changed=changed)
+            known = None if entry.digest is None else [entry.digest]
+            changed = (await observe_or_distrust(self.pins, entry.backend, [entry.definition], known)).get(entry.definition["name"], True)
+            same_name = entry.definition["name"] == name  # else the client-facing definition has its own digest
+            info = gov.tool_info({**entry.definition, "name": name}, entry.backend, changed=changed,
+                                 digest=entry.digest if same_name else None)
         policy = self.gateway.policy
         principal = self.gateway.principal_for(site.credentials)
         visible = (info is not None and principal is not None

@@ -89,7 +89,8 @@ def definition_digest(tool: dict[str, Any]) -> str:
     )
 
 
-def tool_info(tool: dict[str, Any], backend: str, *, changed: bool = False) -> ToolInfo:
+def tool_info(tool: dict[str, Any], backend: str, *, changed: bool = False, digest: str | None = None) -> ToolInfo:
+    """The gateway's view of an MCP tool definition; `digest` is its `definition_digest` if already taken."""
     annotations = tool.get("annotations")
     schema = tool.get("inputSchema")
     output = tool.get("outputSchema")
@@ -101,7 +102,7 @@ def tool_info(tool: dict[str, Any], backend: str, *, changed: bool = False) -> T
         annotations=dict(annotations) if isinstance(annotations, dict) else {},
         input_schema=schema if isinstance(schema, dict) else None,
         output_schema=output if isinstance(output, dict) else None,
-        digest=definition_digest(tool),
+        digest=definition_digest(tool) if digest is None else digest,
         changed=changed,
     )
 

@@ -42,10 +42,17 @@ def diff_definitions(old: Any, new: Any) -> list[str]:
     return lines
 
 
-async def observe_or_distrust(pins: PinStore, backend: str, tools: list[dict[str, Any]]) -> dict[str, bool]:
+async def observe_or_distrust(
+    pins: PinStore, backend: str, tools: list[dict[str, Any]], digests: list[str] | None = None
+) -> dict[str, bool]:
     """Pin what is new and say which definitions changed; if the pins cannot be read or written,
-    every tool counts as changed (fail closed). Changes are logged with how to review them."""
-    seen = [SeenTool(t["name"], definition_digest(t), t) for t in tools if isinstance(t.get("name"), str)]
+    every tool counts as changed (fail closed). Changes are logged with how to review them.
+
+    `digests`, when given, are the definitions' `definition_digest`s in order (taken once when
+    the catalog recorded them), so a call does not canonicalise its tool's definition again."""
+    if digests is None or len(digests) != len(tools):
+        digests = [definition_digest(t) if isinstance(t.get("name"), str) else "" for t in tools]
+    seen = [SeenTool(t["name"], d, t) for t, d in zip(tools, digests) if isinstance(t.get("name"), str)]
     if not seen:
         return {}
     try:

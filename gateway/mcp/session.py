@@ -22,6 +22,7 @@ It never decides policy: `tools/call` becomes `GovernCall`, a `tools/list` answe
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +141,7 @@ class McpSession:
         self.initialized_notification: dict[str, Any] | None = None
         self.tools: dict[str, dict[str, Any]] = {}
         self.tools_stale = False
+        self._tool_digests: dict[str, str] = {}  # of the definitions in `tools`, dropped when one is replaced
         self._counter = 0
         self._client_pending: dict[RpcId, _Pending] = {}  # client-chosen ids awaiting the server
         self._governed: dict[RpcId, _Pending] = {}  # client tools/call ids being governed
@@ -375,7 +377,17 @@ class McpSession:
     def record_tools(self, tools: list[dict[str, Any]], *, first_page: bool) -> None:
         if first_page:
             self.tools = {}
+            self._tool_digests = {}
             self.tools_stale = False
         for tool in tools:
             if isinstance(tool, dict) and isinstance(tool.get("name"), str):
                 self.tools[tool["name"]] = tool
+                self._tool_digests.pop(tool["name"], None)
+
+    def tool_digest(self, name: str, digest_of: Callable[[dict[str, Any]], str]) -> str:
+        """`digest_of` the recorded definition of `name`, taken once per definition: a call on the
+        same tool reuses it, and recording a definition again (a new `tools/list`) drops it."""
+        digest = self._tool_digests.get(name)
+        if digest is None:
+            digest = self._tool_digests[name] = digest_of(self.tools[name])
+        return digest

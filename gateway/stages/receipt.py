@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import structlog
 
 from audit.canon import NotCanonicalizable
-from gateway.core.call import CallContext
+from gateway.core.call import CallContext, Status
 from gateway.crypto.receipts import KeyStore, build_receipt
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages.record import safe_digest
@@ -55,7 +55,8 @@ class Receipt:
         if token is not None:
             response["receipt"] = token
         ctx.response = response
-        log.info(
+        # one info line per refusal or failure; a call that went through logs at debug (the hot path)
+        (log.debug if outcome.status is Status.OK else log.info)(
             "call.decided",
             request_id=call.request_id,
             tool=call.tool,

@@ -16,6 +16,7 @@ for replay. If the ledger cannot be written the call fails closed: the outcome b
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -43,8 +44,13 @@ class Ledger(Protocol):
     async def aclose(self) -> None: ...
 
 
+@functools.lru_cache(maxsize=256)
 def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """`ts` as `YYYY-MM-DDTHH:MM:SS.ffffffZ` (UTC). Cached: a call formats its own start time
+    for the decision record, the outcome and the outcome record."""
+    d = datetime.fromtimestamp(ts, UTC)
+    return (f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}"
+            f".{d.microsecond:06d}Z")
 
 
 def safe_digest(value: Any) -> str:
@@ -85,10 +91,16 @@ def decided_matches(ctx: CallContext, decision: Decision) -> list[RuleMatch]:
     return list(decision.matched)
 
 
+def stored_arguments(ctx: CallContext) -> Any:
+    """The sanitized arguments with secrets redacted, as both of a call's records store them (made once)."""
+    if ctx.stored_arguments is None and ctx.arguments:
+        ctx.stored_arguments, _ = redact_secrets(ctx.arguments)
+    return ctx.stored_arguments
+
+
 def call_fields(ctx: CallContext, policy: CompiledPolicy, decision: Decision, matched: list[RuleMatch]) -> dict[str, Any]:
     """The fields the decision record and the outcome (or single) record share: who, what, decided how."""
     call = ctx.call
-    stored_args, _ = redact_secrets(ctx.arguments) if ctx.arguments else (None, ())
     return {
         "time": rfc3339(ctx.clock),
         "request_id": call.request_id,
@@ -99,7 +111,7 @@ def call_fields(ctx: CallContext, policy: CompiledPolicy, decision: Decision, ma
         "method": call.method,
         "session_id": call.session_id,
         "args_digest": ctx.argument_digest,
-        "args": stored_args,  # sanitized arguments: canonical JSON by construction
+        "args": stored_arguments(ctx),  # sanitized arguments: canonical JSON by construction
         "findings": [f.kind + "@" + f.path for f in ctx.findings],
         "decision": decision_name(decision),
         "enforced": decision.enforced,

@@ -340,7 +340,9 @@ class _StdioCallPort:
             modern = self.action.protocol_version in MODERN_VERSIONS
             await self.proxy.refresh_catalog(meta if modern and isinstance(meta, dict) else None)
         definition = session.tools.get(name)
-        return ToolEntry(name, definition, self.proxy.backend_id) if definition is not None else None
+        if definition is None:
+            return None
+        return ToolEntry(name, definition, self.proxy.backend_id, session.tool_digest(name, gov.definition_digest))
 
     def known_names(self) -> Iterable[str]:
         return self.proxy.session.tools
