@@ -31,7 +31,8 @@ import yaml
 
 from audit.query import CSV_COLUMNS, CSV_EXTRA, cell_text
 from audit.sqlite import SqliteLedger, SqliteLedgerReader
-from gateway.cli.main import build_parser
+from gateway.cli.common import COMMANDS
+from gateway.cli.main import build_parser, chosen_command
 from gateway.core.errors import ConfigError
 from gateway.crypto.receipts import verify_receipt
 from tests.conftest import DEMO_UPSTREAM, KEYS, REPO, OpenGateway, write_policy
@@ -118,6 +119,31 @@ def test_global_options_before_and_after_every_subcommand(path: tuple[str, ...])
     assert (both.config, both.state_root) == (Path("b.yaml"), "/a")  # the value after the subcommand wins
     neither = parser.parse_args(argv)
     assert (neither.config, neither.state_root) == (None, None)
+
+
+@pytest.mark.parametrize("path", LEAVES, ids=" ".join)
+def test_the_lazy_parser_of_a_command_parses_as_the_full_one(path: tuple[str, ...]) -> None:
+    """`main` builds only the chosen command's parsers; what it parses is what the full parser parses."""
+    argv = ["--state-root", "/a", *_leaf_argv(path), "--config", "b.yaml"]
+    assert chosen_command(argv) == path[0]
+    lazy, full = vars(build_parser(path[0]).parse_args(argv)), vars(build_parser().parse_args(argv))
+    lazy_func, full_func = lazy.pop("func"), full.pop("func")
+    assert lazy == full and lazy_func.__qualname__ == full_func.__qualname__
+
+
+def test_help_builds_no_command_and_a_command_builds_only_its_own() -> None:
+    """`dharma --help` lists every command without importing their modules (start-up under 150 ms)."""
+    probe = ("import sys; from gateway.cli.main import main\n"
+             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+             "print('MODULES', sorted(m for m in sys.modules if m.startswith('gateway.cli.')))")
+    loaded = {}
+    for argv in (["--help"], ["audit", "query", "--help"], ["--conf", "x.yaml", "keys", "--help"]):
+        out = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=REPO, check=True).stdout
+        loaded[argv[0]] = set(json.loads(out.split("MODULES ", 1)[1].replace("'", '"')))
+        assert all(f"  {name} " in out or f"  {name}\n" in out for name in COMMANDS) or argv[0] != "--help", out
+    assert loaded["--help"] == {"gateway.cli.common", "gateway.cli.main"}
+    assert loaded["audit"] == {"gateway.cli.common", "gateway.cli.main", "gateway.cli.audit"}
+    assert "gateway.cli.keys" in loaded["--conf"]  # an abbreviated global option still finds the command
 
 
 def test_config_and_state_root_after_the_subcommand_are_used(tmp_path: Path, state_root: Path) -> None:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.common import EXIT_FAILED, EXIT_OK, UsageError, add_command, add_group, out, settings_of
+from gateway.cli.common import COMMANDS, EXIT_FAILED, EXIT_OK, UsageError, add_command, add_group, out, settings_of
 
 
 def _approvals(args: argparse.Namespace) -> Any:
@@ -119,9 +119,10 @@ def decide(args: argparse.Namespace, approve: bool) -> int:
     return EXIT_OK
 
 
+
 def add_parsers(sub: Any) -> None:
     """Add `dharma approvals list|approve|deny` to the `dharma` subparsers."""
-    approvals = add_group(sub, "approvals", "list, approve or deny held calls", "approvals_command")
+    approvals = add_group(sub, "approvals", COMMANDS["approvals"], "approvals_command")
     p = add_command(approvals, "list", "list the calls waiting for a decision")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.set_defaults(func=cmd_approvals_list)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.common import EXIT_FAILED, EXIT_OK, add_command, add_group, open_keys, out, settings_of
+from gateway.cli.common import COMMANDS, EXIT_FAILED, EXIT_OK, add_command, add_group, open_keys, out, settings_of
 from gateway.core.errors import ConfigError
 from gateway.ledger_access import ledger_location, open_ledger_reader, query_choices
 
@@ -336,9 +336,10 @@ def cmd_audit_grant(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+
 def add_parsers(sub: Any) -> None:
     """Add `dharma audit verify|query|checkpoint` to the `dharma` subparsers."""
-    audit = add_group(sub, "audit", "verify, query and checkpoint the karma ledger", "audit_command")
+    audit = add_group(sub, "audit", COMMANDS["audit"], "audit_command")
     p = add_command(audit, "verify", "recompute the ledger; exit 1 at the first bad record")
     p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--checkpoint", help="a checkpoint kept outside the database (catches truncation)")

@@ -13,6 +13,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+
+COMMANDS = {
+    "serve": "serve the HTTP front (tool API, MCP at /mcp, approvals, JWKS); binds 127.0.0.1 by default",
+    "stdio": "govern a stdio MCP server: dharma stdio [--config F] -- CMD ARGS...",
+    "tools": "review pinned MCP tool definitions",
+    "check": "validate policy and rule files; errors name file:line [rule]",
+    "test": "run RuleTest cases (*_test.yaml) and report rules no case exercised",
+    "eval": "dry-run one call against a policy and explain the decision",
+    "schema": "print the JSON Schema of the policy files, for editors",
+    "audit": "verify, query and checkpoint the karma ledger",
+    "approvals": "list, approve or deny held calls",
+    "keys": "receipt and checkpoint signing keys",
+    "receipt": "verify signed receipts offline",
+}
+"""Every top-level `dharma` command and its one-line help, in the order `dharma --help` lists them
+(the help is listed without importing or building the commands' own parsers)."""
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 

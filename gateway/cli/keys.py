@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.errors import ConfigError
-from gateway.cli.common import EXIT_FAILED, EXIT_OK, add_command, add_group, json_arg, open_keys, out
+from gateway.cli.common import COMMANDS, EXIT_FAILED, EXIT_OK, add_command, add_group, json_arg, open_keys, out
 
 
 def cmd_keys_jwks(args: argparse.Namespace) -> int:
@@ -119,13 +119,14 @@ def _split_receipt(saved: Any) -> tuple[str | None, Any]:
     return None, saved
 
 
+
 def add_parsers(sub: Any) -> None:
     """Add `dharma keys jwks|rotate` and `dharma receipt verify` to the `dharma` subparsers."""
-    keys = add_group(sub, "keys", "receipt and checkpoint signing keys", "keys_command")
+    keys = add_group(sub, "keys", COMMANDS["keys"], "keys_command")
     add_command(keys, "jwks", "print the public keys (receipt keys and the checkpoint key) as a JWKS").set_defaults(func=cmd_keys_jwks)
     add_command(keys, "rotate", "make a new active key; old ones stay published").set_defaults(func=cmd_keys_rotate)
 
-    receipt = add_group(sub, "receipt", "verify signed receipts offline", "receipt_command")
+    receipt = add_group(sub, "receipt", COMMANDS["receipt"], "receipt_command")
     p = add_command(receipt, "verify", "check a saved response's receipt against a JWKS")
     p.add_argument("response", metavar="RESPONSE.json", help="a saved response (HTTP envelope, MCP result or JSON-RPC response)")
     p.add_argument("--jwks", help="a saved JWKS (default: this machine's keys)")

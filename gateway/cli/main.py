@@ -10,15 +10,21 @@ quietly with 0: it has what it asked for.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from gateway.cli import approvals, audit, keys, mcp, policy, serve
-from gateway.cli.common import EXIT_OK, EXIT_USAGE, UsageError, add_global_options
+from gateway.cli.common import COMMANDS, EXIT_OK, EXIT_USAGE, UsageError, add_command, add_global_options
 
-COMMAND_GROUPS = (serve, mcp, policy, audit, approvals, keys)
-"""Each adds its subcommands with `add_parsers(sub)`, in the order `dharma --help` lists them."""
+COMMAND_GROUPS = ("serve", "mcp", "policy", "audit", "approvals", "keys")
+"""The modules of `gateway.cli`; each adds its subcommands with `add_parsers(sub)`."""
+GROUP_OF = {"serve": "serve", "stdio": "mcp", "tools": "mcp", "check": "policy", "test": "policy", "eval": "policy",
+            "schema": "policy", "audit": "audit", "approvals": "approvals", "keys": "keys",
+            "receipt": "keys"}
+"""Which module adds each top-level command of `COMMANDS`."""
+_GLOBAL_WITH_VALUE = ("--config", "--state-root")
 
 
 def version() -> str:
@@ -43,7 +49,25 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The top-level command `argv` names (its first positional word), or None."""
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word.startswith("--") and "=" not in word and any(o.startswith(word) for o in _GLOBAL_WITH_VALUE):
+            skip = True  # argparse takes an unambiguous prefix of a long option too
+        elif word == "--":
+            return None
+        elif not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The `dharma` parser. With `only` (a command of `COMMANDS`), only that command's module is
+    imported and its parsers built; every other command is listed with its help and no parser
+    of its own (`dharma --help` and each command start without loading the others)."""
     parser = argparse.ArgumentParser(
         prog="dharma",
         description="Dharma Gateway: governed tool calls.",
@@ -53,8 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction, help="print `dharma <version>` and exit")
     add_global_options(parser, None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in COMMAND_GROUPS:
-        group.add_parsers(sub)
+    built: set[str] = set()
+    for name, summary in COMMANDS.items():
+        group = GROUP_OF[name]
+        if only is not None and GROUP_OF.get(only) != group:
+            add_command(sub, name, summary)
+        elif group not in built:
+            built.add(group)
+            module: Any = importlib.import_module(f"gateway.cli.{group}")
+            module.add_parsers(sub)
     return parser
 
 
@@ -86,7 +117,11 @@ def _silence_stdout() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    only = chosen_command(words)
+    if only is None and not any(word in COMMANDS for word in words):
+        only = ""  # no command at all (`dharma --help`): list them, build none
+    parser = build_parser(only)  # None (a command word where it was not expected): build every command
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:

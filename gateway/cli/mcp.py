@@ -10,12 +10,13 @@ import argparse
 import json
 from typing import Any
 
-from gateway.cli.common import EXIT_FAILED, EXIT_OK, add_command, add_group, out, settings_of
+from gateway.cli.common import COMMANDS, EXIT_FAILED, EXIT_OK, add_command, add_group, out, settings_of
+
 
 
 def add_parsers(sub: Any) -> None:
     """Add `dharma stdio` and `dharma tools pins|accept` to the `dharma` subparsers."""
-    p = add_command(sub, "stdio", "govern a stdio MCP server: dharma stdio [--config F] -- CMD ARGS...")
+    p = add_command(sub, "stdio", COMMANDS["stdio"])
     p.add_argument("--policy", help="policy profile file to load (default: the one dharma.yaml names)")
     p.add_argument("--backend-id", help="name of this server for tool pinning (default: derived from CMD)")
     p.add_argument("--max-message-bytes", type=int, default=16 * 1024 * 1024, help="largest message accepted from the agent")
@@ -24,7 +25,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("server", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the MCP server to run, after --")
     p.set_defaults(func=cmd_stdio)
 
-    tools = add_group(sub, "tools", "review pinned MCP tool definitions", "tools_command")
+    tools = add_group(sub, "tools", COMMANDS["tools"], "tools_command")
     p = add_command(tools, "pins", "list pinned tool definitions and the ones that changed")
     p.add_argument("--backend", help="only this backend's tools")
     p.add_argument("--changed", action="store_true", help="only tools whose definition changed")

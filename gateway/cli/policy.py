@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli.common import (
-    EXIT_FAILED, EXIT_OK, UsageError, add_command, json_arg, json_object_arg, out, settings_of,
+    COMMANDS, EXIT_FAILED, EXIT_OK, UsageError, add_command, json_arg, json_object_arg, out, settings_of,
 )
 
 ENGINES = ("cel-python", "common-expression-language")
@@ -207,19 +207,20 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+
 def add_parsers(sub: Any) -> None:
     """Add `dharma check`, `test`, `eval` and `schema` to the `dharma` subparsers."""
 
     def engine_opt(p: argparse.ArgumentParser) -> None:
         p.add_argument("--engine", choices=ENGINES, help="CEL engine (default: the fastest installed)")
 
-    p = add_command(sub, "check", "validate policy and rule files; errors name file:line [rule]",
+    p = add_command(sub, "check", COMMANDS["check"],
                     epilog="Without PATHS: ./policies and ./rules when either exists, " + FALLBACK)
     p.add_argument("paths", nargs="*", metavar="PATHS", help="policy/rule files or directories (searched for *.yaml, *.yml)")
     engine_opt(p)
     p.set_defaults(func=cmd_check)
 
-    p = add_command(sub, "test", "run RuleTest cases (*_test.yaml) and report rules no case exercised",
+    p = add_command(sub, "test", COMMANDS["test"],
                     epilog="Without PATHS: ./rules when it exists, " + FALLBACK)
     p.add_argument("paths", nargs="*", metavar="PATHS", help="RuleTest files or directories holding them")
     p.add_argument("-v", "--verbose", action="store_true", help="list passing cases too")
@@ -227,7 +228,7 @@ def add_parsers(sub: Any) -> None:
     engine_opt(p)
     p.set_defaults(func=cmd_test)
 
-    p = add_command(sub, "eval", "dry-run one call against a policy and explain the decision")
+    p = add_command(sub, "eval", COMMANDS["eval"])
     p.add_argument("--policy", help="policy profile file (default: the one dharma.yaml names)")
     p.add_argument("--tool", required=True, help="tool name of the call")
     p.add_argument("--args", help="arguments as a JSON object (or @file)")
@@ -242,6 +243,6 @@ def add_parsers(sub: Any) -> None:
     engine_opt(p)
     p.set_defaults(func=cmd_eval)
 
-    p = add_command(sub, "schema", "print the JSON Schema of the policy files, for editors")
+    p = add_command(sub, "schema", COMMANDS["schema"])
     p.add_argument("--kind", help="only this kind (Policy, RuleSet, DisclosureRuleSet, RuleTest)")
     p.set_defaults(func=cmd_schema)

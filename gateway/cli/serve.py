@@ -10,7 +10,7 @@ import argparse
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.cli.common import EXIT_OK, add_command, settings_of
+from gateway.cli.common import COMMANDS, EXIT_OK, add_command, settings_of
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -55,9 +55,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+
 def add_parsers(sub: Any) -> None:
     """Add `dharma serve` to the `dharma` subparsers."""
-    p = add_command(sub, "serve", "serve the HTTP front (tool API, MCP at /mcp, approvals, JWKS); binds 127.0.0.1 by default")
+    p = add_command(sub, "serve", COMMANDS["serve"])
     p.add_argument("--host", help="address to listen on (default: server.host of dharma.yaml, 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to listen on (default: server.port of dharma.yaml)")
     p.add_argument("--policy", help="policy profile file to load (default: the one dharma.yaml names; serve refuses to start without one)")
