@@ -14,6 +14,11 @@ interleaved one by one (alternating which goes first), so both see the same mach
 the gateway, excluding its server child; the server direct), from /proc.
 One extra pair of rows with the official SDK client (`mcp.Client`, stdio transport, legacy
 handshake), interleaved the same way (not in --quick: two more processes to start).
+
+Start-up: the wall time from spawning the process to the first `initialize` answer, the server
+direct and `dharma stdio` in front of it (the state root the latency rows used), alternating, the
+median of several launches; the gateway's added start-up is the difference of the medians. And
+`dharma --help` to exit, beside `python -c pass` (the interpreter's own start-up).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import contextlib
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +43,9 @@ SERVER = REPO / "bench" / "mcp_server.py"
 PERMISSIVE = REPO / "policies" / "permissive.yaml"
 PROTOCOL = "2025-11-25"
 TARGET_MS = 1.0
+CPU_TARGET_MS = 1.0
+STARTUP_TARGET_MS = 300.0
+HELP_TARGET_MS = 150.0
 
 
 def server_command() -> list[str]:
@@ -118,6 +127,37 @@ class RawStdio:
             self.proc.wait()
         self._out.close()
         self.proc.stdout.close()  # type: ignore[union-attr]
+
+
+def time_to_initialize(cmd: list[str], stderr: IO[bytes]) -> float:
+    """Seconds from spawning `cmd` to its answer to `initialize`."""
+    t0 = time.perf_counter()
+    client = RawStdio(cmd, stderr)
+    try:
+        client.initialize()
+        return time.perf_counter() - t0
+    finally:
+        client.close()
+
+
+def startup_rows(state: Path, runs: int, stderr: IO[bytes]) -> tuple[float, float, float, float]:
+    """Medians over `runs` launches each: (server direct to initialize answered, through `dharma
+    stdio`, `dharma --help` to exit, `python -c pass` to exit), in seconds."""
+    direct: list[float] = []
+    governed: list[float] = []
+    for i in range(runs):
+        pair = [(direct, server_command()), (governed, gateway_command(state, PERMISSIVE, server_command()))]
+        for out, cmd in pair if i % 2 == 0 else pair[::-1]:
+            out.append(time_to_initialize(cmd, stderr))
+    helps: list[float] = []
+    bare: list[float] = []
+    dharma = [sys.executable, "-m", "gateway", "--help"]
+    for _ in range(runs * 2):
+        for out, cmd in ((helps, dharma), (bare, [sys.executable, "-c", "pass"])):
+            t0 = time.perf_counter()
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=stderr, cwd=REPO, env=child_env(), check=True)
+            out.append(time.perf_counter() - t0)
+    return tuple(statistics.median(x) for x in (direct, governed, helps, bare))  # type: ignore[return-value]
 
 
 def interleaved(a: Any, b: Any, *, seconds: float, min_n: int = 30, warmup: int = 30) -> tuple[list[float], list[float]]:
@@ -208,6 +248,10 @@ async def run(opts: Options, results: Results) -> None:
         cpu_g = (proc_cpu(governed.pid) - cpu_g0) / len(tg)
         d, g = Stats.of(td), Stats.of(tg)
         n_ledger = _ledger_size(tmp / "state" / "ledger.db")
+        direct.close()
+        governed.close()
+        runs = 3 if opts.quick else 9
+        up_direct, up_governed, up_help, up_python = startup_rows(tmp / "state", runs, log)
         sdk_error = "skipped in --quick"
         sd = sg = None
         if not opts.quick:
@@ -239,10 +283,24 @@ async def run(opts: Options, results: Results) -> None:
                f"direct and gateway calls interleaved; ~{seconds:g} s raw, ~{sdk_seconds:g} s SDK; "
                f"start-up of both processes + initialize: {startup:.2f} s\n"
                "cpu/call = CPU of the process the client talks to (the gateway alone, or the server direct)")
+    table("start-up: spawn to first `initialize` answered, and `dharma --help`",
+          ["process", "median wall", "added"],
+          [["server direct (baseline)", fmt_time(up_direct), "-"],
+           ["dharma stdio -- server", fmt_time(up_governed), f"+{fmt_time(up_governed - up_direct)}"],
+           ["python -c pass (baseline)", fmt_time(up_python), "-"],
+           ["python -m gateway --help", fmt_time(up_help), f"+{fmt_time(up_help - up_python)}"]],
+          note=f"median of {runs} launches each (help: {runs * 2}), alternating; the gateway starts its server itself")
     results.add(Target("mcp stdio added p50 (raw JSON-RPC client, echo tool)", (g.p50 - d.p50) * 1e3, TARGET_MS, "ms",
                        higher_is_better=False,
                        note=f"direct p50 {fmt_time(d.p50)}, through the gateway {fmt_time(g.p50)}; "
                             f"gateway CPU {fmt_time(cpu_g)}/call"))
+    results.add(Target("mcp stdio gateway CPU per call (raw JSON-RPC client)", cpu_g * 1e3, CPU_TARGET_MS, "ms",
+                       higher_is_better=False, note="the gateway process alone, from /proc"))
+    results.add(Target("dharma stdio start-up added (first initialize answered, vs the server direct)",
+                       (up_governed - up_direct) * 1e3, STARTUP_TARGET_MS, "ms", higher_is_better=False,
+                       note=f"server direct {fmt_time(up_direct)}, through dharma stdio {fmt_time(up_governed)}"))
+    results.add(Target("dharma --help (process start to exit)", up_help * 1e3, HELP_TARGET_MS, "ms",
+                       higher_is_better=False, note=f"python -c pass takes {fmt_time(up_python)} here"))
 
 
 def _ledger_size(path: Path) -> str:

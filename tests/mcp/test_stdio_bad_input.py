@@ -111,3 +111,40 @@ async def test_backend_that_never_answers_times_out(raw_gateway, tmp_path: Path,
     assert ok["result"]["content"][0]["text"] == "echo: alive"
     record = next(r for r in ledger_records(state) if r["tool"] == "slow" and r.get("kind") != "decision")
     assert record["status"] == "error" and record["error_code"] == "timeout"
+
+
+def test_server_started_early_is_stopped_when_the_gateway_cannot_open(tmp_path: Path) -> None:
+    """`dharma stdio` starts its server while it loads; a policy that does not load ends the
+    command with a clear error (exit 2) and the server it started does not outlive it."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    marker = f"dharma-early-server-{os.getpid()}-{tmp_path.name}"
+    started = tmp_path / "started"
+    # a server that does not exit when its stdin closes: only being stopped ends it
+    server = f"import sys, time; open({str(started)!r}, 'w').close(); sys.stdin.read(); time.sleep(600)  # {marker}"
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("apiVersion: dharma/v1\nkind: Policy\nmetadata: {name: x\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DHARMA_")}
+    done = subprocess.run([sys.executable, "-m", "gateway", "--state-root", str(tmp_path / "state"), "stdio",
+                           "--policy", str(bad), "--", sys.executable, "-c", server],
+                          stdin=subprocess.PIPE, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "broken.yaml" in done.stderr and "Traceback" not in done.stderr
+
+    def still_running() -> list[str]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(entry.name)
+            except OSError:
+                continue
+        return found
+
+    deadline = time.monotonic() + 60
+    while still_running():
+        assert time.monotonic() < deadline, f"the server outlived dharma stdio: {still_running()}"
+        time.sleep(0.05)

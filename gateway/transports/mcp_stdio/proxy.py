@@ -52,7 +52,8 @@ from gateway.mcp.session import (
 )
 from gateway.mcp.versions import MODERN_VERSIONS
 from gateway.transports.mcp_stdio.pipes import ClientPipes
-from gateway.transports.mcp_stdio.supervisor import RESTART_GRACE, Supervisor
+from gateway.transports.mcp_stdio.supervisor import RESTART_GRACE, Supervisor, spawn_server
+from gateway.transports.upstreams.mcp_stdio import stop_process
 
 log = structlog.get_logger()
 
@@ -130,9 +131,10 @@ class StdioProxy:
 
     # ---- lifecycle ---------------------------------------------------------------------
 
-    async def run(self, client: ClientPipes) -> int:
+    async def run(self, client: ClientPipes, first: anyio.abc.Process | None = None) -> int:
+        """Proxy until the client closes stdin; `first` is the server when it was already started."""
         self._client = client
-        first = await self.server.spawn()
+        first = first or await self.server.spawn()
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self.server.run, first)
@@ -441,26 +443,38 @@ async def serve_stdio(
     hold_seconds: float = 50.0,
     progress_interval: float = 5.0,
 ) -> int:
-    """Open the gateway (no configured upstreams: the one backend is CMD) and proxy until stdin closes."""
+    """Open the gateway (no configured upstreams: the one backend is CMD) and proxy until stdin closes.
+
+    The server is started first and boots while the gateway loads (start-up is the slower of the
+    two, not their sum); it hears nothing until the gateway is ready, and is stopped unheard if
+    the gateway cannot be opened.
+    """
     from gateway.core.errors import ConfigError
     from gateway.runtime import open_gateway, pin_store_for
 
-    gateway = await open_gateway(settings.model_copy(update={"upstreams": []}))
     try:
-        proxy = StdioProxy(
-            gateway,
-            command,
-            pins=pin_store_for(gateway, settings),
-            backend_id=backend_id,
-            max_message_bytes=max_message_bytes,
-            hold_seconds=hold_seconds,
-            progress_interval=progress_interval,
-        )
-        client = ClientPipes()
-        await client.open()
+        first = await spawn_server(command)
+    except OSError as exc:
+        raise ConfigError(f"cannot start the MCP server {command[0]!r}: {exc.strerror or exc}") from None
+    running = False  # once the proxy runs, its supervisor stops the server
+    try:
+        gateway = await open_gateway(settings.model_copy(update={"upstreams": []}))
         try:
-            return await proxy.run(client)
-        except OSError as exc:
-            raise ConfigError(f"cannot start the MCP server {command[0]!r}: {exc.strerror or exc}") from None
+            proxy = StdioProxy(
+                gateway,
+                command,
+                pins=pin_store_for(gateway, settings),
+                backend_id=backend_id,
+                max_message_bytes=max_message_bytes,
+                hold_seconds=hold_seconds,
+                progress_interval=progress_interval,
+            )
+            client = ClientPipes()
+            await client.open()
+            running = True
+            return await proxy.run(client, first)
+        finally:
+            await gateway.aclose()
     finally:
-        await gateway.aclose()
+        if not running:
+            await stop_process(first)

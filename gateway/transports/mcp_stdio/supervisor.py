@@ -28,6 +28,13 @@ RESTART_GRACE = 15.0
 log = structlog.get_logger()
 
 
+async def spawn_server(command: Sequence[str], env: dict[str, str] | None = None) -> anyio.abc.Process:
+    """Start the MCP server with its three pipes (raises OSError when it cannot be started)."""
+    return await anyio.open_process(
+        list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})})
+
+
 class Supervisor:
     """Keeps the MCP server process running (see the module docstring)."""
 
@@ -54,9 +61,7 @@ class Supervisor:
     async def spawn(self) -> anyio.abc.Process:
         """Start the server (raises OSError when it cannot be started)."""
         self._heard = False
-        self._proc = await anyio.open_process(
-            self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={**os.environ, **(self.env or {})})
+        self._proc = await spawn_server(self.command, self.env)
         return self._proc
 
     def grace(self, timeout: float) -> float:
