@@ -45,7 +45,7 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
     for figure in ("SQLite, synchronous FULL", "inclusion proof", "consistency proof"):
         assert figure in out, f"{figure!r} missing from:\n{out}"
     verdicts = [line for line in out.splitlines() if line.strip().startswith(("MET", "MISSED", "NOT MEASURED"))]
-    assert len(verdicts) == 8, f"expected one verdict per §8 target (verify and query once per backend):\n{out}"
+    assert len(verdicts) == 11, f"expected one verdict per §8 target (verify and query once per backend):\n{out}"
     for backend in ("SQLite", "PostgreSQL"):
         assert sum(f"({backend})" in line for line in verdicts) == 2, f"verify and query verdicts for {backend}:\n{out}"
     if pg_bin() is not None:
@@ -53,7 +53,10 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
         for figure in ("PostgreSQL, fsync on", "PostgreSQL, verify_ledger", "PostgreSQL, inclusion proof",
                        "PostgreSQL, 1 principal, time window"):
             assert figure in out, f"{figure!r} missing from:\n{out}"
-    assert "mcp stdio added p50" in out, f"the MCP stdio target is missing:\n{out}"
+    for target in ("mcp stdio added p50", "mcp stdio gateway CPU per call", "dharma stdio start-up added",
+                   "dharma --help", "governed p50", "governed throughput", "decision p99 @1,000 rules"):
+        assert target in out, f"the issue-9 target {target!r} is missing:\n{out}"
+    assert "== start-up" in out and "dharma stdio -- server" in out, f"the start-up rows are missing:\n{out}"
     assert "receipt returned: yes" in out, f"a governed MCP call came back without a receipt:\n{out}"
 
 
