@@ -123,8 +123,8 @@ def attach_receipt(result: dict[str, Any], token: str) -> dict[str, Any]:
 
 
 def _rfc3339(now: datetime) -> str:
-    utc = now.astimezone(timezone.utc)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    u = now.astimezone(timezone.utc)
+    return f"{u.year:04d}-{u.month:02d}-{u.day:02d}T{u.hour:02d}:{u.minute:02d}:{u.second:02d}.{u.microsecond // 1000:03d}Z"
 
 
 def build_receipt(

@@ -9,6 +9,7 @@ keeps the last good one). No I/O beyond reading the files named.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import re
 from collections.abc import Sequence
@@ -143,8 +144,10 @@ class GlobIndex:
         return result
 
 
+@functools.lru_cache(maxsize=16_384)
 def glob_match(name: str, pattern: str) -> bool:
-    """Case-sensitive glob match of a tool name (fnmatch semantics)."""
+    """Case-sensitive glob match of a tool name (fnmatch semantics); memoised, as every call
+    matches its tool against the same grants."""
     return fnmatch.fnmatchcase(name, pattern)
 
 
