@@ -290,3 +290,25 @@ def test_helper_registry_refuses_bad_registrations(count_segments: None) -> None
         cel.register_helper("as_bytes", bytes, bytes)
     with pytest.raises(cel.CelSyntaxError, match="unknown function 'not_registered'"):
         cel.compile_expression('not_registered("a")', declared=CALL)
+
+
+def test_rust_engine_loads_without_the_cel_package_cli() -> None:
+    """The Rust engine is loaded without `cel`'s interactive CLI (typer, prompt_toolkit, rich:
+    start-up the gateway never uses), evaluates as usual, and a later `import cel` reuses it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("cel")
+    probe = (
+        "import sys\n"
+        "from gateway.policy import cel as c\n"
+        "e = c.compile_expression('args.n + 1 == 3', declared=['args'], engine='common-expression-language')\n"
+        "print('RESULT', e.evaluate(c.make_activation({'args': {'n': 2}}, 'common-expression-language')))\n"
+        "print('CLI', sorted(m for m in ('typer', 'prompt_toolkit', 'pygments', 'cel.cli') if m in sys.modules))\n"
+        "import cel\n"
+        "print('SAME', cel.compile is sys.modules['cel.cel'].compile)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent).stdout
+    assert "RESULT True" in out and "CLI []" in out and "SAME True" in out, out

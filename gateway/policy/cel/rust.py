@@ -8,7 +8,11 @@ of the one registry (`gateway.policy.cel.helpers.HELPERS`). ``cel`` is imported 
 from __future__ import annotations
 
 import functools
+import importlib.machinery
+import importlib.util
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
 from gateway.policy.cel.helpers import (
@@ -99,9 +103,52 @@ def _scan(source: str) -> tuple[Refs, Funcs]:
 
 @functools.cache
 def _rust() -> Any:
+    """The engine's compiled module (`compile`, `Context`).
+
+    Loaded on its own when `cel` is not imported yet: the package's `__init__` also imports its
+    interactive CLI (typer, prompt_toolkit, pygments, rich), a large share of `dharma stdio`'s
+    start-up that the gateway never uses. It is registered as `cel.cel`, so a later `import cel`
+    reuses it instead of initialising the extension twice. Anything unexpected: `import cel`.
+    """
+    loaded = sys.modules.get("cel.cel")
+    if loaded is not None:
+        return loaded
+    if "cel" not in sys.modules:
+        module = _load_extension_alone()
+        if module is not None:
+            return module
     import cel
 
     return cel
+
+
+def _load_extension_alone() -> Any:
+    """The `cel.cel` extension module loaded without its package's `__init__`, or None."""
+    try:
+        spec = importlib.util.find_spec("cel")
+        if spec is None or spec.origin is None:
+            return None
+        folder = Path(spec.origin).parent
+        path = next((folder / f"cel{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES
+                     if (folder / f"cel{suffix}").is_file()), None)
+        if path is None:
+            return None
+        loader = importlib.machinery.ExtensionFileLoader("cel.cel", str(path))
+        module_spec = importlib.util.spec_from_file_location("cel.cel", path, loader=loader)
+        if module_spec is None:
+            return None
+        module = importlib.util.module_from_spec(module_spec)
+    except (ImportError, OSError, ValueError):
+        return None
+    sys.modules["cel.cel"] = module
+    try:
+        loader.exec_module(module)
+    except Exception:
+        sys.modules.pop("cel.cel", None)
+        return None
+    if not (hasattr(module, "compile") and hasattr(module, "Context")):
+        return None  # not the module this adapter was written for: import the package instead
+    return module
 
 
 _RUST_POS = re.compile(r"<input>:(\d+):(\d+): (.*)")
