@@ -129,26 +129,31 @@ class RawStdio:
         self.proc.stdout.close()  # type: ignore[union-attr]
 
 
-def time_to_initialize(cmd: list[str], stderr: IO[bytes]) -> float:
-    """Seconds from spawning `cmd` to its answer to `initialize`."""
+def time_to_initialize(cmd: list[str], stderr: IO[bytes]) -> tuple[float, float]:
+    """Seconds from spawning `cmd` to its answer to `initialize`, and the CPU seconds the spawned
+    process itself (not its children) used by then."""
     t0 = time.perf_counter()
     client = RawStdio(cmd, stderr)
     try:
         client.initialize()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, proc_cpu(client.pid)
     finally:
         client.close()
 
 
-def startup_rows(state: Path, runs: int, stderr: IO[bytes]) -> tuple[float, float, float, float]:
-    """Medians over `runs` launches each: (server direct to initialize answered, through `dharma
-    stdio`, `dharma --help` to exit, `python -c pass` to exit), in seconds."""
+def startup_rows(state: Path, runs: int, stderr: IO[bytes]) -> tuple[float, ...]:
+    """Medians over `runs` launches each, in seconds: server direct to initialize answered, through
+    `dharma stdio`, `dharma --help` to exit, `python -c pass` to exit, then the CPU the server
+    direct and the gateway process (without its server) used until initialize was answered."""
     direct: list[float] = []
     governed: list[float] = []
+    cpu: dict[int, list[float]] = {id(direct): [], id(governed): []}
     for i in range(runs):
         pair = [(direct, server_command()), (governed, gateway_command(state, PERMISSIVE, server_command()))]
         for out, cmd in pair if i % 2 == 0 else pair[::-1]:
-            out.append(time_to_initialize(cmd, stderr))
+            wall, used = time_to_initialize(cmd, stderr)
+            out.append(wall)
+            cpu[id(out)].append(used)
     helps: list[float] = []
     bare: list[float] = []
     dharma = [sys.executable, "-m", "gateway", "--help"]
@@ -157,7 +162,7 @@ def startup_rows(state: Path, runs: int, stderr: IO[bytes]) -> tuple[float, floa
             t0 = time.perf_counter()
             subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=stderr, cwd=REPO, env=child_env(), check=True)
             out.append(time.perf_counter() - t0)
-    return tuple(statistics.median(x) for x in (direct, governed, helps, bare))  # type: ignore[return-value]
+    return tuple(statistics.median(x) for x in (direct, governed, helps, bare, cpu[id(direct)], cpu[id(governed)]))
 
 
 def interleaved(a: Any, b: Any, *, seconds: float, min_n: int = 30, warmup: int = 30) -> tuple[list[float], list[float]]:
@@ -251,7 +256,7 @@ async def run(opts: Options, results: Results) -> None:
         direct.close()
         governed.close()
         runs = 3 if opts.quick else 9
-        up_direct, up_governed, up_help, up_python = startup_rows(tmp / "state", runs, log)
+        up_direct, up_governed, up_help, up_python, cpu_direct, cpu_governed = startup_rows(tmp / "state", runs, log)
         sdk_error = "skipped in --quick"
         sd = sg = None
         if not opts.quick:
@@ -284,12 +289,15 @@ async def run(opts: Options, results: Results) -> None:
                f"start-up of both processes + initialize: {startup:.2f} s\n"
                "cpu/call = CPU of the process the client talks to (the gateway alone, or the server direct)")
     table("start-up: spawn to first `initialize` answered, and `dharma --help`",
-          ["process", "median wall", "added"],
-          [["server direct (baseline)", fmt_time(up_direct), "-"],
-           ["dharma stdio -- server", fmt_time(up_governed), f"+{fmt_time(up_governed - up_direct)}"],
-           ["python -c pass (baseline)", fmt_time(up_python), "-"],
-           ["python -m gateway --help", fmt_time(up_help), f"+{fmt_time(up_help - up_python)}"]],
-          note=f"median of {runs} launches each (help: {runs * 2}), alternating; the gateway starts its server itself")
+          ["process", "median wall", "added", "own cpu"],
+          [["server direct (baseline)", fmt_time(up_direct), "-", fmt_time(cpu_direct)],
+           ["dharma stdio -- server", fmt_time(up_governed), f"+{fmt_time(up_governed - up_direct)}", fmt_time(cpu_governed)],
+           ["python -c pass (baseline)", fmt_time(up_python), "-", "-"],
+           ["python -m gateway --help", fmt_time(up_help), f"+{fmt_time(up_help - up_python)}", "-"]],
+          note=f"median of {runs} launches each (help: {runs * 2}), alternating; dharma stdio spawns its server, "
+               "then loads while the server boots\n'own cpu' = CPU of that process alone until initialize was "
+               "answered (the gateway's excludes its server): on a busy core the two boots add up, on idle "
+               "cores they overlap")
     results.add(Target("mcp stdio added p50 (raw JSON-RPC client, echo tool)", (g.p50 - d.p50) * 1e3, TARGET_MS, "ms",
                        higher_is_better=False,
                        note=f"direct p50 {fmt_time(d.p50)}, through the gateway {fmt_time(g.p50)}; "
@@ -298,7 +306,8 @@ async def run(opts: Options, results: Results) -> None:
                        higher_is_better=False, note="the gateway process alone, from /proc"))
     results.add(Target("dharma stdio start-up added (first initialize answered, vs the server direct)",
                        (up_governed - up_direct) * 1e3, STARTUP_TARGET_MS, "ms", higher_is_better=False,
-                       note=f"server direct {fmt_time(up_direct)}, through dharma stdio {fmt_time(up_governed)}"))
+                       note=f"server direct {fmt_time(up_direct)}, through dharma stdio {fmt_time(up_governed)}; "
+                            f"the gateway's own start-up CPU {fmt_time(cpu_governed)}"))
     results.add(Target("dharma --help (process start to exit)", up_help * 1e3, HELP_TARGET_MS, "ms",
                        higher_is_better=False, note=f"python -c pass takes {fmt_time(up_python)} here"))
 
