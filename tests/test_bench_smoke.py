@@ -32,12 +32,12 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     out = proc.stdout
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{out}\nstderr:\n{proc.stderr[-4000:]}"
     for title in ("== decision", "== governed", "== ledger_append", "== ledger_verify", "== ledger_proof",
-                   "== ledger_query", "== mcp_stdio", "== mcp_http", "== targets"):
+                   "== ledger_query", "== mcp_stdio", "== mcp_http", "== replicas", "== targets"):
         assert title in out, f"{title!r} missing from:\n{out}"
     for figure in ("p50", "p99", "mean", "calls/s", "records/s", "rules eval/call", "added p50", "x direct",
                    "through dharma stdio", "through dharma serve /mcp", "clients"):
@@ -50,7 +50,8 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
         assert sum(f"({backend})" in line for line in verdicts) == 2, f"verify and query verdicts for {backend}:\n{out}"
     if pg_bin() is not None:
         assert "NOT MEASURED" not in out, f"PostgreSQL is installed, so every ledger figure is measured:\n{out}"
-        for figure in ("PostgreSQL, fsync on", "PostgreSQL, verify_ledger", "PostgreSQL, inclusion proof",
+        for figure in ("3 replicas, PostgreSQL + Redis", "Redis round trips add",
+                       "PostgreSQL, fsync on", "PostgreSQL, verify_ledger", "PostgreSQL, inclusion proof",
                        "PostgreSQL, 1 principal, time window"):
             assert figure in out, f"{figure!r} missing from:\n{out}"
     assert "mcp stdio added p50" in out, f"the MCP stdio target is missing:\n{out}"
