@@ -10,6 +10,8 @@ the hashes the others appended to keep its Merkle frontier right.
 One asyncio writer task per `PostgresLedger` does group commit: it takes whatever appends are
 queued, commits them in one transaction and only then answers each caller. A failed commit
 fails its whole batch (fail closed); after a lost connection the next batch reconnects.
+`append_linked` commits one record together with one row of the caller's (the approval store
+marks an approval event recorded that way), in a transaction of its own: both or neither.
 Given a `CheckpointSigner`, the writer signs and stores checkpoints on its own, on the same
 schedule as the SQLite writer (`audit.checkpoint.CheckpointSchedule`: at least every
 `checkpoint_interval` seconds while the tree grows, and on close).
@@ -198,11 +200,21 @@ def _rebuild(conn: psycopg.Connection[Any], name: str) -> tuple[CompactRange, st
 
 
 @dataclass(frozen=True, slots=True)
+class LinkedRow:
+    """A row written in the same transaction as one record: `sql` runs with `(*params, seq, hash)`
+    (the record's position and hex hash), so the row exists exactly when the record does."""
+
+    sql: str
+    params: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class _Pending:
     entry: bytes
     fields: IndexFields
     rules: list[str]
     future: asyncio.Future[Appended]
+    linked: LinkedRow | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +314,18 @@ class PostgresLedger:
         self._submit(item)
         return await asyncio.shield(item.future)
 
+    async def append_linked(self, entry: Mapping[str, Any], linked: LinkedRow) -> Appended:
+        """Record one entry and write `linked` in the same transaction, a batch of its own (so a
+        linked row that fails, e.g. on a unique key, fails only this record, never other calls').
+
+        Raises:
+            LedgerError: as `append`; then neither the record nor the row was written.
+        """
+        item = _Pending(encode_entry(entry, ledger=self._name), index_fields(entry), rule_ids(entry),
+                        asyncio.get_running_loop().create_future(), linked)
+        self._submit(item)
+        return await asyncio.shield(item.future)
+
     async def checkpoint(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> str:
         """Sign the ledger's current head (all writers' records) as a checkpoint, store it and return it."""
         command = _Command(functools.partial(self._sign, CheckpointSigner(private_key, key_name, origin)),
@@ -338,9 +362,9 @@ class PostgresLedger:
                     item = await self._next_item()
                     continue
                 batch = [item]
-                while len(batch) < self._batch_max and not self._queue.empty():
+                while item.linked is None and len(batch) < self._batch_max and not self._queue.empty():
                     item = self._queue.get_nowait()
-                    if not isinstance(item, _Pending):
+                    if not isinstance(item, _Pending) or item.linked is not None:
                         break
                     batch.append(item)
                 else:
@@ -434,6 +458,9 @@ class PostgresLedger:
                     await cur.executemany(INSERT_RECORD, rows)
                     if rules:
                         await cur.executemany(INSERT_RULE, rules)
+                    for item, done in zip(batch, results, strict=True):
+                        if item.linked is not None:
+                            await cur.execute(item.linked.sql, (*item.linked.params, done.seq, done.hash))
                     await cur.execute("UPDATE head SET size = %s, hash = %s", (seq, hashes[-1]))
         except psycopg.Error as exc:
             await self._drop_if_broken()

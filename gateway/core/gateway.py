@@ -24,13 +24,15 @@ from gateway.core.pipeline import Wiring, run, split, steps
 from gateway.crypto.receipts import KeyStore
 from gateway.logging import ensure_logging
 from gateway.policy.compile import CompiledPolicy, load_policy
-from gateway.stages.approval import ApprovalRecorder, ApprovalRefused, approver_refusal
+from gateway.stages.approval import SAFETY_POLL_SECONDS, ApprovalRecorder, ApprovalRefused, approver_refusal
 from gateway.stages.authenticate import authenticate
 from gateway.stages.circuit_breaker import CircuitBreaker
 from gateway.stages.record import Ledger, rfc3339, safe_digest
 from gateway.stages.visibility import visible_tools
-from gateway.stores.base import ApprovalStore, IdempotencyStore, LimiterStore
-from gateway.stores.memory import MemoryApprovalStore, MemoryIdempotencyStore, MemoryLimiterStore, SessionHistory
+from gateway.stores.base import ApprovalSignals, ApprovalStore, IdempotencyStore, LimiterStore
+from gateway.stores.memory import (
+    MemoryApprovalSignals, MemoryApprovalStore, MemoryIdempotencyStore, MemoryLimiterStore, SessionHistory,
+)
 
 __all__ = [
     "ENVELOPE_VERSION", "LEDGER_ORIGIN", "Clock", "Gateway", "Governed", "Ledger",
@@ -90,6 +92,8 @@ class Gateway:
         limiter_store: LimiterStore | None = None,
         approval_store: ApprovalStore | None = None,
         idempotency_store: IdempotencyStore | None = None,
+        approval_signals: ApprovalSignals | None = None,
+        approval_poll_seconds: float = SAFETY_POLL_SECONDS,
         clock: Clock = time.time,
         policy_path: Path | None = None,
     ) -> None:
@@ -101,6 +105,8 @@ class Gateway:
         self.clock = clock
         self.approvals = approval_store or MemoryApprovalStore()
         self.approval_recorder = ApprovalRecorder(self.approvals, ledger)
+        self.approval_signals = approval_signals or MemoryApprovalSignals()
+        self.approval_poll_seconds = approval_poll_seconds
         self.idempotency = idempotency_store or MemoryIdempotencyStore()
         self.history = SessionHistory()
         self.breaker = CircuitBreaker()
@@ -111,6 +117,8 @@ class Gateway:
                 limiter_store=limiter_store or MemoryLimiterStore(),
                 approvals=self.approvals,
                 approval_recorder=self.approval_recorder,
+                approval_signals=self.approval_signals,
+                approval_poll_seconds=approval_poll_seconds,
                 idempotency=self.idempotency,
                 history=self.history,
                 breaker=self.breaker,
@@ -194,9 +202,11 @@ class Gateway:
             log.warning("approval.refused", approval_id=approval_id, by=by, via=via, reason=refusal)
             raise ApprovalRefused(refusal)
         try:
-            return await self.approvals.decide(approval_id, approve=approve, by=by, now=self.clock(), via=via, reason=reason)
+            decided = await self.approvals.decide(approval_id, approve=approve, by=by, now=self.clock(), via=via, reason=reason)
         finally:  # the decision, or the `expired` event a late decision found, goes into the chain now
             await self.approval_recorder.try_sync()
+        await self.approval_signals.notify(approval_id)  # the holder, on this replica or another, looks again
+        return decided
 
     # ---- calls -----------------------------------------------------------------------
 
@@ -276,6 +286,7 @@ class Gateway:
         """Record approval events still outside the chain (e.g. a CLI decision nobody came back
         for), close backends, sign a checkpoint of the ledger head into the ledger, close it."""
         await self.approval_recorder.try_sync()
+        await self.approval_signals.aclose()
         for backend in self._backends.values():
             await backend.aclose()
         checkpoint = getattr(self.ledger, "checkpoint", None)
@@ -285,4 +296,7 @@ class Gateway:
             except Exception as exc:
                 log.warning("ledger.checkpoint_failed", error=str(exc))
         await self.ledger.aclose()
+        close_store = getattr(self.approvals, "aclose", None)
+        if close_store is not None:
+            await close_store()
 
