@@ -152,6 +152,9 @@ async def open_gateway(
     except ValueError as exc:
         await signals.aclose()
         await ledger.aclose()
+        close_approvals = getattr(approvals, "aclose", None)
+        if close_approvals is not None:
+            await close_approvals()
         raise ConfigError(str(exc)) from None
 
 
