@@ -12,6 +12,8 @@ queued, commits them in one transaction and only then answers each caller. A fai
 fails its whole batch (fail closed) and the writer drops its connection, so the next batch starts
 on a fresh session: after PostgreSQL was down, made read-only or out of space, appends resume on
 their own once it can take them again.
+`append_linked` commits one record together with one row of the caller's (the approval store
+marks an approval event recorded that way), in a transaction of its own: both or neither.
 Given a `CheckpointSigner`, the writer signs and stores checkpoints on its own, on the same
 schedule as the SQLite writer (`audit.checkpoint.CheckpointSchedule`: at least every
 `checkpoint_interval` seconds while the tree grows, and on close).
@@ -204,11 +206,21 @@ def _rebuild(conn: psycopg.Connection[Any], name: str) -> tuple[CompactRange, st
 
 
 @dataclass(frozen=True, slots=True)
+class LinkedRow:
+    """A row written in the same transaction as one record: `sql` runs with `(*params, seq, hash)`
+    (the record's position and hex hash), so the row exists exactly when the record does."""
+
+    sql: str
+    params: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class _Pending:
     entry: bytes
     fields: IndexFields
     rules: list[str]
     future: asyncio.Future[Appended]
+    linked: LinkedRow | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +320,18 @@ class PostgresLedger:
         self._submit(item)
         return await asyncio.shield(item.future)
 
+    async def append_linked(self, entry: Mapping[str, Any], linked: LinkedRow) -> Appended:
+        """Record one entry and write `linked` in the same transaction, a batch of its own (so a
+        linked row that fails, e.g. on a unique key, fails only this record, never other calls').
+
+        Raises:
+            LedgerError: as `append`; then neither the record nor the row was written.
+        """
+        item = _Pending(encode_entry(entry, ledger=self._name), index_fields(entry), rule_ids(entry),
+                        asyncio.get_running_loop().create_future(), linked)
+        self._submit(item)
+        return await asyncio.shield(item.future)
+
     async def checkpoint(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> str:
         """Sign the ledger's current head (all writers' records) as a checkpoint, store it and return it."""
         command = _Command(functools.partial(self._sign, CheckpointSigner(private_key, key_name, origin)),
@@ -344,9 +368,9 @@ class PostgresLedger:
                     item = await self._next_item()
                     continue
                 batch = [item]
-                while len(batch) < self._batch_max and not self._queue.empty():
+                while item.linked is None and len(batch) < self._batch_max and not self._queue.empty():
                     item = self._queue.get_nowait()
-                    if not isinstance(item, _Pending):
+                    if not isinstance(item, _Pending) or item.linked is not None:
                         break
                     batch.append(item)
                 else:
@@ -440,6 +464,9 @@ class PostgresLedger:
                     await cur.executemany(INSERT_RECORD, rows)
                     if rules:
                         await cur.executemany(INSERT_RULE, rules)
+                    for item, done in zip(batch, results, strict=True):
+                        if item.linked is not None:
+                            await cur.execute(item.linked.sql, (*item.linked.params, done.seq, done.hash))
                     await cur.execute("UPDATE head SET size = %s, hash = %s", (seq, hashes[-1]))
         except psycopg.Error as exc:
             await self._drop_connection()
