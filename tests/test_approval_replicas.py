@@ -117,15 +117,19 @@ async def test_denied_by_the_cli_releases_the_call_held_on_a(
     assert approval_events(postgres_url, approval_id) == [(approval_id, "held"), (approval_id, "denied")]
 
 
-async def test_with_redis_stopped_the_safety_poll_releases_the_call(
-    postgres_url: str, open_test_gateway: OpenGateway, tmp_path: Path, sandbox: Path, own_redis: Any
+async def test_a_lost_wakeup_is_made_good_by_the_safety_poll(
+    postgres_url: str, open_test_gateway: OpenGateway, tmp_path: Path, sandbox: Path, redis_url: str
 ) -> None:
-    a, b = await replicas(open_test_gateway, tmp_path, 2, ledger_url=postgres_url, redis_url=own_redis.url,
+    """A decision whose wake-up never arrives (lost while Redis was away, or never sent) still
+    releases the held call: the holder reads the decision from PostgreSQL at its safety poll.
+
+    (With Redis itself down the call would not be released into a forward: every call that needs
+    shared state fails closed then; see tests/test_shared_state.py.)"""
+    a, b = await replicas(open_test_gateway, tmp_path, 2, ledger_url=postgres_url, redis_url=redis_url,
                           poll=0.3, hold_seconds=300)
     (sandbox / "s.txt").write_text("s", encoding="utf-8")
     task, approval_id = await held_on(a, b, "s.txt")
-    own_redis.stop()
-    await b.approve(approval_id, by="approver")  # the decision is in PostgreSQL; its wake-up is lost
+    await b.approvals.decide(approval_id, approve=True, by="approver", now=time.time(), via="api")  # no wake-up sent
     with anyio.fail_after(WAIT):
         outcome = await task
     assert outcome.status.value == "ok", outcome.message

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from tests.audit.conftest import postgres  # noqa: F401  (fixture)
 from tests.pg import PostgresServer
 from tests.replicas.cluster import Cluster, start_cluster
 
@@ -17,7 +16,7 @@ MakeCluster = Callable[..., Awaitable[Cluster]]
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path, postgres: PostgresServer, own_redis: Any) -> AsyncIterator[MakeCluster]:  # noqa: F811
+async def cluster(tmp_path: Path, postgres: PostgresServer, own_redis: Any) -> AsyncIterator[MakeCluster]:
     """Start `replicas` gateways under the test profile with `overrides`; `Cluster.redis` is the Redis."""
     made: list[Cluster] = []
 

@@ -112,16 +112,25 @@ async def test_ten_thousand_calls_one_ledger(cluster: MakeCluster) -> None:
         await asyncio.wait_for(asyncio.gather(*(client(k) for k in range(12))), DEADLINE_S)
         jwks = await one_jwks(http, c)
     assert tally.outcomes["ok"] == total - total // 5 - total // 20 + total // 20  # every allowed and redeemed call
-    assert tally.outcomes["policy_blocked"] == total // 5 and tally.outcomes["pending_approval"] == total // 20
+    assert tally.outcomes["policy_blocked"] == total // 5 and tally.outcomes["approval_required"] == total // 20, tally.outcomes
     check_ledger(c, tally, jwks)
 
 
 async def test_a_global_limit_holds_across_replicas(cluster: MakeCluster) -> None:
-    """One limit of RATE calls/s on a tool, hammered through three replicas: within 1 % of GCRA's bound."""
-    rate, burst, seconds = 100.0, 50, 8.0
+    """One limit of RATE calls/s on a tool, hammered through three replicas: the calls allowed stay
+    within 1 % of what GCRA allows over the time the checks ran.
+
+    The limiter checks on Redis's clock, somewhere between a call's send and its answer, so the
+    window is bracketed: at most burst + rate × (last answer − first send), at least burst + rate ×
+    (last send − first answer) while the clients keep the limit saturated (far more demand than
+    RATE: 24 clients, back to back). RATE is low so a busy 2-core machine still outruns it.
+    """
+    rate, burst, seconds = 20.0, 20, 10.0
     c = await cluster(3, rate_limits=[{"id": "notes-global", "key": ["tool"], "tools": ["write_note"], "rate": rate,
                                          "per_seconds": 1, "burst": burst}])
     allowed = limited = 0
+    sends: list[float] = []
+    answers: list[float] = []
     names = itertools.count()
     async with httpx.AsyncClient(timeout=60) as http:
         start = time.monotonic()
@@ -130,7 +139,9 @@ async def test_a_global_limit_holds_across_replicas(cluster: MakeCluster) -> Non
             nonlocal allowed, limited
             while time.monotonic() - start < seconds:
                 i = next(names)
+                sends.append(time.monotonic())
                 envelope = await call(http, c.urls[(i + offset) % 3], "write_note", f"g{i}")
+                answers.append(time.monotonic())
                 if envelope["status"] == "ok":
                     allowed += 1
                 else:
@@ -138,10 +149,10 @@ async def test_a_global_limit_holds_across_replicas(cluster: MakeCluster) -> Non
                     limited += 1
 
         await asyncio.gather(*(client(k) for k in range(24)))
-        elapsed = time.monotonic() - start
-    bound = burst + rate * elapsed
-    assert limited > allowed / 2, f"the clients did not outrun the limit ({allowed} allowed, {limited} limited)"
-    assert abs(allowed - bound) <= 0.01 * bound, f"{allowed} calls allowed in {elapsed:.2f}s; GCRA allows {bound:.0f}"
+    most = burst + rate * (max(answers) - min(sends))
+    least = burst + rate * (max(sends) - min(answers))
+    assert limited > allowed, f"the clients did not outrun the limit ({allowed} allowed, {limited} limited)"
+    assert least * 0.99 <= allowed <= most * 1.01, f"{allowed} calls allowed; GCRA allows {least:.1f} to {most:.1f}"
 
 
 async def test_a_call_held_on_one_replica_is_released_through_another(cluster: MakeCluster) -> None:
