@@ -34,7 +34,7 @@ from audit.query import query_records
 from audit.verify import verify_ledger
 from gateway.core.call import Status
 from gateway.core.errors import ErrorCode
-from tests.audit.conftest import BACKENDS, Location, new_location, open_reader, postgres  # noqa: F401  (fixture)
+from tests.audit.conftest import BACKENDS, Location, new_location, open_reader
 from tests.conftest import DEMO_UPSTREAM, KEYS, REPO, OpenGateway
 from tests.pg import PostgresServer
 from tests.test_cli import dharma
