@@ -25,6 +25,7 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -48,17 +49,18 @@ from audit.records import (
     encode_entry,
     index_fields,
     parse_record,
+    quick_index,
     record_bytes,
 )
 from audit.sqlite import deliver
 from audit.sqlite_read import filter_sql
-from audit.store import IndexedRecord, LedgerReader, RawRecord
+from audit.store import IndexedRaw, IndexedRecord, LedgerReader, RawRecord
 from audit.verify import VerifyReport, verify_ledger
 
 log = structlog.get_logger()
 
 CONNECT_TIMEOUT_S = 5
-READ_CHUNK = 5000
+READ_CHUNK = 10_000
 LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints")
 CREATE_LOCK = 0x6448_6172_6D61  # advisory lock id: two replicas creating one ledger take turns
 
@@ -493,45 +495,37 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
         return int(self._fetch("SELECT COALESCE(MAX(seq), 0) FROM records")[0][0])
 
     def iter_records(self, start: int = 1) -> Iterator[RawRecord]:
-        """Yield (seq, hash bytes, record bytes) in seq order, a chunk of rows at a time."""
-        after = start - 1
-        while True:
-            rows = self._fetch("SELECT seq, hash, body FROM records WHERE seq > %s ORDER BY seq LIMIT %s",
-                               (after, READ_CHUNK))
-            for seq, digest, body in rows:
-                yield seq, bytes(digest), bytes(body)
-            if len(rows) < READ_CHUNK:
-                return
-            after = rows[-1][0]
+        """Yield (seq, hash bytes, record bytes) in seq order, READ_CHUNK rows at a time."""
+        return self._read_ahead(_RECORDS_SQL, start)
+
+    def iter_indexed(self, start: int = 1) -> Iterator[IndexedRaw]:
+        """Yield (seq, hash, body, index row) in seq order: `verify_ledger` checks the chain and the
+        indexes in one pass over these (see `audit.store.IndexedRecordReader`)."""
+        for seq, digest, body, *index in self._read_ahead(_INDEXED_SQL, start):
+            yield seq, digest, body, tuple(index)
 
     def index_suspects(self) -> Iterator[IndexedRecord]:
-        """Records whose indexed columns or rule rows may disagree with their bytes, oldest first.
+        """Records whose indexed columns or rule rows may disagree with their bytes, oldest first:
+        those whose index row differs from what `quick_index` reads out of their bytes, or whose
+        bytes it cannot read (the exact check decides)."""
+        for seq, _, body, index in self.iter_indexed():
+            if quick_index(body) != index:
+                yield IndexedRecord(seq=seq, body=body, fields=IndexFields(*index[:-1]), rules=tuple(index[-1]))
 
-        One SQL pass per window of SUSPECT_WINDOW seqs, on a connection of its own (so it can run
-        in another thread while the chain is walked): PostgreSQL reads the body as jsonb and
-        compares each indexed field with its column and `matched_rules` with the rule rows, so only
-        the records that differ reach Python's exact check. A body PostgreSQL cannot read as JSON
-        makes that window's pass fail; then every record of the window is handed over instead.
-        """
-        conn = _connect(self._url, self._name)
-        try:
-            last = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()[0])  # type: ignore[index]
-            for low in range(0, last, SUSPECT_WINDOW):
-                high = low + SUSPECT_WINDOW
-                try:
-                    windows = [conn.execute(_SUSPECTS_SQL, {"low": low, "high": high}).fetchall()]
-                except psycopg.DataError as exc:
-                    log.warning("ledger.index_check_thorough", url=self._name, after_seq=low, reason=_first_line(exc))
-                    windows = (conn.execute(_INDEXED_SQL, (sub, min(sub + READ_CHUNK, high))).fetchall()
-                               for sub in range(low, high, READ_CHUNK))
-                for rows in windows:
-                    for row in rows:
-                        yield IndexedRecord(seq=row[0], body=bytes(row[1]), fields=IndexFields(*row[2:9]),
-                                            rules=tuple(row[9]))
-        except psycopg.Error as exc:
-            raise LedgerError(f"{self._name}: cannot read the ledger's indexes ({_first_line(exc)})") from None
-        finally:
-            conn.close()
+    def _read_ahead(self, sql: str, start: int) -> Iterator[Any]:
+        """The rows of `sql` (paged by `after` and `limit`), in binary format (bytea as raw bytes,
+        not hex); the next page is fetched on a second connection while the caller works through
+        this one, so PostgreSQL and the network work beside Python."""
+        with _connect(self._url, self._name) as ahead, ThreadPoolExecutor(1, "ledger-read-ahead") as pool:
+            fetch = functools.partial(_fetch_binary, ahead, self._name, sql)
+            pending = pool.submit(fetch, {"after": start - 1, "limit": READ_CHUNK})
+            while True:
+                rows = pending.result()
+                if len(rows) == READ_CHUNK:
+                    pending = pool.submit(fetch, {"after": rows[-1][0], "limit": READ_CHUNK})
+                yield from rows
+                if len(rows) < READ_CHUNK:
+                    return
 
     def index_orphans(self) -> Iterator[tuple[Any, str]]:
         """(seq, rule id) of every rule-index row whose seq names no record, lowest seq first."""
@@ -576,33 +570,31 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
             raise LedgerError(f"{self._name}: cannot read the ledger ({_first_line(exc)})") from None
 
 
-SUSPECT_WINDOW = 50_000
 _INDEXED = tuple(field.name for field in dataclasses.fields(IndexFields))
-_RULE_ROWS = "ARRAY(SELECT rule_id FROM record_rules x WHERE x.seq = r.seq ORDER BY rule_id COLLATE \"C\")"
+_RECORDS_SQL = "SELECT seq, hash, body FROM records WHERE seq > %(after)s ORDER BY seq LIMIT %(limit)s"
+# Each record with its indexed columns and its rule rows (sorted by code point, as Python sorts;
+# duplicates kept). The page is a seq range (its end found on the primary key first), so both
+# tables are read in seq order and merged without a sort.
+_PAGE_END = (
+    "COALESCE((SELECT seq FROM records WHERE seq > %(after)s ORDER BY seq OFFSET %(limit)s - 1 LIMIT 1),"
+    " (SELECT max(seq) FROM records))"
+)
 _INDEXED_SQL = (
-    f"SELECT r.seq, r.body, {', '.join(f'r.{name}' for name in _INDEXED)}, {_RULE_ROWS} AS rules"
-    " FROM records r WHERE r.seq > %s AND r.seq <= %s ORDER BY r.seq"
+    f"WITH page AS MATERIALIZED (SELECT {_PAGE_END} AS last),"
+    " rr AS (SELECT seq, array_agg(rule_id ORDER BY rule_id COLLATE \"C\") AS rules FROM record_rules"
+    " WHERE seq > %(after)s AND seq <= (SELECT last FROM page) GROUP BY seq)"
+    f" SELECT r.seq, r.hash, r.body, {', '.join(f'r.{name}' for name in _INDEXED)}, COALESCE(rr.rules, '{{}}'::text[])"
+    " FROM records r LEFT JOIN rr ON rr.seq = r.seq"
+    " WHERE r.seq > %(after)s AND r.seq <= (SELECT last FROM page) ORDER BY r.seq"
 )
-_CANONICAL_TIME_RE = "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}[.][0-9]{6}Z$"
-_CLEAN = " AND ".join([
-    "jsonb_typeof(e.entry) = 'object'",
-    *(f"COALESCE(e.entry -> '{name}', 'null') = COALESCE(to_jsonb(r.{name}), 'null')" for name in _INDEXED),
-    f"(r.time IS NULL OR r.time ~ '{_CANONICAL_TIME_RE}')",
-    "to_jsonb(COALESCE(rr.rules, '{}'::text[])) = COALESCE(NULLIF(e.entry -> 'matched_rules', 'null'), '[]')",
-    "COALESCE(rr.distinct_rows, true)",
-])
-# Only the records that may be wrong: a field whose JSON differs from its column (a number where
-# the column holds its text, say) or rules not already distinct and sorted go to Python's exact check.
-# Each body is parsed once (`OFFSET 0` keeps PostgreSQL from inlining the parse into every field's test)
-# and the rule rows are aggregated once per window, not looked up per record.
-_SUSPECTS_SQL = (
-    "WITH rr AS (SELECT seq, array_agg(rule_id ORDER BY rule_id COLLATE \"C\") AS rules,"
-    " count(*) = count(DISTINCT rule_id) AS distinct_rows FROM record_rules WHERE seq > %(low)s AND seq <= %(high)s GROUP BY seq)"
-    f" SELECT r.seq, r.body, {', '.join(f'r.{name}' for name in _INDEXED)}, COALESCE(rr.rules, '{{}}'::text[]) AS rules"
-    " FROM records r CROSS JOIN LATERAL (SELECT convert_from(r.body, 'UTF8')::jsonb -> 'entry' AS entry OFFSET 0) e"
-    " LEFT JOIN rr ON rr.seq = r.seq"
-    f" WHERE r.seq > %(low)s AND r.seq <= %(high)s AND NOT COALESCE({_CLEAN}, false) ORDER BY r.seq"
-)
+
+
+def _fetch_binary(conn: psycopg.Connection[Any], name: str, sql: str, params: Any) -> list[Any]:
+    """All rows of one query in binary format (bytea arrives as bytes)."""
+    try:
+        return conn.execute(sql, params, binary=True).fetchall()
+    except psycopg.Error as exc:
+        raise LedgerError(f"{name}: cannot read the ledger ({_first_line(exc)})") from None
 
 
 def _starts_with(prefix: str) -> tuple[str, str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -16,6 +16,10 @@ from audit.records import Appended, IndexFields, RecordFilter, StoredRecord
 
 RawRecord = tuple[int, bytes, bytes]
 """(seq, record hash as 32 raw bytes, record bytes), as fast as the backend yields them."""
+
+IndexedRaw = tuple[int, bytes, bytes, tuple[Any, ...]]
+"""A `RawRecord` and its index row: the `IndexFields` columns in order, then the record's rule-index
+rows as a list sorted by code point, duplicates kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,3 +81,14 @@ class LedgerReader(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class IndexedRecordReader(LedgerReader, Protocol):
+    """A reader that hands each record's index row out beside its bytes (PostgreSQL).
+
+    `verify_ledger` then checks the chain and the indexes in one pass: fetching each body twice
+    and hashing and parsing in two threads costs more in Python than the one pass.
+    """
+
+    def iter_indexed(self, start: int = 1) -> Iterator[IndexedRaw]: ...

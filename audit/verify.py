@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -42,9 +42,10 @@ from audit.records import (
     IndexFields,
     index_fields,
     parse_record,
+    quick_index,
     rule_ids,
 )
-from audit.store import IndexedRecord, LedgerReader
+from audit.store import IndexedRaw, IndexedRecord, IndexedRecordReader, LedgerReader, RawRecord
 
 _INDEXED = tuple(field.name for field in dataclasses.fields(IndexFields))
 log = structlog.get_logger()
@@ -98,10 +99,18 @@ def verify_ledger(
     except LedgerError as exc:
         return VerifyReport(False, 0, None, str(exc), EMPTY_ROOT)
     if not indexes:
-        return _Walk(anchors, strict).run(reader)
+        return _Walk(anchors, strict).run(reader.iter_records())
+    if isinstance(reader, IndexedRecordReader):
+        found: list[tuple[int, str]] = []
+        report = _Walk(anchors, strict).run(_index_checked(reader.iter_indexed(), found))
+        try:
+            index_problem = (found or [None])[0] or _first_orphan(reader.index_orphans())
+        except LedgerError as exc:
+            index_problem = (None, str(exc))
+        return _earliest(report, index_problem)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-index") as pool:
         index_check = pool.submit(_first_index_problem, reader)
-        report = _Walk(anchors, strict).run(reader)
+        report = _Walk(anchors, strict).run(reader.iter_records())
         try:
             index_problem = index_check.result() or _first_orphan(reader.index_orphans())
         except LedgerError as exc:
@@ -128,6 +137,17 @@ def _first_index_problem(reader: LedgerReader) -> tuple[int, str] | None:
     finally:
         getattr(suspects, "close", lambda: None)()
     return None
+
+
+def _index_checked(rows: Iterable[IndexedRaw], found: list[tuple[int, str]]) -> Iterator[RawRecord]:
+    """Pass the records on to the chain walk, checking each one's index row against its bytes on
+    the way; the first (seq, problem) lands in `found` and ends the checking."""
+    for seq, digest, body, index in rows:
+        if not found and quick_index(body) != index:
+            record = IndexedRecord(seq=seq, body=body, fields=IndexFields(*index[:-1]), rules=tuple(index[-1]))
+            if problem := index_problem(record):
+                found.append((seq, problem))
+        yield seq, digest, body
 
 
 def _first_orphan(rows: Iterable[tuple[Any, str]]) -> tuple[int | None, str] | None:
@@ -190,7 +210,7 @@ class _Walk:
         self.good_size = 0
         self.pending = 0
 
-    def run(self, reader: LedgerReader) -> VerifyReport:
+    def run(self, records: Iterable[RawRecord]) -> VerifyReport:
         if (bad := self._reach(0)) is not None:
             return bad
         next_stop = self._next_stop()
@@ -199,7 +219,7 @@ class _Walk:
         prefix, strict = ENTRY_PREFIX, self.strict
         tail_head = PREV_MARK + GENESIS_PREV.encode("ascii") + SEQ_MARK
         expected = 1
-        for seq, stored, body in reader.iter_records():
+        for seq, stored, body in records:
             if seq != expected:
                 return self._bad(expected, f"record {expected} is missing (the next stored record is {seq})")
             try:
