@@ -499,18 +499,17 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
         return self._read_ahead(_RECORDS_SQL, start)
 
     def iter_indexed(self, start: int = 1) -> Iterator[IndexedRaw]:
-        """Yield (seq, hash, body, index row) in seq order: `verify_ledger` checks the chain and the
-        indexes in one pass over these (see `audit.store.IndexedRecordReader`)."""
-        for seq, digest, body, *index in self._read_ahead(_INDEXED_SQL, start):
-            yield seq, digest, body, tuple(index)
+        """Yield (seq, hash, body, *indexed columns, rule rows) in seq order: `verify_ledger` checks
+        the chain and the indexes in one pass over these (see `audit.store.IndexedRecordReader`)."""
+        return self._read_ahead(_INDEXED_SQL, start)
 
     def index_suspects(self) -> Iterator[IndexedRecord]:
         """Records whose indexed columns or rule rows may disagree with their bytes, oldest first:
         those whose index row differs from what `quick_index` reads out of their bytes, or whose
         bytes it cannot read (the exact check decides)."""
-        for seq, _, body, index in self.iter_indexed():
-            if quick_index(body) != index:
-                yield IndexedRecord(seq=seq, body=body, fields=IndexFields(*index[:-1]), rules=tuple(index[-1]))
+        for row in self.iter_indexed():
+            if quick_index(row[2]) != row[3:]:
+                yield IndexedRecord(seq=row[0], body=row[2], fields=IndexFields(*row[3:-1]), rules=tuple(row[-1]))
 
     def _read_ahead(self, sql: str, start: int) -> Iterator[Any]:
         """The rows of `sql` (paged by `after` and `limit`), in binary format (bytea as raw bytes,

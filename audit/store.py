@@ -17,9 +17,9 @@ from audit.records import Appended, IndexFields, RecordFilter, StoredRecord
 RawRecord = tuple[int, bytes, bytes]
 """(seq, record hash as 32 raw bytes, record bytes), as fast as the backend yields them."""
 
-IndexedRaw = tuple[int, bytes, bytes, tuple[Any, ...]]
-"""A `RawRecord` and its index row: the `IndexFields` columns in order, then the record's rule-index
-rows as a list sorted by code point, duplicates kept."""
+IndexedRaw = tuple[Any, ...]
+"""A `RawRecord` followed by its index row, flat: (seq, hash, body, *the `IndexFields` columns in
+order, the record's rule-index rows as a list sorted by code point, duplicates kept)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,12 +142,12 @@ def _first_index_problem(reader: LedgerReader) -> tuple[int, str] | None:
 def _index_checked(rows: Iterable[IndexedRaw], found: list[tuple[int, str]]) -> Iterator[RawRecord]:
     """Pass the records on to the chain walk, checking each one's index row against its bytes on
     the way; the first (seq, problem) lands in `found` and ends the checking."""
-    for seq, digest, body, index in rows:
-        if not found and quick_index(body) != index:
-            record = IndexedRecord(seq=seq, body=body, fields=IndexFields(*index[:-1]), rules=tuple(index[-1]))
+    for row in rows:
+        if not found and quick_index(row[2]) != row[3:]:
+            record = IndexedRecord(seq=row[0], body=row[2], fields=IndexFields(*row[3:-1]), rules=tuple(row[-1]))
             if problem := index_problem(record):
-                found.append((seq, problem))
-        yield seq, digest, body
+                found.append((row[0], problem))
+        yield row[:3]
 
 
 def _first_orphan(rows: Iterable[tuple[Any, str]]) -> tuple[int | None, str] | None:
