@@ -61,7 +61,9 @@ log = structlog.get_logger()
 
 CONNECT_TIMEOUT_S = 5
 READ_CHUNK = 10_000
-LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints")
+LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints", "subtrees")
+SUBTREES_KEY = "subtrees"
+"""meta key present once the ledger stores every complete subtree hash (`audit.merkle.SUBTREE_STRIDE`)."""
 CREATE_LOCK = 0x6448_6172_6D61  # advisory lock id: two replicas creating one ledger take turns
 
 SCHEMA = """
@@ -94,14 +96,23 @@ CREATE TRIGGER head_no_delete BEFORE DELETE OR TRUNCATE ON head FOR EACH STATEME
 """ + "".join(
     f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {table} "
     "FOR EACH STATEMENT EXECUTE FUNCTION dharma_ledger_append_only();\n"
-    for table in LEDGER_TABLES
+    for table in LEDGER_TABLES if table != "subtrees"
 )
+# Hashes of complete subtrees, derived from the records (outside the chain; `audit verify` checks
+# them): proofs read O(log n) of them instead of every leaf. A ledger created before it existed gets
+# the table and its rows when a writer opens it.
+SUBTREES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS subtrees(height integer NOT NULL, idx bigint NOT NULL, hash bytea NOT NULL, PRIMARY KEY(height, idx));
+CREATE OR REPLACE TRIGGER subtrees_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON subtrees
+    FOR EACH STATEMENT EXECUTE FUNCTION dharma_ledger_append_only();
+"""
 
 INSERT_RECORD = (
     "INSERT INTO records(seq, hash, body, time, principal, tool, decision, status, request_id, policy_version) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 INSERT_RULE = "INSERT INTO record_rules(seq, rule_id) VALUES (%s, %s)"
+INSERT_SUBTREE = "INSERT INTO subtrees(height, idx, hash) VALUES (%s, %s, %s)"
 INSERT_CHECKPOINT = "INSERT INTO checkpoints(size, note, created_at) VALUES (%s, %s, %s) ON CONFLICT (size) DO NOTHING"
 
 
@@ -147,7 +158,9 @@ def _prepare(conn: psycopg.Connection[Any], name: str, *, create: bool) -> None:
             if not create:
                 raise LedgerError(f"{name}: no karma ledger there (the database is empty)")
             conn.execute(SCHEMA)
-            conn.execute("INSERT INTO meta(key, value) VALUES ('format', %s), ('created_at', %s)", (FORMAT, _utc_now()))
+            conn.execute(SUBTREES_SCHEMA)
+            conn.execute("INSERT INTO meta(key, value) VALUES ('format', %s), ('created_at', %s), (%s, %s)",
+                         (FORMAT, _utc_now(), SUBTREES_KEY, str(merkle.SUBTREE_STRIDE)))
             conn.execute("INSERT INTO head(size, hash) VALUES (0, %s)", (bytes.fromhex(GENESIS_PREV),))
             log.info("ledger.created", url=name)
         row = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
@@ -197,6 +210,23 @@ def _rebuild(conn: psycopg.Connection[Any], name: str) -> tuple[CompactRange, st
         if parse_checkpoint(str(latest[1])).root != cp_root:
             raise LedgerError(f"{name}: the first {latest[0]} records do not match the stored checkpoint")
     return frontier, bytes(head).hex() if size else GENESIS_PREV
+
+
+def _store_missing_subtrees(conn: psycopg.Connection[Any], name: str) -> None:
+    """Give a ledger created before subtree hashes were stored its `subtrees` table and rows (once,
+    under the head's row lock, so no other writer appends meanwhile)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (CREATE_LOCK,))
+        if conn.execute("SELECT 1 FROM meta WHERE key = %s", (SUBTREES_KEY,)).fetchone() is not None:
+            return
+        conn.execute("SELECT size FROM head FOR UPDATE")
+        conn.execute(SUBTREES_SCHEMA)
+        frontier = CompactRange()
+        subtrees = frontier.extend_collecting([bytes(h) for (h,) in conn.execute("SELECT hash FROM records ORDER BY seq")])
+        with conn.cursor() as cur:
+            cur.executemany(INSERT_SUBTREE, subtrees)
+        conn.execute("INSERT INTO meta(key, value) VALUES (%s, %s)", (SUBTREES_KEY, str(merkle.SUBTREE_STRIDE)))
+    log.info("ledger.subtrees_stored", url=name, count=len(subtrees), size=frontier.size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +293,7 @@ class PostgresLedger:
         with _connect(url, name) as conn:
             try:
                 _prepare(conn, name, create=True)
+                _store_missing_subtrees(conn, name)
                 frontier, head_hash = _rebuild(conn, name)
                 checkpointed = conn.execute("SELECT COALESCE(MAX(size), 0) FROM checkpoints").fetchone()[0]  # type: ignore[index]
                 return frontier, head_hash, int(checkpointed)
@@ -432,17 +463,21 @@ class PostgresLedger:
                     rules.extend((seq, rule) for rule in item.rules)
                     hashes.append(digest)
                     results.append(Appended(seq, prev))
+                grown = self._frontier.copy()
+                subtrees = grown.extend_collecting(hashes)
                 async with conn.cursor() as cur:
                     await cur.executemany(INSERT_RECORD, rows)
                     if rules:
                         await cur.executemany(INSERT_RULE, rules)
+                    if subtrees:
+                        await cur.executemany(INSERT_SUBTREE, subtrees)
                     await cur.execute("UPDATE head SET size = %s, hash = %s", (seq, hashes[-1]))
         except psycopg.Error as exc:
             await self._drop_if_broken()
             log.error("ledger.batch_failed", url=self._name, first_seq=first, count=len(batch), error=_first_line(exc))
             raise LedgerError(f"{self._name}: {len(batch)} record(s) were not committed ({_first_line(exc)})") from None
-        self._frontier.extend(hashes)
-        self._size, self._hash, self._root = seq, prev, self._frontier.root()
+        self._frontier = grown
+        self._size, self._hash, self._root = seq, prev, grown.root()
         log.debug("ledger.batch_committed", url=self._name, first_seq=first, count=len(batch))
         return results
 
@@ -548,6 +583,32 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
         stop = self.size() if size is None else size
         return [bytes(h) for (h,) in self._fetch("SELECT hash FROM records WHERE seq <= %s ORDER BY seq", (stop,))]
 
+    def leaf_range(self, lo: int, hi: int) -> list[bytes]:
+        """The stored hashes of leaves lo..hi-1 (records lo+1..hi), in order."""
+        return [h for (h,) in _fetch_binary(self._conn, self._name, "SELECT hash FROM records WHERE seq > %s AND seq <= %s"
+                                            " ORDER BY seq", (lo, hi))]
+
+    def subtree_hashes(self, height: int, lo: int, hi: int) -> list[bytes]:
+        """The stored hashes of the subtrees lo..hi-1 of `height`, in order (fewer when some are
+        not stored; none from a ledger that stores none)."""
+        if not self._has_subtrees():
+            return []
+        return [h for (h,) in _fetch_binary(self._conn, self._name, "SELECT hash FROM subtrees WHERE height = %s"
+                                            " AND idx >= %s AND idx < %s ORDER BY idx", (height, lo, hi))]
+
+    def subtrees(self) -> Iterator[tuple[Any, Any, Any]]:
+        """Every stored subtree row as (height, index, hash), by height then index."""
+        if not self._has_subtrees():
+            return iter(())
+        return iter(_fetch_binary(self._conn, self._name, "SELECT height, idx, hash FROM subtrees ORDER BY height, idx", ()))
+
+    def keeps_subtrees(self) -> bool:
+        """Whether the ledger says it stores every complete subtree hash (so a missing one is tampering)."""
+        return bool(self._fetch("SELECT 1 FROM meta WHERE key = %s", (SUBTREES_KEY,)))
+
+    def _has_subtrees(self) -> bool:
+        return self._fetch("SELECT to_regclass('subtrees')")[0][0] is not None
+
     def inclusion_proof(self, seq: int, size: int | None = None) -> list[bytes]:
         """Audit path of record `seq` in the tree of the first `size` records."""
         return merkle.inclusion_proof(self.leaf_hashes(size), seq - 1)
@@ -644,16 +705,21 @@ def migrate_ledger(source: LedgerReader, source_name: str, url: str) -> VerifyRe
 
 
 def _copy_records(conn: psycopg.Connection[Any], records: Iterator[RawRecord]) -> tuple[int, bytes] | None:
-    """Insert records as they are, with the columns and rule rows derived from their bytes."""
+    """Insert records as they are, with the columns and rule rows derived from their bytes and the
+    subtree hashes they complete."""
     last: tuple[int, bytes] | None = None
     rows: list[tuple[Any, ...]] = []
     rules: list[tuple[int, str]] = []
+    frontier = CompactRange()
 
     def flush() -> None:
+        subtrees = frontier.extend_collecting([row[1] for row in rows])
         with conn.cursor() as cur:
             cur.executemany(INSERT_RECORD, rows)
             if rules:
                 cur.executemany(INSERT_RULE, rules)
+            if subtrees:
+                cur.executemany(INSERT_SUBTREE, subtrees)
         rows.clear()
         rules.clear()
 

@@ -24,14 +24,28 @@ from audit.merkle import CompactRange
 from audit.records import FORMAT, GENESIS_PREV, parse_record
 
 SQLITE_HEADER = b"SQLite format 3\x00"
-LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints")
+LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints", "subtrees")
+SUBTREES_KEY = "subtrees"
+"""meta key present once the ledger stores every complete subtree hash (`audit.merkle.SUBTREE_STRIDE`)."""
 
-_TRIGGERS = "".join(
-    f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
-    "BEGIN SELECT RAISE(ABORT, 'karma ledger is append-only'); END;"
-    for table in LEDGER_TABLES
-    for op in ("UPDATE", "DELETE")
+
+def _append_only(table: str) -> tuple[str, ...]:
+    return tuple(
+        f"CREATE TRIGGER IF NOT EXISTS {table}_no_{op.lower()} BEFORE {op} ON {table} "
+        "BEGIN SELECT RAISE(ABORT, 'karma ledger is append-only'); END"
+        for op in ("UPDATE", "DELETE")
+    )
+
+
+# Hashes of complete subtrees, derived from the records (outside the chain; `audit verify` checks
+# them): proofs read O(log n) of them instead of every leaf. Ledgers written before it existed get
+# the table and its rows when a writer opens them (`SqliteLedger.open`). One statement each.
+SUBTREES_STATEMENTS = (
+    "CREATE TABLE IF NOT EXISTS subtrees(height INTEGER NOT NULL, idx INTEGER NOT NULL, hash BLOB NOT NULL,"
+    " PRIMARY KEY(height, idx))",
+    *_append_only("subtrees"),
 )
+_TRIGGERS = "".join(f"{statement};" for table in LEDGER_TABLES if table != "subtrees" for statement in _append_only(table))
 SCHEMA = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE records(
@@ -52,7 +66,7 @@ CREATE TRIGGER records_index_rules AFTER INSERT ON records BEGIN
     SELECT DISTINCT NEW.seq, value FROM json_each(CAST(NEW.body AS TEXT), '$.entry.matched_rules')
     WHERE type = 'text' AND typeof(key) != 'text';
 END;
-""" + _TRIGGERS
+""" + _TRIGGERS + "".join(f"{statement};" for statement in SUBTREES_STATEMENTS)
 
 
 class WriterLock:
