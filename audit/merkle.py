@@ -94,6 +94,16 @@ class CompactRange:
         other._size = self._size
         return other
 
+    @classmethod
+    def of(cls, size: int, nodes: Sequence[bytes]) -> CompactRange:
+        """The frontier of a tree of `size` leaves given its perfect subtrees' roots, largest first."""
+        if len(nodes) != size.bit_count():
+            raise ValueError(f"a tree of size {size} has {size.bit_count()} frontier nodes, not {len(nodes)}")
+        frontier = cls()
+        frontier._nodes = list(nodes)
+        frontier._size = size
+        return frontier
+
     def extend_collecting(self, leaves: Sequence[bytes]) -> list[CompletedSubtree]:
         """Append `leaves` and return the stored-height subtrees they complete."""
         self.completed = []
@@ -102,6 +112,16 @@ class CompactRange:
             return self.completed
         finally:
             self.completed = None
+
+
+def frontier_ranges(size: int) -> list[tuple[int, int]]:
+    """The leaf ranges [lo, hi) of the perfect subtrees that make up a tree of `size` leaves, largest first."""
+    ranges, lo = [], 0
+    for bit in reversed(range(size.bit_length())):
+        if size >> bit & 1:
+            ranges.append((lo, lo + (1 << bit)))
+            lo += 1 << bit
+    return ranges
 
 
 def root_hash(leaves: Sequence[bytes]) -> bytes:

@@ -80,6 +80,22 @@ class LedgerReader(Protocol):
         """(seq as stored, rule id) of every rule-index row that names no record."""
         ...
 
+    def leaf_range(self, lo: int, hi: int) -> list[bytes]:
+        """The stored record hashes of leaves lo..hi-1 (records lo+1..hi), in order."""
+        ...
+
+    def subtree_hashes(self, height: int, lo: int, hi: int) -> list[bytes]:
+        """Stored hashes of the complete subtrees lo..hi-1 of `height` (fewer when some are missing)."""
+        ...
+
+    def subtrees(self) -> Iterator[tuple[Any, Any, Any]]:
+        """Every stored subtree row as (height, index, hash), by height then index."""
+        ...
+
+    def keeps_subtrees(self) -> bool:
+        """Whether the ledger says it stores every complete subtree hash."""
+        ...
+
     def close(self) -> None: ...
 
 
