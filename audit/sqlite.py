@@ -50,6 +50,7 @@ from audit.records import (
 )
 from audit.sqlite_files import (
     SCHEMA,
+    SECONDARY_STATEMENTS,
     SUBTREES_KEY,
     SUBTREES_STATEMENTS,
     WriterLock,
@@ -418,6 +419,9 @@ def _open_writer(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
                 "COMMIT;"
             )
             log.info("ledger.created", path=str(path))
+        else:
+            for statement in SECONDARY_STATEMENTS:
+                conn.execute(statement)
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise LedgerError(f"{path}: SQLite refused WAL mode (journal_mode is {mode})")

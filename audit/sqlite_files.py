@@ -46,6 +46,22 @@ SUBTREES_STATEMENTS = (
     *_append_only("subtrees"),
 )
 _TRIGGERS = "".join(f"{statement};" for table in LEDGER_TABLES if table != "subtrees" for statement in _append_only(table))
+# The query indexes and the trigger that fills the rule index: derived from the records, so a
+# writer recreates any that is missing when it opens the ledger (the bulk loader drops them for
+# the load and builds them once at the end). One statement each.
+SECONDARY_STATEMENTS = (
+    "CREATE INDEX IF NOT EXISTS records_principal_time ON records(principal, time)",
+    "CREATE INDEX IF NOT EXISTS records_tool_time ON records(tool, time)",
+    "CREATE INDEX IF NOT EXISTS records_time ON records(time)",
+    "CREATE INDEX IF NOT EXISTS record_rules_rule ON record_rules(rule_id, seq)",
+    """CREATE TRIGGER IF NOT EXISTS records_index_rules AFTER INSERT ON records BEGIN
+    INSERT INTO record_rules(seq, rule_id)
+    SELECT DISTINCT NEW.seq, value FROM json_each(CAST(NEW.body AS TEXT), '$.entry.matched_rules')
+    WHERE type = 'text' AND typeof(key) != 'text';
+END""",
+)
+SECONDARY_OBJECTS = (("INDEX", "records_principal_time"), ("INDEX", "records_tool_time"), ("INDEX", "records_time"),
+                     ("INDEX", "record_rules_rule"), ("TRIGGER", "records_index_rules"))
 SCHEMA = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE records(
@@ -57,16 +73,7 @@ CREATE TABLE records(
 );
 CREATE TABLE record_rules(seq INTEGER NOT NULL, rule_id TEXT NOT NULL);
 CREATE TABLE checkpoints(size INTEGER PRIMARY KEY, note TEXT NOT NULL, created_at TEXT NOT NULL);
-CREATE INDEX records_principal_time ON records(principal, time);
-CREATE INDEX records_tool_time ON records(tool, time);
-CREATE INDEX records_time ON records(time);
-CREATE INDEX record_rules_rule ON record_rules(rule_id, seq);
-CREATE TRIGGER records_index_rules AFTER INSERT ON records BEGIN
-    INSERT INTO record_rules(seq, rule_id)
-    SELECT DISTINCT NEW.seq, value FROM json_each(CAST(NEW.body AS TEXT), '$.entry.matched_rules')
-    WHERE type = 'text' AND typeof(key) != 'text';
-END;
-""" + _TRIGGERS + "".join(f"{statement};" for statement in SUBTREES_STATEMENTS)
+""" + "".join(f"{statement};" for statement in (*SECONDARY_STATEMENTS, *SUBTREES_STATEMENTS)) + _TRIGGERS
 
 
 class WriterLock:
