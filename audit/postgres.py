@@ -66,6 +66,16 @@ SUBTREES_KEY = "subtrees"
 """meta key present once the ledger stores every complete subtree hash (`audit.merkle.SUBTREE_STRIDE`)."""
 CREATE_LOCK = 0x6448_6172_6D61  # advisory lock id: two replicas creating one ledger take turns
 
+# The query indexes: derived from the records, so a writer recreates any that is missing when it opens
+# the ledger (the bulk loader drops them for the load and builds them once at the end).
+SECONDARY_INDEXES = (
+    ("records_principal_time", "records(principal, time)"),
+    ("records_tool_time", "records(tool, time)"),
+    ("records_time", "records(time)"),
+    ("record_rules_rule", "record_rules(rule_id, seq)"),
+    ("record_rules_seq", "record_rules(seq)"),  # verify reads each record's rule rows by seq
+)
+SECONDARY_SCHEMA = "".join(f"CREATE INDEX IF NOT EXISTS {name} ON {columns};\n" for name, columns in SECONDARY_INDEXES)
 SCHEMA = """
 CREATE TABLE meta(key text PRIMARY KEY, value text NOT NULL);
 CREATE TABLE head(one boolean PRIMARY KEY DEFAULT true CHECK (one), size bigint NOT NULL, hash bytea NOT NULL);
@@ -78,11 +88,6 @@ CREATE TABLE records(
 );
 CREATE TABLE record_rules(seq bigint NOT NULL, rule_id text NOT NULL);
 CREATE TABLE checkpoints(size bigint PRIMARY KEY, note text NOT NULL, created_at text NOT NULL);
-CREATE INDEX records_principal_time ON records(principal, time);
-CREATE INDEX records_tool_time ON records(tool, time);
-CREATE INDEX records_time ON records(time);
-CREATE INDEX record_rules_rule ON record_rules(rule_id, seq);
-CREATE INDEX record_rules_seq ON record_rules(seq);  -- verify reads each record's rule rows by seq
 CREATE FUNCTION dharma_ledger_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'karma ledger is append-only (% on %)', TG_OP, TG_TABLE_NAME; END $$;
 CREATE FUNCTION dharma_ledger_head_forward() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -158,6 +163,7 @@ def _prepare(conn: psycopg.Connection[Any], name: str, *, create: bool) -> None:
             if not create:
                 raise LedgerError(f"{name}: no karma ledger there (the database is empty)")
             conn.execute(SCHEMA)
+            conn.execute(SECONDARY_SCHEMA)
             conn.execute(SUBTREES_SCHEMA)
             conn.execute("INSERT INTO meta(key, value) VALUES ('format', %s), ('created_at', %s), (%s, %s)",
                          (FORMAT, _utc_now(), SUBTREES_KEY, str(merkle.SUBTREE_STRIDE)))
@@ -293,6 +299,7 @@ class PostgresLedger:
         with _connect(url, name) as conn:
             try:
                 _prepare(conn, name, create=True)
+                conn.execute(SECONDARY_SCHEMA)
                 _store_missing_subtrees(conn, name)
                 frontier, head_hash = _rebuild(conn, name)
                 checkpointed = conn.execute("SELECT COALESCE(MAX(size), 0) FROM checkpoints").fetchone()[0]  # type: ignore[index]

@@ -15,21 +15,23 @@ SQLite: the query indexes and the rule-index trigger are dropped for the load (t
 rule rows itself, one per record as the trigger would: the entries hold at most one rule) and built
 once at the end with the schema's own statements, which `SqliteLedger.open` also runs, so a load cut
 short leaves a ledger its writer completes. Plain `executemany` under the ledger's writer lock.
-PostgreSQL: binary `COPY` of prebuilt rows into `records`, `record_rules` and `subtrees`, then the
-`head` row, under the head's row lock.
+PostgreSQL: the same with its query indexes (which `PostgresLedger.open` recreates); binary `COPY`
+of prebuilt rows into `records`, `record_rules` and `subtrees`, then the `head` row, under the
+head's row lock.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import random
 import sqlite3
 import struct
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,7 +43,7 @@ from audit.checkpoint import CheckpointSigner
 from audit.errors import LedgerError
 from audit.merkle import CompactRange, CompletedSubtree
 from audit.postgres import INSERT_CHECKPOINT as PG_INSERT_CHECKPOINT
-from audit.postgres import PostgresLedger, display_url
+from audit.postgres import SECONDARY_INDEXES, SECONDARY_SCHEMA, PostgresLedger, display_url
 from audit.records import GENESIS_PREV, record_bytes
 from audit.sqlite import INSERT_CHECKPOINT, INSERT_SUBTREE, RECORD_COLUMNS, SqliteLedger
 from audit.sqlite_files import SECONDARY_OBJECTS, SECONDARY_STATEMENTS, WriterLock
@@ -55,7 +57,7 @@ _COLUMNS = RECORD_COLUMNS.split(", ")
 Encoded = tuple[bytes, tuple[str | None, ...], tuple[str, ...]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Record:
     """One record as the ledger stores it: seq, leaf hash, bytes, derived column values, rule ids."""
 
@@ -134,7 +136,7 @@ class SqliteSink:
         await (await SqliteLedger.open(path, synchronous="NORMAL")).aclose()
         lock = WriterLock(path)
         lock.acquire()
-        conn = sqlite3.connect(path, isolation_level=None)
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)  # written by a load thread
         if conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]:
             conn.close()
             lock.release()
@@ -211,6 +213,10 @@ class PostgresSink:
         if conn.execute("SELECT size FROM head").fetchone()[0]:  # type: ignore[index]
             conn.close()
             raise LedgerError(f"{display_url(url)}: the bulk loader writes only into an empty ledger")
+        conn.execute("SET synchronous_commit = off")  # the load is redone from scratch if the server dies
+        conn.execute("SET maintenance_work_mem = '256MB'")  # for building the indexes
+        for name, _ in SECONDARY_INDEXES:
+            conn.execute(f"DROP INDEX {name}")
         return cls(url, conn)
 
     def write(self, chunk: Chunk) -> None:
@@ -234,9 +240,14 @@ class PostgresSink:
         self.seconds += time.perf_counter() - t0
 
     def finish(self, size: int, note: str | None) -> None:
-        """Store the checkpoint (the indexes were kept up to date by COPY)."""
-        if note is not None:
-            self._conn.execute(PG_INSERT_CHECKPOINT, (size, note, _utc_now()))
+        """Build the query indexes and store the checkpoint."""
+        t0 = time.perf_counter()
+        with self._conn.transaction():
+            self._conn.execute(SECONDARY_SCHEMA)
+            if note is not None:
+                self._conn.execute(PG_INSERT_CHECKPOINT, (size, note, _utc_now()))
+        self._conn.execute("ANALYZE")
+        self.seconds += time.perf_counter() - t0
 
     def close(self) -> None:
         self._conn.close()
@@ -246,16 +257,26 @@ Sink = SqliteSink | PostgresSink
 
 
 def load(total: int, sinks: list[Sink], signer: CheckpointSigner | None = None) -> float:
-    """Write the `total`-record ledger into every sink (one encoding pass); return the wall seconds.
+    """Write the `total`-record ledger into every sink (one encoding pass, one writer thread per
+    sink so the backends load side by side); return the wall seconds.
 
     With `signer`, every ledger ends with a stored checkpoint at `total` signed by it."""
     t0 = time.perf_counter()
-    root, size = None, 0
+    queues: list[queue.Queue[Chunk | None]] = [queue.Queue(maxsize=2) for _ in sinks]
     try:
-        for chunk in chained(total):
-            for sink in sinks:
-                sink.write(chunk)
-            root, size = chunk.root, chunk.records[-1].seq
+        with ThreadPoolExecutor(max_workers=len(sinks), thread_name_prefix="bulk-load") as pool:
+            writers = [pool.submit(_drain, sink, q) for sink, q in zip(sinks, queues, strict=True)]
+            root, size = None, 0
+            try:
+                for chunk in chained(total):
+                    for q, writer in zip(queues, writers, strict=True):
+                        _put(q, chunk, writer)
+                    root, size = chunk.root, chunk.records[-1].seq
+            finally:
+                for q, writer in zip(queues, writers, strict=True):
+                    _put(q, None, writer)
+            for writer in writers:
+                writer.result()
         note = signer.sign(size, root) if signer is not None and root is not None else None
         for sink in sinks:
             sink.finish(size, note)
@@ -263,6 +284,22 @@ def load(total: int, sinks: list[Sink], signer: CheckpointSigner | None = None) 
         for sink in sinks:
             sink.close()
     return time.perf_counter() - t0
+
+
+def _drain(sink: Sink, chunks: queue.Queue[Chunk | None]) -> None:
+    """Write every chunk handed over until the None that ends the load."""
+    while (chunk := chunks.get()) is not None:
+        sink.write(chunk)
+
+
+def _put(chunks: queue.Queue[Chunk | None], chunk: Chunk | None, writer: Future[None]) -> None:
+    """Hand a chunk to a sink's writer thread; stop waiting (its error surfaces) once that writer has failed."""
+    while not writer.done():
+        try:
+            chunks.put(chunk, timeout=0.5)
+            return
+        except queue.Full:
+            continue
 
 
 def _utc_now() -> str:
