@@ -42,6 +42,7 @@ from audit.merkle import CompactRange
 from audit.records import (
     FORMAT,
     GENESIS_PREV,
+    SUBTREES_KEY,
     Appended,
     IndexFields,
     RecordFilter,
@@ -62,8 +63,6 @@ log = structlog.get_logger()
 CONNECT_TIMEOUT_S = 5
 READ_CHUNK = 10_000
 LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints", "subtrees")
-SUBTREES_KEY = "subtrees"
-"""meta key present once the ledger stores every complete subtree hash (`audit.merkle.SUBTREE_STRIDE`)."""
 CREATE_LOCK = 0x6448_6172_6D61  # advisory lock id: two replicas creating one ledger take turns
 
 # The query indexes: derived from the records, so a writer recreates any that is missing when it opens

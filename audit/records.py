@@ -23,6 +23,8 @@ from audit.errors import LedgerError
 
 FORMAT = "dharma-ledger/1"
 GENESIS_PREV = "0" * 64
+SUBTREES_KEY = "subtrees"
+"""meta key a ledger holds once it stores every complete subtree hash (`audit.merkle.SUBTREE_STRIDE`)."""
 ENTRY_PREFIX = b'{"entry":'
 PREV_MARK = b',"prev":"'
 SEQ_MARK = b'","seq":'

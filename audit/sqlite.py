@@ -42,6 +42,7 @@ from audit.errors import LedgerError
 from audit.merkle import SUBTREE_STRIDE, CompactRange, CompletedSubtree
 from audit.records import (
     FORMAT,
+    SUBTREES_KEY,
     Appended,
     IndexFields,
     encode_entry,
@@ -51,7 +52,6 @@ from audit.records import (
 from audit.sqlite_files import (
     SCHEMA,
     SECONDARY_STATEMENTS,
-    SUBTREES_KEY,
     SUBTREES_STATEMENTS,
     WriterLock,
     check_format,

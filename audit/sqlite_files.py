@@ -25,8 +25,6 @@ from audit.records import FORMAT, GENESIS_PREV, parse_record
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints", "subtrees")
-SUBTREES_KEY = "subtrees"
-"""meta key present once the ledger stores every complete subtree hash (`audit.merkle.SUBTREE_STRIDE`)."""
 
 
 def _append_only(table: str) -> tuple[str, ...]:

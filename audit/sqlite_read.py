@@ -18,8 +18,8 @@ import structlog
 
 from audit import merkle
 from audit.errors import LedgerError
-from audit.records import IndexFields, RecordFilter, StoredRecord
-from audit.sqlite_files import SUBTREES_KEY, check_format, connect_ro, inspect_file
+from audit.records import SUBTREES_KEY, IndexFields, RecordFilter, StoredRecord
+from audit.sqlite_files import check_format, connect_ro, inspect_file
 from audit.store import IndexedRecord, RawRecord
 
 log = structlog.get_logger()

@@ -78,10 +78,10 @@ async def run(opts: Options, results: Results) -> None:
             pick = random.Random(7)
             with open_reader(backend, location) as reader:
                 measured = {
-                    "inclusion": lambda: proofs.inclusion(reader, pick.randint(1, total), total, SIGNER),
-                    "consistency": lambda: proofs.consistency(reader, pick.randint(1, total - 1), total, SIGNER),
-                    "inclusion, from every leaf hash": lambda: reader.inclusion_proof(pick.randint(1, total)),
-                    "consistency, from every leaf hash": lambda: reader.consistency_proof(pick.randint(1, total - 1)),
+                    "inclusion proof": lambda: proofs.inclusion(reader, pick.randint(1, total), total, SIGNER),
+                    "consistency proof": lambda: proofs.consistency(reader, pick.randint(1, total - 1), total, SIGNER),
+                    "inclusion proof, from every leaf hash": lambda: reader.inclusion_proof(pick.randint(1, total)),
+                    "consistency proof, from every leaf hash": lambda: reader.consistency_proof(pick.randint(1, total - 1)),
                 }
                 stats = {kind: sample_sync(run, seconds=0.0, min_n=proofs_n, max_n=proofs_n, warmup=1)
                          for kind, run in measured.items()}
