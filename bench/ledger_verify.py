@@ -42,13 +42,16 @@ SIGNER = CheckpointSigner(Ed25519PrivateKey.generate(), "bench-checkpoints", "be
 """The throwaway checkpoint key of the bulk-loaded ledgers."""
 
 
-async def build(opts: Options, directory: Path, stem: str, total: int) -> tuple[dict[str, Path | str], float]:
+async def build(opts: Options, directory: Path, stem: str, total: int) -> tuple[dict[str, Path | str], str]:
     """Bulk-load the same `total` records into a fresh ledger on each backend (with a checkpoint at
-    the end signed by SIGNER); return locations and seconds."""
+    the end signed by SIGNER); return the locations and a note saying how long it took."""
     locations = {b: opts.new_ledger(b, directory, stem) for b in opts.ledger_backends()}
     sinks: list[Sink] = [await PostgresSink.create(str(loc)) if b == "postgres" else await SqliteSink.create(Path(loc))
                          for b, loc in locations.items()]
-    return locations, load(total, sinks, SIGNER)
+    seconds = load(total, sinks, SIGNER)
+    each = ", ".join(f"{BACKEND_NAMES[b]} writer {sink.seconds:.1f} s" for b, sink in zip(locations, sinks, strict=True))
+    return locations, (f"bulk-loaded {total:,} records into {len(locations)} ledger(s) in {seconds:.1f} s "
+                       f"({total / seconds:,.0f} records/s; {each}, side by side)")
 
 
 async def run(opts: Options, results: Results) -> None:
@@ -61,7 +64,7 @@ async def run(opts: Options, results: Results) -> None:
         tmp = Path(opts.workdir) if opts.workdir else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="dharma-bench-verify-")))
         tmp.mkdir(parents=True, exist_ok=True)
-        locations, load_s = await build(opts, tmp, "verify", total)
+        locations, loaded = await build(opts, tmp, "verify", total)
         for backend, location in locations.items():
             name = BACKEND_NAMES[backend]
             times: list[float] = []
@@ -93,8 +96,7 @@ async def run(opts: Options, results: Results) -> None:
     opts.skipped_backends("ledger verify", results)
     table("ledger_verify: verify the whole chain, Merkle root and indexes",
           ["backend, operation", "records", "time", "records/s", "result"], verify_rows,
-          note=f"bulk-loaded {total:,} records into {len(locations)} ledger(s) in {load_s:.1f} s; "
-               "verify timed on a fresh reader (OS page cache warm)")
+          note=f"{loaded}; verify timed on a fresh reader (OS page cache warm)")
     table("ledger_proof: proof generation, as `dharma audit proof` does it (stored subtree hashes, checked root)",
           ["backend, proof", "tree size", "proofs", "p50", "p99", "mean", "x stored"], proof_rows,
           note="random records (inclusion) and random older sizes (consistency to the current size); "
