@@ -27,6 +27,7 @@ CompletedSubtree = tuple[int, int, bytes]
 """(height, index, hash) of the complete subtree over leaves [index * 2**height, (index + 1) * 2**height)."""
 
 _sha256 = hashlib.sha256
+_STRIDE_MASK = (1 << SUBTREE_STRIDE) - 1  # a size ending in these bits completes a stored-height subtree on append
 
 
 def leaf_hash(data: bytes) -> bytes:
@@ -64,15 +65,25 @@ class CompactRange:
         nodes = self._nodes
         nodes.append(leaf)
         s = self._size
-        height = 0
+        if s & _STRIDE_MASK == _STRIDE_MASK and self.completed is not None:
+            self._merge_collecting(s)
+        else:
+            while s & 1:
+                right = nodes.pop()
+                nodes[-1] = _sha256(b"\x01" + nodes[-1] + right).digest()
+                s >>= 1
+        self._size += 1
+
+    def _merge_collecting(self, s: int) -> None:
+        """`append`'s merges when they complete a stored-height subtree, noting each such subtree."""
+        nodes, height = self._nodes, 0
         while s & 1:
             right = nodes.pop()
             nodes[-1] = _sha256(b"\x01" + nodes[-1] + right).digest()
             s >>= 1
             height += 1
-            if not height % SUBTREE_STRIDE and self.completed is not None:
-                self.completed.append((height, s, nodes[-1]))
-        self._size += 1
+            if not height % SUBTREE_STRIDE:
+                self.completed.append((height, s, nodes[-1]))  # type: ignore[union-attr]
 
     def extend(self, leaves: Sequence[bytes]) -> None:
         for leaf in leaves:
