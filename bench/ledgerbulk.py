@@ -52,7 +52,6 @@ from bench.ledgerfill import check_encoding, encoded_entry
 CHUNK = 10_000
 AHEAD = 4  # chunks encoded ahead of the one being chained and written (bounds memory)
 SAMPLE = 200  # entries per load checked against the real encoder
-_COLUMNS = RECORD_COLUMNS.split(", ")
 
 Encoded = tuple[bytes, tuple[str | None, ...], tuple[str, ...]]
 
@@ -126,7 +125,6 @@ class SqliteSink:
         self.name = str(path)
         self._conn = conn
         self._lock = lock
-        self._sql = f"INSERT INTO records({RECORD_COLUMNS}) VALUES ({','.join('?' * len(_COLUMNS))})"
         self.seconds = 0.0
 
     @classmethod
@@ -152,9 +150,8 @@ class SqliteSink:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.executemany(self._sql, [r.row() for r in chunk.records])
-            conn.executemany("INSERT INTO record_rules(seq, rule_id) VALUES (?, ?)",
-                             [(r.seq, rule) for r in chunk.records for rule in r.rules])
+            _insert(conn, f"records({RECORD_COLUMNS})", [r.row() for r in chunk.records])
+            _insert(conn, "record_rules(seq, rule_id)", [(r.seq, rule) for r in chunk.records for rule in r.rules])
             conn.executemany(INSERT_SUBTREE, chunk.subtrees)
             conn.execute("COMMIT")
         except BaseException:
@@ -178,6 +175,15 @@ class SqliteSink:
     def close(self) -> None:
         self._conn.close()
         self._lock.release()
+
+
+def _insert(conn: sqlite3.Connection, into: str, rows: list[tuple[Any, ...]], per_statement: int = 500) -> None:
+    """Insert rows with multi-row INSERTs: one statement step per `per_statement` rows, so the GIL,
+    which sqlite3 gives up around each step, changes hands rarely while the chain is computed."""
+    for start in range(0, len(rows), per_statement):
+        part = rows[start : start + per_statement]
+        row = "(" + ",".join("?" * len(part[0])) + ")"
+        conn.execute(f"INSERT INTO {into} VALUES {','.join([row] * len(part))}", [v for r in part for v in r])
 
 
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)
