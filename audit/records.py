@@ -209,8 +209,8 @@ _INDEX_DECODER = msgspec.json.Decoder(_IndexedRecord)
 
 
 def quick_index(body: bytes) -> tuple[Any, ...] | None:
-    """`(*index_fields(entry), sorted(rule_ids(entry)))` of a record's entry, read by a parser that
-    builds only those fields (several times faster than `json.loads` on ledger records).
+    """`(*index_fields(entry), sorted(rule_ids(entry)) or None)` of a record's entry, read by a parser
+    that builds only those fields (several times faster than `json.loads` on ledger records).
 
     It answers only when every indexed field is a string or null and `matched_rules` a list, a
     string or null; then it gives exactly what `json.loads` + `index_fields` + `rule_ids` give (both
@@ -223,9 +223,9 @@ def quick_index(body: bytes) -> tuple[Any, ...] | None:
         return None
     rules = e.matched_rules
     if type(rules) is list:
-        rules = sorted({rule for rule in rules if type(rule) is str}) if rules else rules
-    else:
-        rules = [] if rules is None else [rules]
+        rules = sorted({rule for rule in rules if type(rule) is str}) or None
+    elif rules is not None:
+        rules = [rules]
     time = e.time
     if time is not None and not _CANONICAL_TIME.fullmatch(time):
         time = normalize_time(time)

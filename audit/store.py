@@ -19,7 +19,8 @@ RawRecord = tuple[int, bytes, bytes]
 
 IndexedRaw = tuple[Any, ...]
 """A `RawRecord` followed by its index row, flat: (seq, hash, body, *the `IndexFields` columns in
-order, the record's rule-index rows as a list sorted by code point, duplicates kept)."""
+order, the record's rule-index rows as a list sorted by code point, duplicates kept, or None when it
+has none)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -179,7 +179,7 @@ def _index_checked(rows: Iterable[IndexedRaw], found: list[tuple[int, str]]) -> 
     the way; the first (seq, problem) lands in `found` and ends the checking."""
     for row in rows:
         if not found and quick_index(row[2]) != row[3:]:
-            record = IndexedRecord(seq=row[0], body=row[2], fields=IndexFields(*row[3:-1]), rules=tuple(row[-1]))
+            record = IndexedRecord(seq=row[0], body=row[2], fields=IndexFields(*row[3:-1]), rules=tuple(row[-1] or ()))
             if problem := index_problem(record):
                 found.append((row[0], problem))
         yield row[:3]
