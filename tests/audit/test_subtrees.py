@@ -6,13 +6,16 @@ of them and stay correct when one is edited, deleted, or when the ledger has non
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from audit import proofs
 from audit.checkpoint import CheckpointSigner, verify_checkpoint_jwks
 from audit.merkle import consistency_proof, inclusion_proof, root_hash, verify_inclusion
+from audit.postgres import migrate_ledger
 from audit.verify import verify_ledger
 from gateway.cli.main import main as dharma_main
 from gateway.crypto.receipts import KeyStore
@@ -163,3 +166,35 @@ async def test_a_ledger_without_subtrees_proves_and_verifies_and_gets_them_from_
         assert reader.keeps_subtrees()
         assert [(h, i) for h, i, _ in reader.subtrees()] == [(8, 0), (8, 1)]
         assert verify_ledger(reader).ok
+
+
+def test_the_subtrees_table_is_insert_only(ledger_at: Location) -> None:
+    """The writers' own schema refuses to change or remove a stored subtree hash, as for the records."""
+    if str(ledger_at).startswith("postgresql://"):
+        with psycopg.connect(str(ledger_at), autocommit=True) as conn:
+            for statement in ("UPDATE subtrees SET hash = hash", "DELETE FROM subtrees", "TRUNCATE subtrees"):
+                with pytest.raises(psycopg.Error, match="append-only"):
+                    conn.execute(statement)
+        return
+    conn = sqlite3.connect(ledger_at)
+    try:
+        for statement in ("UPDATE subtrees SET hash = hash", "DELETE FROM subtrees"):
+            with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+                conn.execute(statement)
+    finally:
+        conn.close()
+
+
+async def test_migrate_copies_the_subtree_hashes(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """`audit migrate` gives the PostgreSQL copy the subtree hashes the SQLite ledger stores."""
+    source = tmp_path / "karma.db"
+    ledger = await open_ledger(source)
+    await fill(ledger, 300)
+    await ledger.aclose()
+    url = new_location("postgres", request, tmp_path)
+    with open_reader(source) as reader:
+        migrate_ledger(reader, str(source), str(url))
+        wanted = list(reader.subtrees())
+    with open_reader(url) as copied:
+        assert [tuple(row) for row in copied.subtrees()] == wanted and len(wanted) == 1
+        assert copied.keeps_subtrees() and verify_ledger(copied).ok
