@@ -53,18 +53,20 @@ CHUNK = 10_000
 AHEAD = 4  # chunks encoded ahead of the one being chained and written (bounds memory)
 SAMPLE = 200  # entries per load checked against the real encoder
 
-Encoded = tuple[bytes, tuple[str | None, ...], tuple[str, ...]]
+Encoded = tuple[bytes, tuple[str | None, ...], tuple[str, ...], bytes]
 
 
 @dataclass(slots=True)
 class Record:
-    """One record as the ledger stores it: seq, leaf hash, bytes, derived column values, rule ids."""
+    """One record as the ledger stores it: seq, leaf hash, bytes, derived column values, rule ids,
+    and those column values in PostgreSQL's binary COPY format (made in the encoding workers)."""
 
     seq: int
     hash: bytes
     body: bytes
     fields: tuple[str | None, ...]
     rules: tuple[str, ...]
+    copy_fields: bytes
 
     def row(self) -> tuple[Any, ...]:
         return (self.seq, self.hash, self.body, *self.fields)
@@ -80,8 +82,13 @@ class Chunk:
 
 
 def _encode(start: int, stop: int, total: int) -> list[Encoded]:
-    """Entry bytes, derived columns and rule ids of entries start..stop-1 (in a worker)."""
-    return [encoded_entry(i, total) for i in range(start, stop)]
+    """Entry bytes, derived columns, rule ids and the columns as binary COPY fields of entries
+    start..stop-1 (in a worker)."""
+    out = []
+    for i in range(start, stop):
+        body, fields, rules = encoded_entry(i, total)
+        out.append((body, fields, rules, b"".join(map(_text, fields))))
+    return out
 
 
 def chained(total: int, *, workers: int | None = None) -> Iterator[Chunk]:
@@ -108,12 +115,12 @@ def chained(total: int, *, workers: int | None = None) -> Iterator[Chunk]:
             if (b := next(bounds, None)) is not None:
                 pending.append(pool.submit(_encode, *b))
             records = []
-            for entry_bytes, fields, rules in encoded:
+            for entry_bytes, fields, rules, copy_fields in encoded:
                 seq += 1
                 body = record_bytes(entry_bytes, prev, seq)
                 digest = sha256(b"\x00" + body).digest()
                 prev = digest.hex()
-                records.append(Record(seq, digest, body, fields, rules))
+                records.append(Record(seq, digest, body, fields, rules, copy_fields))
             subtrees = frontier.extend_collecting([r.hash for r in records])
             yield Chunk(records, subtrees, frontier.root())
 
@@ -139,6 +146,7 @@ class SqliteSink:
             conn.close()
             lock.release()
             raise LedgerError(f"{path}: the bulk loader writes only into an empty ledger")
+        conn.execute("PRAGMA journal_mode=OFF")  # write each page once, not to the WAL and then again; back to WAL at the end
         conn.execute("PRAGMA synchronous=OFF")  # the load is redone from scratch if the machine dies
         conn.execute("PRAGMA cache_size=-262144")  # 256 MiB for building the indexes
         for kind, name in SECONDARY_OBJECTS:
@@ -160,7 +168,7 @@ class SqliteSink:
         self.seconds += time.perf_counter() - t0
 
     def finish(self, size: int, note: str | None) -> None:
-        """Build the query indexes and the rule trigger, store the checkpoint, fold the WAL in."""
+        """Build the query indexes and the rule trigger, store the checkpoint, return to WAL mode."""
         t0 = time.perf_counter()
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
@@ -169,7 +177,8 @@ class SqliteSink:
         if note is not None:
             conn.execute(INSERT_CHECKPOINT, (size, note, _utc_now()))
         conn.execute("COMMIT")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower() != "wal":
+            raise LedgerError(f"{self.name}: SQLite refused to return the loaded ledger to WAL mode")
         self.seconds += time.perf_counter() - t0
 
     def close(self) -> None:
@@ -230,14 +239,15 @@ class PostgresSink:
         conn = self._conn
         records = chunk.records
         pack, int8, text = struct.pack, struct.Struct("!hiq").pack, _text
+        hash_len = pack("!i", 32)
         with conn.transaction():
             size = conn.execute("SELECT size FROM head FOR UPDATE").fetchone()[0]  # type: ignore[index]
             if size != records[0].seq - 1:
                 raise LedgerError(f"{self.name}: the head moved to {size} during the bulk load")
             with conn.cursor() as cur:
                 _copy_binary(cur, f"COPY records ({RECORD_COLUMNS})", (
-                    b"".join((int8(10, 8, r.seq), pack("!i", 32), r.hash, pack("!i", len(r.body)), r.body,
-                              *map(text, r.fields))) for r in records))
+                    b"".join((int8(10, 8, r.seq), hash_len, r.hash, pack("!i", len(r.body)), r.body, r.copy_fields))
+                    for r in records))
                 _copy_binary(cur, "COPY record_rules (seq, rule_id)",
                              (int8(2, 8, r.seq) + text(rule) for r in records for rule in r.rules))
                 _copy_binary(cur, "COPY subtrees (height, idx, hash)",
