@@ -9,7 +9,9 @@ the hashes the others appended to keep its Merkle frontier right.
 
 One asyncio writer task per `PostgresLedger` does group commit: it takes whatever appends are
 queued, commits them in one transaction and only then answers each caller. A failed commit
-fails its whole batch (fail closed); after a lost connection the next batch reconnects.
+fails its whole batch (fail closed) and the writer drops its connection, so the next batch starts
+on a fresh session: after PostgreSQL was down, made read-only or out of space, appends resume on
+their own once it can take them again.
 Given a `CheckpointSigner`, the writer signs and stores checkpoints on its own, on the same
 schedule as the SQLite writer (`audit.checkpoint.CheckpointSchedule`: at least every
 `checkpoint_interval` seconds while the tree grows, and on close).
@@ -22,6 +24,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -32,6 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+import psycopg.sql
 import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -62,6 +66,8 @@ log = structlog.get_logger()
 
 CONNECT_TIMEOUT_S = 5
 READ_CHUNK = 10_000
+STREAM_CHUNK = 100
+"""Rows a query's server-side cursor fetches per round trip."""
 LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints", "subtrees")
 CREATE_LOCK = 0x6448_6172_6D61  # advisory lock id: two replicas creating one ledger take turns
 
@@ -217,6 +223,23 @@ def _rebuild(conn: psycopg.Connection[Any], name: str) -> tuple[CompactRange, st
     return frontier, bytes(head).hex() if size else GENESIS_PREV
 
 
+def _complete_derived(conn: psycopg.Connection[Any], name: str) -> bool:
+    """Recreate a missing query index and give an older ledger its subtree hashes; True when the
+    ledger stores subtree hashes. A role that may not (the writer role after `dharma audit grant`)
+    leaves that to the owner: it is logged, queries and proofs still work, proofs read every leaf."""
+    try:
+        present = conn.execute("SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema()"
+                               " AND indexname = ANY(%s)", ([n for n, _ in SECONDARY_INDEXES],)).fetchone()[0]  # type: ignore[index]
+        if present < len(SECONDARY_INDEXES):
+            conn.execute(SECONDARY_SCHEMA)
+        _store_missing_subtrees(conn, name)
+        return True
+    except psycopg.errors.InsufficientPrivilege as exc:
+        log.warning("ledger.derived_data_not_completed", url=name, reason=_first_line(exc),
+                    fix="run `dharma audit grant` (or open the ledger once) as its owner")
+        return conn.execute("SELECT 1 FROM meta WHERE key = %s", (SUBTREES_KEY,)).fetchone() is not None
+
+
 def _store_missing_subtrees(conn: psycopg.Connection[Any], name: str) -> None:
     """Give a ledger created before subtree hashes were stored its `subtrees` table and rows (once,
     under the head's row lock, so no other writer appends meanwhile)."""
@@ -258,7 +281,7 @@ class PostgresLedger:
     """A writer of a PostgreSQL karma ledger (one of possibly several). Build it with `await PostgresLedger.open(url)`."""
 
     def __init__(self, url: str, conn: psycopg.AsyncConnection[Any], frontier: CompactRange, head_hash: str,
-                 *, batch_max: int, schedule: CheckpointSchedule) -> None:
+                 *, batch_max: int, schedule: CheckpointSchedule, subtrees: bool = True) -> None:
         self._url = url
         self._name = display_url(url)
         self._conn: psycopg.AsyncConnection[Any] | None = conn
@@ -270,6 +293,7 @@ class PostgresLedger:
         self._schedule = schedule
         self._queue: asyncio.Queue[_Pending | _Command | None] = asyncio.Queue()
         self._closed = False
+        self._subtrees = subtrees  # whether this ledger stores subtree hashes (see `_complete_derived`)
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"karma-ledger:{self._name}")
 
     @classmethod
@@ -287,22 +311,21 @@ class PostgresLedger:
         name = display_url(url)
         if batch_max < 1 or checkpoint_interval <= 0:
             raise LedgerError(f"{name}: batch_max must be >= 1 and checkpoint_interval > 0")
-        frontier, head_hash, checkpointed = await asyncio.to_thread(cls._open_sync, url, name)
+        frontier, head_hash, checkpointed, subtrees = await asyncio.to_thread(cls._open_sync, url, name)
         conn = await cls._connect_async(url, name)
         log.info("ledger.opened", url=name, size=frontier.size)
         schedule = CheckpointSchedule(checkpoint_signer, checkpoint_interval, clock, checkpointed)
-        return cls(url, conn, frontier, head_hash, batch_max=batch_max, schedule=schedule)
+        return cls(url, conn, frontier, head_hash, batch_max=batch_max, schedule=schedule, subtrees=subtrees)
 
     @staticmethod
-    def _open_sync(url: str, name: str) -> tuple[CompactRange, str, int]:
+    def _open_sync(url: str, name: str) -> tuple[CompactRange, str, int, bool]:
         with _connect(url, name) as conn:
             try:
                 _prepare(conn, name, create=True)
-                conn.execute(SECONDARY_SCHEMA)
-                _store_missing_subtrees(conn, name)
+                subtrees = _complete_derived(conn, name)
                 frontier, head_hash = _rebuild(conn, name)
                 checkpointed = conn.execute("SELECT COALESCE(MAX(size), 0) FROM checkpoints").fetchone()[0]  # type: ignore[index]
-                return frontier, head_hash, int(checkpointed)
+                return frontier, head_hash, int(checkpointed), subtrees
             except psycopg.Error as exc:
                 raise LedgerError(f"{name} cannot be prepared as a karma ledger ({_first_line(exc)})") from None
 
@@ -471,6 +494,8 @@ class PostgresLedger:
                     results.append(Appended(seq, prev))
                 grown = self._frontier.copy()
                 subtrees = grown.extend_collecting(hashes)
+                if not self._subtrees:  # an older ledger the owner has not completed yet
+                    subtrees = []
                 async with conn.cursor() as cur:
                     await cur.executemany(INSERT_RECORD, rows)
                     if rules:
@@ -479,7 +504,7 @@ class PostgresLedger:
                         await cur.executemany(INSERT_SUBTREE, subtrees)
                     await cur.execute("UPDATE head SET size = %s, hash = %s", (seq, hashes[-1]))
         except psycopg.Error as exc:
-            await self._drop_if_broken()
+            await self._drop_connection()
             log.error("ledger.batch_failed", url=self._name, first_seq=first, count=len(batch), error=_first_line(exc))
             raise LedgerError(f"{self._name}: {len(batch)} record(s) were not committed ({_first_line(exc)})") from None
         self._frontier = grown
@@ -496,16 +521,18 @@ class PostgresLedger:
                 note = signer.sign(size, self._frontier.root())
                 await conn.execute(INSERT_CHECKPOINT, (size, note, _utc_now()))
         except psycopg.Error as exc:
-            await self._drop_if_broken()
+            await self._drop_connection()
             raise LedgerError(f"{self._name}: the checkpoint was not stored ({_first_line(exc)})") from None
         self._schedule.signed(size)
         log.info("ledger.checkpoint_signed", size=size, origin=signer.origin, key_name=signer.key_name)
         return [note]
 
-    async def _drop_if_broken(self) -> None:
-        """Forget a dead connection so the next batch reconnects."""
-        if self._conn is not None and (self._conn.broken or self._conn.closed):
-            await self._conn.close()
+    async def _drop_connection(self) -> None:
+        """Forget the connection after a failure so the next batch reconnects: it may be dead, or
+        carry session settings the administrator has changed since (`default_transaction_read_only`)."""
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self._conn.close()
             self._conn = None
 
 
@@ -516,6 +543,8 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
         self._url = url
         self._name = display_url(url)
         self._conn = _connect(url, self._name)
+        self._streams: psycopg.Connection[Any] | None = None
+        self._cursor_ids = itertools.count(1)
         try:
             _prepare(self._conn, self._name, create=False)
         except psycopg.Error as exc:
@@ -529,6 +558,8 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
         self.close()
 
     def close(self) -> None:
+        if self._streams is not None:
+            self._streams.close()
         self._conn.close()
 
     def size(self) -> int:
@@ -624,10 +655,30 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
         return merkle.consistency_proof(self.leaf_hashes(size), old_size)
 
     def select_records(self, where: RecordFilter) -> Iterator[RawRecord]:
-        """Yield (seq, hash, body) of the records matching `where`, oldest first, via the indexes."""
+        """Yield (seq, hash, body) of the records matching `where`, oldest first, via the indexes.
+
+        Streamed through a server-side cursor, STREAM_CHUNK rows per round trip, so a page of a
+        large ledger holds a bounded number of rows in memory. The cursors live in a transaction on
+        a second connection: other reads (an outcome looked up per row) may run while one is open.
+        """
         sql, params = _filter_sql(where)
-        for seq, digest, body in self._fetch(sql, params):
-            yield seq, bytes(digest), bytes(body)
+        try:
+            conn = self._stream_connection()
+            with conn.cursor(name=f"dharma_select_{next(self._cursor_ids)}") as cur:
+                cur.itersize = STREAM_CHUNK
+                cur.execute(sql, params)
+                for seq, digest, body in cur:
+                    yield seq, bytes(digest), bytes(body)
+        except psycopg.Error as exc:
+            if self._streams is not None:
+                self._streams.close()
+                self._streams = None
+            raise LedgerError(f"{self._name}: cannot read the ledger ({_first_line(exc)})") from None
+
+    def _stream_connection(self) -> psycopg.Connection[Any]:
+        if self._streams is None:
+            self._streams = psycopg.connect(self._url, connect_timeout=CONNECT_TIMEOUT_S)
+        return self._streams
 
     def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         try:
@@ -671,6 +722,105 @@ def _filter_sql(where: RecordFilter) -> tuple[str, list[Any]]:
     """SQLite's query with PostgreSQL's placeholders (the generated SQL holds no literal `?`)."""
     sql, params = filter_sql(where, _starts_with)
     return sql.replace("?", "%s"), params
+
+
+WRITER_PRIVILEGES = {"meta": "SELECT", "head": "SELECT, UPDATE", "records": "SELECT, INSERT",
+                     "record_rules": "SELECT, INSERT", "checkpoints": "SELECT, INSERT", "subtrees": "SELECT, INSERT"}
+"""What the gateway's role may do: read, append, and move the one head row forward (its trigger
+refuses a move back). `SELECT … FOR UPDATE` on the head needs UPDATE there."""
+TRIGGER_FUNCTIONS = ("dharma_ledger_append_only()", "dharma_ledger_head_forward()")
+
+
+def grant_roles(url: str, *, writer: str | None, readers: Sequence[str]) -> list[str]:
+    """Make the ledger at `url` insert-only by privileges too, for a writer role and auditor roles.
+
+    Run as the ledger's owner (or a superuser). Creates the ledger if the database is empty and
+    each missing role (LOGIN, no password). Revokes everything on the ledger's tables, its schema's
+    CREATE and the database's CONNECT and TEMP from PUBLIC and the roles, then grants `writer`
+    WRITER_PRIVILEGES and each reader SELECT on every table (and both CONNECT and USAGE). Neither may
+    own a table or be a superuser: an owner can disable the triggers, a superuser skips every check.
+    Idempotent. Returns one line per action, for the operator.
+
+    Raises:
+        LedgerError: a role is the owner, a superuser, named twice, or the statements fail.
+    """
+    name = display_url(url)
+    roles = [r for r in (writer, *readers) if r is not None]
+    if not roles:
+        raise LedgerError("name a --writer role, a --reader role or both")
+    if len(set(roles)) != len(roles):
+        raise LedgerError(f"a role is named twice ({', '.join(roles)}): the writer and each reader must be different roles")
+    done: list[str] = []
+    with _connect(url, name) as conn:
+        try:
+            _prepare(conn, name, create=True)
+            _complete_derived(conn, name)  # as the owner: the writer role may not create them later
+            with conn.transaction():
+                _refuse_powerful_roles(conn, roles)
+                done += _create_missing_roles(conn, roles)
+                done += _apply_grants(conn, writer, list(readers))
+        except psycopg.Error as exc:
+            raise LedgerError(f"{name}: the grants were not applied ({_first_line(exc)})") from None
+    log.info("ledger.grants_applied", url=name, writer=writer, readers=list(readers))
+    return done
+
+
+def _refuse_powerful_roles(conn: psycopg.Connection[Any], roles: list[str]) -> None:
+    """Refuse a role that owns a ledger table, or is a member of its owner (it could disable the
+    triggers), or is a superuser."""
+    for (role,) in conn.execute("SELECT rolname FROM pg_roles WHERE rolsuper AND rolname = ANY(%s)", (roles,)):
+        raise LedgerError(f"role {role} is a superuser, which no privilege or trigger binds: give the gateway and "
+                          "the auditors ordinary roles")
+    owners = conn.execute(
+        "SELECT r.rolname, c.relname, pg_get_userbyid(c.relowner) FROM pg_class c JOIN pg_roles r ON r.rolname = ANY(%s)"
+        " WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%s)"
+        " AND pg_has_role(r.oid, c.relowner, 'MEMBER') ORDER BY r.rolname, c.relname",
+        (roles, [*LEDGER_TABLES, "head"]))
+    for role, table, owner in owners:
+        raise LedgerError(f"role {role} owns the ledger table {table} (or is a member of its owner {owner}), so it could "
+                          "disable the append-only triggers: run `dharma audit grant` as the owner and give the gateway "
+                          "and the auditors other roles")
+
+
+def _create_missing_roles(conn: psycopg.Connection[Any], roles: list[str]) -> list[str]:
+    existing = {r for (r,) in conn.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", (roles,))}
+    created = []
+    for role in roles:
+        if role not in existing:
+            conn.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN").format(psycopg.sql.Identifier(role)))
+            created.append(f"created role {role} (LOGIN, no password: set one with ALTER ROLE … PASSWORD, or use the server's auth)")
+    return created
+
+
+def _apply_grants(conn: psycopg.Connection[Any], writer: str | None, readers: list[str]) -> list[str]:
+    """REVOKE everything from PUBLIC and the roles, then GRANT each role exactly its part."""
+    ident, sql_ = psycopg.sql.Identifier, psycopg.sql.SQL
+    roles = [r for r in (writer, *readers) if r is not None]
+    who = sql_(", ").join([sql_("PUBLIC"), *(ident(r) for r in roles)])
+    listed = sql_(", ").join(ident(r) for r in roles)
+    schema = ident(conn.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
+    database = ident(conn.execute("SELECT current_database()").fetchone()[0])  # type: ignore[index]
+    tables = sql_(", ").join(ident(t) for t in (*LEDGER_TABLES, "head"))
+    statements = [
+        sql_("REVOKE ALL ON TABLE {} FROM {}").format(tables, who),
+        *(sql_("REVOKE ALL ON FUNCTION {} FROM {}").format(sql_(f), who) for f in TRIGGER_FUNCTIONS),
+        sql_("REVOKE CREATE ON SCHEMA {} FROM {}").format(schema, who),
+        sql_("REVOKE ALL ON DATABASE {} FROM {}").format(database, who),
+        sql_("GRANT CONNECT ON DATABASE {} TO {}").format(database, listed),
+        sql_("GRANT USAGE ON SCHEMA {} TO {}").format(schema, listed),
+    ]
+    done = [f"revoked every privilege on the ledger's tables, CREATE on its schema and CONNECT, TEMP on "
+            f"{conn.info.dbname} from PUBLIC and {', '.join(roles)}"]
+    if writer is not None:
+        for table, privileges in WRITER_PRIVILEGES.items():
+            statements.append(sql_("GRANT {} ON TABLE {} TO {}").format(sql_(privileges), ident(table), ident(writer)))
+        done.append(f"writer {writer}: " + "; ".join(f"{p} on {t}" for t, p in WRITER_PRIVILEGES.items()))
+    for reader in readers:
+        statements.append(sql_("GRANT SELECT ON TABLE {} TO {}").format(tables, ident(reader)))
+        done.append(f"auditor {reader}: SELECT on {', '.join((*LEDGER_TABLES, 'head'))}")
+    for statement in statements:
+        conn.execute(statement)
+    return done
 
 
 def migrate_ledger(source: LedgerReader, source_name: str, url: str) -> VerifyReport:

@@ -67,6 +67,8 @@ Synchronous = Literal["FULL", "NORMAL"]
 RECORD_COLUMNS = "seq, hash, body, time, principal, tool, decision, status, request_id, policy_version"
 INSERT_CHUNK = 1000
 WAIT_SLICE = 0.0002
+SQLITE_MAX_PAGES = 4294967294
+"""SQLite's own largest `max_page_count` (the default since 3.45)."""
 
 
 @functools.cache
@@ -221,6 +223,16 @@ class SqliteLedger:
     def root(self) -> bytes:
         """Merkle root over all committed records."""
         return self._head.root
+
+    def limit_pages(self, pages: int | None) -> int:
+        """Cap the ledger file at `pages` database pages (SQLite's `max_page_count` on the writer's
+        connection; None lifts the cap); return the cap in force, never below the file's size.
+
+        An append that needs more fails with SQLITE_FULL exactly as on a full disk: its batch is
+        not committed and its callers fail closed. Tests use it to run out of space for real.
+        """
+        cap = SQLITE_MAX_PAGES if pages is None else max(1, int(pages))
+        return int(self._conn.execute(f"PRAGMA max_page_count = {cap}").fetchone()[0])
 
     async def append(self, entry: Mapping[str, Any]) -> Appended:
         """Record one entry; return its seq and hash once it is committed.

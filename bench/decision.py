@@ -66,8 +66,7 @@ def make_decider(gw: Gateway) -> Any:
             ctx.tool = entry[0]
         ctx.principal = authenticate(policy, call.credentials)
         if ctx.principal is not None:
-            ctx.session = history.session(call.session_id)
-            ctx.karma = history.karma(ctx.principal.id, started)
+            ctx.session, ctx.karma = await history.read(call.session_id, ctx.principal.id, started)
         return await decide(stages, ctx, policy)
 
     return decide_one

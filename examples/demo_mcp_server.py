@@ -3,6 +3,7 @@ sandbox, search and synthetic health records as `examples/demo_backend.py`.
 
     python -m examples.demo_mcp_server            # stdio
     python -m examples.demo_mcp_server --port 0   # Streamable HTTP on 127.0.0.1
+    python -m examples.demo_mcp_server --port 9000 --host 0.0.0.0   # in a container (examples/deploy)
 """
 
 from __future__ import annotations
@@ -62,13 +63,14 @@ def health_records(patient_id: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--port", type=int, help="serve Streamable HTTP on 127.0.0.1:PORT instead of stdio")
+    parser.add_argument("--port", type=int, help="serve Streamable HTTP on HOST:PORT instead of stdio")
+    parser.add_argument("--host", default="127.0.0.1", help="address for --port (default 127.0.0.1)")
     args = parser.parse_args()
     demo.backend()  # seed the sandbox
     if args.port is None:
         server.run("stdio")
     else:
-        server.run("streamable-http", host="127.0.0.1", port=args.port)
+        server.run("streamable-http", host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

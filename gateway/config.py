@@ -92,6 +92,39 @@ class LedgerSettings(Strict):
         return self
 
 
+def display_url(url: str) -> str:
+    """`url` fit for logs and messages: any password in it replaced by `***` (secrets never in logs)."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, hostpart = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hostpart}"
+
+
+REDIS_URL_SCHEMES = ("redis", "rediss", "unix")
+
+
+class RedisSettings(Strict):
+    """Shared state for several replicas (design §7): off (`url` unset) keeps everything in memory.
+
+    The timeouts bound how long a call waits on Redis before it is refused (fail closed): a
+    Redis that hangs must not hang the gateway.
+    """
+
+    url: str | None = Field(default=None, description="redis://[user:password@]host:port/db, rediss://… or unix://…")
+    key_prefix: str = Field(default="dharma:", min_length=1, description="prefix of every key the gateway writes")
+    connect_timeout_seconds: float = Field(default=1.0, gt=0, le=60)
+    operation_timeout_seconds: float = Field(default=1.0, gt=0, le=60)
+    idempotency_ttl_seconds: float = Field(default=86_400.0, gt=0, description="how long an answer stays replayable under its idempotency key")
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is not None and value.partition("://")[0].lower() not in REDIS_URL_SCHEMES:
+            raise ValueError(f"must be a redis://, rediss:// or unix:// URL, not {value.split('://')[0]!r}")
+        return value
+
+
 class ServerSettings(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
@@ -150,6 +183,7 @@ class Settings(Strict):
     state_root: Path = Path("~/.dharma")
     engine: Literal["auto", "cel-python", "common-expression-language"] = "auto"
     ledger: LedgerSettings = LedgerSettings()
+    redis: RedisSettings = RedisSettings()
     server: ServerSettings = ServerSettings()
     upstreams: list[UpstreamConfig] = Field(default_factory=list)
     mcp: McpHttpSettings = McpHttpSettings()

@@ -13,7 +13,7 @@ import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ from gateway.core.gateway import LEDGER_ORIGIN, Gateway
 from gateway.logging import ensure_logging
 from gateway.policy.compile import load_policy
 from gateway.crypto.receipts import KeyStore
+from gateway.stores.base import PinStore
+from gateway.stores.file_pins import FilePinStore
 from gateway.stores.sqlite_approvals import SqliteApprovalStore
 
 log = structlog.get_logger()
@@ -112,15 +114,67 @@ async def open_gateway(
         ledger = await open_ledger(settings, checkpoint_signer=signer)
     except LedgerError as exc:
         raise ConfigError(str(exc)) from None
+    shared = shared_stores(settings)
+    links = shared.pop("dependencies", [])
     try:
         gateway = Gateway(
-            compiled, backends, ledger=ledger, keys=keys, approval_store=approvals, policy_path=settings.policy
+            compiled, backends, ledger=ledger, keys=keys, approval_store=approvals, policy_path=settings.policy,
+            dependencies=[ledger_probe(settings), *links], **shared,
         )
         gateway.settings = settings  # type: ignore[attr-defined]  # read by server.build_app (MCP upstreams)
         return gateway
     except ValueError as exc:
         await ledger.aclose()
+        for link in links:
+            await link.aclose()
         raise ConfigError(str(exc)) from None
+
+
+def shared_stores(settings: Settings) -> dict[str, Any]:
+    """The Gateway's stores shared with other replicas: Redis ones when `redis.url` is set (one
+    link for all, closed with the gateway), else nothing (the Gateway keeps them in memory and
+    redis is not even imported)."""
+    if settings.redis.url is None:
+        return {}
+    from gateway.stores import redis as rs
+
+    link = rs.connect(settings.redis)
+    log.info("redis.shared_state", url=link.where)
+    return {
+        "limiter_store": rs.RedisLimiterStore(link),
+        "breaker_store": rs.RedisBreakerStore(link),
+        "idempotency_store": rs.RedisIdempotencyStore(link, settings.redis.idempotency_ttl_seconds),
+        "history_store": rs.RedisHistory(link),
+        "pin_store": rs.RedisPinStore(link),
+        "dependencies": [link],
+    }
+
+
+def ledger_probe(settings: Settings) -> Any:
+    """The ledger as a /healthz dependency: PostgreSQL when `ledger.url` is set, else the SQLite file."""
+    from gateway.health import PostgresProbe, SqliteProbe
+
+    return SqliteProbe(settings.ledger_path) if settings.ledger.url is None else PostgresProbe(settings.ledger.url)
+
+
+def pin_store_for(gateway: Gateway, settings: Settings) -> PinStore:
+    """The tool pins an MCP transport uses: the gateway's shared ones, else the file under the state root."""
+    return gateway.pins if gateway.pins is not None else FilePinStore(settings.state_dir)
+
+
+@contextlib.asynccontextmanager
+async def open_pin_store(settings: Settings) -> AsyncIterator[PinStore]:
+    """The pins `dharma tools` reads and accepts: Redis when `redis.url` is set, else the file."""
+    if settings.redis.url is None:
+        yield FilePinStore(settings.state_dir)
+        return
+    from gateway.stores import redis as rs
+
+    link = rs.connect(settings.redis)
+    try:
+        yield rs.RedisPinStore(link)
+    finally:
+        await link.aclose()
 
 
 # ---- dharma serve ------------------------------------------------------------------------

@@ -146,3 +146,28 @@ async def open_test_gateway(state_root: Path, sandbox: Path) -> AsyncIterator[Op
 async def demo_gateway(open_test_gateway: OpenGateway, policy_path: Path) -> Any:
     """A real Gateway over the demo backend under the small test profile."""
     return await open_test_gateway(policy_path)
+
+
+@pytest.fixture(scope="session")
+def shared_redis() -> Any:
+    """One real redis-server for the session (tests/redis_server.py); use `redis_url` in tests."""
+    from tests.redis_server import redis_or_skip
+
+    with redis_or_skip() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(shared_redis: Any) -> str:
+    """The shared Redis, emptied before the test: `redis.url` for a gateway's settings."""
+    shared_redis.flush()
+    return str(shared_redis.url)
+
+
+@pytest.fixture
+def own_redis() -> Any:
+    """A Redis of the test's own, for tests that stop, hang or restart it (outages)."""
+    from tests.redis_server import redis_or_skip
+
+    with redis_or_skip() as server:
+        yield server

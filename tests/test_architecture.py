@@ -94,12 +94,13 @@ def test_readme_pipeline_line_is_the_declaration():
 
     from gateway.core.pipeline import Wiring, split, steps
     from gateway.stages.circuit_breaker import CircuitBreaker
+    from gateway.stores.memory import MemoryBreakerStore
 
     readme = (ROOT / "README.md").read_text()
     block = readme.split("one pipeline:", 1)[1].split("```", 2)[1]
     labels = [re.sub(r"\(.*?\)", "", part).strip() for part in block.replace("\n", " ").split("→")]
     wiring = Wiring(ledger=None, keys=None, limiter_store=None, approvals=None, idempotency=None,  # type: ignore[arg-type]
-                    history=None, breaker=CircuitBreaker(), clock=lambda: 0.0)  # type: ignore[arg-type]
+                    history=None, breaker=CircuitBreaker(MemoryBreakerStore()), clock=lambda: 0.0)  # type: ignore[arg-type]
     declared = [step.name for step in steps(wiring)]
     assert declared[:2] == ["authenticate", "tool_visibility"]
     assert [README_LABELS[label] for label in labels] == declared[2:]

@@ -1,5 +1,6 @@
 """The auditor's HTTP API (`/v1/audit/`) end to end: the real `dharma serve` app over a real Gateway
-(SQLite ledger, real keys) through httpx's ASGI transport; the CLI run as a real process to compare."""
+(real keys; every test on a SQLite ledger and on a real PostgreSQL one) through httpx's ASGI
+transport; the CLI run as a real process to compare."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import base64
 import copy
 import json
 import os
-import sqlite3
 import subprocess
 import sys
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ import uvicorn
 
 from audit import merkle
 from audit.checkpoint import verify_checkpoint_jwks
+from gateway.ledger_access import ledger_location
+from tests.audit.conftest import BACKENDS, Location, attacker, new_location, postgres  # noqa: F401  (fixture)
 from tests.conftest import KEYS, REPO, TEST_PROFILE, OpenGateway, key_digest, write_policy
 
 AUDITOR_KEY = "auditor-key"
@@ -39,10 +42,23 @@ def auditor_policy(tmp_path: Path) -> Path:
     return write_policy(tmp_path / "policy", profile)
 
 
+@pytest.fixture(params=BACKENDS)
+def ledger_at(request: pytest.FixtureRequest, tmp_path: Path) -> Location:
+    """A SQLite file or a new PostgreSQL database (set up before the gateway, so dropped after it closed)."""
+    return new_location(request.param, request, tmp_path)
+
+
 @pytest.fixture
-async def gw(open_test_gateway: OpenGateway, auditor_policy: Path, sandbox: Path) -> Any:
+async def gw(ledger_at: Location, open_test_gateway: OpenGateway, auditor_policy: Path, sandbox: Path) -> Any:
+    """A real Gateway whose ledger is a SQLite file or a PostgreSQL database (the API reads either)."""
     (sandbox / "a.txt").write_text("A", encoding="utf-8")
-    return await open_test_gateway(auditor_policy)
+    ledger = {"url": ledger_at} if isinstance(ledger_at, str) else {"path": str(ledger_at)}
+    return await open_test_gateway(auditor_policy, ledger=ledger)
+
+
+def where(gw: Any) -> Location:
+    """The gateway's ledger: its file or its postgresql:// URL."""
+    return ledger_location(gw.settings)
 
 
 @pytest.fixture
@@ -84,7 +100,7 @@ async def get_page(http: httpx.AsyncClient, headers: dict[str, str] = AUDITOR, *
     return response.json()  # type: ignore[no-any-return]
 
 
-def cli_query(ledger: Path, state_root: Path, *flags: str) -> list[dict[str, Any]]:
+def cli_query(ledger: Location, state_root: Path, *flags: str) -> list[dict[str, Any]]:
     """`dharma audit query --format jsonl FLAGS` as a real process, its lines decoded."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DHARMA_")}
     env.update(DHARMA_STATE_ROOT=str(state_root), PYTHONPATH=str(REPO))
@@ -111,7 +127,7 @@ async def test_filters_match_the_cli_for_the_same_filter(http: httpx.AsyncClient
         flags = [f for name, value in params.items() if name != "show" for f in (f"--{name.replace('_', '-')}", value)]
         if params.get("show") == "records":
             flags.append("--all-records")
-        expected = cli_query(gw.ledger.path, state_root, *flags)
+        expected = cli_query(where(gw), state_root, *flags)
         page = await get_page(http, **params, limit=1000)
         assert page["records"] == expected, params
         assert page["next_cursor"] is None
@@ -124,7 +140,7 @@ async def test_pagination_walks_every_record_exactly_once(http: httpx.AsyncClien
     await make_calls(http)
     await bulk_append(gw, 25, same_times=3)  # many records share a time, out of seq order: the cursor must cope
     everything = (await get_page(http, show="records", limit=1000))["records"]
-    assert everything == cli_query(gw.ledger.path, state_root, "--all-records")
+    assert everything == cli_query(where(gw), state_root, "--all-records")
     assert sorted(r["seq"] for r in everything) == list(range(1, gw.ledger.size + 1))
     for limit in (1, 4, 7):
         walked: list[dict[str, Any]] = []
@@ -183,6 +199,26 @@ async def test_a_ledger_larger_than_a_page_streams_in_chunks(gw: Any) -> None:
     finally:
         server.should_exit = True
         await serving
+
+
+async def test_a_page_of_a_large_ledger_holds_a_bounded_number_of_records_in_memory(http: httpx.AsyncClient, gw: Any) -> None:
+    """40 MB of records (2,000 of 20 kB): a page of 5, with and without a filter, allocates a small
+    fraction of that. Reading every match before paging (a `fetchall`) would allocate all of it."""
+    padding = "x" * 20_000
+    await asyncio.gather(*(gw.ledger.append({
+        "time": f"2026-11-23T10:{i // 60 % 60:02d}:{i % 60:02d}.{i:06d}Z", "request_id": f"big-{i}", "principal": "bulk",
+        "tool": "write_file", "decision": "allow", "status": "ok", "matched_rules": [], "args": {"content": padding},
+    }) for i in range(2000)))
+    tracemalloc.start()
+    try:
+        page = await get_page(http, show="records", limit=5)
+        filtered = await get_page(http, principal="bulk", tool="write_*", limit=5, cursor=5)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [r["request_id"] for r in page["records"]] == [f"big-{i}" for i in range(5)] and page["next_cursor"] == 5
+    assert [r["request_id"] for r in filtered["records"]] == [f"big-{i}" for i in range(5, 10)]
+    assert peak < 12 * 2**20, f"a page of 5 records allocated {peak / 2**20:.1f} MB"
 
 
 async def test_a_record_inclusion_proof_verifies_against_the_published_checkpoint_key(http: httpx.AsyncClient, gw: Any) -> None:
@@ -281,9 +317,8 @@ async def test_a_repeated_parameter_is_a_400(http: httpx.AsyncClient) -> None:
 
 async def test_a_tampered_record_gets_a_500_naming_it_not_a_proof(http: httpx.AsyncClient, gw: Any) -> None:
     await make_calls(http)
-    conn = sqlite3.connect(gw.ledger.path, isolation_level=None)
+    conn = attacker(where(gw))
     try:
-        conn.execute("DROP TRIGGER IF EXISTS records_no_update")
         (body,) = conn.execute("SELECT body FROM records WHERE seq = 2").fetchone()
         conn.execute("UPDATE records SET body = ? WHERE seq = 2", (bytes(body).replace(b'"principal":"reader"', b'"principal":"admin"', 1),))
     finally:

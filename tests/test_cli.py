@@ -101,7 +101,8 @@ def _leaf_argv(path: tuple[str, ...]) -> list[str]:
     """The smallest argv that parses for a leaf command (its required arguments filled in)."""
     required = {("eval",): ["--tool", "read_file"], ("approvals", "approve"): ["apr_1"], ("approvals", "deny"): ["apr_1"],
                 ("tools", "accept"): ["demo"], ("receipt", "verify"): ["response.json"],
-                ("audit", "proof"): ["--inclusion", "1"], ("audit", "migrate"): ["ledger.db", "postgresql://db/karma"]}
+                ("audit", "proof"): ["--inclusion", "1"], ("audit", "migrate"): ["ledger.db", "postgresql://db/karma"],
+                ("audit", "grant"): ["postgresql://db/karma"]}
     return [*path, *required.get(path, [])]
 
 
@@ -335,6 +336,14 @@ def test_schema_validates_rule_files(schema_validator: jsonschema.Draft202012Val
 def test_schema_accepts_shipped_profiles(schema_validator: jsonschema.Draft202012Validator) -> None:
     for profile in sorted((REPO / "policies").glob("*.yaml")):
         schema_validator.validate(yaml.safe_load(profile.read_text()))
+
+
+def test_schema_knows_a_limit_may_fail_open(schema_validator: jsonschema.Draft202012Validator) -> None:
+    profile = {"apiVersion": "dharma/v1", "kind": "Policy", "metadata": {"name": "p"},
+               "rate_limits": [{"id": "soft", "key": ["tool"], "rate": 5, "store_down": "allow"}]}
+    schema_validator.validate(profile)
+    profile["rate_limits"][0]["store_down"] = "sometimes"
+    assert not schema_validator.is_valid(profile)
 
 
 # ---- auditor: verify, checkpoint, query ----------------------------------------------------

@@ -36,6 +36,7 @@ PLACEHOLDERS = {
     "PATHS": "rules", "B": "demo", "BACKEND": "demo", "TOOL": "read_file", "NAME": "demo", "N": "1048576",
     "S": "5", "H": "127.0.0.1", "GLOB": "read_*", "CODE": "policy_blocked", "RESPONSE.json": "response.json",
     "JWKS.json": "jwks.json", "REQUEST.json": "request.json", "SEQ": "42", "OLD": "10", "NEW": "20", "L": "ledger.db",
+    "URL": "postgresql://admin@db:5432/karma", "ROLE": "auditor",
 }
 SAMPLE_VALUES = ("x", "1", "2026-11-22T00:00:00Z")
 

@@ -483,7 +483,7 @@ async def test_breaker_recovers_when_the_half_open_call_is_blocked_later(tmp_pat
         later = await gateway.call("read_file", {"path": "a"}, api_key="alice-key")
         assert later.status is Status.OK, later.message
         assert later.result == text_result("contents of a") and len(recorder.calls) == reached + 1
-        assert gateway.breaker.state("test").state == "closed"
+        assert gateway.breaker.store.state("test").state == "closed"
     finally:
         await gateway.aclose()
 
@@ -511,11 +511,11 @@ async def test_breaker_probe_cancelled_before_an_answer_is_released(tmp_path):
         mode["now"] = "hang"
         probe = asyncio.create_task(gateway.call("read_file", {"path": "a"}, api_key="alice-key"))
         await sent.wait()
-        assert gateway.breaker.state("test").probing
+        assert gateway.breaker.store.state("test").probing
         probe.cancel()
         with pytest.raises(asyncio.CancelledError):
             await probe
-        assert not gateway.breaker.state("test").probing
+        assert not gateway.breaker.store.state("test").probing
         mode["now"] = "ok"
         assert (await gateway.call("read_file", {"path": "a"}, api_key="alice-key")).status is Status.OK
     finally:

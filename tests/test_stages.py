@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from gateway.stages.circuit_breaker import BreakerState, admit, check, record, release
-from gateway.stores.memory import gcra
+from gateway.stores.memory import BreakerState, admit, check, gcra, record, release
 
 
 def test_gcra_allows_a_burst_then_spaces_calls():

@@ -326,6 +326,23 @@ def cmd_audit_migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_audit_grant(args: argparse.Namespace) -> int:
+    """Grant the ledger's writer and auditor roles their privileges on PostgreSQL (run as the ledger's owner).
+    A refused role or an unreachable server is a usage error (exit 2), raised as LedgerError."""
+    from gateway.config import is_ledger_url
+
+    if not is_ledger_url(args.url):
+        raise ConfigError(f"audit grant takes the PostgreSQL ledger's postgresql:// URL (as its owner), not {args.url!r}")
+    if args.writer is None and not args.reader:
+        raise ConfigError("audit grant needs --writer ROLE, --reader ROLE or both")
+    from audit.postgres import grant_roles
+
+    for line in grant_roles(args.url, writer=args.writer, readers=args.reader):
+        out(line)
+    out(f"OK {_display(args.url)}: the ledger is insert-only by privileges as well as by triggers")
+    return EXIT_OK
+
+
 def add_parsers(sub: Any) -> None:
     """Add `dharma audit verify|query|checkpoint` to the `dharma` subparsers."""
     audit = add_group(sub, "audit", "verify, query and checkpoint the karma ledger", "audit_command")
@@ -390,3 +407,11 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("source", help="the SQLite ledger: sqlite:///path/ledger.db or a path")
     p.add_argument("destination", help="an empty PostgreSQL database: postgresql://user@host:port/db")
     p.set_defaults(func=cmd_audit_migrate)
+
+    p = add_command(audit, "grant", "PostgreSQL: give the gateway's role append-only and auditors read-only privileges")
+    p.add_argument("url", help="the ledger's postgresql:// URL, connecting as the tables' owner (or a superuser)")
+    p.add_argument("--writer", metavar="ROLE",
+                   help="the role the gateway connects as: SELECT and INSERT, UPDATE of the head row only; created if missing")
+    p.add_argument("--reader", metavar="ROLE", action="append", default=[],
+                   help="an auditor's role: SELECT only; repeat for several; created if missing")
+    p.set_defaults(func=cmd_audit_grant)

@@ -65,9 +65,22 @@ def cmd_stdio(args: argparse.Namespace) -> int:
 
 
 def cmd_tools_pins(args: argparse.Namespace) -> int:
-    from gateway.mcp.pins import PinStore, diff_definitions
+    import anyio
 
-    rows = PinStore(settings_of(args).state_dir).list(args.backend)
+    from gateway.mcp.pins import diff_definitions
+    from gateway.runtime import open_pin_store
+
+    async def rows_of() -> list[dict[str, Any]]:
+        async with open_pin_store(settings_of(args)) as store:
+            return await store.list(args.backend)
+
+    from gateway.stores.base import StoreUnavailable
+
+    try:
+        rows = anyio.run(rows_of)
+    except StoreUnavailable as exc:
+        out(f"cannot read the pins: {exc}")
+        return EXIT_FAILED
     if args.changed:
         rows = [r for r in rows if r["changed"]]
     if args.json:
@@ -87,11 +100,22 @@ def cmd_tools_pins(args: argparse.Namespace) -> int:
 
 
 def cmd_tools_accept(args: argparse.Namespace) -> int:
-    from gateway.mcp.pins import PinStore
+    import anyio
 
-    store = PinStore(settings_of(args).state_dir)
+    from gateway.mcp.pins import now_stamp
+    from gateway.runtime import open_pin_store
+
+    async def accept() -> list[str]:
+        async with open_pin_store(settings_of(args)) as store:
+            return await store.accept(args.backend, args.tool, now_stamp())
+
+    from gateway.stores.base import StoreUnavailable
+
     try:
-        accepted = store.accept(args.backend, args.tool)
+        accepted = anyio.run(accept)
+    except StoreUnavailable as exc:
+        out(f"cannot accept: {exc}")
+        return EXIT_FAILED
     except KeyError as exc:
         out(f"no pin for {exc.args[0]}")
         return EXIT_FAILED

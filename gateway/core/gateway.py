@@ -24,13 +24,18 @@ from gateway.core.pipeline import Wiring, run, split, steps
 from gateway.crypto.receipts import KeyStore
 from gateway.logging import ensure_logging
 from gateway.policy.compile import CompiledPolicy, load_policy
+from gateway.stages import HISTORY, store_down
 from gateway.stages.approval import ApprovalRecorder, ApprovalRefused, approver_refusal
 from gateway.stages.authenticate import authenticate
 from gateway.stages.circuit_breaker import CircuitBreaker
 from gateway.stages.record import Ledger, rfc3339, safe_digest
 from gateway.stages.visibility import visible_tools
-from gateway.stores.base import ApprovalStore, IdempotencyStore, LimiterStore
-from gateway.stores.memory import MemoryApprovalStore, MemoryIdempotencyStore, MemoryLimiterStore, SessionHistory
+from gateway.stores.base import (
+    ApprovalStore, BreakerStore, HistoryStore, IdempotencyStore, LimiterStore, PinStore, StoreUnavailable,
+)  # fmt: skip
+from gateway.stores.memory import (
+    MemoryApprovalStore, MemoryBreakerStore, MemoryIdempotencyStore, MemoryLimiterStore, SessionHistory,
+)  # fmt: skip
 
 __all__ = [
     "ENVELOPE_VERSION", "LEDGER_ORIGIN", "Clock", "Gateway", "Governed", "Ledger",
@@ -44,6 +49,18 @@ LEDGER_ORIGIN = "dharma-gateway/karma-ledger"
 
 class Clock(Protocol):
     def __call__(self) -> float: ...
+
+
+class Dependency(Protocol):
+    """Something the gateway needs that can be down (a shared store's link), for /healthz and close."""
+
+    name: str
+
+    async def ping(self) -> str | None:
+        """None when it answers, else why not (never a secret)."""
+        ...
+
+    async def aclose(self) -> None: ...
 
 
 def new_request_id() -> str:
@@ -90,8 +107,12 @@ class Gateway:
         limiter_store: LimiterStore | None = None,
         approval_store: ApprovalStore | None = None,
         idempotency_store: IdempotencyStore | None = None,
+        breaker_store: BreakerStore | None = None,
+        history_store: HistoryStore | None = None,
+        pin_store: PinStore | None = None,
         clock: Clock = time.time,
         policy_path: Path | None = None,
+        dependencies: Sequence[Dependency] = (),
     ) -> None:
         ensure_logging()
         self.policy = policy
@@ -102,8 +123,11 @@ class Gateway:
         self.approvals = approval_store or MemoryApprovalStore()
         self.approval_recorder = ApprovalRecorder(self.approvals, ledger)
         self.idempotency = idempotency_store or MemoryIdempotencyStore()
-        self.history = SessionHistory()
-        self.breaker = CircuitBreaker()
+        self.history = history_store or SessionHistory()
+        self.breaker = CircuitBreaker(breaker_store or MemoryBreakerStore())
+        self.dependencies = tuple(dependencies)
+        self.pins = pin_store  # tool pins for the MCP transports (None: theirs, under the state root)
+        self._closed = False
         self.steps = steps(
             Wiring(
                 ledger=ledger,
@@ -266,15 +290,26 @@ class Gateway:
             ctx.tool, ctx.backend = entry
         ctx.principal = authenticate(policy, call.credentials)
         if ctx.principal is not None:
-            ctx.session = self.history.session(call.session_id)
-            ctx.karma = self.history.karma(ctx.principal.id, started)
+            try:
+                ctx.session, ctx.karma = await self.history.read(call.session_id, ctx.principal.id, started)
+            except StoreUnavailable as exc:  # sequence and karma rules cannot be judged: fail closed
+                log.error("history.store_down", request_id=call.request_id, error=str(exc))
+                ctx.decision = ctx.decision or store_down(exc, HISTORY)
         await run(self.stages, self.after_decision, ctx, policy)
         assert ctx.outcome is not None and ctx.response is not None
         return Governed(ctx.outcome, ctx.response)
 
+    async def health(self) -> dict[str, str | None]:
+        """Each dependency's state: None when up, else why it is down (/healthz)."""
+        return {dep.name: await dep.ping() for dep in self.dependencies}
+
     async def aclose(self) -> None:
         """Record approval events still outside the chain (e.g. a CLI decision nobody came back
-        for), close backends, sign a checkpoint of the ledger head into the ledger, close it."""
+        for), close backends, sign a checkpoint of the ledger head into the ledger, close it,
+        then close the links to shared stores. Once."""
+        if self._closed:
+            return
+        self._closed = True
         await self.approval_recorder.try_sync()
         for backend in self._backends.values():
             await backend.aclose()
@@ -285,4 +320,6 @@ class Gateway:
             except Exception as exc:
                 log.warning("ledger.checkpoint_failed", error=str(exc))
         await self.ledger.aclose()
+        for dep in self.dependencies:
+            await dep.aclose()
 

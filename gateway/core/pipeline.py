@@ -23,7 +23,7 @@ from gateway.core.call import ALLOW, CallContext, Decision
 from gateway.core.errors import ErrorCode
 from gateway.crypto.receipts import KeyStore
 from gateway.policy.compile import CompiledPolicy
-from gateway.stages import Stage, Step
+from gateway.stages import Stage, Step, store_down
 from gateway.stages.approval import ApprovalGate, ApprovalRecorder
 from gateway.stages.authenticate import Authenticate
 from gateway.stages.circuit_breaker import CircuitBreaker
@@ -32,11 +32,11 @@ from gateway.stages.disclosure import DisclosureRules
 from gateway.stages.forward import Forward
 from gateway.stages.rate_limiter import RateLimiter
 from gateway.stages.receipt import Receipt
-from gateway.stages.record import History, Ledger, Record, RecordDecision, safe_digest
+from gateway.stages.record import Ledger, Record, RecordDecision, safe_digest
 from gateway.stages.sanitizer.stage import Sanitizer
 from gateway.stages.tier_gate import TierGate
 from gateway.stages.visibility import ToolVisibility
-from gateway.stores.base import ApprovalStore, IdempotencyStore, LimiterStore
+from gateway.stores.base import ApprovalStore, HistoryStore, IdempotencyStore, LimiterStore, StoreUnavailable
 
 log = structlog.get_logger()
 
@@ -50,7 +50,7 @@ class Wiring:
     limiter_store: LimiterStore
     approvals: ApprovalStore
     idempotency: IdempotencyStore
-    history: History
+    history: HistoryStore
     breaker: CircuitBreaker
     clock: Callable[[], float]
     approval_recorder: ApprovalRecorder | None = None  # the Gateway's, shared with approve/deny; else one of its own
@@ -90,6 +90,9 @@ async def decide(stages: Sequence[Stage], ctx: CallContext, policy: CompiledPoli
     for stage in stages:
         try:
             decision = await stage(ctx, policy)
+        except StoreUnavailable as exc:
+            log.error("pipeline.store_down", stage=stage.name, tool=ctx.call.tool, error=str(exc))
+            return store_down(exc, stage.name)
         except Exception:
             log.exception("pipeline.stage_failed", stage=stage.name, tool=ctx.call.tool, request_id=ctx.call.request_id)
             return Decision.block(

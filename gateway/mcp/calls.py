@@ -232,7 +232,7 @@ class ToolsCall:
             req = Request(req.id, req.method, params, {**req.message, "params": params})
         info: ToolInfo | None = None
         if entry is not None:
-            changed = observe_or_distrust(self.pins, entry.backend, [entry.definition]).get(entry.definition["name"], True)
+            changed = (await observe_or_distrust(self.pins, entry.backend, [entry.definition])).get(entry.definition["name"], True)
             info = gov.tool_info({**entry.definition, "name": name}, entry.backend, changed=changed)
         policy = self.gateway.policy
         principal = self.gateway.principal_for(site.credentials)
@@ -365,7 +365,7 @@ def registered(holds: dict[Any, anyio.CancelScope], key: Any, scope: anyio.Cance
 # ---- tools/list: the same decision that gates calls filters listings ------------------------
 
 
-def visible_names(gateway: Gateway, pins: PinStore, credentials: Credentials, backend: str,
+async def visible_names(gateway: Gateway, pins: PinStore, credentials: Credentials, backend: str,
                   named: list[tuple[str, dict[str, Any]]]) -> set[str]:
     """The client names among `named` (client name, definition as the upstream sent it) that the
     caller may see; observing the definitions against their pins on the way (a changed one is
@@ -373,7 +373,7 @@ def visible_names(gateway: Gateway, pins: PinStore, credentials: Credentials, ba
     principal = gateway.principal_for(credentials)
     if principal is None:
         return set()
-    changed = observe_or_distrust(pins, backend, [t for _, t in named])
+    changed = await observe_or_distrust(pins, backend, [t for _, t in named])
     infos = [gov.tool_info({**t, "name": cname}, backend, changed=changed.get(t["name"], False)) for cname, t in named]
     return {t.name for t in visible_tools(gateway.policy, principal, infos)}
 
@@ -400,7 +400,7 @@ async def refresh_catalog(ask_page: Callable[[dict[str, Any] | None], Awaitable[
             return
         tools = listed_tools(result)
         record(tools, first)
-        observe_or_distrust(pins, backend, tools)
+        await observe_or_distrust(pins, backend, tools)
         first = False
         cursor = result.get("nextCursor") if isinstance(result.get("nextCursor"), str) else None
         if not cursor:

@@ -172,6 +172,11 @@ class RateLimit(Strict):
     rate: float = Field(gt=0)
     per_seconds: float = Field(default=1.0, gt=0)
     burst: int = Field(default=1, ge=1)
+    store_down: Literal["deny", "allow"] | None = Field(
+        default=None,
+        description="when the shared limit store (Redis) cannot be reached: deny the call (fail closed) or "
+        "let it through unlimited (fail open); unset: the profile's rate_limit_store_down",
+    )
 
 
 class SanitizerSettings(Strict):
@@ -212,7 +217,9 @@ class Policy(Document):
     tool_annotations: dict[str, dict[str, Any]] = Field(default_factory=dict)
     rate_limits: list[RateLimit] = Field(default_factory=list)
     tool_costs: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict, description="glob -> cost of one call (default 1)")
-    rate_limit_store_down: Literal["deny", "allow"] = "deny"
+    rate_limit_store_down: Literal["deny", "allow"] = Field(
+        default="deny", description="every limit's default when the limit store cannot be reached (a limit's `store_down` overrides it)"
+    )
     sanitizer: SanitizerSettings = SanitizerSettings()
     circuit_breaker: BreakerSettings = BreakerSettings()
     approval: ApprovalSettings = ApprovalSettings()

@@ -16,7 +16,14 @@ from __future__ import annotations
 from typing import Protocol
 
 from gateway.core.call import CallContext, Decision
+from gateway.core.errors import ErrorCode
 from gateway.policy.compile import CompiledPolicy
+from gateway.stores.base import StoreUnavailable
+
+#: How soon a caller refused because a shared store is down may retry.
+STORE_DOWN_RETRY_SECONDS = 1.0
+#: The stage name of a refusal because the session history could not be read (Gateway.govern).
+HISTORY = "history"
 
 
 class Stage(Protocol):
@@ -29,3 +36,19 @@ class Step(Protocol):
     name: str
 
     async def __call__(self, ctx: CallContext, policy: CompiledPolicy) -> None: ...
+
+
+def store_down(exc: StoreUnavailable, stage: str) -> Decision:
+    """The refusal when a shared store (e.g. Redis) cannot be reached: fail closed, say what is down.
+
+    `backend_unavailable`, not `internal_error`: the gateway is working, a dependency it needs to
+    decide is not, and the caller should retry shortly (the code is retryable and carries
+    `retry_after`); not `rate_limited` either, which would blame the caller's own rate.
+    """
+    return Decision.block(
+        ErrorCode.BACKEND_UNAVAILABLE,
+        f"{exc}; the call was refused and not forwarded (the gateway fails closed until it is back)",
+        None,
+        stage=stage,
+        retry_after=STORE_DOWN_RETRY_SECONDS,
+    )

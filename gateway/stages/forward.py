@@ -6,12 +6,16 @@ fresh ones). Otherwise the circuit breaker admits the call right before it is se
 how the backend answered right after — admit → send → record — or releases the probe if the
 call ended without an answer (cancelled), so the breaker never waits for an outcome that never
 comes. The backend's failures arrive as `CallError` (timeout, backend_unavailable, backend_error).
+A shared store (idempotency, breaker) that cannot be reached before the send refuses the call
+with `backend_unavailable` naming it: nothing is sent. After the send, a store failure is logged
+and the backend's answer still returned (the call happened; refusing would only invite a retry).
 Nothing is sent (nor replayed) unless the call's decision record is committed (`RecordDecision`):
 without it the call fails closed with `internal_error`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import structlog
@@ -19,8 +23,9 @@ import structlog
 from gateway.core.call import CallContext, Status
 from gateway.core.errors import CallError, ErrorCode
 from gateway.policy.compile import CompiledPolicy
+from gateway.stages import store_down
 from gateway.stages.circuit_breaker import CircuitBreaker
-from gateway.stores.base import IdempotencyStore
+from gateway.stores.base import IdempotencyStore, StoreUnavailable
 
 log = structlog.get_logger()
 _BREAKER_FAILURES = (ErrorCode.TIMEOUT, ErrorCode.BACKEND_UNAVAILABLE, ErrorCode.BACKEND_ERROR)
@@ -62,35 +67,47 @@ class Forward:
             ctx.status, ctx.error_code, ctx.message = Status.ERROR, ErrorCode.INTERNAL_ERROR, UNRECORDED
             return
         key = replay_key(ctx)
-        if key is not None:
-            stored = await self.idempotency.get(key)
-            if stored is not None:
-                if stored["argument_digest"] != ctx.argument_digest:
-                    ctx.status, ctx.error_code = Status.BLOCKED, ErrorCode.INVALID_PARAMS
-                    ctx.message = "idempotency_key was already used with different arguments"
-                    return
-                ctx.warnings.append("replayed: this idempotency_key was already answered")
-                ctx.status, ctx.result, ctx.disclosure_note = Status.OK, stored["result"], stored["disclosure"]
+        try:
+            stored = None if key is None else await self.idempotency.get(key)
+            refusal = None if stored is not None else await self.breaker.admit(backend.id, now=self.clock(), policy=policy)
+        except StoreUnavailable as exc:
+            log.error("forward.store_down", backend=backend.id, tool=ctx.call.tool, error=str(exc))
+            refusal = store_down(exc, self.name)
+            stored = None
+        if stored is not None:
+            if stored["argument_digest"] != ctx.argument_digest:
+                ctx.status, ctx.error_code = Status.BLOCKED, ErrorCode.INVALID_PARAMS
+                ctx.message = "idempotency_key was already used with different arguments"
                 return
-        refusal = self.breaker.admit(backend.id, now=self.clock(), policy=policy)
-        if refusal is not None:  # another call took the half-open probe since the breaker check
+            ctx.warnings.append("replayed: this idempotency_key was already answered")
+            ctx.status, ctx.result, ctx.disclosure_note = Status.OK, stored["result"], stored["disclosure"]
+            return
+        if refusal is not None:  # another call took the half-open probe since the breaker check, or a store is down
             ctx.decision = refusal
             ctx.status, ctx.error_code, ctx.message = Status.BLOCKED, refusal.code, refusal.message
             return
         try:
             answer = await backend.send(tool.name, ctx.arguments, timeout=policy.backend_timeout_seconds)
         except CallError as exc:
-            self.breaker.record(backend.id, ok=exc.code not in _BREAKER_FAILURES, now=self.clock(), policy=policy)
+            await self._record(backend.id, exc.code not in _BREAKER_FAILURES, policy)
             ctx.status, ctx.error_code, ctx.message = Status.ERROR, exc.code, exc.message
             return
         except Exception as exc:
             log.exception("backend.failed", backend=backend.id, tool=ctx.call.tool)
-            self.breaker.record(backend.id, ok=False, now=self.clock(), policy=policy)
+            await self._record(backend.id, False, policy)
             ctx.status, ctx.error_code = Status.ERROR, ErrorCode.BACKEND_ERROR
             ctx.message = f"backend {backend.id} failed: {type(exc).__name__}"
             return
         except BaseException:
-            self.breaker.release(backend.id)
+            with contextlib.suppress(StoreUnavailable):
+                await self.breaker.release(backend.id)
             raise
-        self.breaker.record(backend.id, ok=True, now=self.clock(), policy=policy)
+        await self._record(backend.id, True, policy)
         ctx.status, ctx.answer, ctx.result, ctx.remember_key = Status.OK, answer, answer.result, key
+
+    async def _record(self, backend: str, ok: bool, policy: CompiledPolicy) -> None:
+        """Tell the breaker how the backend answered; a store that is down cannot undo the call."""
+        try:
+            await self.breaker.record(backend, ok=ok, now=self.clock(), policy=policy)
+        except StoreUnavailable as exc:
+            log.error("breaker.record_failed", backend=backend, ok=ok, error=str(exc))

@@ -1,6 +1,9 @@
 """Rate limiter: GCRA limits keyed by any of principal, tool, tier, backend, with per-tool costs.
 
-A store that is down denies, unless the profile says `rate_limit_store_down: allow`.
+A store that is down fails closed: the call is refused with `backend_unavailable` and a message
+naming the store (see `gateway.stages.store_down` for why that code), unless the limit says
+`store_down: allow`, or the limit says nothing and the profile says `rate_limit_store_down: allow`;
+such a limit is then skipped (fails open) while the store is down.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import structlog
 from gateway.core.call import BlockClass, CallContext, Decision
 from gateway.core.errors import ErrorCode
 from gateway.policy.compile import CompiledPolicy, glob_match
+from gateway.stages import store_down
 from gateway.stores.base import LimiterStore, StoreUnavailable
 
 log = structlog.get_logger()
@@ -47,22 +51,17 @@ class RateLimiter:
                     now=ctx.clock,
                 )
             except StoreUnavailable as exc:
-                log.warning("rate_limit.store_down", limit=limit.id, error=str(exc))
-                if policy.rate_limit_store_down == "allow":
+                fails_open = (limit.store_down or policy.rate_limit_store_down) == "allow"
+                log.warning("rate_limit.store_down", limit=limit.id, fails_open=fails_open, error=str(exc))
+                if fails_open:
                     continue
-                return Decision.block(
-                    ErrorCode.RATE_LIMITED,
-                    "rate limit store unavailable; calls are refused until it is back",
-                    BlockClass.RATE_LIMIT,
-                    stage=self.name,
-                    retry_after=1.0,
-                )
+                return store_down(exc, self.name)
             if wait > 0:
                 return Decision.block(
                     ErrorCode.RATE_LIMITED,
                     f"rate limit {limit.id} exceeded for {ctx.call.tool}; retry in {wait:.2f}s",
                     BlockClass.RATE_LIMIT,
                     stage=self.name,
-                    retry_after=round(wait, 3),
+                    retry_after=max(round(wait, 3), 0.001),  # never "retry in 0 s" for a refusal
                 )
         return None

@@ -30,7 +30,8 @@ from gateway.core.errors import ErrorCode
 from gateway.crypto.receipts import strip_receipt
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages.sanitizer.walk import redact_secrets
-from gateway.stores.base import IdempotencyStore
+from gateway.stages import HISTORY
+from gateway.stores.base import HistoryStore, IdempotencyStore, StoreUnavailable
 
 log = structlog.get_logger()
 
@@ -40,13 +41,6 @@ class Ledger(Protocol):
 
     async def append(self, entry: dict[str, Any]) -> Any: ...
     async def aclose(self) -> None: ...
-
-
-class History(Protocol):
-    """Where recent calls are noted for sequence and karma rules (gateway.stores.memory.SessionHistory)."""
-
-    def record(self, *, session_id: str | None, principal: str, tool: str, decision: str, denied: bool,
-               now: float, time: str) -> None: ...
 
 
 def rfc3339(ts: float) -> str:
@@ -188,7 +182,7 @@ class Record:
     name = "record"
 
     def __init__(
-        self, ledger: Ledger, history: History, idempotency: IdempotencyStore, clock: Callable[[], float]
+        self, ledger: Ledger, history: HistoryStore, idempotency: IdempotencyStore, clock: Callable[[], float]
     ) -> None:
         self.ledger = ledger
         self.history = history
@@ -199,10 +193,14 @@ class Record:
         call = ctx.call
         assert ctx.render is not None
         if ctx.remember_key is not None:
-            await self.idempotency.put(
-                ctx.remember_key,
-                {"argument_digest": ctx.argument_digest, "result": ctx.result, "disclosure": ctx.disclosure_note},
-            )
+            try:
+                await self.idempotency.put(
+                    ctx.remember_key,
+                    {"argument_digest": ctx.argument_digest, "result": ctx.result, "disclosure": ctx.disclosure_note},
+                )
+            except StoreUnavailable as exc:  # the backend already answered: return it, say it is not replayable
+                log.error("idempotency.store_failed", request_id=call.request_id, error=str(exc))
+                ctx.warnings.append("this answer could not be stored for replay: a retry would run the call again")
         outcome = outcome_of(ctx)
         body = ctx.render(outcome)
         ctx.response_digest = safe_digest(strip_receipt(body))  # the form verifiers digest
@@ -225,13 +223,18 @@ class Record:
             )
             ctx.outcome, ctx.response = failed, ctx.render(failed)  # final: nothing to sign
             return
-        self.history.record(
-            session_id=call.session_id,
-            principal=ctx.principal.id if ctx.principal else "",
-            tool=call.tool,
-            decision=entry["decision"],
-            denied=outcome.decision.blocks,
-            now=ctx.clock,
-            time=outcome.timestamp,
-        )
+        history_down = ctx.decision is not None and ctx.decision.stage == HISTORY  # already waited on it once
+        try:
+            if not history_down:
+                await self.history.record(
+                    session_id=call.session_id,
+                    principal=ctx.principal.id if ctx.principal else "",
+                    tool=call.tool,
+                    decision=entry["decision"],
+                    denied=outcome.decision.blocks,
+                    now=ctx.clock,
+                    time=outcome.timestamp,
+                )
+        except StoreUnavailable as exc:  # the ledger has the call; only the rules' recent history misses it
+            log.error("history.store_failed", request_id=call.request_id, error=str(exc))
         ctx.outcome, ctx.body, ctx.entry = outcome, body, entry

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+import builtins
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class StoreUnavailable(Exception):
@@ -12,7 +17,62 @@ class StoreUnavailable(Exception):
 
 class LimiterStore(Protocol):
     async def acquire(self, key: str, *, interval: float, burst: int, cost: int, now: float) -> float:
-        """Take `cost` tokens under GCRA; return 0.0 if allowed, else seconds until it would be."""
+        """Take `cost` tokens under GCRA; return 0.0 if allowed, else seconds until it would be.
+
+        `now` is the caller's clock; a shared store may use its own (one clock for all replicas)."""
+        ...
+
+
+class BreakerStore(Protocol):
+    """Circuit state per backend: the stage *checks*, the forward step *admits* then *records* or
+    *releases* (gateway.stages.circuit_breaker). Waits are seconds; 0.0 means go."""
+
+    async def check(self, backend: str, *, now: float, reset_seconds: float) -> float:
+        """0.0 if a call could go to the backend now, else seconds to wait. Changes nothing."""
+        ...
+    async def admit(self, backend: str, *, now: float, reset_seconds: float) -> float:
+        """Like `check`, but claims the call's place (the one half-open probe)."""
+        ...
+    async def record(self, backend: str, *, ok: bool, now: float, threshold: int) -> None:
+        """The backend answered an admitted call: success closes, failures open."""
+        ...
+    async def release(self, backend: str) -> None:
+        """An admitted call ended without an answer: free the probe."""
+        ...
+
+
+class HistoryStore(Protocol):
+    """Recent calls per session and recent call/denial counts per principal, read by rules as
+    `session` and `principal.karma`."""
+
+    async def read(self, session_id: str | None, principal: str, now: float) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """The session's recent calls (oldest first) and the principal's {calls, denials} in the window."""
+        ...
+    async def record(self, *, session_id: str | None, principal: str, tool: str, decision: str, denied: bool,
+                     now: float, time: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SeenTool:
+    """A tool definition as a backend listed it, with its digest (gateway.mcp.governance)."""
+
+    name: str
+    digest: str
+    definition: dict[str, Any]
+
+
+class PinStore(Protocol):
+    """Tool pins (rug-pull defence): the first definition seen of each tool, per backend, and the
+    last different definition seen since, until an operator accepts it."""
+
+    async def observe(self, backend: str, seen: list[SeenTool], now: str) -> dict[str, bool]:
+        """Pin what is new (atomically: the first pin wins); return {name: changed} for each."""
+        ...
+    async def list(self, backend: str | None = None) -> list[dict[str, Any]]:
+        """Every pin (optionally of one backend), sorted by backend and tool."""
+        ...
+    async def accept(self, backend: str, tool: str | None, now: str) -> builtins.list[str]:
+        """Pin the last seen definition of `tool` (or of every changed tool); KeyError if unknown."""
         ...
 
 
@@ -86,5 +146,92 @@ class ApprovalStore(Protocol):
 
 
 class IdempotencyStore(Protocol):
+    """Answers stored for replay under an idempotency key; values are JSON-able dicts."""
+
     async def get(self, key: str) -> Any | None: ...
     async def put(self, key: str, value: Any) -> None: ...
+
+
+# ---- MCP Streamable HTTP sessions (issue 8: any replica serves any request) ------------------
+
+
+class SessionFacts(BaseModel):
+    """What any replica needs to continue a legacy `/mcp` session (JSON in a shared store, never pickle).
+
+    The session id is a bearer secret bound to `principal`: a store hands the facts back only for
+    the exact id, and the transport refuses them to any other principal.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str
+    principal: str
+    nonce: str
+    version: str | None = None
+    capabilities: dict[str, Any] = Field(default_factory=dict)
+    upstream_sids: dict[str, str | None] = Field(default_factory=dict)
+    upstream_versions: dict[str, str] = Field(default_factory=dict)
+
+
+class SessionSignal(BaseModel):
+    """A message for whichever replica holds some state of a session: a client's `answer` to a
+    gateway-originated request (`key` is its id), a `cancel` of a held call (`key` is the
+    client's request id), a `stale` tool catalog (`key` is the upstream id), or the session's `end`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    kind: Literal["answer", "cancel", "stale", "end"]
+    session: str
+    key: str | int | None = None
+    message: dict[str, Any] | None = None
+    origin: str = ""
+
+
+@dataclass(slots=True, eq=False)
+class StreamLog:
+    """One event stream the gateway opened on a session: its unguessable token and the last
+    sequence number it gave (one writer per stream: the replica serving its request)."""
+
+    standalone: bool = False
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    seq: int = 0
+
+
+class EventStore(Protocol):
+    """The events one session's streams carried, after governance, for `Last-Event-ID` resumes.
+
+    Ids are `<stream token>.<seq>`, looked up only in this session's store; bounded by count and
+    bytes, oldest first; an empty `data` is a priming event (an id only, never replayed).
+    """
+
+    def open(self, *, standalone: bool = False) -> StreamLog: ...
+    async def append(self, stream: StreamLog, data: bytes) -> str: ...
+    async def finish(self, stream: StreamLog) -> None: ...
+    async def find(self, event_id: str) -> tuple[StreamLog, int] | None: ...
+    def follow(self, stream: StreamLog, after: int, *, wait: bool = True) -> AsyncIterator[tuple[str, bytes]]:
+        """Every event of `stream` after position `after`, then (with `wait`) each new one until it is done."""
+        ...
+
+
+class SessionStore(Protocol):
+    """Legacy `/mcp` sessions: their facts (expiring after `idle_seconds` unused), their event
+    stores, and the signals that reach the replica holding a session's waiters and holds."""
+
+    idle_seconds: float
+    replica: str
+
+    async def create(self, facts: SessionFacts) -> None: ...
+    async def load(self, session_id: str) -> SessionFacts | None:
+        """The facts of `session_id` (None if unknown or expired); using a session keeps it alive."""
+        ...
+    async def save(self, facts: SessionFacts) -> None: ...
+    async def end(self, session_id: str) -> None:
+        """Forget the session and its events everywhere, and tell every replica (`end` signal)."""
+        ...
+    def events(self, session_id: str) -> EventStore: ...
+    async def publish(self, signal: SessionSignal) -> None:
+        """Send `signal` to every other replica (nothing to do with one process)."""
+        ...
+    def signals(self) -> AsyncIterator[SessionSignal]:
+        """The signals other replicas publish, for as long as the endpoint runs."""
+        ...

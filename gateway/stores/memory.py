@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.stores.base import LEDGER_EVENTS, Approval, ApprovalEvent
@@ -35,6 +36,84 @@ def gcra(
     while len(tats) > max_keys:
         tats.popitem(last=False)
     return 0.0
+
+
+@dataclass(slots=True)
+class BreakerState:
+    state: str = "closed"  # closed | open | half_open
+    failures: int = 0
+    opened_at: float = 0.0
+    probing: bool = False
+
+
+def probe_wait(reset_seconds: float) -> float:
+    """How long a call waits while another call is the half-open probe."""
+    return max(reset_seconds / 10, 0.1)
+
+
+def check(s: BreakerState, *, now: float, reset_seconds: float) -> float:
+    """0.0 if a call could go to the backend now, else seconds to wait. Changes nothing."""
+    if s.state == "open":
+        waited = now - s.opened_at
+        return reset_seconds - waited if waited < reset_seconds else 0.0
+    if s.state == "half_open" and s.probing:
+        return probe_wait(reset_seconds)
+    return 0.0
+
+
+def admit(s: BreakerState, *, now: float, reset_seconds: float) -> float:
+    """Like `check`, but claims the call's place: after the reset time the breaker half-opens and
+    this call becomes its one probe. Every admitted call must end in `record` or `release`."""
+    if s.state == "open":
+        waited = now - s.opened_at
+        if waited < reset_seconds:
+            return reset_seconds - waited
+        s.state, s.probing = "half_open", False
+    if s.state == "half_open":
+        if s.probing:
+            return probe_wait(reset_seconds)
+        s.probing = True
+    return 0.0
+
+
+def record(s: BreakerState, *, ok: bool, now: float, threshold: int) -> None:
+    """The backend answered an admitted call: success closes the breaker, failures open it."""
+    if ok:
+        s.state, s.failures, s.probing = "closed", 0, False
+        return
+    s.failures += 1
+    if s.state == "half_open" or s.failures >= threshold:
+        s.state, s.opened_at, s.probing = "open", now, False
+
+
+def release(s: BreakerState) -> None:
+    """An admitted call ended without a backend answer (cancelled): free the probe for the next call."""
+    s.probing = False
+
+
+class MemoryBreakerStore:
+    """The breaker states of one process: the state machine above over a dict."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, BreakerState] = {}
+
+    def state(self, backend: str) -> BreakerState:
+        s = self._states.get(backend)
+        if s is None:
+            s = self._states[backend] = BreakerState()
+        return s
+
+    async def check(self, backend: str, *, now: float, reset_seconds: float) -> float:
+        return check(self.state(backend), now=now, reset_seconds=reset_seconds)
+
+    async def admit(self, backend: str, *, now: float, reset_seconds: float) -> float:
+        return admit(self.state(backend), now=now, reset_seconds=reset_seconds)
+
+    async def record(self, backend: str, *, ok: bool, now: float, threshold: int) -> None:
+        record(self.state(backend), ok=ok, now=now, threshold=threshold)
+
+    async def release(self, backend: str) -> None:
+        release(self.state(backend))
 
 
 class MemoryApprovalStore:
@@ -122,6 +201,9 @@ class SessionHistory:
         self._karma: OrderedDict[str, _Karma] = OrderedDict()
         self._depth, self._window, self._max = depth, window, max_sessions
 
+    async def read(self, session_id: str | None, principal: str, now: float) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        return self.session(session_id), self.karma(principal, now)
+
     def session(self, session_id: str | None) -> list[dict[str, Any]]:
         if not session_id:
             return []
@@ -134,7 +216,8 @@ class SessionHistory:
         k.expire(now - self._window)
         return {"calls": len(k.events), "denials": k.denials}
 
-    def record(self, *, session_id: str | None, principal: str, tool: str, decision: str, denied: bool, now: float, time: str) -> None:
+    async def record(self, *, session_id: str | None, principal: str, tool: str, decision: str, denied: bool,
+                     now: float, time: str) -> None:
         if session_id:
             calls = self._sessions.setdefault(session_id, deque(maxlen=self._depth))
             calls.append({"tool": tool, "decision": decision, "time": time})

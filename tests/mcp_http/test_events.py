@@ -1,58 +1,91 @@
-"""The gateway's own SSE event store (`gateway.transports.mcp_http.events`): ids, bounds, replay."""
+"""The gateway's own SSE event store (`gateway.stores.base.EventStore`): ids, bounds, replay.
+
+Contract tests: the same tests run against the in-memory store and the Redis one (a real
+redis-server), so the two cannot drift.
+"""
 
 from __future__ import annotations
 
-import anyio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
-from gateway.transports.mcp_http.events import EventStore
+import anyio
+import pytest
+
+from gateway.config import RedisSettings
+from gateway.stores.base import EventStore
+from gateway.stores.memory_sessions import MemoryEventStore
+from gateway.stores.redis import connect
+from gateway.stores.redis_sessions import RedisEventStore
+
+Make = Callable[..., EventStore]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def make(request: pytest.FixtureRequest) -> AsyncIterator[Make]:
+    if request.param == "memory":
+        yield MemoryEventStore
+        return
+    link = connect(RedisSettings(url=request.getfixturevalue("redis_url")))
+    names = iter(range(1_000_000))
+
+    def redis_store(**bounds: Any) -> EventStore:
+        return RedisEventStore(link, f"s{next(names)}", ttl_ms=60_000, block_seconds=0.2, **bounds)
+
+    yield redis_store
+    await link.aclose()
 
 
 async def _replay(store: EventStore, event_id: str) -> list[bytes]:
-    found = store.find(event_id)
+    found = await store.find(event_id)
     assert found is not None
     stream, after = found
     return [data async for _id, data in store.follow(stream, after, wait=False)]
 
 
-async def test_ids_are_opaque_and_replay_follows_the_stream() -> None:
-    store = EventStore()
+async def test_ids_are_opaque_and_replay_follows_the_stream(make: Make) -> None:
+    store = make()
     a, b = store.open(), store.open()
-    prime = store.append(a, b"")
-    ids = [store.append(a, b"a1"), store.append(b, b"b1"), store.append(a, b"a2")]
+    prime = await store.append(a, b"")
+    ids = [await store.append(a, b"a1"), await store.append(b, b"b1"), await store.append(a, b"a2")]
     assert len(set([prime, *ids])) == 4 and all(len(i.split(".")[0]) >= 20 for i in ids)
     assert await _replay(store, prime) == [b"a1", b"a2"]  # the priming event itself is not replayed
     assert await _replay(store, ids[0]) == [b"a2"]
-    assert store.find("1") is None and store.find(EventStore().append(EventStore().open(), b"x")) is None
+    other = make()
+    foreign = await other.append(other.open(), b"x")
+    assert await store.find("1") is None and await store.find(foreign) is None and await store.find("x.y") is None
 
 
-async def test_follow_waits_for_the_answer_of_a_running_stream() -> None:
-    store = EventStore()
+async def test_follow_waits_for_the_answer_of_a_running_stream(make: Make) -> None:
+    store = make()
     stream = store.open()
-    prime = store.append(stream, b"")
+    prime = await store.append(stream, b"")
     got: list[bytes] = []
+    following = anyio.Event()
 
     async def follow() -> None:
-        found = store.find(prime)
+        found = await store.find(prime)
         assert found is not None
+        following.set()
         async for _id, data in store.follow(*found):
             got.append(data)
 
-    with anyio.fail_after(2):
+    with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(follow)
-            await anyio.sleep(0.01)
-            store.append(stream, b"progress")
-            await anyio.sleep(0.01)
-            store.append(stream, b"answer")
-            store.finish(stream)
+            await following.wait()
+            await store.append(stream, b"progress")
+            await store.append(stream, b"answer")
+            await store.finish(stream)
     assert got == [b"progress", b"answer"]
 
 
-def test_store_is_bounded_by_count_and_bytes() -> None:
-    store = EventStore(max_events=3, max_bytes=10)
+async def test_store_is_bounded_by_count_and_bytes(make: Make) -> None:
+    store = make(max_events=3, max_bytes=10)
     stream = store.open()
-    ids = [store.append(stream, b"x") for _ in range(5)]
-    assert len(store) == 3 and store.find(ids[0]) is None and store.find(ids[-1]) is not None
-    store.append(stream, b"123456789")  # 3 + 9 bytes > 10: older events go
-    assert store.size <= 10 and len(store) <= 3
-    assert store.find(ids[2]) is None
+    ids = [await store.append(stream, b"x") for _ in range(5)]
+    assert await store.find(ids[0]) is None and await store.find(ids[-1]) is not None
+    assert await _replay(store, ids[2]) == [b"x", b"x"]  # only 3 are kept
+    big = await store.append(stream, b"123456789")  # 3 + 9 bytes > 10: the two oldest go
+    assert await store.find(ids[3]) is None and await store.find(ids[4]) is not None
+    assert await _replay(store, ids[4]) == [b"123456789"] and await store.find(big) is not None

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from gateway.config import load_settings
-from gateway.mcp.pins import PinStore
+from gateway.stores.file_pins import FilePinStore
 from gateway.runtime import open_gateway
 from gateway.transports.mcp_http.relay import Relay
 from gateway.transports.mcp_http.tools import HttpTools
@@ -72,7 +72,7 @@ async def stdio_proxy(tmp_path: Path) -> AsyncIterator[tuple[StdioProxy, PipeCli
     policy = write_mcp_policy(tmp_path / "policy", timeout=10)
     settings = load_settings(None, env={}, overrides={"policy": str(policy), "state_root": str(tmp_path / "state")})
     gateway = await open_gateway(settings)
-    proxy = StdioProxy(gateway, test_server_command(), pins=PinStore(settings.state_dir), env={"PYTHONPATH": str(REPO)})
+    proxy = StdioProxy(gateway, test_server_command(), pins=FilePinStore(settings.state_dir), env={"PYTHONPATH": str(REPO)})
     to_proxy_r, to_proxy_w = os.pipe()
     from_proxy_r, from_proxy_w = os.pipe()
     pipes = ClientPipes(stdin=open(to_proxy_r, "rb", buffering=0), stdout=open(from_proxy_w, "wb", buffering=0))

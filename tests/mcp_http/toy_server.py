@@ -61,11 +61,11 @@ def build() -> MCPServer:
         return f"config {name}: token={SECRET} region=eu"
 
     @mcp.tool()
-    async def read_polled(ctx: Context) -> str:
-        """Close the SSE stream mid-call (2025-11-25 polling), then answer with the credential."""
+    async def read_polled(ctx: Context, seconds: float = 0.2) -> str:
+        """Close the SSE stream mid-call (2025-11-25 polling), then answer `seconds` later with the credential."""
         await anyio.sleep(0.05)
         await ctx.close_sse_stream()
-        await anyio.sleep(0.2)
+        await anyio.sleep(seconds)
         return f"config polled: token={SECRET} region=eu"
 
     @mcp.tool()

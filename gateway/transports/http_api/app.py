@@ -239,7 +239,18 @@ def build_app(
         return JSONResponse(gateway.keys.jwks(), headers={"cache-control": "public, max-age=300"})
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "policy": gateway.policy.name, "policy_version": gateway.policy.version})
+        """200 when every dependency answers, else 503 naming what is down (`dependencies`)."""
+        deps = await gateway.health()
+        down = {name: why for name, why in deps.items() if why is not None}
+        body = {
+            "status": "degraded" if down else "ok",
+            "policy": gateway.policy.name,
+            "policy_version": gateway.policy.version,
+            "dependencies": {name: {"status": "down", "error": why} if why else {"status": "up"} for name, why in deps.items()},
+        }
+        if down:
+            body["message"] = "; ".join(down.values())
+        return JSONResponse(body, status_code=503 if down else 200)
 
     routes = [
         Route("/v1/tools/{name}:call", call_tool, methods=["POST"]),

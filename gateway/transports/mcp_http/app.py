@@ -11,7 +11,8 @@ body's `_meta` protocol version):
   (JSON or SSE); the GET stream merges every upstream's; DELETE ends the session everywhere.
   Event streams carry the **gateway's own** event ids (priming events with `retry:` for
   2025-11-25+ clients), never the upstream's; a GET with `Last-Event-ID` replays from the
-  session's store of events the gateway governed and sent (`mcp_events`), and `Last-Event-ID` is
+  session's store of events the gateway governed and sent (`gateway.stores`: memory, or Redis
+  shared by replicas), and `Last-Event-ID` is
   never forwarded, so a client cannot make an upstream replay an event the gateway did not
   govern. The gateway resumes upstream streams itself (`upstream_http`) and closes the client's
   stream when the upstream closes its own early (SSE polling).
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -51,6 +51,7 @@ import structlog
 from starlette.types import Receive, Scope, Send
 
 from gateway.core.call import Credentials, Principal
+from gateway.core.errors import ConfigError
 from gateway.core.gateway import Gateway
 from gateway.mcp import approval as ap
 from gateway.mcp import calls, jsonrpc
@@ -66,8 +67,8 @@ from gateway.mcp.versions import (
     MODERN_VERSIONS,
 )
 from gateway.transports.mcp_http import headers as mh
-from gateway.transports.mcp_http.events import EventStore
-from gateway.transports.mcp_http.relay import Relay
+from gateway.stores.base import EventStore, SessionStore, StoreUnavailable
+from gateway.transports.mcp_http.relay import Relay, unavailable
 from gateway.transports.mcp_http.reply import (
     Collect,
     Reply,
@@ -83,6 +84,7 @@ from gateway.transports.mcp_http.state import (
     resumable_version,
 )
 from gateway.transports.mcp_http.tools import HttpTools
+from gateway.stores.memory_sessions import MemorySessionStore
 
 log = structlog.get_logger()
 
@@ -107,16 +109,19 @@ class McpHttpApp:
         hold_seconds: float = 50.0,
         progress_interval: float = 5.0,
         session_idle_seconds: float = 1800.0,
+        sessions: SessionStore | None = None,
+        session_link: Any = None,
     ) -> None:
         self.gateway = gateway
-        self.relay = Relay(upstreams)
-        self.sessions = LegacySessions(gateway, self.relay)
+        store = sessions if sessions is not None else MemorySessionStore(session_idle_seconds)
+        self.relay = Relay(upstreams, store)
+        self.sessions = LegacySessions(gateway, self.relay, store)
+        self.session_link = session_link  # the Redis link of a shared store, closed with the endpoint
         flow = calls.ToolsCall(gateway, pins, ap.StateSealer(secrets.token_bytes(32)),
                                hold_seconds=hold_seconds, progress_interval=progress_interval)
         self.tools = HttpTools(gateway, self.relay, pins, flow)
         self.max_body_bytes = max_body_bytes
         self.anonymous_user = anonymous_user
-        self.session_idle_seconds = session_idle_seconds
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -126,11 +131,17 @@ class McpHttpApp:
             for upstream in self.relay.upstreams:
                 if hasattr(upstream, "task_group"):
                     upstream.task_group = tg
+            tg.start_soon(self._signals)
             try:
                 yield
             finally:
                 await self.aclose()
                 tg.cancel_scope.cancel()
+
+    async def _signals(self) -> None:
+        """Apply other replicas' signals to the sessions this replica serves (none with one process)."""
+        async for signal in self.sessions.store.signals():
+            self.sessions.on_signal(signal)
 
     async def aclose(self) -> None:
         for upstream in self.relay.upstreams:
@@ -138,6 +149,8 @@ class McpHttpApp:
                 await upstream.aclose()
             except Exception as exc:  # closing is best effort
                 log.warning("upstream.close_failed", upstream=upstream.id, error=str(exc))
+        if self.session_link is not None:
+            await self.session_link.aclose()
 
     # ---- ASGI ---------------------------------------------------------------------------
 
@@ -200,7 +213,8 @@ class McpHttpApp:
                 log.exception("mcp_http.handler_failed")
                 await reply.final(jsonrpc.error(None, jsonrpc.INTERNAL_ERROR, "Dharma Gateway failed to handle this request"), 500)
             finally:
-                reply.close()
+                with anyio.CancelScope(shield=True):
+                    await reply.aclose()
 
         async def watch() -> None:
             while True:
@@ -241,11 +255,15 @@ class McpHttpApp:
         if not ctx.modern:
             sid = headers.get("mcp-session-id")
             if sid is not None:
-                session = self.sessions.find(sid, principal.id)
+                try:
+                    session = await self.sessions.find(sid, principal.id)
+                except StoreUnavailable as exc:
+                    log.warning("mcp_http.session_store_unavailable", error=str(exc))
+                    await plain_reply(send, 503, unavailable(exc))
+                    return
                 if session is None:
                     await plain_reply(send, 404, jsonrpc.error(None, -32001, "Session not found"))
                     return
-                session.last_used = time.monotonic()
                 ctx.session = session
         store = ctx.session.events if ctx.session is not None and resumable_version(version) else None
         await self._run(receive, send, lambda reply: self._message(ctx, reply, parsed, body), {}, store)
@@ -332,6 +350,7 @@ def build_mcp_app(gateway: Gateway, settings: Any, *, max_body_bytes: int) -> Mc
     configs = [u for u in settings.upstreams if u.is_mcp]
     if not configs:
         return None
+    store, link = session_store(settings, configs)
     upstreams: list[Upstream] = []
     for cfg in configs:
         if cfg.type == "mcp_http":
@@ -340,14 +359,39 @@ def build_mcp_app(gateway: Gateway, settings: Any, *, max_body_bytes: int) -> Mc
             from gateway.transports.upstreams.mcp_stdio import McpStdioUpstream
 
             upstreams.append(McpStdioUpstream(cfg.id, [cfg.command, *cfg.args], env=cfg.env, prefix=cfg.prefix))
+    from gateway.runtime import pin_store_for
+
     mcp = settings.mcp
     return McpHttpApp(
         gateway,
         upstreams,
-        pins=PinStore(settings.state_dir),
+        pins=pin_store_for(gateway, settings),
         max_body_bytes=max_body_bytes,
         anonymous_user=mcp.anonymous_user,
         hold_seconds=mcp.hold_seconds,
         progress_interval=mcp.progress_interval,
         session_idle_seconds=mcp.session_idle_seconds,
+        sessions=store,
+        session_link=link,
     )
+
+
+def session_store(settings: Any, configs: Sequence[Any]) -> tuple[SessionStore | None, Any]:
+    """Where legacy sessions live: Redis shared by every replica when `redis.url` is set, else this
+    process's memory (None: the app's default). Shared sessions with a stdio upstream are refused:
+    each replica runs its own child process, so an upstream session cannot move between replicas."""
+    if settings.redis.url is None:
+        return None, None
+    stdio = [u.id for u in configs if u.type == "mcp_stdio"]
+    if stdio:
+        raise ConfigError(
+            f"upstreams {', '.join(stdio)}: an mcp_stdio upstream cannot serve MCP sessions shared through Redis "
+            "(redis.url is set): each replica would run its own copy of the server, so a session opened on one "
+            "replica could not continue on another. Reach the server over Streamable HTTP (type: mcp_http, one "
+            "server every replica shares), or run a single replica without redis.url")
+    from gateway.stores.redis import connect
+    from gateway.stores.redis_sessions import RedisSessionStore
+
+    link = connect(settings.redis)
+    block = max(0.05, settings.redis.operation_timeout_seconds / 2)
+    return RedisSessionStore(link, settings.mcp.session_idle_seconds, block_seconds=block), link

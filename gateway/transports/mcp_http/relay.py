@@ -17,6 +17,7 @@ import structlog
 from gateway.mcp import jsonrpc
 from gateway.mcp.jsonrpc import Notification, Response
 from gateway.mcp.versions import ID_PREFIX
+from gateway.stores.base import SessionSignal, SessionStore, StoreUnavailable
 from gateway.transports.mcp_http import headers as mh
 from gateway.transports.mcp_http.reply import Reply
 from gateway.transports.mcp_http.state import Catalog, Ctx, Upstream
@@ -28,12 +29,19 @@ log = structlog.get_logger()
 FORWARDED = ("accept", "content-type", "mcp-protocol-version", "origin", "user-agent")
 
 
+def unavailable(exc: StoreUnavailable) -> dict[str, Any]:
+    """The JSON-RPC error of a request refused because the session store is down (fail closed)."""
+    return jsonrpc.error(None, jsonrpc.INTERNAL_ERROR, f"Dharma Gateway cannot reach its session store, so it refuses "
+                         f"this request: {exc}. Retry once it is back.", data={"error_code": "backend_unavailable"})
+
+
 class Relay:
     """The upstreams of `/mcp` and the relaying to and from them (see the module docstring)."""
 
-    def __init__(self, upstreams: Sequence[Upstream]) -> None:
+    def __init__(self, upstreams: Sequence[Upstream], store: SessionStore) -> None:
         if not upstreams:
             raise ValueError("the MCP endpoint needs at least one upstream")
+        self.store = store  # for signals to the replica that holds a session's waiter, hold or catalog
         self.upstreams = list(upstreams)
         self.by_id = {u.id: u for u in self.upstreams}
         self.primary = self.upstreams[0]
@@ -74,14 +82,14 @@ class Relay:
         *,
         expect_id: jsonrpc.RpcId | None,
         on_answer: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None,
-        on_head: Callable[[UpstreamReply], dict[str, str]] | None = None,
+        on_head: Callable[[UpstreamReply], Awaitable[dict[str, str]]] | None = None,
     ) -> None:
         """Forward one message and mirror the upstream's answer (status, JSON or SSE)."""
         # The message goes on unchanged, so the client's routing headers go on unchanged too (the
         # upstream validates them itself); only rewritten or gateway-made messages get new ones.
         try:
             async with upstream.post(data, self.up_headers(ctx, upstream), expect_id=expect_id) as up:
-                extra = on_head(up) if on_head is not None else self.session_header(ctx)
+                extra = await on_head(up) if on_head is not None else self.session_header(ctx)
                 if up.sse:
                     await reply.open_sse(up.status, extra)
                     up.on_pause = reply.detach
@@ -128,6 +136,11 @@ class Relay:
         method = msg.get("method")
         if method == "notifications/tools/list_changed":
             self.catalog(ctx).stale.add(upstream.id)
+            if ctx.session is not None:
+                try:
+                    await self.store.publish(SessionSignal(kind="stale", session=ctx.session.id, key=upstream.id))
+                except StoreUnavailable as exc:
+                    log.error("mcp_http.stale_not_shared", upstream=upstream.id, error=str(exc))
         if "id" in msg and self.multi:
             msg = {**msg, "id": f"{ID_PREFIX}u/{upstream.id}/{json.dumps(msg['id'])}"}
             return jsonrpc.dumps(msg)
@@ -141,6 +154,14 @@ class Relay:
             if waiter is not None:
                 waiter.value = item.message
                 waiter.event.set()
+                await reply.final(None, 202)
+                return
+            if session.originated(rid):  # asked by another replica: the answer goes to the one waiting
+                try:
+                    await self.store.publish(SessionSignal(kind="answer", session=session.id, key=rid, message=item.message))
+                except StoreUnavailable as exc:
+                    await reply.final(unavailable(exc), 503)
+                    return
                 await reply.final(None, 202)
                 return
             prefix = f"{ID_PREFIX}u/"
@@ -164,11 +185,18 @@ class Relay:
     async def client_notification(self, ctx: Ctx, reply: Reply, item: Notification, data: bytes) -> None:
         session = ctx.session
         if item.method == "notifications/cancelled" and session is not None and isinstance(item.params, dict):
-            scope = session.holds.get(("c", item.params.get("requestId")))
+            request_id = item.params.get("requestId")
+            scope = session.holds.get(("c", request_id))
             if scope is not None:
                 scope.cancel()
                 await reply.final(None, 202)
                 return
+            if isinstance(request_id, (str, int)) and not isinstance(request_id, bool):
+                try:  # the call may be held on another replica; it may also be at the upstream (below)
+                    await self.store.publish(SessionSignal(kind="cancel", session=session.id, key=request_id))
+                except StoreUnavailable as exc:
+                    await reply.final(unavailable(exc), 503)
+                    return
         if not ctx.modern and session is None:
             await reply.final(jsonrpc.error(None, -32000, "Bad Request: Missing session ID"), 400)
             return

@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import structlog
 from starlette.types import Receive, Send
 
 from gateway.mcp import jsonrpc
-from gateway.transports.mcp_http.events import EventStore, StreamLog
+from gateway.stores.base import EventStore, StoreUnavailable, StreamLog
+
+log = structlog.get_logger()
 
 #: The reconnection delay (ms) the gateway's priming events suggest to resuming clients.
 RETRY_MS = 1000
@@ -68,6 +71,7 @@ class Reply:
         self.message: Any = None  # the last final JSON-RPC message (for batches)
         self.store: EventStore | None = None
         self.log: StreamLog | None = None
+        self._finished = False
 
     def resumable(self, store: EventStore) -> None:
         """Number and keep this reply's events in `store` if it becomes an event stream."""
@@ -83,13 +87,25 @@ class Reply:
                     self.log = log
                 else:
                     self.log = self.store.open()
-                    await self._send.send(_Event(b"", self.store.append(self.log, b""), RETRY_MS))
+                    await self._send.send(_Event(b"", await self._keep(b""), RETRY_MS))
+
+    async def _keep(self, data: bytes) -> str | None:
+        """Keep `data` in the store as the stream's next event; its id. If the store fails, the stream
+        goes on unnumbered (what the client gets was governed; only resuming it is lost)."""
+        if self.store is None or self.log is None:
+            return None
+        try:
+            return await self.store.append(self.log, data)
+        except StoreUnavailable as exc:
+            log.error("mcp_http.event_not_kept", error=str(exc), detached=self.detached)
+            self.store = None
+            return None
 
     async def event(self, data: bytes) -> None:
         if self.done:
             return
         await self.open_sse()
-        event_id = self.store.append(self.log, data) if self.store is not None and self.log is not None else None
+        event_id = await self._keep(data)
         if not self.detached:
             await self._send.send(_Event(data, event_id))
 
@@ -123,12 +139,17 @@ class Reply:
             if data and "content-type" not in hdrs:
                 hdrs["content-type"] = "application/json"
             await self._send.send(_Final(data, status, hdrs))
-        self.close()
+        await self.aclose()
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        """End the reply; a stored stream gets its done marker (once), so a resume of it ends too."""
         self._send.close()
-        if self.store is not None and self.log is not None:
-            self.store.finish(self.log)
+        if self.store is not None and self.log is not None and not self._finished:
+            self._finished = True
+            try:
+                await self.store.finish(self.log)
+            except StoreUnavailable as exc:
+                log.error("mcp_http.stream_end_not_kept", error=str(exc))
 
 
 class Collect(Reply):

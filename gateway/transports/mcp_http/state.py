@@ -16,7 +16,7 @@ import anyio
 from gateway.core.call import Credentials, Principal
 from gateway.mcp import jsonrpc
 from gateway.mcp.versions import ID_PREFIX, at_least
-from gateway.transports.mcp_http.events import EventStore
+from gateway.stores.base import EventStore, SessionFacts
 from gateway.transports.upstreams.mcp_http import UpstreamReply
 
 
@@ -52,26 +52,69 @@ class Catalog:
 
 
 @dataclass(slots=True)
+class Local:
+    """What one replica keeps of a session between requests, never shared: the catalog (rebuilt
+    lazily through the shared upstream session), the waiters and holds of requests it serves (other
+    replicas reach them with signals), and its counter of originated ids."""
+
+    catalog: Catalog = field(default_factory=Catalog)
+    waiters: dict[str, Waiter] = field(default_factory=dict)
+    holds: dict[Any, anyio.CancelScope] = field(default_factory=dict)
+    counter: int = 0
+    used: float = field(default_factory=time.monotonic)
+
+    def busy(self) -> bool:
+        return bool(self.waiters or self.holds)
+
+
+@dataclass(slots=True)
 class HttpSession:
-    """A legacy session as the gateway keeps it: never leaves this process (see module docstring)."""
+    """A legacy session as one request sees it: the shared facts (`SessionFacts`, from the session
+    store), this replica's `Local` part and the session's event store."""
 
     id: str
     principal: str
+    events: EventStore
+    replica: str = ""
     nonce: str = field(default_factory=lambda: secrets.token_hex(6))
     version: str | None = None
     capabilities: dict[str, Any] = field(default_factory=dict)
     upstream_sids: dict[str, str | None] = field(default_factory=dict)
     upstream_versions: dict[str, str] = field(default_factory=dict)
-    catalog: Catalog = field(default_factory=Catalog)
-    waiters: dict[str, Waiter] = field(default_factory=dict)
-    holds: dict[Any, anyio.CancelScope] = field(default_factory=dict)
-    events: EventStore = field(default_factory=EventStore)
-    last_used: float = field(default_factory=time.monotonic)
-    counter: int = 0
+    local: Local = field(default_factory=Local)
+
+    @classmethod
+    def of(cls, facts: SessionFacts, local: Local, events: EventStore, replica: str) -> HttpSession:
+        return cls(id=facts.id, principal=facts.principal, events=events, replica=replica, nonce=facts.nonce,
+                   version=facts.version, capabilities=facts.capabilities, upstream_sids=facts.upstream_sids,
+                   upstream_versions=facts.upstream_versions, local=local)
+
+    def facts(self) -> SessionFacts:
+        return SessionFacts(id=self.id, principal=self.principal, nonce=self.nonce, version=self.version,
+                            capabilities=self.capabilities, upstream_sids=self.upstream_sids,
+                            upstream_versions=self.upstream_versions)
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.local.catalog
+
+    @property
+    def waiters(self) -> dict[str, Waiter]:
+        return self.local.waiters
+
+    @property
+    def holds(self) -> dict[Any, anyio.CancelScope]:
+        return self.local.holds
 
     def originate(self) -> str:
-        self.counter += 1
-        return f"{ID_PREFIX}{self.nonce}/{self.counter}"
+        """An id for a request the gateway sends on this session, unique across replicas (the
+        replica's token) without a round trip to a shared counter."""
+        self.local.counter += 1
+        return f"{ID_PREFIX}{self.nonce}/{self.replica}.{self.local.counter}"
+
+    def originated(self, rpc_id: str) -> bool:
+        """Whether `rpc_id` is an id some replica originated on this session."""
+        return rpc_id.startswith(f"{ID_PREFIX}{self.nonce}/")
 
 
 @dataclass(slots=True)

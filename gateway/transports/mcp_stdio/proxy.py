@@ -277,7 +277,7 @@ class StdioProxy:
         tools = calls.listed_tools(result)
         self.session.record_tools(tools, first_page=False)
         self.session.tools_stale = False
-        visible = calls.visible_names(self.gateway, self.pins, self.credentials, self.backend_id, [(t["name"], t) for t in tools])
+        visible = await calls.visible_names(self.gateway, self.pins, self.credentials, self.backend_id, [(t["name"], t) for t in tools])
         filtered = gov.filter_list_result(result, visible, modern=action.protocol_version in MODERN_VERSIONS)
         await self._do(self.session.answer(action.key, {**response, "result": filtered}))
 
@@ -441,14 +441,14 @@ async def serve_stdio(
 ) -> int:
     """Open the gateway (no configured upstreams: the one backend is CMD) and proxy until stdin closes."""
     from gateway.core.errors import ConfigError
-    from gateway.runtime import open_gateway
+    from gateway.runtime import open_gateway, pin_store_for
 
     gateway = await open_gateway(settings.model_copy(update={"upstreams": []}))
     try:
         proxy = StdioProxy(
             gateway,
             command,
-            pins=PinStore(settings.state_dir),
+            pins=pin_store_for(gateway, settings),
             backend_id=backend_id,
             max_message_bytes=max_message_bytes,
             hold_seconds=hold_seconds,

@@ -1,0 +1,152 @@
+"""Legacy `/mcp` sessions and their event stores in one process's memory: the embedded default.
+
+Sessions unused for `idle_seconds` are dropped (checked on use, and swept when one is created, so
+memory stays bounded without a background task). With one process there is no other replica to
+signal: `publish` does nothing and `signals` ends at once.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import anyio
+
+from gateway.stores.base import SessionFacts, SessionSignal, StreamLog
+
+MAX_EVENTS = 512
+MAX_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class _Stream:
+    events: deque[tuple[int, str, bytes]] = field(default_factory=deque)
+    done: bool = False
+    changed: anyio.Event = field(default_factory=anyio.Event)
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+class MemoryEventStore:
+    """The events one session's streams carried (`gateway.stores.base.EventStore`), in memory."""
+
+    def __init__(self, *, max_events: int = MAX_EVENTS, max_bytes: int = MAX_BYTES) -> None:
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.size = 0
+        self._order: deque[tuple[str, str, int]] = deque()  # (token, event id, size), oldest first
+        self._index: dict[str, tuple[StreamLog, int]] = {}
+        self._streams: dict[str, _Stream] = {}
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def open(self, *, standalone: bool = False) -> StreamLog:
+        log = StreamLog(standalone=standalone)
+        self._streams[log.token] = _Stream()
+        return log
+
+    async def append(self, stream: StreamLog, data: bytes) -> str:
+        state = self._streams.setdefault(stream.token, _Stream())
+        stream.seq += 1
+        event_id = f"{stream.token}.{stream.seq}"
+        state.events.append((stream.seq, event_id, data))
+        self._order.append((stream.token, event_id, len(data)))
+        self._index[event_id] = (stream, stream.seq)
+        self.size += len(data)
+        while self._order and (len(self._order) > self.max_events or self.size > self.max_bytes):
+            self._evict()
+        state.wake()
+        return event_id
+
+    async def finish(self, stream: StreamLog) -> None:
+        state = self._streams.get(stream.token)
+        if state is not None:
+            state.done = True
+            state.wake()
+
+    async def find(self, event_id: str) -> tuple[StreamLog, int] | None:
+        return self._index.get(event_id)
+
+    async def follow(self, stream: StreamLog, after: int, *, wait: bool = True) -> AsyncIterator[tuple[str, bytes]]:
+        state = self._streams.get(stream.token)
+        if state is None:
+            return
+        while True:
+            for seq, event_id, data in list(state.events):
+                if seq > after:
+                    after = seq
+                    if data:
+                        yield event_id, data
+            if state.done or not wait:
+                return
+            await state.changed.wait()
+
+    def _evict(self) -> None:
+        token, event_id, size = self._order.popleft()
+        state = self._streams.get(token)
+        if state is not None:
+            if state.events and state.events[0][1] == event_id:
+                state.events.popleft()
+            if not state.events and state.done:
+                del self._streams[token]
+        self._index.pop(event_id, None)
+        self.size -= size
+
+
+class MemorySessionStore:
+    """Legacy sessions of this process (`gateway.stores.base.SessionStore`), with idle expiry."""
+
+    def __init__(self, idle_seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.idle_seconds = idle_seconds
+        self.replica = secrets.token_hex(4)
+        self._clock = clock
+        self._sessions: dict[str, SessionFacts] = {}
+        self._events: dict[str, MemoryEventStore] = {}
+        self._used: dict[str, float] = {}
+
+    async def create(self, facts: SessionFacts) -> None:
+        now = self._clock()
+        for sid in [s for s, used in self._used.items() if now - used >= self.idle_seconds]:
+            self._drop(sid)
+        self._sessions[facts.id] = facts.model_copy(deep=True)
+        self._used[facts.id] = now
+
+    async def load(self, session_id: str) -> SessionFacts | None:
+        used = self._used.get(session_id)
+        if used is None:
+            return None
+        now = self._clock()
+        if now - used >= self.idle_seconds:
+            self._drop(session_id)
+            return None
+        self._used[session_id] = now
+        return self._sessions[session_id].model_copy(deep=True)
+
+    async def save(self, facts: SessionFacts) -> None:
+        if facts.id in self._sessions:
+            self._sessions[facts.id] = facts.model_copy(deep=True)
+
+    async def end(self, session_id: str) -> None:
+        self._drop(session_id)
+
+    def events(self, session_id: str) -> MemoryEventStore:
+        """The session's store (made for a session being opened; `end` forgets it if it never opens)."""
+        return self._events.setdefault(session_id, MemoryEventStore())
+
+    async def publish(self, signal: SessionSignal) -> None:
+        return None
+
+    async def signals(self) -> AsyncIterator[SessionSignal]:
+        return
+        yield  # an async generator that ends at once
+
+    def _drop(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+        self._events.pop(session_id, None)
+        self._used.pop(session_id, None)

@@ -1,0 +1,83 @@
+"""The legacy session store (`gateway.stores.base.SessionStore`): the same contract on the
+in-memory form and the Redis form (a real redis-server), so the two cannot drift."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from gateway.config import RedisSettings
+from gateway.stores.base import SessionFacts, SessionSignal, SessionStore
+from gateway.stores.memory_sessions import MemorySessionStore
+from gateway.stores.redis import connect
+from gateway.stores.redis_sessions import RedisSessionStore
+
+IDLE = 1.0
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
+    if request.param == "memory":
+        yield MemorySessionStore(IDLE)
+        return
+    link = connect(RedisSettings(url=request.getfixturevalue("redis_url")))
+    yield RedisSessionStore(link, IDLE, block_seconds=0.2)
+    await link.aclose()
+
+
+def _facts(sid: str = "dgs_a") -> SessionFacts:
+    return SessionFacts(id=sid, principal="alice", nonce="n1", capabilities={"elicitation": {}},
+                        upstream_sids={"toy": "up-1"})
+
+
+async def test_facts_round_trip_and_end_forgets_them(store: SessionStore) -> None:
+    await store.create(_facts())
+    assert await store.load("dgs_b") is None
+    loaded = await store.load("dgs_a")
+    assert loaded == _facts()
+    await store.save(loaded.model_copy(update={"version": "2025-11-25", "upstream_versions": {"toy": "2025-11-25"}}))
+    again = await store.load("dgs_a")
+    assert again is not None and again.version == "2025-11-25" and again.upstream_sids == {"toy": "up-1"}
+    events = store.events("dgs_a")
+    kept = await events.append(events.open(), b"x")
+    await store.end("dgs_a")
+    assert await store.load("dgs_a") is None and await store.events("dgs_a").find(kept) is None
+
+
+async def test_idle_sessions_expire_and_use_keeps_them(store: SessionStore) -> None:
+    await store.create(_facts("dgs_used"))
+    await store.create(_facts("dgs_idle"))
+    started = time.monotonic()
+    while time.monotonic() - started < IDLE * 1.5:  # used more often than the idle limit: stays
+        assert await store.load("dgs_used") is not None
+        await anyio.sleep(IDLE / 5)
+    with anyio.fail_after(10):
+        while await store.load("dgs_idle") is not None:
+            await anyio.sleep(0.05)
+    assert await store.load("dgs_used") is not None
+
+
+async def test_signals_reach_the_other_replicas_only(redis_url: str) -> None:
+    link = connect(RedisSettings(url=redis_url))
+    a, b = RedisSessionStore(link, IDLE, block_seconds=0.2), RedisSessionStore(link, IDLE, block_seconds=0.2)
+    got: list[SessionSignal] = []
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                async def listen(store: Any) -> None:
+                    async for signal in store.signals():
+                        got.append(signal)
+                        tg.cancel_scope.cancel()
+
+                tg.start_soon(listen, b)
+                tg.start_soon(listen, a)
+                while (await link.client.pubsub_numsub(a.channel))[0][1] < 2:  # both subscribed
+                    await anyio.sleep(0.02)
+                await a.publish(SessionSignal(kind="cancel", session="dgs_a", key=7))
+    finally:
+        await link.aclose()
+    assert [(s.kind, s.session, s.key, s.origin) for s in got] == [("cancel", "dgs_a", 7, a.replica)]
