@@ -15,7 +15,7 @@ import pytest
 from audit import proofs
 from audit.checkpoint import CheckpointSigner, verify_checkpoint_jwks
 from audit.merkle import consistency_proof, inclusion_proof, root_hash, verify_inclusion
-from audit.postgres import migrate_ledger
+from audit.postgres import grant_roles, migrate_ledger
 from audit.verify import verify_ledger
 from gateway.cli.main import main as dharma_main
 from gateway.crypto.receipts import KeyStore
@@ -198,3 +198,34 @@ async def test_migrate_copies_the_subtree_hashes(tmp_path: Path, request: pytest
     with open_reader(url) as copied:
         assert [tuple(row) for row in copied.subtrees()] == wanted and len(wanted) == 1
         assert copied.keeps_subtrees() and verify_ledger(copied).ok
+
+
+async def test_an_older_granted_ledger_keeps_working_and_grant_completes_it(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A PostgreSQL ledger granted before subtree hashes existed: its writer role may not create the
+    table, so it logs that and keeps appending (no subtree rows); the owner's `grant_roles` then
+    stores them, and the ledger verifies."""
+    url = str(new_location("postgres", request, tmp_path))
+    ledger = await open_ledger(url)
+    await fill(ledger, 300)
+    await ledger.aclose()
+    conn = attacker(url)
+    conn.execute("DELETE FROM meta WHERE key = 'subtrees'")
+    conn.execute("DROP TABLE subtrees")
+    conn.close()
+    writer = f"w_{url.rsplit('/', 1)[1]}"
+    with psycopg.connect(url, autocommit=True) as owner:
+        owner.execute(f"CREATE ROLE {writer} LOGIN")
+        for table, privileges in {"meta": "SELECT", "head": "SELECT, UPDATE", "records": "SELECT, INSERT",
+                                  "record_rules": "SELECT, INSERT", "checkpoints": "SELECT, INSERT"}.items():
+            owner.execute(f"GRANT {privileges} ON TABLE {table} TO {writer}")  # what an older grant gave
+        owner.execute(f"REVOKE CREATE ON SCHEMA public FROM PUBLIC, {writer}")
+    as_writer = url.replace("dharma@", f"{writer}@", 1)
+    ledger = await open_ledger(as_writer)
+    await fill(ledger, 10, start=300)
+    await ledger.aclose()
+    with open_reader(url) as reader:
+        assert reader.size() == 310 and not reader.keeps_subtrees() and verify_ledger(reader).ok
+    grant_roles(url, writer=writer, readers=[])
+    with open_reader(url) as reader:
+        assert reader.keeps_subtrees() and [(h, i) for h, i, _ in reader.subtrees()] == [(8, 0)]
+        assert verify_ledger(reader).ok
