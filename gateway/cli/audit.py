@@ -336,10 +336,13 @@ def cmd_audit_grant(args: argparse.Namespace) -> int:
     if args.writer is None and not args.reader:
         raise ConfigError("audit grant needs --writer ROLE, --reader ROLE or both")
     from audit.postgres import grant_roles
+    from gateway.stores.postgres_approvals import grant_roles as grant_approval_roles
 
     for line in grant_roles(args.url, writer=args.writer, readers=args.reader):
         out(line)
-    out(f"OK {_display(args.url)}: the ledger is insert-only by privileges as well as by triggers")
+    for line in grant_approval_roles(args.url, writer=args.writer, readers=args.reader):
+        out(line)
+    out(f"OK {_display(args.url)}: the ledger and its approvals are insert-only by privileges as well as by triggers")
     return EXIT_OK
 
 

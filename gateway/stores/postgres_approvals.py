@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
 import psycopg
+import psycopg.sql
 import structlog
 
 from audit.postgres import LinkedRow
@@ -280,3 +281,50 @@ async def _close(conn: psycopg.AsyncConnection[Any] | None) -> None:
     if conn is not None:
         with contextlib.suppress(psycopg.Error):
             await conn.close()
+
+
+def grant_roles(url: str, *, writer: str | None, readers: Sequence[str]) -> list[str]:
+    """Give the approval tables the ledger's privileges (`dharma audit grant`, run as the owner):
+    create them if missing, revoke everything from PUBLIC and the roles, then let `writer` read and
+    append (UPDATE on `approval_holds` only for the row lock its `SELECT … FOR UPDATE` takes; the
+    triggers still refuse every UPDATE) and each reader read. Idempotent; one line per action.
+
+    Raises:
+        ConfigError: PostgreSQL cannot be reached or the statements fail (says which server).
+    """
+    ident, sql_ = psycopg.sql.Identifier, psycopg.sql.SQL
+    roles = [r for r in (writer, *readers) if r is not None]
+    schema = ident(SCHEMA)
+    tables = sql_(", ").join(sql_("{}.{}").format(schema, ident(t)) for t in TABLES)
+    who = sql_(", ").join([sql_("PUBLIC"), *(ident(r) for r in roles)])
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+            if conn.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.approval_recorded",)).fetchone()[0] is None:  # type: ignore[index]
+                conn.execute(_DDL)  # type: ignore[call-overload]
+            statements = [
+                sql_("REVOKE ALL ON TABLE {} FROM {}").format(tables, who),
+                sql_("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}").format(schema, who),
+                sql_("REVOKE ALL ON SCHEMA {} FROM {}").format(schema, who),
+                sql_("REVOKE ALL ON FUNCTION {}.insert_only() FROM {}").format(schema, who),
+            ]
+            if roles:
+                statements.append(sql_("GRANT USAGE ON SCHEMA {} TO {}").format(schema, sql_(", ").join(ident(r) for r in roles)))
+            if writer is not None:
+                statements += [
+                    sql_("GRANT SELECT, INSERT ON TABLE {} TO {}").format(tables, ident(writer)),
+                    sql_("GRANT UPDATE ON TABLE {}.approval_holds TO {}").format(schema, ident(writer)),
+                    sql_("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {} TO {}").format(schema, ident(writer)),
+                ]
+            for reader in readers:
+                statements.append(sql_("GRANT SELECT ON TABLE {} TO {}").format(tables, ident(reader)))
+            for statement in statements:
+                conn.execute(statement)
+    except psycopg.Error as exc:
+        raise ConfigError(f"{display_url(url)}: the approval tables' grants were not applied ({_first_line(exc)})") from None
+    done = [f"approvals ({SCHEMA}): revoked every privilege from PUBLIC and {', '.join(roles)}"]
+    if writer is not None:
+        done.append(f"writer {writer}: SELECT, INSERT on {', '.join(TABLES)}; UPDATE on approval_holds (row locks only: "
+                    "the triggers refuse every UPDATE)")
+    done += [f"auditor {reader}: SELECT on {', '.join(TABLES)}" for reader in readers]
+    return done
