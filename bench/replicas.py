@@ -66,6 +66,26 @@ async def _drive(cluster: Cluster, clients: int, seconds: float) -> dict[str, An
             "client_cpu": (time.process_time() - own0) / n}
 
 
+async def _interleaved(a: Cluster, b: Cluster, seconds: float) -> tuple[Stats, Stats]:
+    """One client alternating calls between `a` and `b`, call by call: their lone-call latencies
+    under the same load, so the difference is theirs and not the machine's."""
+    clock = time.perf_counter
+    took: tuple[list[float], list[float]] = ([], [])
+    async with httpx.AsyncClient(timeout=60) as http:
+        for c in (a, b):
+            for _ in range(20):
+                await http.post(f"{c.urls[0]}/v1/tools/write_note:call", json={"arguments": {"path": "warm"}}, headers=HEADERS)
+        start = clock()
+        i = 0
+        while clock() - start < seconds:
+            for side, c in enumerate((a, b)):
+                t0 = clock()
+                await http.post(f"{c.urls[0]}/v1/tools/write_note:call", json={"arguments": {"path": f"i{i}"}}, headers=HEADERS)
+                took[side].append(clock() - t0)
+            i += 1
+    return Stats.of(took[0]), Stats.of(took[1])
+
+
 async def run(opts: Options, results: Results) -> None:
     seconds = 1.5 if opts.quick else 8.0
     clients = 4 if opts.quick else 12
@@ -76,6 +96,8 @@ async def run(opts: Options, results: Results) -> None:
     rows: list[list[str]] = []
     base_rate = base_p50 = float("nan")
     single: dict[str, float] = {}
+    memory_cluster: Cluster | None = None
+    lone: tuple[Stats, Stats] | None = None
     with running_redis(redis_bin() or "") as redis, tempfile.TemporaryDirectory(prefix="dharma-bench-replicas-",
                                                                               dir=opts.workdir) as tmp:
         setups: list[tuple[str, int, dict[str, str] | None, bool]] = [
@@ -91,24 +113,34 @@ async def run(opts: Options, results: Results) -> None:
             cluster = await start_cluster(directory, replicas=count,
                                           ledger=ledger or {"path": str(directory / "ledger.db")},
                                           redis_url=redis.url if shared else None, rate_limits=LIMIT)
+            keep = name == "1 replica, PostgreSQL, memory"  # kept running to compare with the next row
             try:
                 if count == 1:
                     one = await _drive(cluster, 1, seconds / 2)
                     single[name] = one["stats"].p50
                 got = await _drive(cluster, clients, seconds)
+                if keep:
+                    memory_cluster = cluster
+                elif name == "1 replica, PostgreSQL + Redis":
+                    lone = await _interleaved(memory_cluster, cluster, seconds)
             finally:
-                with contextlib.suppress(Exception):
-                    cluster.stop_all()
+                if not keep:
+                    for done in {id(cluster): cluster, id(memory_cluster): memory_cluster}.values() if memory_cluster else (cluster,):
+                        with contextlib.suppress(Exception):
+                            done.stop_all()
+                    memory_cluster = None
             stats: Stats = got["stats"]
             if k == 0:
                 base_rate, base_p50 = got["rate"], stats.p50
             rows.append([name, fmt_time(single.get(name, float("nan"))), fmt_time(stats.p50), fmt_time(stats.p99),
                          fmt_num(got["rate"]), f"{got['rate'] / base_rate:.2f}x", fmt_time(got["cpu"]),
                          fmt_time(got["client_cpu"])])
-    redis_cost = single["1 replica, PostgreSQL + Redis"] - single["1 replica, PostgreSQL, memory"]
+    assert lone is not None
+    redis_cost = lone[1].p50 - lone[0].p50
     table("replicas",
           ["setup", "1 client p50", f"{clients} clients p50", "p99", "calls/s", "x 1 SQLite", "cpu/call", "client cpu/call"],
           rows,
           note=(f"HTTP tool API, round-robin over the replicas, {clients} clients, {seconds:g} s per row; PostgreSQL fsync on.\n"
-                f"Redis round trips add {fmt_time(redis_cost)} to a lone call's p50 "
-                f"(1 replica, PostgreSQL + Redis vs PostgreSQL + memory); baseline {fmt_time(base_p50)} p50 at {clients} clients."))
+                f"Redis round trips add {fmt_time(redis_cost)} to a lone call's p50: {fmt_time(lone[1].p50)} with Redis vs "
+                f"{fmt_time(lone[0].p50)} with memory (1 replica, PostgreSQL ledger, one client alternating between them).\n"
+                f"Baseline {fmt_time(base_p50)} p50 at {clients} clients."))
