@@ -12,6 +12,8 @@ queued, commits them in one transaction and only then answers each caller. A fai
 fails its whole batch (fail closed) and the writer drops its connection, so the next batch starts
 on a fresh session: after PostgreSQL was down, made read-only or out of space, appends resume on
 their own once it can take them again.
+`append_linked` commits one record together with one row of the caller's (the approval store
+marks an approval event recorded that way), in a transaction of its own: both or neither.
 Given a `CheckpointSigner`, the writer signs and stores checkpoints on its own, on the same
 schedule as the SQLite writer (`audit.checkpoint.CheckpointSchedule`: at least every
 `checkpoint_interval` seconds while the tree grows, and on close).
@@ -28,6 +30,7 @@ import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -45,6 +48,7 @@ from audit.merkle import CompactRange
 from audit.records import (
     FORMAT,
     GENESIS_PREV,
+    SUBTREES_KEY,
     Appended,
     IndexFields,
     RecordFilter,
@@ -52,22 +56,33 @@ from audit.records import (
     encode_entry,
     index_fields,
     parse_record,
+    quick_index,
     record_bytes,
 )
 from audit.sqlite import deliver
 from audit.sqlite_read import filter_sql
-from audit.store import IndexedRecord, LedgerReader, RawRecord
+from audit.store import IndexedRaw, IndexedRecord, LedgerReader, RawRecord
 from audit.verify import VerifyReport, verify_ledger
 
 log = structlog.get_logger()
 
 CONNECT_TIMEOUT_S = 5
-READ_CHUNK = 5000
+READ_CHUNK = 10_000
 STREAM_CHUNK = 100
 """Rows a query's server-side cursor fetches per round trip."""
-LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints")
+LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints", "subtrees")
 CREATE_LOCK = 0x6448_6172_6D61  # advisory lock id: two replicas creating one ledger take turns
 
+# The query indexes: derived from the records, so a writer recreates any that is missing when it opens
+# the ledger (the bulk loader drops them for the load and builds them once at the end).
+SECONDARY_INDEXES = (
+    ("records_principal_time", "records(principal, time)"),
+    ("records_tool_time", "records(tool, time)"),
+    ("records_time", "records(time)"),
+    ("record_rules_rule", "record_rules(rule_id, seq)"),
+    ("record_rules_seq", "record_rules(seq)"),  # verify reads each record's rule rows by seq
+)
+SECONDARY_SCHEMA = "".join(f"CREATE INDEX IF NOT EXISTS {name} ON {columns};\n" for name, columns in SECONDARY_INDEXES)
 SCHEMA = """
 CREATE TABLE meta(key text PRIMARY KEY, value text NOT NULL);
 CREATE TABLE head(one boolean PRIMARY KEY DEFAULT true CHECK (one), size bigint NOT NULL, hash bytea NOT NULL);
@@ -80,11 +95,6 @@ CREATE TABLE records(
 );
 CREATE TABLE record_rules(seq bigint NOT NULL, rule_id text NOT NULL);
 CREATE TABLE checkpoints(size bigint PRIMARY KEY, note text NOT NULL, created_at text NOT NULL);
-CREATE INDEX records_principal_time ON records(principal, time);
-CREATE INDEX records_tool_time ON records(tool, time);
-CREATE INDEX records_time ON records(time);
-CREATE INDEX record_rules_rule ON record_rules(rule_id, seq);
-CREATE INDEX record_rules_seq ON record_rules(seq);  -- verify reads each record's rule rows by seq
 CREATE FUNCTION dharma_ledger_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'karma ledger is append-only (% on %)', TG_OP, TG_TABLE_NAME; END $$;
 CREATE FUNCTION dharma_ledger_head_forward() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -98,14 +108,23 @@ CREATE TRIGGER head_no_delete BEFORE DELETE OR TRUNCATE ON head FOR EACH STATEME
 """ + "".join(
     f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {table} "
     "FOR EACH STATEMENT EXECUTE FUNCTION dharma_ledger_append_only();\n"
-    for table in LEDGER_TABLES
+    for table in LEDGER_TABLES if table != "subtrees"
 )
+# Hashes of complete subtrees, derived from the records (outside the chain; `audit verify` checks
+# them): proofs read O(log n) of them instead of every leaf. A ledger created before it existed gets
+# the table and its rows when a writer opens it.
+SUBTREES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS subtrees(height integer NOT NULL, idx bigint NOT NULL, hash bytea NOT NULL, PRIMARY KEY(height, idx));
+CREATE OR REPLACE TRIGGER subtrees_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON subtrees
+    FOR EACH STATEMENT EXECUTE FUNCTION dharma_ledger_append_only();
+"""
 
 INSERT_RECORD = (
     "INSERT INTO records(seq, hash, body, time, principal, tool, decision, status, request_id, policy_version) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 INSERT_RULE = "INSERT INTO record_rules(seq, rule_id) VALUES (%s, %s)"
+INSERT_SUBTREE = "INSERT INTO subtrees(height, idx, hash) VALUES (%s, %s, %s)"
 INSERT_CHECKPOINT = "INSERT INTO checkpoints(size, note, created_at) VALUES (%s, %s, %s) ON CONFLICT (size) DO NOTHING"
 
 
@@ -151,7 +170,10 @@ def _prepare(conn: psycopg.Connection[Any], name: str, *, create: bool) -> None:
             if not create:
                 raise LedgerError(f"{name}: no karma ledger there (the database is empty)")
             conn.execute(SCHEMA)
-            conn.execute("INSERT INTO meta(key, value) VALUES ('format', %s), ('created_at', %s)", (FORMAT, _utc_now()))
+            conn.execute(SECONDARY_SCHEMA)
+            conn.execute(SUBTREES_SCHEMA)
+            conn.execute("INSERT INTO meta(key, value) VALUES ('format', %s), ('created_at', %s), (%s, %s)",
+                         (FORMAT, _utc_now(), SUBTREES_KEY, str(merkle.SUBTREE_STRIDE)))
             conn.execute("INSERT INTO head(size, hash) VALUES (0, %s)", (bytes.fromhex(GENESIS_PREV),))
             log.info("ledger.created", url=name)
         row = conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
@@ -203,12 +225,56 @@ def _rebuild(conn: psycopg.Connection[Any], name: str) -> tuple[CompactRange, st
     return frontier, bytes(head).hex() if size else GENESIS_PREV
 
 
+def _complete_derived(conn: psycopg.Connection[Any], name: str) -> bool:
+    """Recreate a missing query index and give an older ledger its subtree hashes; True when the
+    ledger stores subtree hashes. A role that may not (the writer role after `dharma audit grant`)
+    leaves that to the owner: it is logged, queries and proofs still work, proofs read every leaf."""
+    try:
+        present = conn.execute("SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema()"
+                               " AND indexname = ANY(%s)", ([n for n, _ in SECONDARY_INDEXES],)).fetchone()[0]  # type: ignore[index]
+        if present < len(SECONDARY_INDEXES):
+            conn.execute(SECONDARY_SCHEMA)
+        _store_missing_subtrees(conn, name)
+        return True
+    except psycopg.errors.InsufficientPrivilege as exc:
+        log.warning("ledger.derived_data_not_completed", url=name, reason=_first_line(exc),
+                    fix="run `dharma audit grant` (or open the ledger once) as its owner")
+        return conn.execute("SELECT 1 FROM meta WHERE key = %s", (SUBTREES_KEY,)).fetchone() is not None
+
+
+def _store_missing_subtrees(conn: psycopg.Connection[Any], name: str) -> None:
+    """Give a ledger created before subtree hashes were stored its `subtrees` table and rows (once,
+    under the head's row lock, so no other writer appends meanwhile)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (CREATE_LOCK,))
+        if conn.execute("SELECT 1 FROM meta WHERE key = %s", (SUBTREES_KEY,)).fetchone() is not None:
+            return
+        conn.execute("SELECT size FROM head FOR UPDATE")
+        conn.execute(SUBTREES_SCHEMA)
+        frontier = CompactRange()
+        subtrees = frontier.extend_collecting([bytes(h) for (h,) in conn.execute("SELECT hash FROM records ORDER BY seq")])
+        with conn.cursor() as cur:
+            cur.executemany(INSERT_SUBTREE, subtrees)
+        conn.execute("INSERT INTO meta(key, value) VALUES (%s, %s)", (SUBTREES_KEY, str(merkle.SUBTREE_STRIDE)))
+    log.info("ledger.subtrees_stored", url=name, count=len(subtrees), size=frontier.size)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkedRow:
+    """A row written in the same transaction as one record: `sql` runs with `(*params, seq, hash)`
+    (the record's position and hex hash), so the row exists exactly when the record does."""
+
+    sql: str
+    params: tuple[Any, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class _Pending:
     entry: bytes
     fields: IndexFields
     rules: list[str]
     future: asyncio.Future[Appended]
+    linked: LinkedRow | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +293,7 @@ class PostgresLedger:
     """A writer of a PostgreSQL karma ledger (one of possibly several). Build it with `await PostgresLedger.open(url)`."""
 
     def __init__(self, url: str, conn: psycopg.AsyncConnection[Any], frontier: CompactRange, head_hash: str,
-                 *, batch_max: int, schedule: CheckpointSchedule) -> None:
+                 *, batch_max: int, schedule: CheckpointSchedule, subtrees: bool = True) -> None:
         self._url = url
         self._name = display_url(url)
         self._conn: psycopg.AsyncConnection[Any] | None = conn
@@ -239,6 +305,7 @@ class PostgresLedger:
         self._schedule = schedule
         self._queue: asyncio.Queue[_Pending | _Command | None] = asyncio.Queue()
         self._closed = False
+        self._subtrees = subtrees  # whether this ledger stores subtree hashes (see `_complete_derived`)
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"karma-ledger:{self._name}")
 
     @classmethod
@@ -256,20 +323,21 @@ class PostgresLedger:
         name = display_url(url)
         if batch_max < 1 or checkpoint_interval <= 0:
             raise LedgerError(f"{name}: batch_max must be >= 1 and checkpoint_interval > 0")
-        frontier, head_hash, checkpointed = await asyncio.to_thread(cls._open_sync, url, name)
+        frontier, head_hash, checkpointed, subtrees = await asyncio.to_thread(cls._open_sync, url, name)
         conn = await cls._connect_async(url, name)
         log.info("ledger.opened", url=name, size=frontier.size)
         schedule = CheckpointSchedule(checkpoint_signer, checkpoint_interval, clock, checkpointed)
-        return cls(url, conn, frontier, head_hash, batch_max=batch_max, schedule=schedule)
+        return cls(url, conn, frontier, head_hash, batch_max=batch_max, schedule=schedule, subtrees=subtrees)
 
     @staticmethod
-    def _open_sync(url: str, name: str) -> tuple[CompactRange, str, int]:
+    def _open_sync(url: str, name: str) -> tuple[CompactRange, str, int, bool]:
         with _connect(url, name) as conn:
             try:
                 _prepare(conn, name, create=True)
+                subtrees = _complete_derived(conn, name)
                 frontier, head_hash = _rebuild(conn, name)
                 checkpointed = conn.execute("SELECT COALESCE(MAX(size), 0) FROM checkpoints").fetchone()[0]  # type: ignore[index]
-                return frontier, head_hash, int(checkpointed)
+                return frontier, head_hash, int(checkpointed), subtrees
             except psycopg.Error as exc:
                 raise LedgerError(f"{name} cannot be prepared as a karma ledger ({_first_line(exc)})") from None
 
@@ -305,6 +373,18 @@ class PostgresLedger:
         """
         item = _Pending(encode_entry(entry, ledger=self._name), index_fields(entry), rule_ids(entry),
                         asyncio.get_running_loop().create_future())
+        self._submit(item)
+        return await asyncio.shield(item.future)
+
+    async def append_linked(self, entry: Mapping[str, Any], linked: LinkedRow) -> Appended:
+        """Record one entry and write `linked` in the same transaction, a batch of its own (so a
+        linked row that fails, e.g. on a unique key, fails only this record, never other calls').
+
+        Raises:
+            LedgerError: as `append`; then neither the record nor the row was written.
+        """
+        item = _Pending(encode_entry(entry, ledger=self._name), index_fields(entry), rule_ids(entry),
+                        asyncio.get_running_loop().create_future(), linked)
         self._submit(item)
         return await asyncio.shield(item.future)
 
@@ -344,9 +424,9 @@ class PostgresLedger:
                     item = await self._next_item()
                     continue
                 batch = [item]
-                while len(batch) < self._batch_max and not self._queue.empty():
+                while item.linked is None and len(batch) < self._batch_max and not self._queue.empty():
                     item = self._queue.get_nowait()
-                    if not isinstance(item, _Pending):
+                    if not isinstance(item, _Pending) or item.linked is not None:
                         break
                     batch.append(item)
                 else:
@@ -436,17 +516,26 @@ class PostgresLedger:
                     rules.extend((seq, rule) for rule in item.rules)
                     hashes.append(digest)
                     results.append(Appended(seq, prev))
+                grown = self._frontier.copy()
+                subtrees = grown.extend_collecting(hashes)
+                if not self._subtrees:  # an older ledger the owner has not completed yet
+                    subtrees = []
                 async with conn.cursor() as cur:
                     await cur.executemany(INSERT_RECORD, rows)
                     if rules:
                         await cur.executemany(INSERT_RULE, rules)
+                    for item, done in zip(batch, results, strict=True):
+                        if item.linked is not None:
+                            await cur.execute(item.linked.sql, (*item.linked.params, done.seq, done.hash))
+                    if subtrees:
+                        await cur.executemany(INSERT_SUBTREE, subtrees)
                     await cur.execute("UPDATE head SET size = %s, hash = %s", (seq, hashes[-1]))
         except psycopg.Error as exc:
             await self._drop_connection()
             log.error("ledger.batch_failed", url=self._name, first_seq=first, count=len(batch), error=_first_line(exc))
             raise LedgerError(f"{self._name}: {len(batch)} record(s) were not committed ({_first_line(exc)})") from None
-        self._frontier.extend(hashes)
-        self._size, self._hash, self._root = seq, prev, self._frontier.root()
+        self._frontier = grown
+        self._size, self._hash, self._root = seq, prev, grown.root()
         log.debug("ledger.batch_committed", url=self._name, first_seq=first, count=len(batch))
         return results
 
@@ -505,45 +594,36 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
         return int(self._fetch("SELECT COALESCE(MAX(seq), 0) FROM records")[0][0])
 
     def iter_records(self, start: int = 1) -> Iterator[RawRecord]:
-        """Yield (seq, hash bytes, record bytes) in seq order, a chunk of rows at a time."""
-        after = start - 1
-        while True:
-            rows = self._fetch("SELECT seq, hash, body FROM records WHERE seq > %s ORDER BY seq LIMIT %s",
-                               (after, READ_CHUNK))
-            for seq, digest, body in rows:
-                yield seq, bytes(digest), bytes(body)
-            if len(rows) < READ_CHUNK:
-                return
-            after = rows[-1][0]
+        """Yield (seq, hash bytes, record bytes) in seq order, READ_CHUNK rows at a time."""
+        return self._read_ahead(_RECORDS_SQL, start)
+
+    def iter_indexed(self, start: int = 1) -> Iterator[IndexedRaw]:
+        """Yield (seq, hash, body, *indexed columns, rule rows) in seq order: `verify_ledger` checks
+        the chain and the indexes in one pass over these (see `audit.store.IndexedRecordReader`)."""
+        return self._read_ahead(_INDEXED_SQL, start)
 
     def index_suspects(self) -> Iterator[IndexedRecord]:
-        """Records whose indexed columns or rule rows may disagree with their bytes, oldest first.
+        """Records whose indexed columns or rule rows may disagree with their bytes, oldest first:
+        those whose index row differs from what `quick_index` reads out of their bytes, or whose
+        bytes it cannot read (the exact check decides)."""
+        for row in self.iter_indexed():
+            if quick_index(row[2]) != row[3:]:
+                yield IndexedRecord(seq=row[0], body=row[2], fields=IndexFields(*row[3:-1]), rules=tuple(row[-1] or ()))
 
-        One SQL pass per window of SUSPECT_WINDOW seqs, on a connection of its own (so it can run
-        in another thread while the chain is walked): PostgreSQL reads the body as jsonb and
-        compares each indexed field with its column and `matched_rules` with the rule rows, so only
-        the records that differ reach Python's exact check. A body PostgreSQL cannot read as JSON
-        makes that window's pass fail; then every record of the window is handed over instead.
-        """
-        conn = _connect(self._url, self._name)
-        try:
-            last = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()[0])  # type: ignore[index]
-            for low in range(0, last, SUSPECT_WINDOW):
-                high = low + SUSPECT_WINDOW
-                try:
-                    windows = [conn.execute(_SUSPECTS_SQL, {"low": low, "high": high}).fetchall()]
-                except psycopg.DataError as exc:
-                    log.warning("ledger.index_check_thorough", url=self._name, after_seq=low, reason=_first_line(exc))
-                    windows = (conn.execute(_INDEXED_SQL, (sub, min(sub + READ_CHUNK, high))).fetchall()
-                               for sub in range(low, high, READ_CHUNK))
-                for rows in windows:
-                    for row in rows:
-                        yield IndexedRecord(seq=row[0], body=bytes(row[1]), fields=IndexFields(*row[2:9]),
-                                            rules=tuple(row[9]))
-        except psycopg.Error as exc:
-            raise LedgerError(f"{self._name}: cannot read the ledger's indexes ({_first_line(exc)})") from None
-        finally:
-            conn.close()
+    def _read_ahead(self, sql: str, start: int) -> Iterator[Any]:
+        """The rows of `sql` (paged by `after` and `limit`), in binary format (bytea as raw bytes,
+        not hex); the next page is fetched on a second connection while the caller works through
+        this one, so PostgreSQL and the network work beside Python."""
+        with _connect(self._url, self._name) as ahead, ThreadPoolExecutor(1, "ledger-read-ahead") as pool:
+            fetch = functools.partial(_fetch_binary, ahead, self._name, sql)
+            pending = pool.submit(fetch, {"after": start - 1, "limit": READ_CHUNK})
+            while True:
+                rows = pending.result()
+                if len(rows) == READ_CHUNK:
+                    pending = pool.submit(fetch, {"after": rows[-1][0], "limit": READ_CHUNK})
+                yield from rows
+                if len(rows) < READ_CHUNK:
+                    return
 
     def index_orphans(self) -> Iterator[tuple[Any, str]]:
         """(seq, rule id) of every rule-index row whose seq names no record, lowest seq first."""
@@ -566,6 +646,32 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
         """The stored record hashes of seq 1..size (all when None)."""
         stop = self.size() if size is None else size
         return [bytes(h) for (h,) in self._fetch("SELECT hash FROM records WHERE seq <= %s ORDER BY seq", (stop,))]
+
+    def leaf_range(self, lo: int, hi: int) -> list[bytes]:
+        """The stored hashes of leaves lo..hi-1 (records lo+1..hi), in order."""
+        return [h for (h,) in _fetch_binary(self._conn, self._name, "SELECT hash FROM records WHERE seq > %s AND seq <= %s"
+                                            " ORDER BY seq", (lo, hi))]
+
+    def subtree_hashes(self, height: int, lo: int, hi: int) -> list[bytes]:
+        """The stored hashes of the subtrees lo..hi-1 of `height`, in order (fewer when some are
+        not stored; none from a ledger that stores none)."""
+        if not self._has_subtrees():
+            return []
+        return [h for (h,) in _fetch_binary(self._conn, self._name, "SELECT hash FROM subtrees WHERE height = %s"
+                                            " AND idx >= %s AND idx < %s ORDER BY idx", (height, lo, hi))]
+
+    def subtrees(self) -> Iterator[tuple[Any, Any, Any]]:
+        """Every stored subtree row as (height, index, hash), by height then index."""
+        if not self._has_subtrees():
+            return iter(())
+        return iter(_fetch_binary(self._conn, self._name, "SELECT height, idx, hash FROM subtrees ORDER BY height, idx", ()))
+
+    def keeps_subtrees(self) -> bool:
+        """Whether the ledger says it stores every complete subtree hash (so a missing one is tampering)."""
+        return bool(self._fetch("SELECT 1 FROM meta WHERE key = %s", (SUBTREES_KEY,)))
+
+    def _has_subtrees(self) -> bool:
+        return self._fetch("SELECT to_regclass('subtrees')")[0][0] is not None
 
     def inclusion_proof(self, seq: int, size: int | None = None) -> list[bytes]:
         """Audit path of record `seq` in the tree of the first `size` records."""
@@ -608,33 +714,31 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
             raise LedgerError(f"{self._name}: cannot read the ledger ({_first_line(exc)})") from None
 
 
-SUSPECT_WINDOW = 50_000
 _INDEXED = tuple(field.name for field in dataclasses.fields(IndexFields))
-_RULE_ROWS = "ARRAY(SELECT rule_id FROM record_rules x WHERE x.seq = r.seq ORDER BY rule_id COLLATE \"C\")"
+_RECORDS_SQL = "SELECT seq, hash, body FROM records WHERE seq > %(after)s ORDER BY seq LIMIT %(limit)s"
+# Each record with its indexed columns and its rule rows (sorted by code point, as Python sorts;
+# duplicates kept; NULL when none: an empty array costs Python ~1 µs a row to build). The page is a seq range (its end found on the primary key first), so both
+# tables are read in seq order and merged without a sort.
+_PAGE_END = (
+    "COALESCE((SELECT seq FROM records WHERE seq > %(after)s ORDER BY seq OFFSET %(limit)s - 1 LIMIT 1),"
+    " (SELECT max(seq) FROM records))"
+)
 _INDEXED_SQL = (
-    f"SELECT r.seq, r.body, {', '.join(f'r.{name}' for name in _INDEXED)}, {_RULE_ROWS} AS rules"
-    " FROM records r WHERE r.seq > %s AND r.seq <= %s ORDER BY r.seq"
+    f"WITH page AS MATERIALIZED (SELECT {_PAGE_END} AS last),"
+    " rr AS (SELECT seq, array_agg(rule_id ORDER BY rule_id COLLATE \"C\") AS rules FROM record_rules"
+    " WHERE seq > %(after)s AND seq <= (SELECT last FROM page) GROUP BY seq)"
+    f" SELECT r.seq, r.hash, r.body, {', '.join(f'r.{name}' for name in _INDEXED)}, rr.rules"
+    " FROM records r LEFT JOIN rr ON rr.seq = r.seq"
+    " WHERE r.seq > %(after)s AND r.seq <= (SELECT last FROM page) ORDER BY r.seq"
 )
-_CANONICAL_TIME_RE = "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}[.][0-9]{6}Z$"
-_CLEAN = " AND ".join([
-    "jsonb_typeof(e.entry) = 'object'",
-    *(f"COALESCE(e.entry -> '{name}', 'null') = COALESCE(to_jsonb(r.{name}), 'null')" for name in _INDEXED),
-    f"(r.time IS NULL OR r.time ~ '{_CANONICAL_TIME_RE}')",
-    "to_jsonb(COALESCE(rr.rules, '{}'::text[])) = COALESCE(NULLIF(e.entry -> 'matched_rules', 'null'), '[]')",
-    "COALESCE(rr.distinct_rows, true)",
-])
-# Only the records that may be wrong: a field whose JSON differs from its column (a number where
-# the column holds its text, say) or rules not already distinct and sorted go to Python's exact check.
-# Each body is parsed once (`OFFSET 0` keeps PostgreSQL from inlining the parse into every field's test)
-# and the rule rows are aggregated once per window, not looked up per record.
-_SUSPECTS_SQL = (
-    "WITH rr AS (SELECT seq, array_agg(rule_id ORDER BY rule_id COLLATE \"C\") AS rules,"
-    " count(*) = count(DISTINCT rule_id) AS distinct_rows FROM record_rules WHERE seq > %(low)s AND seq <= %(high)s GROUP BY seq)"
-    f" SELECT r.seq, r.body, {', '.join(f'r.{name}' for name in _INDEXED)}, COALESCE(rr.rules, '{{}}'::text[]) AS rules"
-    " FROM records r CROSS JOIN LATERAL (SELECT convert_from(r.body, 'UTF8')::jsonb -> 'entry' AS entry OFFSET 0) e"
-    " LEFT JOIN rr ON rr.seq = r.seq"
-    f" WHERE r.seq > %(low)s AND r.seq <= %(high)s AND NOT COALESCE({_CLEAN}, false) ORDER BY r.seq"
-)
+
+
+def _fetch_binary(conn: psycopg.Connection[Any], name: str, sql: str, params: Any) -> list[Any]:
+    """All rows of one query in binary format (bytea arrives as bytes)."""
+    try:
+        return conn.execute(sql, params, binary=True).fetchall()
+    except psycopg.Error as exc:
+        raise LedgerError(f"{name}: cannot read the ledger ({_first_line(exc)})") from None
 
 
 def _starts_with(prefix: str) -> tuple[str, str]:
@@ -648,7 +752,7 @@ def _filter_sql(where: RecordFilter) -> tuple[str, list[Any]]:
 
 
 WRITER_PRIVILEGES = {"meta": "SELECT", "head": "SELECT, UPDATE", "records": "SELECT, INSERT",
-                     "record_rules": "SELECT, INSERT", "checkpoints": "SELECT, INSERT"}
+                     "record_rules": "SELECT, INSERT", "checkpoints": "SELECT, INSERT", "subtrees": "SELECT, INSERT"}
 """What the gateway's role may do: read, append, and move the one head row forward (its trigger
 refuses a move back). `SELECT … FOR UPDATE` on the head needs UPDATE there."""
 TRIGGER_FUNCTIONS = ("dharma_ledger_append_only()", "dharma_ledger_head_forward()")
@@ -677,6 +781,7 @@ def grant_roles(url: str, *, writer: str | None, readers: Sequence[str]) -> list
     with _connect(url, name) as conn:
         try:
             _prepare(conn, name, create=True)
+            _complete_derived(conn, name)  # as the owner: the writer role may not create them later
             with conn.transaction():
                 _refuse_powerful_roles(conn, roles)
                 done += _create_missing_roles(conn, roles)
@@ -783,16 +888,21 @@ def migrate_ledger(source: LedgerReader, source_name: str, url: str) -> VerifyRe
 
 
 def _copy_records(conn: psycopg.Connection[Any], records: Iterator[RawRecord]) -> tuple[int, bytes] | None:
-    """Insert records as they are, with the columns and rule rows derived from their bytes."""
+    """Insert records as they are, with the columns and rule rows derived from their bytes and the
+    subtree hashes they complete."""
     last: tuple[int, bytes] | None = None
     rows: list[tuple[Any, ...]] = []
     rules: list[tuple[int, str]] = []
+    frontier = CompactRange()
 
     def flush() -> None:
+        subtrees = frontier.extend_collecting([row[1] for row in rows])
         with conn.cursor() as cur:
             cur.executemany(INSERT_RECORD, rows)
             if rules:
                 cur.executemany(INSERT_RULE, rules)
+            if subtrees:
+                cur.executemany(INSERT_SUBTREE, subtrees)
         rows.clear()
         rules.clear()
 

@@ -16,11 +16,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from audit.canon import NotCanonicalizable, canonical_bytes
 from audit.errors import LedgerError
 
 FORMAT = "dharma-ledger/1"
 GENESIS_PREV = "0" * 64
+SUBTREES_KEY = "subtrees"
+"""meta key a ledger holds once it stores every complete subtree hash (`audit.merkle.SUBTREE_STRIDE`)."""
 ENTRY_PREFIX = b'{"entry":'
 PREV_MARK = b',"prev":"'
 SEQ_MARK = b'","seq":'
@@ -182,6 +186,50 @@ def rule_ids(entry: Mapping[str, Any]) -> tuple[str, ...]:
     if isinstance(rules, list):
         return tuple(sorted({rule for rule in rules if isinstance(rule, str)}))
     return ()
+
+
+class _IndexedEntry(msgspec.Struct, gc=False):
+    """The entry fields the indexes hold, as `quick_index` accepts them; msgspec skips every other field."""
+
+    time: str | None = None
+    principal: str | None = None
+    tool: str | None = None
+    decision: str | None = None
+    status: str | None = None
+    request_id: str | None = None
+    policy_version: str | None = None
+    matched_rules: list[Any] | str | None = None
+
+
+class _IndexedRecord(msgspec.Struct, gc=False):
+    entry: _IndexedEntry
+
+
+_INDEX_DECODER = msgspec.json.Decoder(_IndexedRecord)
+
+
+def quick_index(body: bytes) -> tuple[Any, ...] | None:
+    """`(*index_fields(entry), sorted(rule_ids(entry)) or None)` of a record's entry, read by a parser
+    that builds only those fields (several times faster than `json.loads` on ledger records).
+
+    It answers only when every indexed field is a string or null and `matched_rules` a list, a
+    string or null; then it gives exactly what `json.loads` + `index_fields` + `rule_ids` give (both
+    parsers keep the last of duplicate keys and decode strings alike; msgspec refuses lone
+    surrogates, NaN and bytes that are not UTF-8). None means "not sure": take the exact path.
+    """
+    try:
+        e = _INDEX_DECODER.decode(body).entry
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        return None
+    rules = e.matched_rules
+    if type(rules) is list:
+        rules = sorted({rule for rule in rules if type(rule) is str}) or None
+    elif rules is not None:
+        rules = [rules]
+    time = e.time
+    if time is not None and not _CANONICAL_TIME.fullmatch(time):
+        time = normalize_time(time)
+    return (time, e.principal, e.tool, e.decision, e.status, e.request_id, e.policy_version, rules)
 
 
 def _text(value: Any) -> str | None:

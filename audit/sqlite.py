@@ -39,16 +39,25 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.checkpoint import CheckpointSchedule, CheckpointSigner, sign_checkpoint
 from audit.errors import LedgerError
-from audit.merkle import CompactRange
+from audit.merkle import SUBTREE_STRIDE, CompactRange, CompletedSubtree
 from audit.records import (
     FORMAT,
+    SUBTREES_KEY,
     Appended,
     IndexFields,
     encode_entry,
     index_fields,
     record_bytes,
 )
-from audit.sqlite_files import SCHEMA, WriterLock, check_format, inspect_file, rebuild_head
+from audit.sqlite_files import (
+    SCHEMA,
+    SECONDARY_STATEMENTS,
+    SUBTREES_STATEMENTS,
+    WriterLock,
+    check_format,
+    inspect_file,
+    rebuild_head,
+)
 from audit.sqlite_read import SqliteLedgerReader  # noqa: F401  (importable from here, as before)
 
 log = structlog.get_logger()
@@ -69,6 +78,7 @@ def _insert_sql(rows: int) -> str:
     return f"INSERT INTO records({RECORD_COLUMNS}) VALUES {','.join([row] * rows)}"
 
 
+INSERT_SUBTREE = "INSERT INTO subtrees(height, idx, hash) VALUES (?, ?, ?)"
 INSERT_CHECKPOINT = (
     "INSERT INTO checkpoints(size, note, created_at) VALUES (?, ?, ?) ON CONFLICT(size) DO NOTHING"
 )
@@ -183,6 +193,7 @@ class SqliteLedger:
             conn = _open_writer(path, synchronous)
             try:
                 frontier, head_hash = rebuild_head(conn, path)
+                _store_missing_subtrees(conn, path)
                 checkpointed = int(conn.execute("SELECT COALESCE(MAX(size), 0) FROM checkpoints").fetchone()[0])
             except BaseException:
                 conn.close()
@@ -357,28 +368,33 @@ class SqliteLedger:
                          f.request_id, f.policy_version))
             hashes.append(digest)
             results.append(Appended(seq, prev))
+        grown = self._frontier.copy()
+        subtrees = grown.extend_collecting(hashes)
         try:
-            self._write(rows)
+            self._write(rows, subtrees)
         except sqlite3.Error as exc:
             message = f"{self._path}: records {head.size + 1}..{seq} were not committed ({exc})"
             log.error("ledger.batch_failed", path=str(self._path), first_seq=head.size + 1, count=len(batch),
                       error=str(exc))
             _settle([item.future for item in batch], [LedgerError(message) for _ in batch])
             return
-        self._frontier.extend(hashes)
-        self._head = _Head(seq, prev, self._frontier.root())
+        self._frontier = grown
+        self._head = _Head(seq, prev, grown.root())
         log.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
                   ms=round((time.perf_counter() - started) * 1000, 3))
         _settle([item.future for item in batch], results)
 
-    def _write(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Insert a batch in one transaction, as multi-row INSERTs; the rule index fills by trigger."""
+    def _write(self, rows: Sequence[tuple[Any, ...]], subtrees: list[CompletedSubtree]) -> None:
+        """Insert a batch and the subtree hashes it completes in one transaction, as multi-row
+        INSERTs; the rule index fills by trigger."""
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
             for start in range(0, len(rows), INSERT_CHUNK):
                 chunk = rows[start : start + INSERT_CHUNK]
                 conn.execute(_insert_sql(len(chunk)), [value for row in chunk for value in row])
+            if subtrees:
+                conn.executemany(INSERT_SUBTREE, subtrees)
             conn.execute("COMMIT")
         except sqlite3.Error:
             if conn.in_transaction:
@@ -410,10 +426,14 @@ def _open_writer(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
         if kind == "new":
             conn.executescript(
                 f"BEGIN IMMEDIATE;{SCHEMA}"
-                f"INSERT INTO meta(key, value) VALUES ('format', '{FORMAT}'), ('created_at', '{_utc_now()}');"
+                f"INSERT INTO meta(key, value) VALUES ('format', '{FORMAT}'), ('created_at', '{_utc_now()}'),"
+                f" ('{SUBTREES_KEY}', '{SUBTREE_STRIDE}');"
                 "COMMIT;"
             )
             log.info("ledger.created", path=str(path))
+        else:
+            for statement in SECONDARY_STATEMENTS:
+                conn.execute(statement)
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise LedgerError(f"{path}: SQLite refused WAL mode (journal_mode is {mode})")
@@ -427,6 +447,26 @@ def _open_writer(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _store_missing_subtrees(conn: sqlite3.Connection, path: Path) -> None:
+    """Give a ledger written before subtree hashes were stored its `subtrees` table and rows (once)."""
+    if conn.execute("SELECT 1 FROM meta WHERE key = ?", (SUBTREES_KEY,)).fetchone() is not None:
+        return
+    frontier = CompactRange()
+    subtrees = frontier.extend_collecting([h for (h,) in conn.execute("SELECT hash FROM records ORDER BY seq")])
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for statement in SUBTREES_STATEMENTS:
+            conn.execute(statement)
+        conn.executemany(INSERT_SUBTREE, subtrees)
+        conn.execute("INSERT INTO meta(key, value) VALUES (?, ?)", (SUBTREES_KEY, str(SUBTREE_STRIDE)))
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise LedgerError(f"{path}: the subtree hashes could not be stored ({exc})") from exc
+    log.info("ledger.subtrees_stored", path=str(path), count=len(subtrees), size=frontier.size)
 
 
 def _utc_now() -> str:

@@ -24,14 +24,42 @@ from audit.merkle import CompactRange
 from audit.records import FORMAT, GENESIS_PREV, parse_record
 
 SQLITE_HEADER = b"SQLite format 3\x00"
-LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints")
+LEDGER_TABLES = ("meta", "records", "record_rules", "checkpoints", "subtrees")
 
-_TRIGGERS = "".join(
-    f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
-    "BEGIN SELECT RAISE(ABORT, 'karma ledger is append-only'); END;"
-    for table in LEDGER_TABLES
-    for op in ("UPDATE", "DELETE")
+
+def _append_only(table: str) -> tuple[str, ...]:
+    return tuple(
+        f"CREATE TRIGGER IF NOT EXISTS {table}_no_{op.lower()} BEFORE {op} ON {table} "
+        "BEGIN SELECT RAISE(ABORT, 'karma ledger is append-only'); END"
+        for op in ("UPDATE", "DELETE")
+    )
+
+
+# Hashes of complete subtrees, derived from the records (outside the chain; `audit verify` checks
+# them): proofs read O(log n) of them instead of every leaf. Ledgers written before it existed get
+# the table and its rows when a writer opens them (`SqliteLedger.open`). One statement each.
+SUBTREES_STATEMENTS = (
+    "CREATE TABLE IF NOT EXISTS subtrees(height INTEGER NOT NULL, idx INTEGER NOT NULL, hash BLOB NOT NULL,"
+    " PRIMARY KEY(height, idx))",
+    *_append_only("subtrees"),
 )
+_TRIGGERS = "".join(f"{statement};" for table in LEDGER_TABLES if table != "subtrees" for statement in _append_only(table))
+# The query indexes and the trigger that fills the rule index: derived from the records, so a
+# writer recreates any that is missing when it opens the ledger (the bulk loader drops them for
+# the load and builds them once at the end). One statement each.
+SECONDARY_STATEMENTS = (
+    "CREATE INDEX IF NOT EXISTS records_principal_time ON records(principal, time)",
+    "CREATE INDEX IF NOT EXISTS records_tool_time ON records(tool, time)",
+    "CREATE INDEX IF NOT EXISTS records_time ON records(time)",
+    "CREATE INDEX IF NOT EXISTS record_rules_rule ON record_rules(rule_id, seq)",
+    """CREATE TRIGGER IF NOT EXISTS records_index_rules AFTER INSERT ON records BEGIN
+    INSERT INTO record_rules(seq, rule_id)
+    SELECT DISTINCT NEW.seq, value FROM json_each(CAST(NEW.body AS TEXT), '$.entry.matched_rules')
+    WHERE type = 'text' AND typeof(key) != 'text';
+END""",
+)
+SECONDARY_OBJECTS = (("INDEX", "records_principal_time"), ("INDEX", "records_tool_time"), ("INDEX", "records_time"),
+                     ("INDEX", "record_rules_rule"), ("TRIGGER", "records_index_rules"))
 SCHEMA = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE records(
@@ -43,16 +71,7 @@ CREATE TABLE records(
 );
 CREATE TABLE record_rules(seq INTEGER NOT NULL, rule_id TEXT NOT NULL);
 CREATE TABLE checkpoints(size INTEGER PRIMARY KEY, note TEXT NOT NULL, created_at TEXT NOT NULL);
-CREATE INDEX records_principal_time ON records(principal, time);
-CREATE INDEX records_tool_time ON records(tool, time);
-CREATE INDEX records_time ON records(time);
-CREATE INDEX record_rules_rule ON record_rules(rule_id, seq);
-CREATE TRIGGER records_index_rules AFTER INSERT ON records BEGIN
-    INSERT INTO record_rules(seq, rule_id)
-    SELECT DISTINCT NEW.seq, value FROM json_each(CAST(NEW.body AS TEXT), '$.entry.matched_rules')
-    WHERE type = 'text' AND typeof(key) != 'text';
-END;
-""" + _TRIGGERS
+""" + "".join(f"{statement};" for statement in (*SECONDARY_STATEMENTS, *SUBTREES_STATEMENTS)) + _TRIGGERS
 
 
 class WriterLock:

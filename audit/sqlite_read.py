@@ -18,7 +18,7 @@ import structlog
 
 from audit import merkle
 from audit.errors import LedgerError
-from audit.records import IndexFields, RecordFilter, StoredRecord
+from audit.records import SUBTREES_KEY, IndexFields, RecordFilter, StoredRecord
 from audit.sqlite_files import check_format, connect_ro, inspect_file
 from audit.store import IndexedRecord, RawRecord
 
@@ -76,6 +76,31 @@ class SqliteLedgerReader:
         """The stored record hashes of seq 1..size (all when None)."""
         stop = self.size() if size is None else size
         return [h for (h,) in self._select("SELECT hash FROM records WHERE seq <= ? ORDER BY seq", (stop,))]
+
+    def leaf_range(self, lo: int, hi: int) -> list[bytes]:
+        """The stored hashes of leaves lo..hi-1 (records lo+1..hi), in order."""
+        return [h for (h,) in self._select("SELECT hash FROM records WHERE seq > ? AND seq <= ? ORDER BY seq", (lo, hi))]
+
+    def subtree_hashes(self, height: int, lo: int, hi: int) -> list[bytes]:
+        """The stored hashes of the subtrees lo..hi-1 of `height`, in order (fewer when some are
+        not stored; none from a ledger that stores none)."""
+        if not self._has_subtrees():
+            return []
+        return [h for (h,) in self._select("SELECT hash FROM subtrees WHERE height = ? AND idx >= ? AND idx < ?"
+                                           " ORDER BY idx", (height, lo, hi))]
+
+    def subtrees(self) -> Iterator[tuple[Any, Any, Any]]:
+        """Every stored subtree row as (height, index, hash), by height then index."""
+        if not self._has_subtrees():
+            return iter(())
+        return self._select("SELECT height, idx, hash FROM subtrees ORDER BY height, idx")
+
+    def keeps_subtrees(self) -> bool:
+        """Whether the ledger says it stores every complete subtree hash (so a missing one is tampering)."""
+        return self._fetch_one("SELECT 1 FROM meta WHERE key = ?", (SUBTREES_KEY,)) is not None
+
+    def _has_subtrees(self) -> bool:
+        return self._fetch_one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'subtrees'") is not None
 
     def inclusion_proof(self, seq: int, size: int | None = None) -> list[bytes]:
         """Audit path of record `seq` in the tree of the first `size` records."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -16,6 +16,11 @@ from audit.records import Appended, IndexFields, RecordFilter, StoredRecord
 
 RawRecord = tuple[int, bytes, bytes]
 """(seq, record hash as 32 raw bytes, record bytes), as fast as the backend yields them."""
+
+IndexedRaw = tuple[Any, ...]
+"""A `RawRecord` followed by its index row, flat: (seq, hash, body, *the `IndexFields` columns in
+order, the record's rule-index rows as a list sorted by code point, duplicates kept, or None when it
+has none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,4 +81,31 @@ class LedgerReader(Protocol):
         """(seq as stored, rule id) of every rule-index row that names no record."""
         ...
 
+    def leaf_range(self, lo: int, hi: int) -> list[bytes]:
+        """The stored record hashes of leaves lo..hi-1 (records lo+1..hi), in order."""
+        ...
+
+    def subtree_hashes(self, height: int, lo: int, hi: int) -> list[bytes]:
+        """Stored hashes of the complete subtrees lo..hi-1 of `height` (fewer when some are missing)."""
+        ...
+
+    def subtrees(self) -> Iterator[tuple[Any, Any, Any]]:
+        """Every stored subtree row as (height, index, hash), by height then index."""
+        ...
+
+    def keeps_subtrees(self) -> bool:
+        """Whether the ledger says it stores every complete subtree hash."""
+        ...
+
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class IndexedRecordReader(LedgerReader, Protocol):
+    """A reader that hands each record's index row out beside its bytes (PostgreSQL).
+
+    `verify_ledger` then checks the chain and the indexes in one pass: fetching each body twice
+    and hashing and parsing in two threads costs more in Python than the one pass.
+    """
+
+    def iter_indexed(self, start: int = 1) -> Iterator[IndexedRaw]: ...

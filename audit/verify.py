@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from audit.canon import NotCanonicalizable, canonical_bytes
 from audit.checkpoint import Checkpoint, parse_checkpoint
 from audit.errors import LedgerError
-from audit.merkle import EMPTY_ROOT, CompactRange
+from audit.merkle import EMPTY_ROOT, SUBTREE_STRIDE, CompactRange, CompletedSubtree
 from audit.records import (
     ENTRY_PREFIX,
     GENESIS_PREV,
@@ -42,9 +42,10 @@ from audit.records import (
     IndexFields,
     index_fields,
     parse_record,
+    quick_index,
     rule_ids,
 )
-from audit.store import IndexedRecord, LedgerReader
+from audit.store import IndexedRaw, IndexedRecord, IndexedRecordReader, LedgerReader, RawRecord
 
 _INDEXED = tuple(field.name for field in dataclasses.fields(IndexFields))
 log = structlog.get_logger()
@@ -91,22 +92,65 @@ def verify_ledger(
             (these catch accidents; an attacker with file access can rewrite them too).
         strict: also check that every entry is canonical JSON (about 20x slower).
         indexes: also recompute every indexed column and rule-index row from the record
-            bytes (what queries filter on); runs in a second thread beside the chain walk.
+            bytes (what queries filter on), in a second thread beside the chain walk or (for an
+            `IndexedRecordReader`) in the same pass, and every stored subtree hash (what
+            proofs read) from the record hashes.
     """
     try:
         anchors = _anchors(reader, checkpoint, stored_checkpoints)
     except LedgerError as exc:
         return VerifyReport(False, 0, None, str(exc), EMPTY_ROOT)
     if not indexes:
-        return _Walk(anchors, strict).run(reader)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-index") as pool:
-        index_check = pool.submit(_first_index_problem, reader)
-        report = _Walk(anchors, strict).run(reader)
+        return _Walk(anchors, strict).run(reader.iter_records())
+    walk = _Walk(anchors, strict, collect_subtrees=True)
+    if isinstance(reader, IndexedRecordReader):
+        found: list[tuple[int, str]] = []
+        report = walk.run(_index_checked(reader.iter_indexed(), found))
         try:
-            index_problem = index_check.result() or _first_orphan(reader.index_orphans())
+            index_problem = (found or [None])[0] or _first_orphan(reader.index_orphans())
         except LedgerError as exc:
             index_problem = (None, str(exc))
-    return _earliest(report, index_problem)
+    else:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-index") as pool:
+            index_check = pool.submit(_first_index_problem, reader)
+            report = walk.run(reader.iter_records())
+            try:
+                index_problem = index_check.result() or _first_orphan(reader.index_orphans())
+            except LedgerError as exc:
+                index_problem = (None, str(exc))
+    report = _earliest(report, index_problem)
+    try:
+        subtree_problem = _first_subtree_problem(reader, walk.subtrees, report.size, whole=report.ok)
+    except LedgerError as exc:
+        subtree_problem = str(exc)
+    return _earliest(report, (None, subtree_problem) if subtree_problem else None)
+
+
+def _first_subtree_problem(reader: LedgerReader, computed: list[CompletedSubtree], size: int, *, whole: bool) -> str:
+    """What is wrong with the stored subtree hashes ("" when nothing): one that differs from the
+    hash of its records, one that names no complete subtree (checked when the walk covered the whole
+    ledger), or one missing from a ledger that says it stores them all."""
+    wanted = {(height, index): digest for height, index, digest in computed}
+    rows = reader.subtrees()
+    try:
+        for height, index, digest in rows:
+            where = f"the stored subtree hash at height {height!r}, index {index!r}"
+            if type(height) is not int or type(index) is not int or height <= 0 or height % SUBTREE_STRIDE or index < 0:
+                return f"{where} names no subtree a ledger stores"
+            records = f"records {(index << height) + 1}..{(index + 1) << height}"
+            if (index + 1) << height > size:
+                if whole:
+                    return f"{where} ({records}) names records the ledger does not hold ({size} records)"
+                continue
+            if wanted.pop((height, index), None) != digest:
+                return f"{where} ({records}) does not match those records (a subtree row was edited)"
+    finally:
+        getattr(rows, "close", lambda: None)()
+    if wanted and reader.keeps_subtrees():
+        height, index = min(wanted, key=lambda key: (key[1] + 1) << key[0])
+        return (f"the stored subtree hash at height {height}, index {index} (records {(index << height) + 1}.."
+                f"{(index + 1) << height}) is missing (a subtree row was deleted)")
+    return ""
 
 
 def _earliest(report: VerifyReport, index_problem: tuple[int | None, str] | None) -> VerifyReport:
@@ -128,6 +172,17 @@ def _first_index_problem(reader: LedgerReader) -> tuple[int, str] | None:
     finally:
         getattr(suspects, "close", lambda: None)()
     return None
+
+
+def _index_checked(rows: Iterable[IndexedRaw], found: list[tuple[int, str]]) -> Iterator[RawRecord]:
+    """Pass the records on to the chain walk, checking each one's index row against its bytes on
+    the way; the first (seq, problem) lands in `found` and ends the checking."""
+    for row in rows:
+        if not found and quick_index(row[2]) != row[3:]:
+            record = IndexedRecord(seq=row[0], body=row[2], fields=IndexFields(*row[3:-1]), rules=tuple(row[-1] or ()))
+            if problem := index_problem(record):
+                found.append((row[0], problem))
+        yield row[:3]
 
 
 def _first_orphan(rows: Iterable[tuple[Any, str]]) -> tuple[int | None, str] | None:
@@ -182,15 +237,18 @@ def _anchors(reader: LedgerReader, checkpoint: Checkpoint | None, stored: bool) 
 class _Walk:
     """One pass over the records; holds the running chain head and Merkle frontier."""
 
-    def __init__(self, anchors: list[_Anchor], strict: bool) -> None:
+    def __init__(self, anchors: list[_Anchor], strict: bool, *, collect_subtrees: bool = False) -> None:
         self.anchors = anchors
         self.strict = strict
         self.frontier = CompactRange()
+        self.subtrees: list[CompletedSubtree] = []
+        if collect_subtrees:
+            self.frontier.completed = self.subtrees
         self.checked = 0
         self.good_size = 0
         self.pending = 0
 
-    def run(self, reader: LedgerReader) -> VerifyReport:
+    def run(self, records: Iterable[RawRecord]) -> VerifyReport:
         if (bad := self._reach(0)) is not None:
             return bad
         next_stop = self._next_stop()
@@ -199,7 +257,7 @@ class _Walk:
         prefix, strict = ENTRY_PREFIX, self.strict
         tail_head = PREV_MARK + GENESIS_PREV.encode("ascii") + SEQ_MARK
         expected = 1
-        for seq, stored, body in reader.iter_records():
+        for seq, stored, body in records:
             if seq != expected:
                 return self._bad(expected, f"record {expected} is missing (the next stored record is {seq})")
             try:

@@ -2,7 +2,7 @@
 
 Run `python -m bench` (all, ~7 minutes), `python -m bench --quick` (seconds) or
 `python -m bench --only decision` (names: decision, governed, ledger_append, ledger_verify,
-ledger_query, mcp_stdio, mcp_http).
+ledger_query, mcp_stdio, mcp_http, replicas).
 These print figures; nothing here asserts on speed (see bench/README.md).
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 BENCHMARKS: tuple[str, ...] = ("decision", "governed", "ledger_append", "ledger_verify", "ledger_query", "mcp_stdio",
-                                "mcp_http")
+                                "mcp_http", "replicas")
 LEDGER_BENCHMARKS: tuple[str, ...] = ("ledger_append", "ledger_verify", "ledger_query")
 LEDGER_BACKENDS: tuple[str, ...] = ("sqlite", "postgres")
 BACKEND_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL"}

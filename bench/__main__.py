@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     backends = tuple(b for b in LEDGER_BACKENDS if not args.backend or b in args.backend)
     with contextlib.ExitStack() as stack:
         postgres, missing = None, "not chosen (--backend)"
-        if "postgres" in backends and set(chosen) & set(LEDGER_BENCHMARKS):
+        if "postgres" in backends and set(chosen) & {*LEDGER_BENCHMARKS, "replicas"}:
             bindir = pg_bin()
             missing = "binaries not installed (/usr/lib/postgresql/*/bin)"
             if bindir is not None:

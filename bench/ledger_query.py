@@ -38,7 +38,7 @@ async def run(opts: Options, results: Results) -> None:
         tmp = Path(opts.workdir) if opts.workdir else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="dharma-bench-query-")))
         tmp.mkdir(parents=True, exist_ok=True)
-        locations, load_s = await build(opts, tmp, "query", total)
+        locations, loaded = await build(opts, tmp, "query", total)
         sizes = []
         if "sqlite" in locations:
             sizes.append(f"SQLite file {Path(locations['sqlite']).stat().st_size / 1e6:,.0f} MB")
@@ -75,6 +75,6 @@ async def run(opts: Options, results: Results) -> None:
     table(
         "ledger_query: query_records(principal=..., since=..., until=...) over a large ledger",
         ["backend, query", "ledger records", "matched", "p50", "p99", "mean", "records/s decoded"], rows,
-        note=(f"bulk-loaded {total:,} records into {len(locations)} ledger(s) in {load_s:.1f} s"
+        note=(loaded
               + (f" ({', '.join(sizes)})" if sizes else "") + f"; window {window.total_seconds() / 3600:.1f} h"),
     )

@@ -125,6 +125,15 @@ class RedisSettings(Strict):
         return value
 
 
+class ApprovalSettings(Strict):
+    """Held calls: where approvals live follows the ledger (SQLite file beside it, or the same
+    PostgreSQL database); wake-ups go over Redis when `redis.url` is set, else within the process."""
+
+    poll_seconds: float = Field(default=1.0, gt=0, le=3600,
+                                description="a held call reads its approval again at least this often, "
+                                            "in case a wake-up was lost (the safety poll)")
+
+
 class ServerSettings(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
@@ -184,6 +193,7 @@ class Settings(Strict):
     engine: Literal["auto", "cel-python", "common-expression-language"] = "auto"
     ledger: LedgerSettings = LedgerSettings()
     redis: RedisSettings = RedisSettings()
+    approvals: ApprovalSettings = ApprovalSettings()
     server: ServerSettings = ServerSettings()
     upstreams: list[UpstreamConfig] = Field(default_factory=list)
     mcp: McpHttpSettings = McpHttpSettings()

@@ -32,8 +32,9 @@ from gateway.core.gateway import LEDGER_ORIGIN, Gateway
 from gateway.logging import ensure_logging
 from gateway.policy.compile import load_policy
 from gateway.crypto.receipts import KeyStore
-from gateway.stores.base import PinStore
+from gateway.stores.base import ApprovalSignals, PinStore
 from gateway.stores.file_pins import FilePinStore
+from gateway.stores.memory import MemoryApprovalSignals
 from gateway.stores.sqlite_approvals import SqliteApprovalStore
 
 log = structlog.get_logger()
@@ -82,6 +83,29 @@ async def open_ledger(settings: Settings, *, checkpoint_signer: CheckpointSigner
     return await PostgresLedger.open(settings.ledger.url, checkpoint_signer=checkpoint_signer)
 
 
+async def open_approvals(settings: Settings) -> Any:
+    """The approval store: with a PostgreSQL ledger (`ledger.url`), its own tables in that same
+    database, shared by every replica; else `approvals.db` under the state root."""
+    if settings.ledger.url is None:
+        return SqliteApprovalStore(settings.approvals_path)
+    try:
+        from gateway.stores.postgres_approvals import PostgresApprovalStore
+    except ImportError as exc:
+        raise ConfigError(f"ledger.url needs psycopg: pip install 'dharma-gateway[postgres]' ({exc})") from None
+    return await PostgresApprovalStore.open(settings.ledger.url)
+
+
+def open_approval_signals(settings: Settings) -> ApprovalSignals:
+    """Wake-ups for held calls: over Redis pub/sub when `redis.url` is set (a decision on any
+    replica releases a call held on another), else within this process. Redis is imported only then."""
+    if settings.redis.url is None:
+        return MemoryApprovalSignals()
+    from gateway.stores.redis import connect
+    from gateway.stores.redis_signals import RedisApprovalSignals
+
+    return RedisApprovalSignals(connect(settings.redis), subscribe_wait=settings.redis.operation_timeout_seconds)
+
+
 async def open_gateway(
     settings: Settings | None = None,
     *,
@@ -108,25 +132,35 @@ async def open_gateway(
     # MCP upstreams are not catalog backends: their tools are listed live, per session, at /mcp
     # (gateway.transports.mcp_http.app); `build_app` finds them through `gateway.settings`.
     backends = [*backends, *(build_backend(u, list(settings.python_path)) for u in settings.upstreams if not u.is_mcp)]
-    approvals = SqliteApprovalStore(settings.approvals_path)
     try:
         signer = CheckpointSigner(keys.checkpoint_key, keys.checkpoint_key_name, LEDGER_ORIGIN)
         ledger = await open_ledger(settings, checkpoint_signer=signer)
     except LedgerError as exc:
         raise ConfigError(str(exc)) from None
+    try:  # after the ledger: on PostgreSQL its tables go into the database the ledger has just checked
+        approvals = await open_approvals(settings)
+    except ConfigError:
+        await ledger.aclose()
+        raise
+    signals = open_approval_signals(settings)
     shared = shared_stores(settings)
     links = shared.pop("dependencies", [])
     try:
         gateway = Gateway(
-            compiled, backends, ledger=ledger, keys=keys, approval_store=approvals, policy_path=settings.policy,
+            compiled, backends, ledger=ledger, keys=keys, approval_store=approvals, approval_signals=signals,
+            approval_poll_seconds=settings.approvals.poll_seconds, policy_path=settings.policy,
             dependencies=[ledger_probe(settings), *links], **shared,
         )
         gateway.settings = settings  # type: ignore[attr-defined]  # read by server.build_app (MCP upstreams)
         return gateway
     except ValueError as exc:
+        await signals.aclose()
         await ledger.aclose()
         for link in links:
             await link.aclose()
+        close_approvals = getattr(approvals, "aclose", None)
+        if close_approvals is not None:
+            await close_approvals()
         raise ConfigError(str(exc)) from None
 
 

@@ -149,6 +149,24 @@ async def demo_gateway(open_test_gateway: OpenGateway, policy_path: Path) -> Any
 
 
 @pytest.fixture(scope="session")
+def postgres() -> Any:
+    """Start PostgreSQL from the installed binaries (as the `postgres` user when we are root); one
+    per session, `new_database()` per test (tests/pg.py)."""
+    from tests.pg import postgres_or_skip
+
+    with postgres_or_skip() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres: Any, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty PostgreSQL database for this test (dropped after): `ledger.url`."""
+    url = str(postgres.new_database())
+    request.addfinalizer(lambda: postgres.drop_database(url))
+    return url
+
+
+@pytest.fixture(scope="session")
 def shared_redis() -> Any:
     """One real redis-server for the session (tests/redis_server.py); use `redis_url` in tests."""
     from tests.redis_server import redis_or_skip

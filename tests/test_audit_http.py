@@ -24,7 +24,7 @@ import uvicorn
 from audit import merkle
 from audit.checkpoint import verify_checkpoint_jwks
 from gateway.ledger_access import ledger_location
-from tests.audit.conftest import BACKENDS, Location, attacker, new_location, postgres  # noqa: F401  (fixture)
+from tests.audit.conftest import BACKENDS, Location, attacker, new_location
 from tests.conftest import KEYS, REPO, TEST_PROFILE, OpenGateway, key_digest, write_policy
 
 AUDITOR_KEY = "auditor-key"

@@ -7,20 +7,23 @@ build their ledgers with is checked against the real writers: same bytes, same r
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from audit.checkpoint import CheckpointSigner, verify_checkpoint
 from audit.errors import LedgerError
 from audit.postgres import PostgresLedger, PostgresLedgerReader
 from audit.records import RecordFilter
 from audit.sqlite import SqliteLedger, SqliteLedgerReader
 from audit.verify import verify_ledger
-from bench.ledgerbulk import CHUNK, PostgresSink, SqliteSink, load
-from bench.ledgerfill import entry
+from bench.ledgerbulk import CHUNK, PostgresSink, SqliteSink, chained, load
+from bench.ledgerfill import check_encoding, entry
 from tests.pg import PostgresServer, pg_bin, postgres_or_skip
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,12 +35,12 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     out = proc.stdout
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{out}\nstderr:\n{proc.stderr[-4000:]}"
     for title in ("== decision", "== governed", "== ledger_append", "== ledger_verify", "== ledger_proof",
-                   "== ledger_query", "== mcp_stdio", "== mcp_http", "== targets"):
+                   "== ledger_query", "== mcp_stdio", "== mcp_http", "== replicas", "== targets"):
         assert title in out, f"{title!r} missing from:\n{out}"
     for figure in ("p50", "p99", "mean", "calls/s", "records/s", "rules eval/call", "added p50", "x direct",
                    "through dharma stdio", "through dharma serve /mcp", "clients"):
@@ -50,7 +53,8 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
         assert sum(f"({backend})" in line for line in verdicts) == 2, f"verify and query verdicts for {backend}:\n{out}"
     if pg_bin() is not None:
         assert "NOT MEASURED" not in out, f"PostgreSQL is installed, so every ledger figure is measured:\n{out}"
-        for figure in ("PostgreSQL, fsync on", "PostgreSQL, verify_ledger", "PostgreSQL, inclusion proof",
+        for figure in ("3 replicas, PostgreSQL + Redis", "Redis round trips add",
+                       "PostgreSQL, fsync on", "PostgreSQL, verify_ledger", "PostgreSQL, inclusion proof",
                        "PostgreSQL, 1 principal, time window"):
             assert figure in out, f"{figure!r} missing from:\n{out}"
     for target in ("mcp stdio added p50", "mcp stdio gateway CPU per call", "dharma stdio start-up added",
@@ -66,9 +70,20 @@ def postgres() -> Iterator[PostgresServer]:
         yield server
 
 
+def sqlite_schema(path: Path) -> list[tuple[str, str, str]]:
+    with sqlite3.connect(path) as conn:
+        return sorted(conn.execute("SELECT type, name, sql FROM sqlite_master"))
+
+
+def rule_rows(path: Path) -> list[tuple[int, str]]:
+    with sqlite3.connect(path) as conn:
+        return list(conn.execute("SELECT seq, rule_id FROM record_rules ORDER BY rowid"))
+
+
 async def test_bulk_loaded_ledgers_hold_what_append_writes(tmp_path: Path, postgres: PostgresServer) -> None:
     """The bulk loader writes the records `append` would: same bytes and hashes, same Merkle root,
-    rule index included, across a chunk boundary, and `verify_ledger` passes on both backends."""
+    rule index, query indexes and stored subtree hashes, across a chunk boundary, ending with a
+    signed checkpoint, and `verify_ledger` passes on both backends; the writers then extend it."""
     total = CHUNK + 7
     appended = await SqliteLedger.open(tmp_path / "appended.db", synchronous="NORMAL")
     try:
@@ -77,29 +92,66 @@ async def test_bulk_loaded_ledgers_hold_what_append_writes(tmp_path: Path, postg
     finally:
         await appended.aclose()
     url = postgres.new_database()
-    load(total, [await SqliteSink.create(tmp_path / "bulk.db"), await PostgresSink.create(url)])
+    signer = CheckpointSigner(Ed25519PrivateKey.generate(), "bench", "bench.example/karma")
+    load(total, [await SqliteSink.create(tmp_path / "bulk.db"), await PostgresSink.create(url)], signer)
     by_rule = RecordFilter(rule="fs-no-traversal")
     with SqliteLedgerReader(tmp_path / "appended.db") as want:
         expected = list(want.iter_records())
         expected_hits = list(want.select_records(by_rule))
+        expected_subtrees = list(want.subtrees())
         want_report = verify_ledger(want)
-    assert want_report.ok and len(expected_hits) > CHUNK // 10
+    assert want_report.ok and len(expected_hits) > CHUNK // 10 and len(expected_subtrees) == total // 256
+    assert sqlite_schema(tmp_path / "bulk.db") == sqlite_schema(tmp_path / "appended.db")  # indexes and trigger rebuilt
+    assert rule_rows(tmp_path / "bulk.db") == rule_rows(tmp_path / "appended.db")
     for reader in (SqliteLedgerReader(tmp_path / "bulk.db"), PostgresLedgerReader(url)):
         with reader:
             assert list(reader.iter_records()) == expected
             assert sorted(reader.select_records(by_rule)) == sorted(expected_hits)
+            assert [tuple(row) for row in reader.subtrees()] == expected_subtrees and reader.keeps_subtrees()
             report = verify_ledger(reader)
-            assert report.ok, report.problem
+            assert report.ok and report.checkpoints_checked == 1, report.problem
             assert (report.size, report.root) == (want_report.size, want_report.root)
+            checkpoint = verify_checkpoint(reader.latest_checkpoint() or "", signer.private_key.public_key(), "bench")
+            assert (checkpoint.size, checkpoint.root) == (total, want_report.root)
     with pytest.raises(LedgerError, match="only into an empty ledger"):
         await SqliteSink.create(tmp_path / "bulk.db")
     with pytest.raises(LedgerError, match="only into an empty ledger"):
         await PostgresSink.create(url)
-    reopened = await PostgresLedger.open(url)  # the writer accepts the loaded ledger and extends it
+    for reopened in (await PostgresLedger.open(url), await SqliteLedger.open(tmp_path / "bulk.db")):
+        try:  # the writers accept the loaded ledgers and extend them, the rule index included
+            assert (await reopened.append(entry(6, total + 1) | {"request_id": "extra"})).seq == total + 1
+        finally:
+            await reopened.aclose()
+    for reader in (SqliteLedgerReader(tmp_path / "bulk.db"), PostgresLedgerReader(url)):
+        with reader:
+            assert reader.size() == total + 1 and verify_ledger(reader).ok
+            assert [seq for seq, _, _ in reader.select_records(RecordFilter(request_id="extra", rule="fs-no-traversal"))] == [total + 1]
+
+
+async def test_a_cut_short_bulk_load_is_completed_by_the_writer(tmp_path: Path) -> None:
+    """A load that dies before it rebuilds the SQLite query indexes and rule trigger leaves a ledger
+    whose next writer recreates them: queries and the rule index work again."""
+    sink = await SqliteSink.create(tmp_path / "cut.db")
+    for chunk in chained(300):
+        sink.write(chunk)
+    sink.close()  # no finish(): the indexes and the trigger are missing
+    assert not any(name == "records_principal_time" for _, name, _ in sqlite_schema(tmp_path / "cut.db"))
+    writer = await SqliteLedger.open(tmp_path / "cut.db")
     try:
-        assert (await reopened.append(entry(total, total + 1))).seq == total + 1
+        await writer.append(entry(6, 301))
     finally:
-        await reopened.aclose()
+        await writer.aclose()
+    await (await SqliteLedger.open(tmp_path / "new.db")).aclose()
+    assert sqlite_schema(tmp_path / "cut.db") == sqlite_schema(tmp_path / "new.db")
+    with SqliteLedgerReader(tmp_path / "cut.db") as reader:
+        assert verify_ledger(reader).ok and reader.size() == 301
+        assert 301 in [seq for seq, _, _ in reader.select_records(RecordFilter(rule="fs-no-traversal"))]
+
+
+def test_template_encoding_is_the_real_encoding() -> None:
+    """`encoded_entry` gives `encode_entry`'s bytes, `index_fields` and `rule_ids` for every entry shape."""
+    check_encoding(1_000, range(1_000))
+    check_encoding(123_457, range(0, 123_457, 101))
 
 
 def test_bench_refuses_a_bad_size_naming_the_option() -> None:

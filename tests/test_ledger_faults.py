@@ -34,7 +34,7 @@ from audit.query import query_records
 from audit.verify import verify_ledger
 from gateway.core.call import Status
 from gateway.core.errors import ErrorCode
-from tests.audit.conftest import BACKENDS, Location, new_location, open_reader, postgres  # noqa: F401  (fixture)
+from tests.audit.conftest import BACKENDS, Location, new_location, open_reader
 from tests.conftest import DEMO_UPSTREAM, KEYS, REPO, OpenGateway
 from tests.pg import PostgresServer
 from tests.test_cli import dharma
@@ -108,8 +108,13 @@ async def test_grants_leave_the_gateway_role_append_only_and_the_auditor_read_on
     gw = await open_test_gateway(policy_path, ledger={"url": as_role(pg_url, writer)})
     answered = await write(gw, "granted.txt")
     refused = await gw.call("read_file", {"path": "../x"}, api_key=OPERATOR)
+    held = await gw.call("delete_file", {"path": "granted.txt"}, api_key=OPERATOR)  # approvals as the writer too
+    assert held.error_code is ErrorCode.APPROVAL_REQUIRED, held.message
+    await gw.approve(held.approval_id, by="admin")
+    deleted = await gw.call("delete_file", {"path": "granted.txt"}, api_key=OPERATOR, approval_id=held.approval_id)
     await gw.aclose()  # its final checkpoint is stored as the writer too
-    assert answered.status is Status.OK and (sandbox / "granted.txt").read_text() == "granted.txt"
+    assert answered.status is Status.OK and deleted.status is Status.OK, deleted.message
+    assert not (sandbox / "granted.txt").exists()
     assert refused.error_code is ErrorCode.POLICY_BLOCKED
 
     with psycopg.connect(as_role(pg_url, writer), autocommit=True) as conn:
@@ -125,19 +130,26 @@ async def test_grants_leave_the_gateway_role_append_only_and_the_auditor_read_on
             ("DROP TRIGGER records_append_only ON records", "must be owner of (table|relation) records"),
             ("ALTER TABLE head DISABLE TRIGGER head_forward", "must be owner of (table|relation) head"),
             ("CREATE TABLE records2(seq bigint)", "permission denied for schema"),
+            ("UPDATE dharma_approvals.approval_events SET reason = ''", "permission denied for table approval_events"),
+            ("UPDATE dharma_approvals.approval_holds SET reason = ''", "insert-only"),  # its UPDATE is for row locks only
+            ("DELETE FROM dharma_approvals.approval_recorded", "permission denied for table approval_recorded"),
+            ("ALTER TABLE dharma_approvals.approval_events DISABLE TRIGGER USER", "must be owner of (table|relation)"),
+            ("CREATE TABLE dharma_approvals.x(n int)", "permission denied for schema"),
         ]:
             with pytest.raises(psycopg.Error, match=refusal):
                 conn.execute(sql)
-        assert conn.execute("SELECT count(*) FROM records").fetchone() == (3,)  # decision, outcome, refusal
+        assert conn.execute("SELECT count(*) FROM records").fetchone() == (8,)  # 2 calls, a refusal, a hold, 2 approval events
+        assert conn.execute("SELECT count(*) FROM dharma_approvals.approval_recorded").fetchone() == (2,)
     with psycopg.connect(as_role(pg_url, auditor), autocommit=True) as conn:
         for sql in ("INSERT INTO records(seq, hash, body) VALUES (99, '\\x00', '\\x00')",
-                    "UPDATE head SET size = 9", "INSERT INTO checkpoints VALUES (9, 'n', 't')"):
+                    "UPDATE head SET size = 9", "INSERT INTO checkpoints VALUES (9, 'n', 't')",
+                    "INSERT INTO dharma_approvals.approval_recorded VALUES (1, 1, 'x')"):
             with pytest.raises(psycopg.Error, match="permission denied"):
                 conn.execute(sql)
     verified = dharma("audit", "verify", "--ledger", as_role(pg_url, auditor), state_root=state_root)
-    assert verified.rc == 0 and "3 records" in verified.out and "1 checkpoint(s) matched" in verified.out, verified
+    assert verified.rc == 0 and "8 records" in verified.out and "1 checkpoint(s) matched" in verified.out, verified
     queried = dharma("audit", "query", "--ledger", as_role(pg_url, auditor), "--format", "jsonl", state_root=state_root)
-    assert queried.rc == 0 and len(queried.out.splitlines()) == 2  # the call (its outcome row) and the refusal
+    assert queried.rc == 0 and len(queried.out.splitlines()) == 6  # 2 calls (their outcome rows), the refusal, the hold, 2 approval events
     with pytest.raises(psycopg.Error, match="permission denied for database"):
         psycopg.connect(as_role(pg_url, stranger)).close()  # PUBLIC lost CONNECT
 

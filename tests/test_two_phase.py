@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from audit.query import query_records
-from tests.audit.conftest import BACKENDS, new_location, open_reader, postgres  # noqa: F401  (fixture)
+from tests.audit.conftest import BACKENDS, new_location, open_reader
 from tests.conftest import KEYS, REPO, write_policy
 from tests.test_cli import cli_env, dharma, free_port
 

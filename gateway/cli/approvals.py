@@ -3,24 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from gateway.cli.common import COMMANDS, EXIT_FAILED, EXIT_OK, UsageError, add_command, add_group, out, settings_of
 
 
-def _approvals(args: argparse.Namespace) -> Any:
-    from gateway.stores.sqlite_approvals import SqliteApprovalStore
+@contextlib.asynccontextmanager
+async def approval_store(settings: Any) -> AsyncIterator[Any]:
+    """The store the gateway uses (`runtime.open_approvals`: PostgreSQL with `ledger.url`, else approvals.db)."""
+    from gateway.runtime import open_approvals
 
-    return SqliteApprovalStore(settings_of(args).approvals_path)
+    store = await open_approvals(settings)
+    try:
+        yield store
+    finally:
+        close = getattr(store, "aclose", None)
+        if close is not None:
+            await close()
+
+
+async def pending(settings: Any) -> list[Any]:
+    async with approval_store(settings) as store:
+        return await store.pending(time.time())  # type: ignore[no-any-return]
 
 
 def cmd_approvals_list(args: argparse.Namespace) -> int:
-    items = _approvals(args).pending_sync(time.time())
+    import anyio
+
+    items = anyio.run(pending, settings_of(args))
     if args.json:
         for a in items:
             out(json.dumps({"id": a.id, "principal": a.principal, "tool": a.tool, "reason": a.reason, "expires_at": a.expires_at, "arguments": a.arguments_preview}))
@@ -90,33 +107,55 @@ async def record_in_ledger(settings: Any, store: Any) -> str:
     return "recorded in the karma ledger"
 
 
+async def wake_holders(settings: Any, approval_id: str) -> str:
+    """Publish the wake-up over Redis when `redis.url` is set, so the replica holding the call
+    looks at once; without Redis the holder sees the decision at its next safety poll."""
+    if settings.redis.url is None:
+        return ""
+    from gateway.runtime import open_approval_signals
+
+    signals = open_approval_signals(settings)
+    try:
+        await signals.notify(approval_id)
+    finally:
+        await signals.aclose()
+    return "; the replica holding the call was woken over Redis"
+
+
+async def decide_async(args: argparse.Namespace, settings: Any, policy: Any, principal: Any, approve: bool) -> int:
+    from gateway.stages.approval import approver_refusal
+
+    async with approval_store(settings) as store:
+        current = await store.get(args.id)
+        if current is None:
+            out(f"unknown approval {args.id}")
+            return EXIT_FAILED
+        refusal = approver_refusal(policy, current, by=principal.id, approve=approve, via="cli")
+        if refusal is not None:
+            sys.stderr.write(f"dharma: {refusal}\n")
+            return EXIT_FAILED
+        try:
+            item = await store.decide(args.id, approve=approve, by=principal.id, now=time.time(), via="cli",
+                                      reason=args.reason or "")
+        except ValueError as exc:
+            out(str(exc))
+            return EXIT_FAILED
+        where = await record_in_ledger(settings, store)
+    woken = await wake_holders(settings, args.id)
+    out(f"{item.id} {item.state} by {principal.id} ({where}{woken})")
+    return EXIT_OK
+
+
 def decide(args: argparse.Namespace, approve: bool) -> int:
     """Decide a held call as the CLI user's principal (never free text); self-approval only where allowed."""
     import anyio
 
     from gateway.policy.compile import load_policy
-    from gateway.stages.approval import approver_refusal
 
     settings = settings_of(args)
-    store = _approvals(args)
     policy = load_policy(settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
     principal = approver_of(args, policy)
-    current = store.get_sync(args.id)
-    if current is None:
-        out(f"unknown approval {args.id}")
-        return EXIT_FAILED
-    refusal = approver_refusal(policy, current, by=principal.id, approve=approve, via="cli")
-    if refusal is not None:
-        sys.stderr.write(f"dharma: {refusal}\n")
-        return EXIT_FAILED
-    try:
-        item = store.decide_sync(args.id, approve=approve, by=principal.id, now=time.time(), via="cli", reason=args.reason or "")
-    except ValueError as exc:
-        out(str(exc))
-        return EXIT_FAILED
-    where = anyio.run(record_in_ledger, settings, store)
-    out(f"{item.id} {item.state} by {principal.id} ({where})")
-    return EXIT_OK
+    return anyio.run(decide_async, args, settings, policy, principal, approve)  # type: ignore[no-any-return]
 
 
 

@@ -200,11 +200,17 @@ def _origin(args: argparse.Namespace) -> str:
 
 def _anchor(reader: Any, args: argparse.Namespace, size: int, root: bytes) -> str:
     """The signed checkpoint at `size` (`audit.proofs.anchor_checkpoint`), signed with the checkpoint key if none is stored."""
-    from audit.checkpoint import CheckpointSigner
     from audit.proofs import anchor_checkpoint
 
+    return anchor_checkpoint(reader, _checkpoint_signer(args), size, root)
+
+
+def _checkpoint_signer(args: argparse.Namespace) -> Any:
+    """The checkpoint key as a `CheckpointSigner` (it also vouches for stored checkpoints in proofs)."""
+    from audit.checkpoint import CheckpointSigner
+
     keys = open_keys(args, create=False)
-    return anchor_checkpoint(reader, CheckpointSigner(keys.checkpoint_key, keys.checkpoint_key_name, _origin(args)), size, root)
+    return CheckpointSigner(keys.checkpoint_key, keys.checkpoint_key_name, _origin(args))
 
 
 def _tree_size(reader: Any, wanted: int | None, at_least: int) -> int:
@@ -226,19 +232,20 @@ def cmd_audit_proof(args: argparse.Namespace) -> int:
     from audit import proofs
     from audit.errors import LedgerError
 
+    signer = _checkpoint_signer(args)
     with open_ledger_reader(_ledger_path(args)) as reader:
         try:
             if args.inclusion is not None:
                 seq = args.inclusion
                 if not 1 <= seq <= reader.size():
                     raise ConfigError(f"--inclusion {seq}: the ledger has records 1..{reader.size()}")
-                doc = proofs.inclusion(reader, seq, _tree_size(reader, args.size, seq))
+                doc = proofs.inclusion(reader, seq, _tree_size(reader, args.size, seq), signer)
             else:
                 old, size = args.consistency
                 if not 0 <= old <= size <= reader.size():
                     raise ConfigError(f"--consistency {old} {size}: need 0 <= OLD <= NEW <= {reader.size()} (the ledger size)")
-                doc = proofs.consistency(reader, old, size)
-            doc["checkpoint"] = _anchor(reader, args, doc["tree_size"], bytes.fromhex(doc["root"]))
+                doc = proofs.consistency(reader, old, size, signer)
+            doc["checkpoint"] = proofs.anchor_checkpoint(reader, signer, doc["tree_size"], bytes.fromhex(doc["root"]))
         except LedgerError as exc:
             out(f"FAIL {exc}")
             return EXIT_FAILED
@@ -329,10 +336,13 @@ def cmd_audit_grant(args: argparse.Namespace) -> int:
     if args.writer is None and not args.reader:
         raise ConfigError("audit grant needs --writer ROLE, --reader ROLE or both")
     from audit.postgres import grant_roles
+    from gateway.stores.postgres_approvals import grant_roles as grant_approval_roles
 
     for line in grant_roles(args.url, writer=args.writer, readers=args.reader):
         out(line)
-    out(f"OK {_display(args.url)}: the ledger is insert-only by privileges as well as by triggers")
+    for line in grant_approval_roles(args.url, writer=args.writer, readers=args.reader):
+        out(line)
+    out(f"OK {_display(args.url)}: the ledger and its approvals are insert-only by privileges as well as by triggers")
     return EXIT_OK
 
 

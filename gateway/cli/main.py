@@ -94,6 +94,7 @@ def _run(args: argparse.Namespace) -> int:
     from audit.errors import LedgerError
     from gateway.core.errors import ConfigError, GatewayError, PolicyErrors
     from gateway.logging import configure_logging
+    from gateway.stores.base import StoreUnavailable
 
     configure_logging("warning")  # on stderr: stdout carries the command's output (JSON, JWKS, ...)
     try:
@@ -102,7 +103,8 @@ def _run(args: argparse.Namespace) -> int:
         for item in exc.problems:
             sys.stderr.write(f"{item}\n")
         return EXIT_USAGE
-    except (ConfigError, UsageError, GatewayError, LedgerError) as exc:  # LedgerError: a ledger that cannot be opened or read
+    # LedgerError: a ledger that cannot be opened or read; StoreUnavailable: a store that is down (names which)
+    except (ConfigError, UsageError, GatewayError, LedgerError, StoreUnavailable) as exc:
         sys.stderr.write(f"dharma: {exc}\n")
         return EXIT_USAGE
 

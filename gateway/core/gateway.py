@@ -25,16 +25,18 @@ from gateway.crypto.receipts import KeyStore
 from gateway.logging import ensure_logging
 from gateway.policy.compile import CompiledPolicy, load_policy
 from gateway.stages import HISTORY, store_down
-from gateway.stages.approval import ApprovalRecorder, ApprovalRefused, approver_refusal
+from gateway.stages.approval import SAFETY_POLL_SECONDS, ApprovalRecorder, ApprovalRefused, approver_refusal
 from gateway.stages.authenticate import authenticate
 from gateway.stages.circuit_breaker import CircuitBreaker
 from gateway.stages.record import Ledger, rfc3339, safe_digest
 from gateway.stages.visibility import visible_tools
 from gateway.stores.base import (
-    ApprovalStore, BreakerStore, HistoryStore, IdempotencyStore, LimiterStore, PinStore, StoreUnavailable,
+    ApprovalSignals, ApprovalStore, BreakerStore, HistoryStore, IdempotencyStore, LimiterStore, PinStore,
+    StoreUnavailable,
 )  # fmt: skip
 from gateway.stores.memory import (
-    MemoryApprovalStore, MemoryBreakerStore, MemoryIdempotencyStore, MemoryLimiterStore, SessionHistory,
+    MemoryApprovalSignals, MemoryApprovalStore, MemoryBreakerStore, MemoryIdempotencyStore, MemoryLimiterStore,
+    SessionHistory,
 )  # fmt: skip
 
 __all__ = [
@@ -110,6 +112,8 @@ class Gateway:
         breaker_store: BreakerStore | None = None,
         history_store: HistoryStore | None = None,
         pin_store: PinStore | None = None,
+        approval_signals: ApprovalSignals | None = None,
+        approval_poll_seconds: float = SAFETY_POLL_SECONDS,
         clock: Clock = time.time,
         policy_path: Path | None = None,
         dependencies: Sequence[Dependency] = (),
@@ -122,6 +126,8 @@ class Gateway:
         self.clock = clock
         self.approvals = approval_store or MemoryApprovalStore()
         self.approval_recorder = ApprovalRecorder(self.approvals, ledger)
+        self.approval_signals = approval_signals or MemoryApprovalSignals()
+        self.approval_poll_seconds = approval_poll_seconds
         self.idempotency = idempotency_store or MemoryIdempotencyStore()
         self.history = history_store or SessionHistory()
         self.breaker = CircuitBreaker(breaker_store or MemoryBreakerStore())
@@ -135,6 +141,8 @@ class Gateway:
                 limiter_store=limiter_store or MemoryLimiterStore(),
                 approvals=self.approvals,
                 approval_recorder=self.approval_recorder,
+                approval_signals=self.approval_signals,
+                approval_poll_seconds=approval_poll_seconds,
                 idempotency=self.idempotency,
                 history=self.history,
                 breaker=self.breaker,
@@ -218,9 +226,11 @@ class Gateway:
             log.warning("approval.refused", approval_id=approval_id, by=by, via=via, reason=refusal)
             raise ApprovalRefused(refusal)
         try:
-            return await self.approvals.decide(approval_id, approve=approve, by=by, now=self.clock(), via=via, reason=reason)
+            decided = await self.approvals.decide(approval_id, approve=approve, by=by, now=self.clock(), via=via, reason=reason)
         finally:  # the decision, or the `expired` event a late decision found, goes into the chain now
             await self.approval_recorder.try_sync()
+        await self.approval_signals.notify(approval_id)  # the holder, on this replica or another, looks again
+        return decided
 
     # ---- calls -----------------------------------------------------------------------
 
@@ -311,6 +321,7 @@ class Gateway:
             return
         self._closed = True
         await self.approval_recorder.try_sync()
+        await self.approval_signals.aclose()
         for backend in self._backends.values():
             await backend.aclose()
         checkpoint = getattr(self.ledger, "checkpoint", None)
@@ -320,6 +331,9 @@ class Gateway:
             except Exception as exc:
                 log.warning("ledger.checkpoint_failed", error=str(exc))
         await self.ledger.aclose()
+        close_store = getattr(self.approvals, "aclose", None)
+        if close_store is not None:
+            await close_store()
         for dep in self.dependencies:
             await dep.aclose()
 

@@ -24,7 +24,7 @@ from gateway.core.errors import ErrorCode
 from gateway.crypto.receipts import KeyStore
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages import Stage, Step, store_down
-from gateway.stages.approval import ApprovalGate, ApprovalRecorder
+from gateway.stages.approval import SAFETY_POLL_SECONDS, ApprovalGate, ApprovalRecorder
 from gateway.stages.authenticate import Authenticate
 from gateway.stages.circuit_breaker import CircuitBreaker
 from gateway.stages.dharma_rules import DharmaRules
@@ -36,7 +36,8 @@ from gateway.stages.record import Ledger, Record, RecordDecision, safe_digest
 from gateway.stages.sanitizer.stage import Sanitizer
 from gateway.stages.tier_gate import TierGate
 from gateway.stages.visibility import ToolVisibility
-from gateway.stores.base import ApprovalStore, HistoryStore, IdempotencyStore, LimiterStore, StoreUnavailable
+from gateway.stores.base import ApprovalSignals, ApprovalStore, HistoryStore, IdempotencyStore, LimiterStore, StoreUnavailable
+from gateway.stores.memory import MemoryApprovalSignals
 
 log = structlog.get_logger()
 
@@ -54,6 +55,8 @@ class Wiring:
     breaker: CircuitBreaker
     clock: Callable[[], float]
     approval_recorder: ApprovalRecorder | None = None  # the Gateway's, shared with approve/deny; else one of its own
+    approval_signals: ApprovalSignals | None = None  # the Gateway's, which its decisions notify; else one of its own
+    approval_poll_seconds: float = SAFETY_POLL_SECONDS
 
 
 def steps(w: Wiring) -> tuple[Stage | Step, ...]:
@@ -66,7 +69,9 @@ def steps(w: Wiring) -> tuple[Stage | Step, ...]:
         RateLimiter(w.limiter_store),  # rate_limited
         TierGate(),  # forbidden, purpose_required
         DharmaRules(),  # policy_blocked
-        ApprovalGate(w.approvals, w.approval_recorder or ApprovalRecorder(w.approvals, w.ledger)),  # approval_required / _denied / _timeout
+        ApprovalGate(w.approvals, w.approval_recorder or ApprovalRecorder(w.approvals, w.ledger),
+                     w.approval_signals or MemoryApprovalSignals(),
+                     poll_seconds=w.approval_poll_seconds),  # approval_required / _denied / _timeout
         RecordDecision(w.ledger),  # decision record committed (fails closed: nothing is forwarded)
         Forward(w.breaker, w.idempotency, w.clock),  # [backend]: replay, admit → send → record
         DisclosureRules(),  # PERMIT / REDACT / WITHHOLD

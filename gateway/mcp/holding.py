@@ -14,37 +14,36 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
 import structlog
 
 from gateway.core.gateway import Gateway
 from gateway.mcp import approval as ap
-from gateway.stages.approval import VIA_ELICITATION, ApprovalRefused
+from gateway.stages.approval import VIA_ELICITATION, ApprovalRefused, wait_decided
 
 log = structlog.get_logger()
 
-#: How often the approval store is asked whether a held call has been decided (seconds).
-POLL_SECONDS = 0.05
-
-
 async def hold(gateway: Gateway, approval_id: str, token: Any, notify: Callable[[dict[str, Any]], Awaitable[None]],
                *, seconds: float, interval: float) -> None:
-    """Wait until `approval_id` is decided or `seconds` pass (then it expires); progress every `interval`."""
+    """Wait until `approval_id` is decided or `seconds` pass (then it expires); progress every `interval`.
+
+    Woken by the gateway's approval signals (a decision on this replica, or on another over Redis),
+    with the gateway's safety poll underneath (`stages.approval.wait_decided`).
+    """
     started = time.monotonic()
-    last = -interval
     count = 0
-    with anyio.move_on_after(seconds):
-        while True:
-            current = await gateway.approvals.get(approval_id)
-            if current is not None and current.state != "pending":
-                await gateway.approval_recorder.try_sync()
-                return
-            now = time.monotonic() - started
-            if token is not None and now - last >= interval:
-                count += 1
-                last = now
-                await notify(ap.hold_note(token, count, approval_id))
-            await anyio.sleep(POLL_SECONDS)
+    while True:
+        left = seconds - (time.monotonic() - started)
+        step = 0.0 if token is not None and count == 0 else min(interval, left) if token is not None else left
+        current = await wait_decided(gateway.approvals, gateway.approval_signals, approval_id,
+                                     seconds=max(step, 0.0), poll_seconds=gateway.approval_poll_seconds)
+        if current is not None:
+            await gateway.approval_recorder.try_sync()
+            return
+        if time.monotonic() - started >= seconds:
+            break
+        if token is not None:
+            count += 1
+            await notify(ap.hold_note(token, count, approval_id))
     await gateway.approvals.expire(approval_id)
     await gateway.approval_recorder.try_sync()
 

@@ -7,9 +7,15 @@ otherwise the gateway holds it (up to the profile's `hold_seconds`) or answers
 
 Every approval event (held, approved, denied, expired) is a chained ledger record
 (`kind: "approval"`), written by `ApprovalRecorder` from the append-only approval store: the
-store is where the CLI, in another process, appends its decision; the gateway, the ledger's one
-writer, copies each event into the chain. A call is released only once its approval is in the
-chain (fail closed). `approver_refusal` is the one rule of who may decide.
+store is where the CLI, in another process, appends its decision; a gateway copies each event
+into the chain (with PostgreSQL, any replica: the store's `recording()` claim and a mark written
+in the record's own transaction keep each event in the chain exactly once). A call is released
+only once its approval is in the chain (fail closed). `approver_refusal` is the one rule of who
+may decide.
+
+A held call sleeps until `ApprovalSignals` wakes it (a decision in this process, or from another
+replica over Redis) and re-reads the store at least every `poll_seconds` (the safety poll) in
+case a wake-up was lost: the store, never the wake-up, says whether the call may go.
 """
 
 from __future__ import annotations
@@ -29,11 +35,13 @@ from gateway.core.errors import ErrorCode
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages.record import Ledger, rfc3339
 from gateway.stages.sanitizer.walk import redact_secrets
-from gateway.stores.base import Approval, ApprovalEvent, ApprovalStore
+from gateway.stores.base import Approval, ApprovalEvent, ApprovalSignals, ApprovalStore
 
 log = structlog.get_logger()
 VIA_ELICITATION = "elicitation"
 """`via` of a decision the MCP client's user gave by answering an elicitation."""
+SAFETY_POLL_SECONDS = 1.0
+"""How often a held call reads its approval again without a wake-up (`approvals.poll_seconds`)."""
 
 
 def new_approval_id() -> str:
@@ -94,8 +102,10 @@ def approval_entry(event: ApprovalEvent) -> dict[str, Any]:
 class ApprovalRecorder:
     """Copies approval events from the store into the karma ledger, oldest first, each once.
 
-    One per gateway (the ledger's writer); a lock keeps two copies from racing. An event whose
-    append fails stays unrecorded and is tried again on the next `sync`.
+    One per gateway; a lock keeps two copies in this process from racing, the store's
+    `recording()` claim keeps replicas sharing the store from racing. Where the store can mark an
+    event in the ledger's own transaction (`linked_mark`, PostgreSQL), record and mark are one
+    commit. An event whose append fails stays unrecorded and is tried again on the next `sync`.
     """
 
     def __init__(self, store: ApprovalStore, ledger: Ledger) -> None:
@@ -105,8 +115,13 @@ class ApprovalRecorder:
 
     async def sync(self) -> None:
         """Record every unrecorded event; raises what the ledger raised if one cannot be."""
-        async with self._lock:
+        append_linked = getattr(self.ledger, "append_linked", None)
+        async with self._lock, self.store.recording():
             for event in await self.store.unrecorded():
+                linked = self.store.linked_mark(event.no)
+                if linked is not None and append_linked is not None:
+                    await append_linked(approval_entry(event), linked)
+                    continue
                 appended = await self.ledger.append(approval_entry(event))
                 await self.store.mark_recorded(event.no, getattr(appended, "seq", 0), getattr(appended, "hash", ""))
 
@@ -120,12 +135,33 @@ class ApprovalRecorder:
         return True
 
 
+async def wait_decided(store: ApprovalStore, signals: ApprovalSignals, approval_id: str, *, seconds: float,
+                       poll_seconds: float = SAFETY_POLL_SECONDS) -> Approval | None:
+    """The approval once it is no longer pending, or None if `seconds` pass first (or it is unknown).
+
+    Sleeps until `signals` wakes it, reading the store again at least every `poll_seconds`; the
+    watch is registered before the first read, so a decision made in between is not missed.
+    """
+    deadline = anyio.current_time() + seconds
+    async with signals.watch(approval_id) as watch:
+        while True:
+            current = await store.get(approval_id)
+            if current is not None and current.state != "pending":
+                return current
+            left = deadline - anyio.current_time()
+            if left <= 0:
+                return None
+            await watch.wait(min(poll_seconds, left))
+
+
 class ApprovalGate:
     name = "approval"
 
-    def __init__(self, store: ApprovalStore, recorder: ApprovalRecorder, *, poll_seconds: float = 0.05) -> None:
+    def __init__(self, store: ApprovalStore, recorder: ApprovalRecorder, signals: ApprovalSignals, *,
+                 poll_seconds: float = SAFETY_POLL_SECONDS) -> None:
         self.store = store
         self.recorder = recorder
+        self.signals = signals
         self.poll_seconds = poll_seconds
 
     def _block(self, code: ErrorCode, message: str, ctx: CallContext, approval_id: str | None) -> Decision:
@@ -186,13 +222,9 @@ class ApprovalGate:
         )
 
     async def _hold(self, ctx: CallContext, approval: Approval, hold: float) -> Decision | None:
-        with anyio.move_on_after(hold):
-            while True:
-                current = await self.store.get(approval.id)
-                if current is not None and current.state != "pending":
-                    break
-                await anyio.sleep(self.poll_seconds)
-        current = await self.store.get(approval.id)
+        current = await wait_decided(self.store, self.signals, approval.id, seconds=hold, poll_seconds=self.poll_seconds)
+        if current is None:  # one last look: a decision may have landed as the hold ended
+            current = await self.store.get(approval.id)
         if current is not None and current.state == "approved":
             return await self._redeem(ctx, approval.id, (approval.principal, approval.tool, approval.argument_digest, approval.policy_version))
         if current is not None and current.state == "denied":

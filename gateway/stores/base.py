@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import secrets
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -143,6 +144,37 @@ class ApprovalStore(Protocol):
     async def mark_recorded(self, no: int, seq: int, record_hash: str) -> None:
         """Note that event `no` is ledger record `seq` (insert-only: a second mark is refused)."""
         ...
+    def recording(self) -> AbstractAsyncContextManager[None]:
+        """Hold the claim to copy events into the ledger: one copier at a time across every process
+        sharing the store (a no-op where only one process can write the ledger)."""
+        ...
+    def linked_mark(self, no: int) -> Any | None:
+        """The row marking event `no` recorded, for the ledger to write in the same transaction as
+        the record (`audit.postgres.LinkedRow`), or None when the store lives elsewhere than the ledger."""
+        ...
+
+
+class ApprovalWatch(Protocol):
+    """One held call's interest in its approval, registered before the call reads the state."""
+
+    async def wait(self, timeout: float) -> bool:
+        """True once a wake-up came since the last `wait` (at once if one already did), else False after `timeout`."""
+        ...
+
+
+class ApprovalSignals(Protocol):
+    """Wake-ups for held calls: whoever decides an approval `notify`s; the call holding it `watch`es.
+
+    A wake-up is only a hint to read the approval store again: the decision itself is in the
+    store, so a lost or forged wake-up can delay a release (until the holder's safety poll),
+    never release or refuse a call by itself.
+    """
+
+    async def notify(self, approval_id: str) -> None:
+        """Wake every holder of `approval_id` (never raises: a lost wake-up only delays)."""
+        ...
+    def watch(self, approval_id: str) -> AbstractAsyncContextManager[ApprovalWatch]: ...
+    async def aclose(self) -> None: ...
 
 
 class IdempotencyStore(Protocol):

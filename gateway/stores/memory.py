@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections import OrderedDict, deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 from gateway.stores.base import LEDGER_EVENTS, Approval, ApprovalEvent
+
+
+@contextlib.asynccontextmanager
+async def one_process_recording() -> AsyncIterator[None]:
+    """`ApprovalStore.recording` of a store only one process writes the ledger from: nothing to claim."""
+    yield
 
 
 class MemoryLimiterStore:
@@ -173,6 +183,69 @@ class MemoryApprovalStore:
         if no in self._recorded:
             raise ValueError(f"approval event {no} is already recorded")
         self._recorded[no] = (seq, record_hash)
+
+    def recording(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return one_process_recording()
+
+    def linked_mark(self, no: int) -> None:
+        return None
+
+
+class _Watch:
+    """A latch: `set` wakes the current `wait`, or the next one if nobody waits yet."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout: float) -> bool:
+        with anyio.move_on_after(timeout):
+            await self._event.wait()
+        fired = self._event.is_set()
+        if fired:
+            self._event = anyio.Event()
+        return fired
+
+
+class MemoryApprovalSignals:
+    """Wake-ups within one process (anyio events): a decision made here releases a call held here
+    at once. A decision made in another process (the CLI without Redis) is seen by the holder's
+    safety poll."""
+
+    def __init__(self) -> None:
+        self._watches: dict[str, set[_Watch]] = {}
+
+    async def notify(self, approval_id: str) -> None:
+        self.wake(approval_id)
+
+    def wake(self, approval_id: str) -> None:
+        """Wake the holders of `approval_id` in this process."""
+        for watch in self._watches.get(approval_id, ()):
+            watch.set()
+
+    def wake_all(self) -> None:
+        """Wake every holder (after wake-ups may have been lost): each reads its approval again."""
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.set()
+
+    @contextlib.asynccontextmanager
+    async def watch(self, approval_id: str) -> AsyncIterator[_Watch]:
+        watch = _Watch()
+        self._watches.setdefault(approval_id, set()).add(watch)
+        try:
+            yield watch
+        finally:
+            watches = self._watches.get(approval_id)
+            if watches is not None:
+                watches.discard(watch)
+                if not watches:
+                    del self._watches[approval_id]
+
+    async def aclose(self) -> None:
+        self.wake_all()
 
 
 class MemoryIdempotencyStore:

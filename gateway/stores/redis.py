@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from gateway.config import RedisSettings, display_url
@@ -64,11 +67,15 @@ def connect(settings: RedisSettings) -> RedisLink:
     """A client for `settings.url` (lazy: nothing is sent until the first command)."""
     if settings.url is None:
         raise ValueError("redis.url is not set")
+    # A pooled connection that Redis dropped (it restarted) fails its next command once: retry that
+    # command once on a fresh connection, at once. Timeouts are not retried, so a hung Redis costs a
+    # call one operation timeout, not several.
     client: Any = aioredis.Redis.from_url(
         settings.url,
         socket_connect_timeout=settings.connect_timeout_seconds,
         socket_timeout=settings.operation_timeout_seconds,
-        retry_on_timeout=False,
+        retry=Retry(NoBackoff(), retries=1, supported_errors=(RedisConnectionError,)),
+        retry_on_error=[RedisConnectionError],
         health_check_interval=30,
     )
     return RedisLink(client=client, prefix=settings.key_prefix, where=display_url(settings.url))

@@ -11,6 +11,7 @@ holds). A file written by an older gateway (one mutable `approvals` table) is ca
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 from contextlib import closing
@@ -21,6 +22,7 @@ import anyio
 
 from gateway.core.errors import ConfigError
 from gateway.stores.base import LEDGER_EVENTS, Approval, ApprovalEvent
+from gateway.stores.memory import one_process_recording
 
 _TABLES = ("approval_holds", "approval_events", "approval_recorded")
 _SCHEMA = """
@@ -45,15 +47,15 @@ BEGIN SELECT RAISE(ABORT, '{table} is insert-only: approvals are events'); END;
     for table in _TABLES
 )
 _LATEST = "(SELECT e.{col} FROM approval_events e WHERE e.approval_id = h.id {extra} ORDER BY e.no DESC LIMIT 1)"
-_STATE = f"(CASE {_LATEST.format(col='event', extra='')} WHEN 'held' THEN 'pending' ELSE {_LATEST.format(col='event', extra='')} END)"
+STATE_SQL = f"(CASE {_LATEST.format(col='event', extra='')} WHEN 'held' THEN 'pending' ELSE {_LATEST.format(col='event', extra='')} END)"
 _DECIDED = "AND e.event IN ('approved', 'denied')"
 _DECIDED_BY = f"COALESCE({_LATEST.format(col='actor', extra=_DECIDED)}, '')"
-_HOLD_COLUMNS = "id, principal, tool, argument_digest, policy_version, request_id, reason, created_at, expires_at, arguments_preview"
-_SELECT = (
+HOLD_COLUMNS = "id, principal, tool, argument_digest, policy_version, request_id, reason, created_at, expires_at, arguments_preview"
+SELECT_SQL = (
     "SELECT h.id, h.principal, h.tool, h.argument_digest, h.policy_version, h.request_id, h.reason, "
-    f"h.created_at, h.expires_at, {_STATE}, {_DECIDED_BY}, h.arguments_preview FROM approval_holds h"
+    f"h.created_at, h.expires_at, {STATE_SQL}, {_DECIDED_BY}, h.arguments_preview FROM approval_holds h"
 )
-_UNRECORDED = f"""
+UNRECORDED_SQL = f"""
 SELECT e.no, e.event, e.actor, e.via, e.reason, e.at, h.id, h.principal, h.tool, h.argument_digest, h.policy_version,
        h.request_id, h.reason, h.created_at, h.expires_at, h.arguments_preview
 FROM approval_events e JOIN approval_holds h ON h.id = e.approval_id
@@ -62,7 +64,7 @@ WHERE e.no > (SELECT COALESCE(MAX(no), 0) FROM approval_recorded)
 ORDER BY e.no
 """
 _LEGACY_COPY = (
-    f"INSERT INTO approval_holds({_HOLD_COLUMNS}) SELECT {_HOLD_COLUMNS} FROM approvals",
+    f"INSERT INTO approval_holds({HOLD_COLUMNS}) SELECT {HOLD_COLUMNS} FROM approvals",
     "INSERT INTO approval_events(approval_id, event, actor, via, reason, at)"
     " SELECT id, 'held', principal, 'gateway', reason, created_at FROM approvals",
     "INSERT INTO approval_events(approval_id, event, actor, via, reason, at)"
@@ -73,6 +75,15 @@ _LEGACY_COPY = (
     "DROP TABLE approvals",
 )
 """Carry an older gateway's mutable `approvals` table (state in a column) over as events, once."""
+
+
+def event_from_row(row: Any) -> ApprovalEvent:
+    """An `ApprovalEvent` from a row of UNRECORDED_SQL (SQLite and PostgreSQL share the query)."""
+    no, event, actor, via, reason, at, *hold = row
+    return ApprovalEvent(
+        no=no, event=event, by=actor, via=via, reason=reason, at=at,
+        approval=Approval(*hold[:8], expires_at=hold[8], arguments_preview=hold[9]),
+    )
 
 
 class SqliteApprovalStore:
@@ -125,7 +136,7 @@ class SqliteApprovalStore:
     @staticmethod
     def _state(conn: sqlite3.Connection, approval_id: str) -> tuple[str, float] | None:
         row = conn.execute(
-            f"SELECT {_STATE}, h.expires_at FROM approval_holds h WHERE h.id = ?", (approval_id,)
+            f"SELECT {STATE_SQL}, h.expires_at FROM approval_holds h WHERE h.id = ?", (approval_id,)
         ).fetchone()
         return (row[0], row[1]) if row else None
 
@@ -139,7 +150,7 @@ class SqliteApprovalStore:
     async def create(self, approval: Approval) -> None:
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(
-                f"INSERT INTO approval_holds({_HOLD_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO approval_holds({HOLD_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (
                     approval.id, approval.principal, approval.tool, approval.argument_digest, approval.policy_version,
                     approval.request_id, approval.reason, approval.created_at, approval.expires_at,
@@ -152,7 +163,7 @@ class SqliteApprovalStore:
 
     def get_sync(self, approval_id: str) -> Approval | None:
         with closing(self._connect()) as conn:
-            row = conn.execute(f"{_SELECT} WHERE h.id = ?", (approval_id,)).fetchone()
+            row = conn.execute(f"{SELECT_SQL} WHERE h.id = ?", (approval_id,)).fetchone()
         return Approval(*row) if row else None
 
     async def get(self, approval_id: str) -> Approval | None:
@@ -213,7 +224,7 @@ class SqliteApprovalStore:
     def pending_sync(self, now: float) -> list[Approval]:
         with closing(self._connect()) as conn:
             rows = conn.execute(
-                f"{_SELECT} WHERE {_STATE} = 'pending' AND h.expires_at > ? ORDER BY h.created_at", (now,)
+                f"{SELECT_SQL} WHERE {STATE_SQL} = 'pending' AND h.expires_at > ? ORDER BY h.created_at", (now,)
             ).fetchall()
         return [Approval(*row) for row in rows]
 
@@ -222,14 +233,8 @@ class SqliteApprovalStore:
 
     def unrecorded_sync(self) -> list[ApprovalEvent]:
         with closing(self._connect()) as conn:
-            rows = conn.execute(_UNRECORDED).fetchall()
-        return [
-            ApprovalEvent(
-                no=no, event=event, by=actor, via=via, reason=reason, at=at,
-                approval=Approval(*hold[:8], expires_at=hold[8], arguments_preview=hold[9]),
-            )
-            for no, event, actor, via, reason, at, *hold in rows
-        ]
+            rows = conn.execute(UNRECORDED_SQL).fetchall()
+        return [event_from_row(row) for row in rows]
 
     async def unrecorded(self) -> list[ApprovalEvent]:
         return await self._run(self.unrecorded_sync)  # type: ignore[no-any-return]
@@ -239,3 +244,10 @@ class SqliteApprovalStore:
             conn.execute("INSERT INTO approval_recorded(no, seq, hash) VALUES (?,?,?)", (no, seq, record_hash))
 
         await self._run(self._transaction, op)
+
+    def recording(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Only the process holding the SQLite ledger's writer lock copies events: nothing to claim."""
+        return one_process_recording()
+
+    def linked_mark(self, no: int) -> None:
+        return None  # approvals.db is another file than the ledger: the mark is its own transaction

@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 from audit.postgres import LEDGER_TABLES, PostgresLedger, PostgresLedgerReader
 from audit.sqlite import SqliteLedger, SqliteLedgerReader
 from gateway.config import is_ledger_url
-from tests.pg import PostgresServer, postgres_or_skip
+from tests.pg import PostgresServer
 
 BACKENDS = ("sqlite", "postgres")
 Location = Path | str
@@ -129,13 +129,6 @@ def open_reader(location: Location) -> Any:
     if is_ledger_url(str(location)):
         return PostgresLedgerReader(str(location))
     return SqliteLedgerReader(location)
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """Start PostgreSQL from the installed binaries (as the `postgres` user when we are root)."""
-    with postgres_or_skip() as server:
-        yield server
 
 
 def new_location(kind: str, request: pytest.FixtureRequest, directory: Path) -> Location:

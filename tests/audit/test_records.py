@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from audit.canon import canonical_bytes
 from audit.errors import LedgerError
@@ -13,7 +18,9 @@ from audit.records import (
     index_fields,
     normalize_time,
     parse_record,
+    quick_index,
     record_bytes,
+    rule_ids,
 )
 
 from .conftest import make_entry
@@ -93,3 +100,50 @@ def test_normalize_time_sorts_as_instants() -> None:
 def test_decode_record_flattens_seq_hash_and_entry() -> None:
     body = record_bytes(encode_entry({"tool": "t", "seq": 99}, ledger="t"), GENESIS_PREV, 1)
     assert decode_record(1, "ab", body) == {"seq": 1, "hash": "ab", "tool": "t"}
+
+
+_JSON_SCALARS = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8)
+_JSON = st.recursive(_JSON_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                     max_leaves=8)
+_INDEX_KEYS = ("time", "principal", "tool", "decision", "status", "request_id", "policy_version", "matched_rules")
+
+
+def _exact_index(body: bytes) -> tuple[object, ...] | None:
+    """What verify's exact check derives from a body (json.loads, index_fields, rule_ids)."""
+    try:
+        entry = json.loads(body)["entry"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(entry, dict):
+        return None
+    return (*dataclasses.astuple(index_fields(entry)), list(rule_ids(entry)) or None)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from(_INDEX_KEYS + ("args", "other")), _JSON | st.text(max_size=30)
+                       | st.lists(st.text(max_size=5) | st.integers(), max_size=4)))
+def test_quick_index_gives_exactly_what_the_exact_check_derives_or_nothing(entry: dict[str, object]) -> None:
+    body = json.dumps({"entry": entry, "prev": "0" * 64, "seq": 1}).encode()
+    quick = quick_index(body)
+    assert quick is None or quick == _exact_index(body), (body, quick)
+    if all(v is None or isinstance(v, str) for k, v in entry.items() if k in _INDEX_KEYS[:-1]) and not any(
+            isinstance(entry.get("matched_rules"), t) for t in (dict, int, float, bool)):
+        assert quick is not None  # the usual shapes take the fast path
+
+
+@pytest.mark.parametrize("body", [
+    b'{"entry":{"principal":"a","principal":"b"},"prev":"","seq":1}',  # duplicate keys: the last one counts
+    b'{"entry":{"principal":"a"},"entry":{"tool":"t"},"seq":1}',
+    b'{"entry":{"principal":"\\ud800"},"seq":1}',  # a lone surrogate
+    b'{"entry":{"principal":NaN},"seq":1}',
+    b'{"entry":{"principal":1e400},"seq":1}',
+    b'\xef\xbb\xbf{"entry":{"principal":"a"},"seq":1}',
+    b'{"entry":{"principal":"\xff"},"seq":1}',
+    b'{"entry":{"time":"2025-01-01T00:00:00+02:00","matched_rules":["b","a","b",3]},"seq":1}',
+    b'{"entry":{"args":{"principal":"nested"},"matched_rules":"r"},"seq":1}',
+    b'{"entry":[1,2],"seq":1}',
+    b'{"entry":{"principal":"a"}}trailing',
+])
+def test_quick_index_on_awkward_bodies(body: bytes) -> None:
+    quick = quick_index(body)
+    assert quick is None or quick == _exact_index(body), (body, quick)

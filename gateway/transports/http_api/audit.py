@@ -170,8 +170,9 @@ def audit_routes(gateway: Gateway) -> list[Route]:
                 return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, f"no record {seq} in the ledger"), status_code=404)
             note = await latest_checkpoint(reader, seq)
             size = parse_checkpoint(note).size
-            proof = await anyio.to_thread.run_sync(proofs.inclusion, reader, seq, size)
-            proof["checkpoint"] = await anyio.to_thread.run_sync(proofs.anchor_checkpoint, reader, signer(), size,
+            sign = signer()
+            proof = await anyio.to_thread.run_sync(proofs.inclusion, reader, seq, size, sign)
+            proof["checkpoint"] = await anyio.to_thread.run_sync(proofs.anchor_checkpoint, reader, sign, size,
                                                                  bytes.fromhex(proof["root"]))
         return JSONResponse({"seq": stored.seq, "hash": stored.hash, "record": base64.b64encode(stored.body).decode("ascii"),
                              "entry": stored.to_dict(), "inclusion": proof})
@@ -188,8 +189,8 @@ def audit_routes(gateway: Gateway) -> list[Route]:
             size = await anyio.to_thread.run_sync(reader.size)
             if not query.old <= query.new <= size:
                 raise BadQuery(f"query parameters `from` {query.old} and `to` {query.new}: need from <= to <= {size} (the ledger size)")
-            doc = await anyio.to_thread.run_sync(proofs.consistency, reader, query.old, query.new)
             sign = signer()
+            doc = await anyio.to_thread.run_sync(proofs.consistency, reader, query.old, query.new, sign)
             doc["checkpoint"] = await anyio.to_thread.run_sync(proofs.anchor_checkpoint, reader, sign, query.new, bytes.fromhex(doc["root"]))
             doc["old_checkpoint"] = await anyio.to_thread.run_sync(proofs.anchor_checkpoint, reader, sign, query.old,
                                                                    bytes.fromhex(doc["old_root"]))
