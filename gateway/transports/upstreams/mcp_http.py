@@ -18,6 +18,7 @@ Failures leave as `UpstreamError` (`timeout` / `unavailable`), never as aiohttp 
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -33,6 +34,10 @@ from gateway.mcp import jsonrpc
 log = structlog.get_logger()
 
 MAX_RESUMES = 5
+#: How long, and for how many bytes, the rest of an answered event stream is read in the background
+#: so its connection goes back to the pool (an upstream closes the stream right after the answer).
+DRAIN_SECONDS = 2.0
+DRAIN_BYTES = 65_536
 
 
 class UpstreamError(Exception):
@@ -58,6 +63,8 @@ class UpstreamReply:
     #: Called when the upstream closed its event stream before the answer, before this client
     #: resumes it (so the gateway can close its own client's stream the same way).
     on_pause: Callable[[], Awaitable[None]] | None = None
+    #: The awaited answer came on this reply's event stream (what is left of it is only its end).
+    answered: bool = False
 
     async def messages(self) -> AsyncIterator[bytes]:
         """The data of each SSE message (priming events and comments skipped), or the JSON body once."""
@@ -121,6 +128,7 @@ class McpHttpUpstream:
         self.forward_host = forward_host
         self.static_headers = {k.lower(): v for k, v in (headers or {}).items()}
         self._session: aiohttp.ClientSession | None = None
+        self._draining: set[asyncio.Task[None]] = set()
 
     def _client(self) -> aiohttp.ClientSession:
         """The pooled session (keep-alive, up to 512 connections), opened on first use."""
@@ -131,6 +139,10 @@ class McpHttpUpstream:
         return self._session
 
     async def aclose(self) -> None:
+        for task in list(self._draining):
+            task.cancel()
+        if self._draining:
+            await asyncio.gather(*self._draining, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
 
@@ -187,7 +199,34 @@ class McpHttpUpstream:
                     raise UpstreamError("unavailable", f"upstream {self.id} broke off its answer: {type(exc).__name__}") from None
             yield response, reply
         finally:
-            response.release()  # back to the pool when read to the end, else the connection is closed
+            if reply.answered and not response.content.is_eof():
+                self._finish_later(response)
+            else:
+                response.release()  # back to the pool when read to the end, else the connection is closed
+
+    @property
+    def draining(self) -> int:
+        """How many answered event streams are still being read to their end."""
+        return len(self._draining)
+
+    def _finish_later(self, response: aiohttp.ClientResponse) -> None:
+        """Read the end of an answered event stream in the background, then release it: read to its
+        end, the connection goes back to the pool instead of being closed (a new TCP connection per
+        call otherwise). The answer is not held up; a stream that does not end soon is closed."""
+        async def drain() -> None:
+            left = DRAIN_BYTES
+            try:
+                with anyio.move_on_after(DRAIN_SECONDS):
+                    while left > 0 and (chunk := await response.content.readany()):
+                        left -= len(chunk)
+            except (aiohttp.ClientError, OSError):
+                pass
+            finally:
+                response.release()
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
 
     async def _stream(self, response: aiohttp.ClientResponse, headers: Mapping[str, str], expect_id: jsonrpc.RpcId | None,
                       reply: UpstreamReply) -> AsyncIterator[bytes]:
@@ -211,6 +250,7 @@ class McpHttpUpstream:
                         data = "\n".join(event.data).encode("utf-8")
                         if not answered and _is_answer_to(data, expect_id):
                             answered = True
+                            reply.answered = current is response
                         yield data
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     clean = False
