@@ -310,7 +310,11 @@ class HttpFront(Starlette):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.direct is not None and route_path(scope) == self.direct_path:
             scope["app"] = self
-            await self.direct(scope, receive, send)
+            try:
+                await self.direct(scope, receive, send)
+            except Exception:  # the endpoint answers its own errors; this is a bug: log it, uvicorn answers 500
+                log.exception("http.unhandled", path=scope["path"])
+                raise
             return
         await super().__call__(scope, receive, send)
 

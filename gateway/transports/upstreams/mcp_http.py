@@ -134,7 +134,7 @@ class McpHttpUpstream:
         """The pooled session (keep-alive, up to 512 connections), opened on first use."""
         if self._session is None or self._session.closed:
             timeout = aiohttp.ClientTimeout(total=None, connect=30.0, sock_connect=10.0, sock_read=None)
-            connector = aiohttp.TCPConnector(limit=512, limit_per_host=0, ttl_dns_cache=300)
+            connector = aiohttp.TCPConnector(limit=512, limit_per_host=0)
             self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",))
         return self._session
 
