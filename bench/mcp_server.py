@@ -4,6 +4,7 @@ trivial tool, `echo(text) -> "echo: <text>"`.
     python bench/mcp_server.py stdio                  # newline-delimited JSON-RPC on stdin/stdout
     python bench/mcp_server.py http --url-file F      # Streamable HTTP on 127.0.0.1:<free port>/mcp
                                                       # (SDK defaults: stateful sessions, SSE replies)
+    python bench/mcp_server.py http --json --url-file F   # the same, every POST answered with JSON
 
 The URL is written to F once the server listens. Loopback only.
 """
@@ -32,6 +33,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("transport", choices=("stdio", "http"))
     parser.add_argument("--url-file", help="http: where to write the URL once listening")
+    parser.add_argument("--json", action="store_true", help="http: answer each POST with JSON, not an SSE stream")
     args = parser.parse_args()
     mcp = build()
     if args.transport == "stdio":
@@ -47,7 +49,7 @@ def main() -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
-    app = mcp.streamable_http_app()
+    app = mcp.streamable_http_app(json_response=args.json)
 
     class Announcing(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:

@@ -43,12 +43,12 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
                    "== ledger_query", "== mcp_stdio", "== mcp_http", "== replicas", "== targets"):
         assert title in out, f"{title!r} missing from:\n{out}"
     for figure in ("p50", "p99", "mean", "calls/s", "records/s", "rules eval/call", "added p50", "x direct",
-                   "through dharma stdio", "through dharma serve /mcp", "clients"):
+                   "through dharma stdio", "through dharma serve /mcp", "clients", "SDK client", "2026-07-28"):
         assert figure in out, f"{figure!r} missing from:\n{out}"
     for figure in ("SQLite, synchronous FULL", "inclusion proof", "consistency proof"):
         assert figure in out, f"{figure!r} missing from:\n{out}"
     verdicts = [line for line in out.splitlines() if line.strip().startswith(("MET", "MISSED", "NOT MEASURED"))]
-    assert len(verdicts) == 11, f"expected one verdict per §8 target (verify and query once per backend):\n{out}"
+    assert len(verdicts) == 17, f"expected one verdict per §8 target (verify and query once per backend, HTTP per era):\n{out}"
     for backend in ("SQLite", "PostgreSQL"):
         assert sum(f"({backend})" in line for line in verdicts) == 2, f"verify and query verdicts for {backend}:\n{out}"
     if pg_bin() is not None:
@@ -61,6 +61,9 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
                    "dharma --help", "governed p50", "governed throughput", "decision p99 @1,000 rules"):
         assert target in out, f"the issue-9 target {target!r} is missing:\n{out}"
     assert "== start-up" in out and "dharma stdio -- server" in out, f"the start-up rows are missing:\n{out}"
+    for era in ("2025-11-25", "2026-07-28"):
+        for target in (f"mcp http added p50 ({era}", f"mcp http gateway CPU per call ({era})", f"mcp http 8 clients vs direct ({era})"):
+            assert target in out, f"the MCP HTTP target {target!r} is missing:\n{out}"
     assert "receipt returned: yes" in out, f"a governed MCP call came back without a receipt:\n{out}"
 
 

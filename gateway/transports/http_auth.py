@@ -17,6 +17,7 @@ every policy decision stays in the pipeline, and token cryptography stays in `ga
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -75,6 +76,15 @@ class AuthResult:
     @property
     def ok(self) -> bool:
         return self.status == 200
+
+
+def route_path(scope: Scope) -> str:
+    """The request path below the app's mount point (`root_path` removed)."""
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root):] or "/"
+    return path
 
 
 def metadata_url(resource_url: str) -> str:
@@ -205,10 +215,7 @@ class HttpAuth:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root):] or "/"
+        path = route_path(scope)
         if not self._under(path, self.protect):
             await self.app(scope, receive, send)
             return
@@ -235,6 +242,13 @@ class HttpAuth:
         state = scope.setdefault("state", {})
         state[STATE_CREDENTIALS], state[STATE_PRINCIPAL], state[STATE_AUTH] = result.credentials, result.principal, result
         await self.app(scope, receive, send)
+
+    def around(self, app: ASGIApp) -> HttpAuth:
+        """The same guard (one JWKS cache, one configuration) in front of another app: the
+        Starlette stack's middleware, while the MCP path is served by this one directly."""
+        clone = copy.copy(self)
+        clone.app = app
+        return clone
 
     def origin_allowed(self, origin: str) -> bool:
         """The MCP transport rule against DNS rebinding: a present Origin must be one we trust."""

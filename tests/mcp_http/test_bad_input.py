@@ -87,3 +87,15 @@ async def test_unauthenticated_gets_401(toy_url: str, tmp_path: Path) -> None:
         async with Raw(gw.url, key="wrong") as c:
             r = await c.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
             assert r.status_code == 401 and "www-authenticate" in r.headers
+
+
+async def test_foreign_origin_is_refused_before_the_endpoint(toy_url: str, tmp_path: Path) -> None:
+    """/mcp is served without Starlette's layers, but still behind the one authentication guard:
+    a browser Origin the gateway does not trust gets 403 (DNS rebinding), a loopback one passes."""
+    async with serve_gateway(tmp_path, [upstream(toy_url)]) as gw:
+        async with Raw(gw.url) as c:
+            message = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+            refused = await c.post(message, {"origin": "https://evil.example"})
+            assert refused.status_code == 403 and refused.json()["error_code"] == "forbidden", refused.text
+            local = await c.post(message, {"origin": gw.base})
+            assert local.status_code != 403, local.text

@@ -18,14 +18,21 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Lifespan
+from starlette.types import Lifespan, Receive, Scope, Send
 
 from audit.canon import sha256_hex
 from gateway.core.call import BlockClass, Credentials, Decision, Outcome, Status, ToolCall
 from gateway.core.errors import ErrorCode
 from gateway.crypto import strict_json
 from gateway.crypto.strict_json import StrictJSONError
-from gateway.transports.http_auth import HttpAuth, credentials_in, http_auth_options, protected_resource_routes, resource_url_for
+from gateway.transports.http_auth import (
+    HttpAuth,
+    credentials_in,
+    http_auth_options,
+    protected_resource_routes,
+    resource_url_for,
+    route_path,
+)
 from gateway.core.gateway import ENVELOPE_VERSION, Gateway, new_request_id, rfc3339
 
 log = structlog.get_logger()
@@ -273,19 +280,43 @@ def build_app(
         return JSONResponse(error_envelope("", ErrorCode.INTERNAL_ERROR, "internal error; the call was not forwarded"), status_code=500)
 
     middleware: list[Middleware] = []
+    direct: Any = mcp  # what serves the MCP path without Starlette's layers
     if settings is not None:
         auth = settings.auth
         routes += protected_resource_routes(
             resource_url_for(auth, settings.server, settings.mcp.path), auth.authorization_servers, auth.scopes_supported
         )
-        middleware.append(
-            Middleware(
-                HttpAuth,
-                **http_auth_options(settings, resolve=gateway.principal_for),
-                error_body=lambda code, message: error_envelope("", code, message),
-            )
+        guard = HttpAuth(
+            mcp,
+            **http_auth_options(settings, resolve=gateway.principal_for),
+            error_body=lambda code, message: error_envelope("", code, message),
         )
-    return Starlette(routes=routes, middleware=middleware, exception_handlers={Exception: server_error}, lifespan=lifespan)
+        middleware.append(Middleware(guard.around))
+        direct = guard if mcp is not None else None
+    app = HttpFront(routes=routes, middleware=middleware, exception_handlers={Exception: server_error}, lifespan=lifespan)
+    if direct is not None:
+        app.direct_path, app.direct = path, direct
+    return app
+
+
+class HttpFront(Starlette):
+    """The Starlette app, with the MCP path served straight by its endpoint (behind the one
+    authentication check): the per-request layers (error and exception middleware, routing) cost
+    every `/mcp` call CPU and do nothing for a pure ASGI endpoint that answers its own errors."""
+
+    direct_path: str | None = None
+    direct: Any = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.direct is not None and route_path(scope) == self.direct_path:
+            scope["app"] = self
+            try:
+                await self.direct(scope, receive, send)
+            except Exception:  # the endpoint answers its own errors; this is a bug: log it, uvicorn answers 500
+                log.exception("http.unhandled", path=scope["path"])
+                raise
+            return
+        await super().__call__(scope, receive, send)
 
 
 def mcp_only_note(settings: Any) -> dict[str, Any] | None:

@@ -158,7 +158,7 @@ class McpHttpApp:
         if scope["type"] != "http":
             return
         method = scope["method"]
-        raw_headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        raw_headers = [(k.decode("latin-1").lower(), v.decode("latin-1").strip(" \t")) for k, v in scope.get("headers", [])]
         headers = dict(raw_headers)
         credentials = self._credentials(scope, headers)
         principal = self.gateway.principal_for(credentials)

@@ -1,4 +1,4 @@
-"""A client for an upstream MCP server over Streamable HTTP (httpx, streaming).
+"""A client for an upstream MCP server over Streamable HTTP (aiohttp, streaming, pooled keep-alive).
 
 One `McpHttpUpstream` per configured `mcp_http` upstream. It does HTTP only: it sends the bytes
 and headers it is given and hands back an `UpstreamReply` whose SSE messages are yielded as
@@ -9,18 +9,24 @@ close its own client's stream the same way. The gateway's clients never see an u
 and can never ask the upstream to replay an event the gateway did not govern (the replay hole,
 notes §2.4); the gateway numbers and replays its own events (`mcp_events`).
 
-Failures leave as `UpstreamError` (`timeout` / `unavailable`), never as httpx exceptions.
+aiohttp, not httpx: its C parser and connection pool cost about a third of httpx's CPU per
+request, and every governed call makes one (bench/README.md, mcp_http). One session per upstream,
+opened on first use (it belongs to the running event loop), reused across calls.
+
+Failures leave as `UpstreamError` (`timeout` / `unavailable`), never as aiohttp exceptions.
 """
 
 from __future__ import annotations
 
+import asyncio
+import codecs
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import anyio
-import httpx
 import structlog
 
 from gateway.mcp import jsonrpc
@@ -28,6 +34,10 @@ from gateway.mcp import jsonrpc
 log = structlog.get_logger()
 
 MAX_RESUMES = 5
+#: How long, and for how many bytes, the rest of an answered event stream is read in the background
+#: so its connection goes back to the pool (an upstream closes the stream right after the answer).
+DRAIN_SECONDS = 2.0
+DRAIN_BYTES = 65_536
 
 
 class UpstreamError(Exception):
@@ -53,6 +63,8 @@ class UpstreamReply:
     #: Called when the upstream closed its event stream before the answer, before this client
     #: resumes it (so the gateway can close its own client's stream the same way).
     on_pause: Callable[[], Awaitable[None]] | None = None
+    #: The awaited answer came on this reply's event stream (what is left of it is only its end).
+    answered: bool = False
 
     async def messages(self) -> AsyncIterator[bytes]:
         """The data of each SSE message (priming events and comments skipped), or the JSON body once."""
@@ -109,19 +121,30 @@ class McpHttpUpstream:
         prefix: str = "",
         headers: Mapping[str, str] | None = None,
         forward_host: bool = False,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.id = id
         self.url = url
         self.prefix = prefix
         self.forward_host = forward_host
         self.static_headers = {k.lower(): v for k, v in (headers or {}).items()}
-        timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
-        limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport, follow_redirects=False)
+        self._session: aiohttp.ClientSession | None = None
+        self._draining: set[asyncio.Task[None]] = set()
+
+    def _client(self) -> aiohttp.ClientSession:
+        """The pooled session (keep-alive, up to 512 connections), opened on first use."""
+        if self._session is None or self._session.closed:
+            timeout = aiohttp.ClientTimeout(total=None, connect=30.0, sock_connect=10.0, sock_read=None)
+            connector = aiohttp.TCPConnector(limit=512, limit_per_host=0)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",))
+        return self._session
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        for task in list(self._draining):
+            task.cancel()
+        if self._draining:
+            await asyncio.gather(*self._draining, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
 
     def _headers(self, headers: Mapping[str, str]) -> dict[str, str]:
         out = dict(headers)
@@ -148,47 +171,76 @@ class McpHttpUpstream:
         async with self._send("DELETE", None, headers) as (_response, reply):
             return reply
 
-    @contextlib.asynccontextmanager
-    async def _send(self, method: str, body: bytes | None, headers: Mapping[str, str]) -> AsyncIterator[tuple[httpx.Response, UpstreamReply]]:
-        request = self._client.build_request(method, self.url, content=body, headers=self._headers(headers))
+    async def _request(self, method: str, body: bytes | None, headers: Mapping[str, str]) -> aiohttp.ClientResponse:
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
+            return await self._client().request(method, self.url, data=body, headers=self._headers(headers),
+                                                allow_redirects=False)
+        except TimeoutError as exc:  # aiohttp's timeouts (ServerTimeoutError, ConnectionTimeoutError) are TimeoutErrors
             raise UpstreamError("timeout", f"upstream {self.id} did not answer: {type(exc).__name__}") from None
-        except (httpx.TransportError, OSError) as exc:
+        except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError("unavailable", f"upstream {self.id} is unreachable: {type(exc).__name__}") from None
+
+    @contextlib.asynccontextmanager
+    async def _send(self, method: str, body: bytes | None, headers: Mapping[str, str]) -> AsyncIterator[tuple[aiohttp.ClientResponse, UpstreamReply]]:
+        response = await self._request(method, body, headers)
         try:
             ctype = response.headers.get("content-type", "")
-            sse = response.status_code == 200 and ctype.startswith("text/event-stream")
+            sse = response.status == 200 and ctype.startswith("text/event-stream")
             reply = UpstreamReply(
-                status=response.status_code,
+                status=response.status,
                 headers={k.lower(): v for k, v in response.headers.items()},
                 sse=sse,
                 session_id=response.headers.get("mcp-session-id"),
             )
             if not sse:
                 try:
-                    reply.body = await response.aread()
-                except httpx.HTTPError as exc:
+                    reply.body = await response.read()
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     raise UpstreamError("unavailable", f"upstream {self.id} broke off its answer: {type(exc).__name__}") from None
             yield response, reply
         finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
+            if reply.answered and not response.content.is_eof():
+                self._finish_later(response)
+            else:
+                response.release()  # back to the pool when read to the end, else the connection is closed
 
-    async def _stream(self, response: httpx.Response, headers: Mapping[str, str], expect_id: jsonrpc.RpcId | None,
+    @property
+    def draining(self) -> int:
+        """How many answered event streams are still being read to their end."""
+        return len(self._draining)
+
+    def _finish_later(self, response: aiohttp.ClientResponse) -> None:
+        """Read the end of an answered event stream in the background, then release it: read to its
+        end, the connection goes back to the pool instead of being closed (a new TCP connection per
+        call otherwise). The answer is not held up; a stream that does not end soon is closed."""
+        async def drain() -> None:
+            left = DRAIN_BYTES
+            try:
+                with anyio.move_on_after(DRAIN_SECONDS):
+                    while left > 0 and (chunk := await response.content.readany()):
+                        left -= len(chunk)
+            except (aiohttp.ClientError, OSError):
+                pass
+            finally:
+                response.release()
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+
+    async def _stream(self, response: aiohttp.ClientResponse, headers: Mapping[str, str], expect_id: jsonrpc.RpcId | None,
                       reply: UpstreamReply) -> AsyncIterator[bytes]:
         last_id: str | None = None
         retry_ms = 1000
         answered = expect_id is None
-        current: httpx.Response | None = response
+        current: aiohttp.ClientResponse | None = response
         resumes = 0
         try:
             while True:
                 assert current is not None
                 clean = True
                 try:
-                    async for event in sse_events(current.aiter_lines()):
+                    async for event in sse_events(_lines(current)):
                         if event.id:
                             last_id = event.id
                         if event.retry is not None:
@@ -198,8 +250,9 @@ class McpHttpUpstream:
                         data = "\n".join(event.data).encode("utf-8")
                         if not answered and _is_answer_to(data, expect_id):
                             answered = True
+                            reply.answered = current is response
                         yield data
-                except httpx.HTTPError as exc:
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     clean = False
                     if answered or last_id is None:
                         raise UpstreamError("unavailable", f"upstream {self.id} broke off its event stream: {type(exc).__name__}") from None
@@ -212,22 +265,36 @@ class McpHttpUpstream:
                     await reply.on_pause()
                 await anyio.sleep(min(retry_ms, 5000) / 1000)
                 if current is not response:
-                    await current.aclose()
+                    current.release()
                 resume_headers = {k: v for k, v in headers.items() if k.lower() not in ("content-type", "mcp-method", "mcp-name")}
                 resume_headers["last-event-id"] = last_id
                 resume_headers["accept"] = "text/event-stream"
-                request = self._client.build_request("GET", self.url, headers=self._headers(resume_headers))
                 try:
-                    current = await self._client.send(request, stream=True)
-                except httpx.HTTPError as exc:
-                    raise UpstreamError("unavailable", f"upstream {self.id}: resuming its event stream failed: {type(exc).__name__}") from None
-                log.debug("upstream.stream_resumed", upstream=self.id, status=current.status_code)
-                if current.status_code != 200:
-                    raise UpstreamError("unavailable", f"upstream {self.id}: resuming its event stream got HTTP {current.status_code}")
+                    current = await self._request("GET", None, resume_headers)
+                except UpstreamError as exc:
+                    raise UpstreamError("unavailable", f"upstream {self.id}: resuming its event stream failed: {exc.message}") from None
+                log.debug("upstream.stream_resumed", upstream=self.id, status=current.status)
+                if current.status != 200:
+                    raise UpstreamError("unavailable", f"upstream {self.id}: resuming its event stream got HTTP {current.status}")
         finally:
             if current is not None and current is not response:
-                with anyio.CancelScope(shield=True):
-                    await current.aclose()
+                current.release()
+
+
+async def _lines(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The body's lines as text, split at CRLF, LF or CR (each ends an SSE line), decoded as UTF-8."""
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+    buf = ""
+    async for chunk in response.content.iter_any():
+        buf += decode(chunk)
+        held = buf.endswith("\r")  # may be the first half of a CRLF split across chunks
+        parts = (buf[:-1] if held else buf).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        buf = parts.pop() + ("\r" if held else "")
+        for line in parts:
+            yield line
+    buf += decode(b"", final=True)
+    if buf:
+        yield buf[:-1] if buf.endswith("\r") else buf
 
 
 def _is_answer_to(data: bytes, rpc_id: jsonrpc.RpcId | None) -> bool:
