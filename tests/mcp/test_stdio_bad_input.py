@@ -148,3 +148,21 @@ def test_server_started_early_is_stopped_when_the_gateway_cannot_open(tmp_path: 
     while still_running():
         assert time.monotonic() < deadline, f"the server outlived dharma stdio: {still_running()}"
         time.sleep(0.05)
+
+
+def test_stdin_from_dev_null_ends_cleanly(tmp_path: Path) -> None:
+    """An agent that gives `dharma stdio` no input (stdin from /dev/null, which the event loop cannot
+    watch) gets a clean end of input: the command exits, no traceback (it used to hang, logging one)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DHARMA_")}
+    with open(os.devnull, "rb") as devnull:
+        done = subprocess.run([sys.executable, "-m", "gateway", "--state-root", str(tmp_path / "state"), "stdio",
+                               "--policy", "policies/permissive.yaml", "--", sys.executable, "-c",
+                               "import sys; sys.stdin.read()"],
+                              stdin=devnull, capture_output=True, text=True, timeout=120, env=env,
+                              cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and done.stdout == ""

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import select
+import stat
 import sys
 from typing import Any
 
@@ -23,17 +26,20 @@ class ClientPipes:
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
-        try:
-            reader = asyncio.StreamReader(limit=CHUNK * 4)
-            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), self._in)
-            self._reader = reader
-        except (ValueError, OSError):
-            self._reader = None
-        try:
-            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, self._out)
-            self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
-        except (ValueError, OSError):
-            self._writer = None
+        self._reader = self._writer = None
+        if _pollable(self._in):
+            try:
+                reader = asyncio.StreamReader(limit=CHUNK * 4)
+                await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), self._in)
+                self._reader = reader
+            except (ValueError, OSError):
+                self._reader = None
+        if _pollable(self._out):
+            try:
+                transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, self._out)
+                self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
+            except (ValueError, OSError):
+                self._writer = None
 
     async def read(self) -> bytes:
         if self._reader is not None:
@@ -51,3 +57,26 @@ class ClientPipes:
     def _blocking_write(self, data: bytes) -> None:
         self._out.write(data)
         self._out.flush()
+
+
+def _pollable(stream: Any) -> bool:
+    """Whether the event loop can watch `stream`'s descriptor: a pipe, a socket, or a character
+    device epoll accepts (a terminal does, /dev/null does not: asyncio would accept it and then
+    fail in a callback, never seeing its end). Anything else is read and written in threads."""
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):
+        return False
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return True
+    if not stat.S_ISCHR(mode) or not hasattr(select, "epoll"):
+        return False
+    probe = select.epoll()
+    try:
+        probe.register(fd, select.EPOLLIN)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
