@@ -24,7 +24,6 @@ from audit.checkpoint import CheckpointSigner
 from audit.errors import LedgerError
 from audit.sqlite import SqliteLedger
 from gateway.core.backends import Backend, ToolSpec
-from gateway.transports.upstreams.http_api import HttpBackend
 from gateway.transports.upstreams.python import CallableBackend
 from gateway.config import PACKAGE_ROOT, Settings, UpstreamConfig, load_settings
 from gateway.core.errors import ConfigError
@@ -50,6 +49,8 @@ def build_backend(upstream: UpstreamConfig, python_path: list[Path] | None = Non
         tools = [ToolSpec(t.name, t.description, t.input_schema, t.output_schema, dict(t.annotations)) for t in upstream.tools]
         if not tools:
             raise ConfigError(f"upstream {upstream.id}: list the tools the HTTP API serves under `tools`")
+        from gateway.transports.upstreams.http_api import HttpBackend  # httpx only when an HTTP upstream exists
+
         return HttpBackend(upstream.id, upstream.url, tools, headers=upstream.headers)
     if not upstream.target or ":" not in upstream.target:
         raise ConfigError(f"upstream {upstream.id}: type python needs `target: module:attribute`")

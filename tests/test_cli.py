@@ -146,6 +146,15 @@ def test_help_builds_no_command_and_a_command_builds_only_its_own() -> None:
     assert "gateway.cli.keys" in loaded["--conf"]  # an abbreviated global option still finds the command
 
 
+def test_stdio_loads_no_http_client() -> None:
+    """`dharma stdio` (the proxy, the runtime, the stdio upstream) imports neither aiohttp nor httpx:
+    they cost about 130 ms of its start-up and it has no HTTP upstream to reach."""
+    probe = ("import sys, gateway.runtime, gateway.transports.mcp_stdio.proxy, gateway.transports.upstreams.mcp_stdio\n"
+             "print(sorted(m for m in ('aiohttp', 'httpx') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    assert out.strip() == "[]", out
+
+
 def test_config_and_state_root_after_the_subcommand_are_used(tmp_path: Path, state_root: Path) -> None:
     other = tmp_path / "other-root"
     serve, jwks = dharma_many([["serve", "--config", tmp_path / "nope.yaml"], ["keys", "jwks", "--state-root", other]], state_root)

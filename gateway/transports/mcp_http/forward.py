@@ -16,7 +16,7 @@ from gateway.mcp.jsonrpc import Request
 from gateway.transports.mcp_http.relay import Relay
 from gateway.transports.mcp_http.reply import Reply
 from gateway.transports.mcp_http.state import Ctx, Upstream
-from gateway.transports.upstreams.mcp_http import UpstreamError
+from gateway.transports.upstreams.replies import UpstreamError
 
 
 class HttpForwarder(gov.AnswerRecorder):

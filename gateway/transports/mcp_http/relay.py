@@ -21,7 +21,7 @@ from gateway.stores.base import SessionSignal, SessionStore, StoreUnavailable
 from gateway.transports.mcp_http import headers as mh
 from gateway.transports.mcp_http.reply import Reply
 from gateway.transports.mcp_http.state import Catalog, Ctx, Upstream
-from gateway.transports.upstreams.mcp_http import UpstreamError, UpstreamReply
+from gateway.transports.upstreams.replies import UpstreamError, UpstreamReply
 
 log = structlog.get_logger()
 

@@ -32,7 +32,7 @@ from gateway.transports.mcp_http.state import (
     obj,
     resumable_version,
 )
-from gateway.transports.upstreams.mcp_http import UpstreamError, UpstreamReply
+from gateway.transports.upstreams.replies import UpstreamError, UpstreamReply
 
 log = structlog.get_logger()
 

@@ -17,7 +17,7 @@ from gateway.core.call import Credentials, Principal
 from gateway.mcp import jsonrpc
 from gateway.mcp.versions import ID_PREFIX, at_least
 from gateway.stores.base import EventStore, SessionFacts
-from gateway.transports.upstreams.mcp_http import UpstreamReply
+from gateway.transports.upstreams.replies import UpstreamReply
 
 
 class Upstream(Protocol):

@@ -32,7 +32,7 @@ from gateway.transports.mcp_http.forward import HttpForwarder
 from gateway.transports.mcp_http.relay import Relay
 from gateway.transports.mcp_http.reply import Reply
 from gateway.transports.mcp_http.state import Catalog, Ctx, Upstream, Waiter, obj
-from gateway.transports.upstreams.mcp_http import UpstreamError
+from gateway.transports.upstreams.replies import UpstreamError
 
 log = structlog.get_logger()
 

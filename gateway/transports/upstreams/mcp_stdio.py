@@ -27,7 +27,7 @@ import structlog
 
 from gateway.mcp import jsonrpc
 from gateway.mcp.framing import SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize
-from gateway.transports.upstreams.mcp_http import UpstreamError, UpstreamReply
+from gateway.transports.upstreams.replies import UpstreamError, UpstreamReply
 
 log = structlog.get_logger()
 
