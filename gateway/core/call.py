@@ -137,6 +137,7 @@ class ToolInfo:
     output_schema: dict[str, Any] | None = None
     digest: str = ""
     changed: bool = False
+    findings: tuple[Finding, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,14 +161,21 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """Something the sanitizer detected: a secret or personal datum, and where (JSON path)."""
+    """Something the sanitizer detected, and where (a JSON path into the arguments, result or definition).
+
+    `detail` never holds a secret. `excerpt` is a short, secret-free quote of the text that
+    triggered the finding (instructions to the model, a URL); `via` names the decodings that
+    revealed it (e.g. "base64>url"), empty when the plain text showed it.
+    """
 
     kind: str
     path: str
     detail: str = ""
+    excerpt: str = ""
+    via: str = ""
 
     def as_cel(self) -> dict[str, str]:
-        return {"kind": self.kind, "path": self.path, "detail": self.detail}
+        return {"kind": self.kind, "path": self.path, "detail": self.detail, "excerpt": self.excerpt, "via": self.via}
 
 
 @dataclass(frozen=True, slots=True)
