@@ -263,6 +263,11 @@ class CallContext:
     sensitivity: Sensitivity = Sensitivity.STANDARD
     disclosure_mode: str = ""
     findings: list[Finding] = field(default_factory=list)
+    # What the call does, for sequence rules: classes such as "credential_read", "env_read",
+    # "network_send", "download", "write", "execute", "recon", and the paths each touches.
+    classes: set[str] = field(default_factory=set)
+    class_paths: dict[str, list[str]] = field(default_factory=dict)
+    shell: Any = None  # the shell analysis of a command bound for a shell-like tool, if any
     warnings: list[str] = field(default_factory=list)
     session: list[dict[str, Any]] = field(default_factory=list)
     karma: dict[str, int] = field(default_factory=dict)
