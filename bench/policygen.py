@@ -152,7 +152,7 @@ CALL_MIX: tuple[tuple[str, dict[str, Any], str | None], ...] = (
     ("k8s_apply", {"manifest": "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n"}, None),
     ("create_issue", {"title": "Bench regression", "body": "p99 went up", "labels": ["perf", "bench"]}, None),
     ("read_file", {"path": "../../etc/passwd"}, None),
-    ("write_file", {"path": "cfg.env", "content": "AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE\n"}, None),
+    ("write_file", {"path": "cfg.env", "content": "AWS_ACCESS_KEY_ID=AKIAZ3MSJV4W7QYHRT5N\n"}, None),
     ("kv_get", {"key": "feature-flags"}, None),
 )
 

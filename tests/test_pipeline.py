@@ -121,7 +121,7 @@ def tools(recorder: Recorder):
             if patient_id == "none"
             else text_result(f"record of {patient_id}: hypertension"),
             "shell": lambda command="", missing=None: text_result("ran"),
-            "leaky": lambda: text_result("the key is AKIAIOSFODNN7EXAMPLE"),
+            "leaky": lambda: text_result("the key is AKIAZ3MSJV4W7QYHRT5N"),
             "notes": lambda: text_result("notes"),
             "admin_only": lambda: text_result("admin"),
         },
@@ -222,7 +222,7 @@ async def test_deny_overrides_approval_and_warn(setup):
 
 async def test_findings_reach_rules_and_secrets_never_reach_the_ledger(setup):
     gateway, recorder, tmp = setup
-    secret = "AKIAIOSFODNN7EXAMPLE"
+    secret = "AKIAZ3MSJV4W7QYHRT5N"
     outcome = await gateway.call("search", {"query": f"key {secret}"}, api_key="alice-key")
     assert outcome.error_code is ErrorCode.POLICY_BLOCKED and outcome.decision.rule_ids == ("no-secrets",)
     assert recorder.calls == []
@@ -321,7 +321,7 @@ async def test_unknown_disclosure_mode_is_treated_as_most_restrictive(setup):
 async def test_secrets_in_responses_are_redacted(setup):
     gateway, _, tmp = setup
     outcome = await gateway.call("leaky", {}, api_key="bob-key")
-    assert "AKIAIOSFODNN7EXAMPLE" not in json.dumps(outcome.result)
+    assert "AKIAZ3MSJV4W7QYHRT5N" not in json.dumps(outcome.result)
     assert ledger_records(tmp)[-1]["disclosure"] == "REDACT"
 
 

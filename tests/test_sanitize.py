@@ -286,8 +286,8 @@ def test_schema_fail_reports_first_error_with_path(arguments: Any, path: str, fr
 
 def test_schema_error_message_does_not_echo_secrets() -> None:
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
-    err = raises({"n": "AKIAIOSFODNN7EXAMPLE"}, schema=schema)
-    assert "AKIAIOSFODNN7EXAMPLE" not in str(err)
+    err = raises({"n": "AKIAZ3MSJV4W7QYHRT5N"}, schema=schema)
+    assert "AKIAZ3MSJV4W7QYHRT5N" not in str(err)
     assert "[REDACTED:api_key]" in err.message
 
 
@@ -371,7 +371,7 @@ def test_fast_path_declines_other_keywords(schema: Any) -> None:
 
 # --------------------------------------------------------------------------- detection
 
-AWS = "AKIAIOSFODNN7EXAMPLE"
+AWS = "AKIAZ3MSJV4W7QYHRT5N"
 GITHUB = "ghp_" + "a1B2c3D4e5" * 3 + "F6g7H8"
 STRIPE = "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc"
 ANTHROPIC = "sk-ant-api03-" + "Xy9_" * 20
@@ -421,8 +421,8 @@ POSITIVES: list[tuple[str, Any, str | None]] = [
 
 # near misses: must produce no finding at all
 NEGATIVES: list[Any] = [
-    {"q": "AKIAIOSFODNN7EXAMPL"},  # 19 chars
-    {"q": "XAKIAIOSFODNN7EXAMPLE"},  # embedded in a longer word
+    {"q": "AKIAZ3MSJV4W7QYHRT5"},  # 19 chars
+    {"q": "XAKIAZ3MSJV4W7QYHRT5N"},  # embedded in a longer word
     {"q": "ghp_short"},
     {"q": "xoxb-short"},
     {"q": "sk_test_4eC39HqLyjWDarjtT1zdp7dc"},  # test keys are not live secrets

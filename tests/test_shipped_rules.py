@@ -108,7 +108,7 @@ def test_withheld_answers_look_like_the_demo_health_tools_empty_answer() -> None
 
 # ---- messages --------------------------------------------------------------------------
 
-SECRET = "AKIAIOSFODNN7EXAMPLE"
+SECRET = "AKIAZ3MSJV4W7QYHRT5N"
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway.core.call import CallContext, Decision, Effect
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.evaluate import activation_for, combine, evaluate_rules
-from gateway.stages.sanitizer.walk import redact_paths
+from gateway.stages.sanitizer.walk import redact_paths, split_joined_path
 
 
 class DharmaRules:
@@ -32,5 +32,5 @@ def redaction_targets(ctx: CallContext, policy: CompiledPolicy, decision: Decisi
     for match in decision.matched:
         rule = policy.rule(match.rule_id)
         if match.effect is Effect.REDACT and match.mode.value == "enforce" and rule is not None:
-            paths.extend(rule.redact or [f.path for f in ctx.findings])
+            paths.extend(rule.redact or [p for f in ctx.findings for p in split_joined_path(f.path)])
     return list(dict.fromkeys(paths))

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from typing import Any, Final
 
-__all__ = ["STAR", "format_path", "parse_path", "redact_paths"]
+__all__ = ["STAR", "format_path", "parse_path", "redact_paths", "split_joined_path"]
 
 _IDENT: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _PATH_STEP: Final = re.compile(
@@ -47,6 +47,27 @@ def format_path(steps: Iterable[str | int]) -> str:
     for step in steps:
         path = child_path(path, step)
     return path
+
+
+def split_joined_path(path: str) -> list[str]:
+    """The paths in a finding's joined path ("$.part1+$.part2", a secret split across fields).
+
+    Raises:
+        ValueError: a part is not a path `parse_path` accepts.
+    """
+    parts: list[str] = []
+    start, pos = 0, 1
+    while pos < len(path):
+        if path.startswith("+$", pos):
+            parts.append(path[start:pos])
+            start, pos = pos + 1, pos + 2
+            continue
+        m = _PATH_STEP.match(path, pos)
+        if m is None:
+            raise ValueError(f"bad JSON path {path!r} at offset {pos}")
+        pos = m.end()
+    parts.append(path[start:])
+    return parts
 
 
 def parse_path(path: str) -> tuple[str | int | _Star, ...]:

@@ -1,24 +1,39 @@
 """Secret and personal-data detection in JSON values, and redaction of what it finds.
 
 Finds API keys, tokens, private keys, passwords, payment cards, US SSNs and one-time codes in
-strings (and by key names such as `password` or `otp`). A finding's `detail` never contains the
-secret itself (at most a card's last four digits). No I/O; the regexes are compiled at import.
+strings (and by key names such as `password` or `otp`); JWTs (the header must decode to JSON
+naming an `alg`), environment dumps, and, through `wallets`, BIP-39 seed phrases, WIF keys and
+wallet addresses. The same scan runs on the text inside base64, hex and URL-encoded runs (nested,
+bounded: see `decode`), and on the concatenation of a container's short string fields, so a secret
+split across `part1`/`part2` is found too. Such findings say how in `Finding.via` ("base64>url",
+"split"); redaction replaces the encoded run, or each piece of a split secret.
+
+Documented example credentials (AWS's `AKIA...EXAMPLE` key ids, jwt.io's sample token, BIP-39's
+test mnemonics, the Bitcoin wiki's WIF key) are reported as `example_secret`, not as secrets: they
+are published, so passing them on leaks nothing, and tutorials quote them.
+
+A finding's `detail` never contains the secret itself (at most a card's last four digits). No
+I/O; the regexes are compiled at import.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any, Final
 
 from gateway.core.call import Finding
+from gateway.stages.sanitizer.decode import decode_base64, decoded_layers
 from gateway.stages.sanitizer.paths import child_path
+from gateway.stages.sanitizer.wallets import wallet_hits
 
 __all__ = ["detect_secrets", "redact_secrets"]
 
-# One hit inside a string: (kind, start, end, detail). A key-name hit spans the whole string.
-_Hit = tuple[str, int, int, str]
+# One hit inside a string: (kind, start, end, detail, via, excerpt). A key-name hit spans the whole
+# string; a hit in decoded text spans the outermost encoded run it came from.
+_Hit = tuple[str, int, int, str, str, str]
 MIN_SCAN: Final = 6  # shorter strings cannot hold anything we detect (key-name rules aside)
 
 _AWS: Final = re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])")
@@ -37,7 +52,19 @@ _PRIVATE_KEY: Final = re.compile(
     r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY( BLOCK)?-----(?:.*?-----END \1PRIVATE KEY\2-----|.*)",
     re.DOTALL,
 )
-_JWT: Final = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*")
+_JWT: Final = re.compile(r"(?<![A-Za-z0-9_-])(eyJ[A-Za-z0-9_-]{5,})=*\.([A-Za-z0-9_-]{5,})=*\.[A-Za-z0-9_-]*")
+_JWT_IO_SAMPLE: Final = (  # jwt.io's default token (header, payload), quoted in every JWT tutorial
+    "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9",
+    "eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ",
+)
+_BASIC_AUTH: Final = re.compile(r"(?<![A-Za-z0-9])[Bb]asic\s+([A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])")
+_ENV_LINE: Final = re.compile(r"^[ \t]*(?:export[ \t]+)?([A-Za-z_][A-Za-z0-9_]{0,63})=(.*)$", re.MULTILINE)
+_ENV_SECRET_NAME: Final = re.compile(r"KEY|SECRET|TOKEN|PASS|PWD|CREDENTIAL|AUTH|PRIVATE|SESSION|COOKIE", re.IGNORECASE)
+_ENV_PLACEHOLDER: Final = re.compile(
+    r"\A[\"']?(?:|\*+|x+|\.+|<[^>]*>|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|\{\{[^}]*\}\}|.*(?:example|your[_-]|changeme|placeholder|redacted).*)[\"']?\Z",
+    re.IGNORECASE,
+)
+_ENV_OUTPUT_NAMES: Final = frozenset({"PATH", "HOME", "USER", "SHELL", "PWD", "OLDPWD", "LANG", "HOSTNAME", "TERM", "LOGNAME", "SHLVL", "_"})
 _PASSWORD_TEXT: Final = re.compile(
     r"(?<![a-z0-9])(?:password|passwd|passphrase|pwd)(?![a-z0-9])[\"']?\s*[:=]\s*"
     r"(?:\"([^\"\r\n]+)\"|'([^'\r\n]+)'|([^\s\"',;&]+))",
@@ -60,6 +87,12 @@ _PLACEHOLDER: Final = re.compile(
 )
 _DIGITS: Final = re.compile(r"[0-9]+")
 _KEY_NOISE: Final = re.compile(r"[\s_.\-]+")
+_SPACE: Final = re.compile(r"\s")
+SPLIT_MAX_PIECE: Final = 512  # longer strings are not pieces of a split secret
+SPLIT_MAX_TOTAL: Final = 8_192  # characters joined per container
+_SPLIT_KINDS: Final = frozenset({"api_key", "private_key", "password", "jwt", "seed_phrase", "wif_key"})
+_KEPT: Final = frozenset({"wallet_address", "example_secret"})  # public values: reported, never redacted
+NO_KINDS: Final = frozenset[str]()
 
 _OTP_KEYS: Final = frozenset(
     {"otp", "totp", "hotp", "otpcode", "totpcode", "mfa", "mfacode", "mfatoken", "2fa", "2facode",
@@ -135,19 +168,61 @@ def _cards(s: str, start: int, end: int, hits: list[_Hit]) -> None:
             if len(digits) >= 13:
                 brand = _card_brand(digits)
                 if brand is not None and _luhn(digits):
-                    hits.append(("payment_card", pieces[i][0], pieces[j][1], f"{brand} card number ending {digits[-4:]}"))
+                    hits.append(("payment_card", pieces[i][0], pieces[j][1], f"{brand} card number ending {digits[-4:]}", "", ""))
                     i = j
                     break
         i += 1
 
 
-def _scan(s: str) -> list[_Hit]:
-    """Find secrets and personal data inside one (cleaned) string."""
+def _jwt_alg(header: str) -> str | None:
+    """The `alg` a JWT header segment names, or None if it is not a JSON object with one."""
+    data = decode_base64(header)
+    try:
+        parsed = json.loads(data) if data else None
+    except ValueError:
+        return None
+    alg = parsed.get("alg") if isinstance(parsed, dict) else None
+    return alg if isinstance(alg, str) else None
+
+
+def _basic_auth(s: str, hits: list[_Hit]) -> None:
+    """`Basic <base64 of user:password>` (an HTTP Authorization header) is a password."""
+    for m in _BASIC_AUTH.finditer(s):
+        data = decode_base64(m.group(1))
+        try:
+            text = data.decode("utf-8") if data else ""
+        except UnicodeDecodeError:
+            continue
+        user, colon, password = text.partition(":")
+        if colon and password and text.isprintable() and _PLACEHOLDER.match(password) is None:
+            hits.append(("password", m.start(1), m.end(1), "HTTP Basic credentials", "base64", ""))
+
+
+def _env_dump(s: str, hits: list[_Hit]) -> None:
+    """Many KEY=VALUE lines with secret-like names and real values, or the output of `env`."""
+    lines = list(_ENV_LINE.finditer(s))
+    if len(lines) < 3:
+        return
+    secret = sum(1 for m in lines if _ENV_SECRET_NAME.search(m.group(1)) and _ENV_PLACEHOLDER.match(m.group(2).strip()) is None)
+    env_names = sum(1 for m in lines if m.group(1) in _ENV_OUTPUT_NAMES)
+    if secret >= 2 or (env_names >= 3 and len(lines) >= 5):
+        detail = f"environment dump, {len(lines)} KEY=VALUE lines, {secret} with secret-like names"
+        hits.append(("env_dump", lines[0].start(), lines[-1].end(), detail, "", ""))
+
+
+def _scan_plain(s: str) -> list[_Hit]:
+    """Find secrets and personal data in the text of one (cleaned) string, as it is."""
     hits: list[_Hit] = []
-    add = hits.append
+
+    def add(hit: tuple[str, int, int, str]) -> None:
+        hits.append((*hit, "", ""))
+
     if "AKIA" in s or "ASIA" in s:
         for m in _AWS.finditer(s):
-            add(("api_key", m.start(), m.end(), "AWS access key id, 20 chars"))
+            if m.group().endswith("EXAMPLE"):  # AWS's documentation convention, e.g. AKIAIOSFODNN7EXAMPLE
+                add(("example_secret", m.start(), m.end(), "AWS documentation example access key id"))
+            else:
+                add(("api_key", m.start(), m.end(), "AWS access key id, 20 chars"))
     if "gh" in s or "github_pat_" in s:
         for m in _GITHUB.finditer(s):
             add(("api_key", m.start(), m.end(), f"GitHub token ({m.group(1) or m.group(2)}), {m.end() - m.start()} chars"))
@@ -173,7 +248,19 @@ def _scan(s: str) -> list[_Hit]:
             add(("private_key", m.start(), m.end(), f"{label + ' ' if label else ''}private key block"))
     if "eyJ" in s:
         for m in _JWT.finditer(s):
-            add(("jwt", m.start(), m.end(), f"JWT, {m.end() - m.start()} chars"))
+            alg = _jwt_alg(m.group(1))
+            if alg is None:
+                continue
+            if m.group(1, 2) == _JWT_IO_SAMPLE:
+                add(("example_secret", m.start(), m.end(), "jwt.io's sample JWT"))
+            else:
+                add(("jwt", m.start(), m.end(), f"JWT (alg {alg[:16]}), {m.end() - m.start()} chars"))
+    if "asic" in s:
+        _basic_auth(s, hits)
+    if "=" in s and "\n" in s:
+        _env_dump(s, hits)
+    if len(s) >= 25:
+        hits += [(kind, start, end, detail, "", excerpt) for kind, start, end, detail, excerpt in wallet_hits(s)]
     if "://" in s and "@" in s:
         for m in _URL_PASSWORD.finditer(s):
             if _PLACEHOLDER.match(m.group(1)) is None:
@@ -209,38 +296,103 @@ def _scan(s: str) -> list[_Hit]:
     return hits
 
 
+def _scan(s: str) -> list[_Hit]:
+    """Find secrets and personal data in one (cleaned) string and in the encoded text inside it."""
+    hits = _scan_plain(s)
+    if len(s) < 6:
+        return hits
+    jwts = [(h[1], h[2]) for h in hits if h[0] == "jwt"]  # a JWT's own segments are not hiding anything
+    seen = {(h[0], h[3]) for h in hits}
+    for layer in decoded_layers(s):
+        if any(a <= layer.start and layer.end <= b for a, b in jwts):
+            continue
+        for kind, _start, _end, detail, via, excerpt in _scan_plain(layer.text):
+            if (kind, detail) not in seen:
+                seen.add((kind, detail))
+                hits.append((kind, layer.start, layer.end, detail, f"{layer.via}>{via}" if via else layer.via, excerpt))
+    return hits
+
+
 def value_hits(value: Any, key_kind: str | None) -> list[_Hit]:
     """Hits for a scalar value: its text, plus what its key's name says it is."""
     if type(value) is str:
         hits = _scan(value) if len(value) >= MIN_SCAN else []
         if key_kind is not None and value and _PLACEHOLDER.match(value) is None:
             if key_kind == "password":
-                hit: _Hit | None = ("password", 0, len(value), f"password-like field, {len(value)} chars")
+                hit: _Hit | None = ("password", 0, len(value), f"password-like field, {len(value)} chars", "", "")
             elif key_kind == "otp_code":
                 code = value.replace(" ", "").replace("-", "")
                 ok = code.isdigit() and 6 <= len(code) <= 8
-                hit = ("otp_code", 0, len(value), f"{len(code)}-digit code in a one-time-code field") if ok else None
+                hit = ("otp_code", 0, len(value), f"{len(code)}-digit code in a one-time-code field", "", "") if ok else None
             else:
                 ok = len(value) >= 16 and not any(c.isspace() for c in value)
-                hit = ("api_key", 0, len(value), f"API-key field, {len(value)} chars") if ok else None
+                hit = ("api_key", 0, len(value), f"API-key field, {len(value)} chars", "", "") if ok else None
             if hit is not None and not any(h[0] == hit[0] for h in hits):
                 hits.append(hit)
         return hits
     if key_kind == "otp_code" and type(value) is int and 1_000 <= value <= 99_999_999:
-        return [("otp_code", 0, 0, f"{len(str(value))}-digit code in a one-time-code field")]
+        return [("otp_code", 0, 0, f"{len(str(value))}-digit code in a one-time-code field", "", "")]
     return []
 
 
 def add_findings(hits: list[_Hit], path: str, out: list[Finding]) -> None:
-    seen: set[tuple[str, str]] = set()
-    for kind, _start, _end, detail in hits:
-        if (kind, detail) not in seen:
-            seen.add((kind, detail))
-            out.append(Finding(kind, path, detail))
+    seen: set[tuple[str, str, str]] = set()
+    for kind, _start, _end, detail, via, excerpt in hits:
+        if (kind, detail, via) not in seen:
+            seen.add((kind, detail, via))
+            out.append(Finding(kind, path, detail, excerpt, via))
+
+
+def split_piece(v: str) -> bool:
+    """Whether a string can be a piece of a secret split across fields: short, no whitespace."""
+    return 0 < len(v) <= SPLIT_MAX_PIECE and _SPACE.search(v) is None
+
+
+def split_secrets(parent: str, pieces: Sequence[tuple[str | int, str, frozenset[str]]]) -> list[tuple[Finding, list[tuple[int, _Hit]]]]:
+    """Secrets that only show when a container's string fields are joined, in order.
+
+    `pieces` are (key, text, kinds found in that text alone) for the container at `parent`. Each
+    result is a finding whose path names every field it spans ("$.a+$.b", via "split") and the
+    part of each piece to redact. The fields are joined with nothing between them (a token cut
+    in two) and, for twelve or more, with spaces (a seed phrase one word per field). Numbers are
+    not joined (card, SSN and code look-alikes are too easy to make from separate fields), and
+    a kind already found inside one of the pieces alone is not reported again.
+    """
+    out: list[tuple[Finding, list[tuple[int, _Hit]]]] = []
+    texts: list[str] = []
+    total = 0
+    for _key, text, _kinds in pieces:
+        total += len(text) + 1
+        if total > SPLIT_MAX_TOTAL:
+            break
+        texts.append(text)
+    for sep in ("", " "):
+        if sep and len(texts) < 12:
+            break
+        offsets, pos = [], 0
+        for text in texts:
+            offsets.append(pos)
+            pos += len(text) + len(sep)
+        for kind, start, end, detail, via, excerpt in _scan(sep.join(texts)):
+            if kind not in _SPLIT_KINDS or (sep and kind != "seed_phrase"):
+                continue
+            covered = [i for i, off in enumerate(offsets) if off < end and off + len(texts[i]) > start]
+            if len(covered) < 2 or any(kind in pieces[i][2] for i in covered):
+                continue
+            path = "+".join(child_path(parent, pieces[i][0]) for i in covered)
+            finding = Finding(kind, path, f"{detail}, split across {len(covered)} fields", excerpt, f"split>{via}" if via else "split")
+            parts = [
+                (i, (kind, max(start - offsets[i], 0), min(end - offsets[i], len(texts[i])), detail, "split", ""))
+                for i in covered
+            ]
+            out.append((finding, parts))
+    return out
 
 
 def _redact_string(s: str, hits: list[_Hit]) -> str:
-    spans = sorted((start, end, kind) for kind, start, end, _ in hits)
+    spans = sorted((h[1], h[2], h[0]) for h in hits if h[0] not in _KEPT)
+    if not spans:
+        return s
     parts: list[str] = []
     pos = 0
     cur_start, cur_end, cur_kind = spans[0]
@@ -259,34 +411,51 @@ def _secret_walk(value: Any, path: str, rebuild: bool) -> tuple[Any, list[Findin
     """Walk any JSON value (iteratively) collecting findings; optionally build a redacted copy."""
     findings: list[Finding] = []
 
-    def leaf(v: Any, parent: str, key: str | int | None, key_kind: str | None) -> Any:
-        hits = value_hits(v, key_kind)
-        if not hits:
-            return v
-        add_findings(hits, parent if key is None else child_path(parent, key), findings)
-        if not rebuild:
+    def leaf(v: Any, hits: list[_Hit], extra: list[_Hit], key_kind: str | None) -> Any:
+        if not rebuild or not (hits or extra):
             return v
         if type(v) is not str:
             return f"[REDACTED:{hits[0][0]}]"
-        for kind, start, end, _detail in hits:
+        for kind, start, end, *_ in hits:
             if kind == key_kind and start == 0 and end == len(v):  # flagged by its key: replace whole
                 return f"[REDACTED:{kind}]"
-        return _redact_string(v, hits)
+        return _redact_string(v, hits + extra)
 
     if not isinstance(value, (dict, list, tuple)):
-        return leaf(value, path, None, None), findings
+        hits = value_hits(value, None)
+        add_findings(hits, path, findings)
+        return leaf(value, hits, [], None), findings
     root: Any = {} if isinstance(value, dict) else []
     stack: list[tuple[Any, Any, str]] = [(value, root, path)]
     while stack:
         src, dst, here = stack.pop()
-        pairs: Iterable[tuple[Any, Any]] = src.items() if isinstance(src, dict) else enumerate(src)
-        for key, v in pairs:
+        pairs: list[tuple[Any, Any]] = list(src.items() if isinstance(src, dict) else enumerate(src))
+        scalar_hits: dict[int, tuple[list[_Hit], str | None]] = {}
+        pieces: list[tuple[str | int, str, frozenset[str]]] = []
+        piece_index: list[int] = []
+        for i, (key, v) in enumerate(pairs):
+            if not isinstance(v, (dict, list, tuple)):
+                key_kind = kind_of_key(key) if type(key) is str else None
+                hits = value_hits(v, key_kind)
+                scalar_hits[i] = (hits, key_kind)
+                if hits and isinstance(key, (str, int)):
+                    add_findings(hits, child_path(here, key), findings)
+                if type(v) is str and isinstance(key, (str, int)) and split_piece(v):
+                    pieces.append((key, v, frozenset(h[0] for h in hits) if hits else NO_KINDS))
+                    piece_index.append(i)
+        extra: dict[int, list[_Hit]] = {}
+        if len(pieces) > 1:
+            for finding, parts in split_secrets(here, pieces):
+                findings.append(finding)
+                for piece, hit in parts:
+                    extra.setdefault(piece_index[piece], []).append(hit)
+        for i, (key, v) in enumerate(pairs):
             if isinstance(v, (dict, list, tuple)):
                 new: Any = {} if isinstance(v, dict) else []
                 stack.append((v, new, child_path(here, key) if isinstance(key, (str, int)) else here))
             else:
-                key_kind = kind_of_key(key) if type(key) is str else None
-                new = leaf(v, here, key if isinstance(key, (str, int)) else None, key_kind)
+                hits, key_kind = scalar_hits[i]
+                new = leaf(v, hits, extra.get(i, []), key_kind)
             if rebuild:
                 if type(dst) is dict:
                     dst[key] = new

@@ -30,9 +30,19 @@ from typing import Any, Final
 
 from gateway.core.call import Finding
 from gateway.stages.sanitizer.errors import SanitizeError, json_type_name
-from gateway.stages.sanitizer.paths import STAR, child_path, format_path, parse_path, redact_paths
+from gateway.stages.sanitizer.paths import STAR, child_path, format_path, parse_path, redact_paths, split_joined_path
 from gateway.stages.sanitizer.schema import SchemaValidator, compile_schema
-from gateway.stages.sanitizer.secrets import MIN_SCAN, add_findings, kind_of_key, value_hits, detect_secrets, redact_secrets
+from gateway.stages.sanitizer.secrets import (
+    MIN_SCAN,
+    NO_KINDS,
+    add_findings,
+    detect_secrets,
+    kind_of_key,
+    redact_secrets,
+    split_piece,
+    split_secrets,
+    value_hits,
+)
 from gateway.stages.sanitizer.text import STRIPPED_RANGES, BadChar, bad_char_message, clean_or_raise, clean_text
 
 __all__ = [
@@ -50,6 +60,7 @@ __all__ = [
     "redact_paths",
     "redact_secrets",
     "sanitize",
+    "split_joined_path",
 ]
 
 # --------------------------------------------------------------------------- values
@@ -140,6 +151,7 @@ def _walk(root: dict[Any, Any], limits: SanitizerLimits) -> tuple[dict[str, Any]
         if items > max_items:
             raise SanitizeError(f"more than {max_items} values in total", path)
         entries: Iterable[tuple[Any, Any]] = src.items() if is_object else enumerate(src)
+        pieces: list[tuple[str | int, str, frozenset[str]]] = []  # short strings: a secret may be split across them
         for key, v in entries:
             key_kind = None
             if is_object:
@@ -177,10 +189,11 @@ def _walk(root: dict[Any, Any], limits: SanitizerLimits) -> tuple[dict[str, Any]
                 if c is not v:
                     changed = True
                     v = c
-                if key_kind is not None or len(v) >= MIN_SCAN:
-                    hits = value_hits(v, key_kind)
-                    if hits:
-                        add_findings(hits, child_path(path, key), findings)
+                hits = value_hits(v, key_kind) if key_kind is not None or len(v) >= MIN_SCAN else []
+                if hits:
+                    add_findings(hits, child_path(path, key), findings)
+                if split_piece(v):
+                    pieces.append((key, v, frozenset(h[0] for h in hits) if hits else NO_KINDS))
             elif t is dict or t is list or t is tuple:
                 child = child_path(path, key)
                 if depth >= max_depth:
@@ -206,6 +219,8 @@ def _walk(root: dict[Any, Any], limits: SanitizerLimits) -> tuple[dict[str, Any]
                 dst[key] = v
             else:
                 dst.append(v)
+        if len(pieces) > 1:
+            findings.extend(finding for finding, _parts in split_secrets(path, pieces))
     return out, findings, changed
 
 

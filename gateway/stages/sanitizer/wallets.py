@@ -1,0 +1,225 @@
+"""Crypto-wallet material in text: BIP-39 seed phrases, WIF private keys and wallet addresses.
+
+Every candidate is checked the way a wallet would check it, so look-alikes do not match: a seed
+phrase's checksum bits (SHA-256 of its entropy), a WIF key's and a base58 address's Base58Check
+checksum (double SHA-256), a bech32/bech32m address's BCH checksum, and a mixed-case Ethereum
+address's EIP-55 checksum (Keccak-256, written out here: hashlib's sha3_256 pads differently).
+Seed phrases and WIF keys are secrets; addresses are public and reported so that rules can
+combine them with where a call sends data. The BIP-39 English wordlist is the public data file
+`data/bip39_english.txt`, read once, on the first text that looks like a word list.
+
+Hits are `(kind, start, end, detail, excerpt)`. No I/O beyond reading that package file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from functools import lru_cache
+from importlib import resources
+from typing import Final
+
+__all__ = ["EXAMPLE_SEEDS", "bip39_words", "keccak256", "wallet_hits"]
+
+WalletHit = tuple[str, int, int, str, str]
+
+_B58_ALPHABET: Final = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_B58_INDEX: Final = {c: i for i, c in enumerate(_B58_ALPHABET)}
+_B58_RUN: Final = re.compile(r"(?<![1-9A-HJ-NP-Za-km-z])[1-9A-HJ-NP-Za-km-z]{25,52}(?![1-9A-HJ-NP-Za-km-z])")
+_BECH32: Final = re.compile(r"(?<![A-Za-z0-9])(?:bc1[ac-hj-np-z02-9]{8,87}|BC1[AC-HJ-NP-Z02-9]{8,87})(?![A-Za-z0-9])")
+_BECH32_CHARSET: Final = "qpzry9x8gf2tvdw0s3jn54khce6mua7l"
+_ETH: Final = re.compile(r"(?<![A-Za-z0-9])0x[0-9a-fA-F]{40}(?![A-Za-z0-9])")
+# 12+ words of 3-8 letters with only spaces, commas, numbering or line breaks between them
+_WORD_RUN: Final = re.compile(r"(?<![A-Za-z])[A-Za-z]{3,8}(?:[^A-Za-z]{1,8}[A-Za-z]{3,8}(?![A-Za-z])){11,}")
+_WORD: Final = re.compile(r"[A-Za-z]+")
+_SEPARATOR: Final = re.compile(r"[\s,;.:()\[\]#0-9-]{1,8}")
+_SEED_LENGTHS: Final = (24, 21, 18, 15, 12)
+
+# BIP-39's published test mnemonics: in tutorials and test suites, never anyone's wallet.
+EXAMPLE_SEEDS: Final = frozenset(
+    {" ".join(["abandon"] * 11 + ["about"]), " ".join(["abandon"] * 17 + ["agent"]),
+     " ".join(["abandon"] * 23 + ["art"]), " ".join(["zoo"] * 11 + ["wrong"]), " ".join(["zoo"] * 23 + ["vote"]),
+     "legal winner thank year wave sausage worth useful legal winner thank yellow"}
+)  # fmt: skip
+# The Bitcoin wiki's worked WIF example (private key 0x0C28FCA3...).
+_EXAMPLE_WIF: Final = frozenset({"5HueCGU8rMjxEXxiPuD5BDku4MkFqeZyd4dZ1jvhTVqvbTLvyTJ"})
+
+
+@lru_cache(maxsize=1)
+def bip39_words() -> dict[str, int]:
+    """The BIP-39 English wordlist: word -> index (0..2047)."""
+    text = resources.files("gateway.stages.sanitizer").joinpath("data/bip39_english.txt").read_text("ascii")
+    words = text.split()
+    if len(words) != 2048:
+        raise RuntimeError(f"data/bip39_english.txt holds {len(words)} words, not 2048")
+    return {w: i for i, w in enumerate(words)}
+
+
+def _sha256d(data: bytes) -> bytes:
+    return hashlib.sha256(hashlib.sha256(data).digest()).digest()
+
+
+def b58check_decode(text: str) -> bytes | None:
+    """The payload of a Base58Check string (version byte included), or None if the checksum fails."""
+    n = 0
+    for c in text:
+        n = n * 58 + _B58_INDEX[c]
+    zeros = len(text) - len(text.lstrip("1"))
+    raw = b"\0" * zeros + n.to_bytes((n.bit_length() + 7) // 8, "big")
+    if len(raw) < 5 or _sha256d(raw[:-4])[:4] != raw[-4:]:
+        return None
+    return raw[:-4]
+
+
+def _bech32_polymod(values: list[int]) -> int:
+    gen = (0x3B6A57B2, 0x26508E6D, 0x1EA119FA, 0x3D4233DD, 0x2A1462B3)
+    chk = 1
+    for v in values:
+        top = chk >> 25
+        chk = (chk & 0x1FFFFFF) << 5 ^ v
+        for i in range(5):
+            chk ^= gen[i] if (top >> i) & 1 else 0
+    return chk
+
+
+def _segwit_address(addr: str) -> str | None:
+    """'bech32 (P2WPKH)' and the like for a valid bc1 address (BIP-173/350), else None."""
+    addr = addr.lower()
+    data = [_BECH32_CHARSET.index(c) for c in addr[3:]]
+    const = _bech32_polymod([3, 3, 0, 2, 3] + data)  # hrp "bc" expanded
+    if len(data) < 7 or not data[0] <= 16:
+        return None
+    version = data[0]
+    if const != (1 if version == 0 else 0x2BC830A3):
+        return None
+    acc = bits = 0
+    program = bytearray()
+    for v in data[1:-6]:
+        acc = acc << 5 | v
+        bits += 5
+        if bits >= 8:
+            bits -= 8
+            program.append(acc >> bits & 0xFF)
+    if bits >= 5 or acc & ((1 << bits) - 1):
+        return None
+    if not 2 <= len(program) <= 40 or (version == 0 and len(program) not in (20, 32)):
+        return None
+    if version == 0:
+        return "bech32 (P2WPKH)" if len(program) == 20 else "bech32 (P2WSH)"
+    return "bech32m (taproot)" if version == 1 else f"bech32m (witness v{version})"
+
+
+_KECCAK_RC: Final = (
+    0x0000000000000001, 0x0000000000008082, 0x800000000000808A, 0x8000000080008000, 0x000000000000808B,
+    0x0000000080000001, 0x8000000080008081, 0x8000000000008009, 0x000000000000008A, 0x0000000000000088,
+    0x0000000080008009, 0x000000008000000A, 0x000000008000808B, 0x800000000000008B, 0x8000000000008089,
+    0x8000000000008003, 0x8000000000008002, 0x8000000000000080, 0x000000000000800A, 0x800000008000000A,
+    0x8000000080008081, 0x8000000000008080, 0x0000000080000001, 0x8000000080008008,
+)  # fmt: skip
+_KECCAK_ROT: Final = ((0, 36, 3, 41, 18), (1, 44, 10, 45, 2), (62, 6, 43, 15, 61), (28, 55, 25, 21, 56), (27, 20, 39, 8, 14))
+_MASK64: Final = (1 << 64) - 1
+
+
+def _rotl(v: int, n: int) -> int:
+    return ((v << n) | (v >> (64 - n))) & _MASK64
+
+
+def _keccak_f(a: list[int]) -> list[int]:
+    for rc in _KECCAK_RC:
+        c = [a[x] ^ a[x + 5] ^ a[x + 10] ^ a[x + 15] ^ a[x + 20] for x in range(5)]
+        d = [c[(x - 1) % 5] ^ _rotl(c[(x + 1) % 5], 1) for x in range(5)]
+        b = [0] * 25
+        for x in range(5):
+            for y in range(5):
+                b[y + 5 * ((2 * x + 3 * y) % 5)] = _rotl(a[x + 5 * y] ^ d[x], _KECCAK_ROT[x][y])
+        a = [b[i] ^ (~b[(i % 5 + 1) % 5 + i // 5 * 5] & b[(i % 5 + 2) % 5 + i // 5 * 5]) for i in range(25)]
+        a[0] ^= rc
+    return a
+
+
+def keccak256(data: bytes) -> bytes:
+    """Keccak-256 as Ethereum uses it (the original 0x01 padding, not SHA3-256's 0x06)."""
+    rate = 136
+    msg = bytearray(data) + b"\x01"
+    msg += b"\0" * (-len(msg) % rate)
+    msg[-1] |= 0x80
+    state = [0] * 25
+    for off in range(0, len(msg), rate):
+        for i in range(rate // 8):
+            state[i] ^= int.from_bytes(msg[off + 8 * i : off + 8 * i + 8], "little")
+        state = _keccak_f(state)
+    return b"".join(state[i].to_bytes(8, "little") for i in range(4))
+
+
+def _eip55_ok(hex40: str) -> bool:
+    digest = keccak256(hex40.lower().encode()).hex()
+    return all(c.isdigit() or (c.isupper() == (int(h, 16) >= 8)) for c, h in zip(hex40, digest))
+
+
+def _seed_checksum_ok(indexes: list[int]) -> bool:
+    bits = 0
+    for i in indexes:
+        bits = bits << 11 | i
+    n = len(indexes) * 11
+    cs = n // 33
+    entropy = (bits >> cs).to_bytes((n - cs) // 8, "big")
+    return hashlib.sha256(entropy).digest()[0] >> (8 - cs) == bits & ((1 << cs) - 1)
+
+
+def _seed_hits(s: str, hits: list[WalletHit]) -> None:
+    words = bip39_words()
+    for run in _WORD_RUN.finditer(s):
+        tokens = [(m.group().lower(), m.start(), m.end()) for m in _WORD.finditer(s, run.start(), run.end())]
+        i = 0
+        while i + 12 <= len(tokens):
+            for n in _SEED_LENGTHS:
+                window = tokens[i : i + n]
+                if len(window) < n or not all(t[0] in words for t in window):
+                    continue
+                if not all(_SEPARATOR.fullmatch(s, a[2], b[1]) for a, b in zip(window, window[1:])):
+                    continue
+                if _seed_checksum_ok([words[t[0]] for t in window]):
+                    phrase = " ".join(t[0] for t in window)
+                    example = phrase in EXAMPLE_SEEDS
+                    kind, what = ("example_secret", "BIP-39 test mnemonic") if example else ("seed_phrase", "BIP-39 seed phrase")
+                    hits.append((kind, window[0][1], window[-1][2], f"{what}, {n} words, checksum valid", ""))
+                    i += n - 1
+                    break
+            i += 1
+
+
+def wallet_hits(s: str) -> list[WalletHit]:
+    """Seed phrases, WIF keys and wallet addresses in one string, each checksum-verified."""
+    hits: list[WalletHit] = []
+    if len(s) >= 25:
+        for m in _B58_RUN.finditer(s):
+            text = m.group()
+            n, first = len(text), text[0]
+            if (n == 51 and first == "5") or (n == 52 and first in "KL"):
+                payload = b58check_decode(text)
+                if payload and payload[0] == 0x80 and (len(payload) == 33 or (len(payload) == 34 and payload[-1] == 1)):
+                    compressed = "compressed" if len(payload) == 34 else "uncompressed"
+                    if text in _EXAMPLE_WIF:
+                        hits.append(("example_secret", m.start(), m.end(), "the Bitcoin wiki's example WIF key", ""))
+                    else:
+                        hits.append(("wif_key", m.start(), m.end(), f"WIF private key ({compressed}), checksum valid", ""))
+            elif n <= 34 and first in "13":
+                payload = b58check_decode(text)
+                if payload and len(payload) == 21 and payload[0] in (0x00, 0x05):
+                    what = "P2PKH" if payload[0] == 0 else "P2SH"
+                    hits.append(("wallet_address", m.start(), m.end(), f"Bitcoin {what} address, checksum valid", text))
+    if "bc1" in s or "BC1" in s:
+        for m in _BECH32.finditer(s):
+            what = _segwit_address(m.group())
+            if what is not None:
+                hits.append(("wallet_address", m.start(), m.end(), f"Bitcoin {what} address, checksum valid", m.group()))
+    if "0x" in s:
+        for m in _ETH.finditer(s):
+            hex40 = m.group()[2:]
+            if hex40.islower() or hex40.isupper() or hex40.isdigit():
+                hits.append(("wallet_address", m.start(), m.end(), "Ethereum address (no EIP-55 checksum)", m.group()))
+            elif _eip55_ok(hex40):
+                hits.append(("wallet_address", m.start(), m.end(), "Ethereum address, EIP-55 checksum valid", m.group()))
+    if len(s) >= 47:  # twelve 3-letter words and their separators
+        _seed_hits(s, hits)
+    return hits
