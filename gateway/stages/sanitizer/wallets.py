@@ -25,14 +25,15 @@ WalletHit = tuple[str, int, int, str, str]
 
 _B58_ALPHABET: Final = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _B58_INDEX: Final = {c: i for i, c in enumerate(_B58_ALPHABET)}
-_B58_RUN: Final = re.compile(r"(?<![1-9A-HJ-NP-Za-km-z])[1-9A-HJ-NP-Za-km-z]{25,52}(?![1-9A-HJ-NP-Za-km-z])")
+# Runs that can be a WIF key (5, K, L) or an address (1, 3); the first character comes before the
+# lookbehind so that the regex engine skips to those characters.
+_B58_RUN: Final = re.compile(r"[135KL](?<![1-9A-HJ-NP-Za-km-z][135KL])[1-9A-HJ-NP-Za-km-z]{24,51}(?![1-9A-HJ-NP-Za-km-z])")
 _BECH32: Final = re.compile(r"(?<![A-Za-z0-9])(?:bc1[ac-hj-np-z02-9]{8,87}|BC1[AC-HJ-NP-Z02-9]{8,87})(?![A-Za-z0-9])")
 _BECH32_CHARSET: Final = "qpzry9x8gf2tvdw0s3jn54khce6mua7l"
 _ETH: Final = re.compile(r"(?<![A-Za-z0-9])0x[0-9a-fA-F]{40}(?![A-Za-z0-9])")
-# 12+ words of 3-8 letters with only spaces, commas, numbering or line breaks between them
-_WORD_RUN: Final = re.compile(r"(?<![A-Za-z])[A-Za-z]{3,8}(?:[^A-Za-z]{1,8}[A-Za-z]{3,8}(?![A-Za-z])){11,}")
-_WORD: Final = re.compile(r"[A-Za-z]+")
-_SEPARATOR: Final = re.compile(r"[\s,;.:()\[\]#0-9-]{1,8}")
+# 12+ lowercase words of 3-8 letters with only spaces, commas, numbering or line breaks between them
+_WORD_RUN: Final = re.compile(r"[a-z](?<![A-Za-z][a-z])[a-z]{2,7}(?:[\s,;.:()\[\]#0-9-]{1,8}[a-z]{3,8}(?![A-Za-z])){11,}")
+_WORD: Final = re.compile(r"[a-z]+")
 _SEED_LENGTHS: Final = (24, 21, 18, 15, 12)
 
 # BIP-39's published test mnemonics: in tutorials and test suites, never anyone's wallet.
@@ -166,26 +167,42 @@ def _seed_checksum_ok(indexes: list[int]) -> bool:
     return hashlib.sha256(entropy).digest()[0] >> (8 - cs) == bits & ((1 << cs) - 1)
 
 
+def _streak_hits(s: str, streak: list[tuple[int, int, int, str]], hits: list[WalletHit]) -> None:
+    """Seed phrases in a run of consecutive wordlist words: (index, start, end, word) each."""
+    i = 0
+    while i + 12 <= len(streak):
+        for n in _SEED_LENGTHS:
+            window = streak[i : i + n]
+            if len(window) == n and _seed_checksum_ok([w[0] for w in window]):
+                phrase = " ".join(w[3] for w in window)
+                kind, what = ("example_secret", "BIP-39 test mnemonic") if phrase in EXAMPLE_SEEDS else ("seed_phrase", "BIP-39 seed phrase")
+                hits.append((kind, window[0][1], window[-1][2], f"{what}, {n} words, checksum valid", ""))
+                i += n - 1
+                break
+        i += 1
+
+
 def _seed_hits(s: str, hits: list[WalletHit]) -> None:
+    """Runs of 12+ wordlist words (one pass, a set lookup per word), then their checksum windows."""
     words = bip39_words()
     for run in _WORD_RUN.finditer(s):
-        tokens = [(m.group().lower(), m.start(), m.end()) for m in _WORD.finditer(s, run.start(), run.end())]
-        i = 0
-        while i + 12 <= len(tokens):
-            for n in _SEED_LENGTHS:
-                window = tokens[i : i + n]
-                if len(window) < n or not all(t[0] in words for t in window):
-                    continue
-                if not all(_SEPARATOR.fullmatch(s, a[2], b[1]) for a, b in zip(window, window[1:])):
-                    continue
-                if _seed_checksum_ok([words[t[0]] for t in window]):
-                    phrase = " ".join(t[0] for t in window)
-                    example = phrase in EXAMPLE_SEEDS
-                    kind, what = ("example_secret", "BIP-39 test mnemonic") if example else ("seed_phrase", "BIP-39 seed phrase")
-                    hits.append((kind, window[0][1], window[-1][2], f"{what}, {n} words, checksum valid", ""))
-                    i += n - 1
-                    break
-            i += 1
+        indexes = [words.get(w) for w in _WORD.findall(run.group())]
+        longest = streak = 0
+        for index in indexes:
+            streak = streak + 1 if index is not None else 0
+            longest = max(longest, streak)
+        if longest < 12:
+            continue
+        streak_words: list[tuple[int, int, int, str]] = []
+        for index, m in zip(indexes, _WORD.finditer(s, run.start(), run.end())):
+            if index is not None:
+                streak_words.append((index, m.start(), m.end(), m.group()))
+                continue
+            if len(streak_words) >= 12:
+                _streak_hits(s, streak_words, hits)
+            streak_words = []
+        if len(streak_words) >= 12:
+            _streak_hits(s, streak_words, hits)
 
 
 def wallet_hits(s: str) -> list[WalletHit]:
