@@ -66,7 +66,7 @@ _ENV_PLACEHOLDER: Final = re.compile(
 )
 _ENV_OUTPUT_NAMES: Final = frozenset({"PATH", "HOME", "USER", "SHELL", "PWD", "OLDPWD", "LANG", "HOSTNAME", "TERM", "LOGNAME", "SHLVL", "_"})
 _PASSWORD_TEXT: Final = re.compile(
-    r"(?<![a-z0-9])(?:password|passwd|passphrase|pwd)(?![a-z0-9])[\"']?\s*[:=]\s*"
+    r"(?<![a-z0-9])(?:password|passwd|passphrase|pwd)(?![a-z0-9])[\"']?[ \t]*[:=][ \t]*"  # an empty `PASSWORD=` line ends there
     r"(?:\"([^\"\r\n]+)\"|'([^'\r\n]+)'|([^\s\"',;&]+))",
     re.IGNORECASE,
 )
@@ -90,6 +90,8 @@ _KEY_NOISE: Final = re.compile(r"[\s_.\-]+")
 _SPACE: Final = re.compile(r"\s")
 SPLIT_MAX_PIECE: Final = 512  # longer strings are not pieces of a split secret
 SPLIT_MAX_TOTAL: Final = 8_192  # characters joined per container
+SPLIT_MAX_STARTS: Final = 32  # pieces a split secret may start in
+SPLIT_MAX_PIECES: Final = 8  # pieces one split token may span
 _SPLIT_KINDS: Final = frozenset({"api_key", "private_key", "password", "jwt", "seed_phrase", "wif_key"})
 _KEPT: Final = frozenset({"wallet_address", "example_secret"})  # public values: reported, never redacted
 NO_KINDS: Final = frozenset[str]()
@@ -359,6 +361,7 @@ def split_secrets(parent: str, pieces: Sequence[tuple[str | int, str, frozenset[
     a kind already found inside one of the pieces alone is not reported again.
     """
     out: list[tuple[Finding, list[tuple[int, _Hit]]]] = []
+    seen: set[tuple[str, str]] = set()
     texts: list[str] = []
     total = 0
     for _key, text, _kinds in pieces:
@@ -366,23 +369,29 @@ def split_secrets(parent: str, pieces: Sequence[tuple[str | int, str, frozenset[
         if total > SPLIT_MAX_TOTAL:
             break
         texts.append(text)
-    for sep in ("", " "):
-        if sep and len(texts) < 12:
-            break
+    # (first piece, separator): a token cut in pieces, joined from each piece on so that the text
+    # of the fields before it cannot hide its start; a seed phrase one word per field, joined once.
+    joins = [(first, "") for first in range(min(len(texts) - 1, SPLIT_MAX_STARTS))]
+    if len(texts) >= 12:
+        joins.append((0, " "))
+    for first, sep in joins:
+        group = texts[first : first + SPLIT_MAX_PIECES] if not sep else texts
         offsets, pos = [], 0
-        for text in texts:
+        for text in group:
             offsets.append(pos)
             pos += len(text) + len(sep)
-        for kind, start, end, detail, via, excerpt in _scan(sep.join(texts)):
-            if kind not in _SPLIT_KINDS or (sep and kind != "seed_phrase"):
+        for kind, start, end, detail, via, excerpt in _scan(sep.join(group)):
+            if kind not in _SPLIT_KINDS or (sep and kind != "seed_phrase") or (not sep and start >= len(group[0])):
                 continue
-            covered = [i for i, off in enumerate(offsets) if off < end and off + len(texts[i]) > start]
-            if len(covered) < 2 or any(kind in pieces[i][2] for i in covered):
+            covered = [first + i for i, off in enumerate(offsets) if off < end and off + len(group[i]) > start]
+            if len(covered) < 2 or any(kind in pieces[i][2] for i in covered) or (kind, detail) in seen:
                 continue
+            seen.add((kind, detail))
+            offsets_of = dict(zip(range(first, first + len(group)), offsets))
             path = "+".join(child_path(parent, pieces[i][0]) for i in covered)
             finding = Finding(kind, path, f"{detail}, split across {len(covered)} fields", excerpt, f"split>{via}" if via else "split")
             parts = [
-                (i, (kind, max(start - offsets[i], 0), min(end - offsets[i], len(texts[i])), detail, "split", ""))
+                (i, (kind, max(start - offsets_of[i], 0), min(end - offsets_of[i], len(texts[i])), detail, "split", ""))
                 for i in covered
             ]
             out.append((finding, parts))
