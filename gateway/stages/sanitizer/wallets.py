@@ -32,7 +32,10 @@ _BECH32: Final = re.compile(r"(?<![A-Za-z0-9])(?:bc1[ac-hj-np-z02-9]{8,87}|BC1[A
 _BECH32_CHARSET: Final = "qpzry9x8gf2tvdw0s3jn54khce6mua7l"
 _ETH: Final = re.compile(r"(?<![A-Za-z0-9])0x[0-9a-fA-F]{40}(?![A-Za-z0-9])")
 # 12+ lowercase words of 3-8 letters with only spaces, commas, numbering or line breaks between them
-_WORD_RUN: Final = re.compile(r"[a-z](?<![A-Za-z][a-z])[a-z]{2,7}(?:[\s,;.:()\[\]#0-9-]{1,8}[a-z]{3,8}(?![A-Za-z])){11,}")
+# (possessive: a failed run is given up at once, never backtracked word by word)
+_WORD_RUN: Final = re.compile(
+    r"[a-z](?<![A-Za-z][a-z])[a-z]{2,7}+(?![A-Za-z])(?:[\s,;.:()\[\]#0-9-]{1,8}+[a-z]{3,8}+(?![A-Za-z])){11,}+"
+)
 _WORD: Final = re.compile(r"[a-z]+")
 _SEED_LENGTHS: Final = (24, 21, 18, 15, 12)
 
@@ -187,11 +190,12 @@ def _seed_hits(s: str, hits: list[WalletHit]) -> None:
     words = bip39_words()
     for run in _WORD_RUN.finditer(s):
         indexes = [words.get(w) for w in _WORD.findall(run.group())]
-        longest = streak = 0
+        streak = 0
         for index in indexes:
             streak = streak + 1 if index is not None else 0
-            longest = max(longest, streak)
-        if longest < 12:
+            if streak == 12:
+                break
+        if streak < 12:
             continue
         streak_words: list[tuple[int, int, int, str]] = []
         for index, m in zip(indexes, _WORD.finditer(s, run.start(), run.end())):
