@@ -28,9 +28,12 @@ _B58_INDEX: Final = {c: i for i, c in enumerate(_B58_ALPHABET)}
 # Runs that can be a WIF key (5, K, L) or an address (1, 3); the first character comes before the
 # lookbehind so that the regex engine skips to those characters.
 _B58_RUN: Final = re.compile(r"[135KL](?<![1-9A-HJ-NP-Za-km-z][135KL])[1-9A-HJ-NP-Za-km-z]{24,51}(?![1-9A-HJ-NP-Za-km-z])")
-_BECH32: Final = re.compile(r"(?<![A-Za-z0-9])(?:bc1[ac-hj-np-z02-9]{8,87}|BC1[AC-HJ-NP-Z02-9]{8,87})(?![A-Za-z0-9])")
+# Literal first, lookbehind after: the regex engine then jumps between occurrences of the literal.
+_BECH32: Final = re.compile(
+    r"bc1(?<![A-Za-z0-9]bc1)[ac-hj-np-z02-9]{8,87}+(?![A-Za-z0-9])|BC1(?<![A-Za-z0-9]BC1)[AC-HJ-NP-Z02-9]{8,87}+(?![A-Za-z0-9])"
+)
 _BECH32_CHARSET: Final = "qpzry9x8gf2tvdw0s3jn54khce6mua7l"
-_ETH: Final = re.compile(r"(?<![A-Za-z0-9])0x[0-9a-fA-F]{40}(?![A-Za-z0-9])")
+_ETH: Final = re.compile(r"0x(?<![A-Za-z0-9]0x)[0-9a-fA-F]{40}(?![A-Za-z0-9])")
 # 12+ lowercase words of 3-8 letters with only spaces, commas, numbering or line breaks between them
 # (possessive: a failed run is given up at once, never backtracked word by word)
 _WORD_RUN: Final = re.compile(
