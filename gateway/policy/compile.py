@@ -251,7 +251,7 @@ def _references(rules: tuple[Any, ...], fields: tuple[str, ...]) -> frozenset[st
 # ---- compilation --------------------------------------------------------------------
 
 
-_UNGUARDED = re.compile(r"\bargs\.([A-Za-z_][A-Za-z0-9_]*)")
+_UNGUARDED = re.compile(r"\bargs\.(?!(?:all|exists|exists_one|filter|map)\()([A-Za-z_][A-Za-z0-9_]*)")  # a macro on args is no field read
 _LEADING_GUARD = re.compile(r"\s*has\(\s*args\.([A-Za-z_][A-Za-z0-9_]*)\s*\)\s*&&")
 
 
