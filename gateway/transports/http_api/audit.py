@@ -91,9 +91,10 @@ class RecordsQuery(BaseModel):
         return self.model_dump(exclude={"limit", "cursor", "show"})
 
 
-def parse_query(model: type[BaseModel], request: Request) -> Any:
-    """The query string as `model`; a repeated, unknown or bad parameter is a BadQuery naming it."""
-    items = request.query_params.multi_items()
+def parse_query(model: type[BaseModel], request: Request, *, drop_empty: bool = False) -> Any:
+    """The query string as `model`; a repeated, unknown or bad parameter is a BadQuery naming it.
+    `drop_empty` treats `name=` as absent (what an HTML form sends for a field left blank)."""
+    items = [(name, value) for name, value in request.query_params.multi_items() if value or not drop_empty]
     seen: set[str] = set()
     for name, _ in items:
         if name in seen:
