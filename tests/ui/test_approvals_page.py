@@ -41,7 +41,8 @@ def test_a_held_call_appears_without_reload_and_approving_it_completes_the_mcp_c
     expect(item.locator("h2")).to_contain_text("delete_file")
     expect(item.locator("h2")).to_contain_text("alice")
     expect(item.locator("pre.args")).to_contain_text('"path": "/tmp/approve-me"')
-    expect(item).to_contain_text("deleting a file needs a human")
+    expect(item.locator(".reasons")).to_contain_text("deleting a file needs a human")
+    expect(item.locator(".reasons")).to_contain_text(re.compile(r"rule confirm-delete \(\S*rules\.yaml:\d+\)"))
     expect(item).to_contain_text(approval["policy_version"])
     expect(item.locator(".left")).to_have_text(re.compile(r"^\d+ s$"))
     screenshot(page, "approvals")
@@ -192,3 +193,22 @@ def test_the_policy_page_names_each_rule_s_file_and_line(served: Served, page_fo
     expect(row.locator("td").last).to_have_text(re.compile(r"rules\.yaml:\d+$"))
     expect(page.locator("#policy-version")).not_to_be_empty()
     screenshot(page, "policy")
+
+
+def test_posts_from_another_origin_or_without_the_login_token_are_refused(served: Served) -> None:
+    with httpx.Client(base_url=served.base, timeout=30) as http:
+        form = http.get("/ui/login")
+        token = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert token is not None and form.headers["content-security-policy"].startswith("default-src 'none'")
+        key = {"csrf": token.group(1), "token": KEYS["admin"]}
+        assert http.post("/ui/login", data=key, headers={"origin": "http://evil.example"}).status_code == 403
+        assert http.post("/ui/login", data=key).status_code == 403  # no Origin, no Sec-Fetch-Site
+        assert http.post("/ui/login", data={**key, "csrf": "forged"}, headers={"origin": served.base}).status_code == 403
+        logged = http.post("/ui/login", data=key, headers={"origin": served.base})
+        assert logged.status_code == 303 and "dharma_ui" in http.cookies
+        assert "admin-key" not in http.get("/ui/approvals").text
+        with http.stream("GET", "/ui/approvals/events") as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            lines = stream.iter_lines()
+            assert next(lines) == "retry: 2000"
+            assert next(line for line in lines if line.startswith("event:")) == "event: pending"

@@ -37,10 +37,11 @@ from starlette.staticfiles import StaticFiles
 
 from audit.errors import LedgerError
 from audit.proofs import check_inclusion
-from gateway.core.call import Credentials, Principal
+from gateway.core.call import Credentials, Effect, Principal
 from gateway.core.errors import ConfigError
 from gateway.core.gateway import Gateway, rfc3339
 from gateway.ledger_access import query_choices
+from gateway.policy.compile import CompiledPolicy, glob_match
 from gateway.stages.approval import ApprovalRefused
 from gateway.stores.base import Approval
 from gateway.transports.http_api.app import BadRequest, read_body
@@ -103,12 +104,24 @@ def arguments_text(preview: str) -> tuple[str, bool]:
         return preview, bool(preview)
 
 
-def approval_view(a: Approval, now: float) -> dict[str, Any]:
+def holding_rules(policy: CompiledPolicy, a: Approval, message: str) -> list[str]:
+    """The rules of the loaded policy that hold `a`'s tool with exactly this message, as `id (file:line)`.
+
+    The approval store keeps the held call's messages, not its rule ids, so they are found again
+    here, and only under the policy version the call was held by (else none is named)."""
+    if policy.version != a.policy_version:
+        return []
+    return [f"{r.id} ({r.file}:{r.line})" for r in policy.rules
+            if r.effect is Effect.REQUIRE_APPROVAL and r.message == message and any(glob_match(a.tool, g) for g in r.tools)]
+
+
+def approval_view(a: Approval, now: float, policy: CompiledPolicy) -> dict[str, Any]:
     """What the page shows of one held call."""
     args, cut = arguments_text(a.arguments_preview)
+    messages = [part for part in a.reason.split("; ") if part] or ["(no message)"]
     return {
         "id": a.id, "principal": a.principal, "tool": a.tool, "arguments": args, "cut": cut,
-        "reasons": [part for part in a.reason.split("; ") if part] or ["(no message)"],
+        "reasons": [(message, holding_rules(policy, a, message)) for message in messages],
         "policy_version": a.policy_version, "request_id": a.request_id, "created": rfc3339(a.created_at),
         "expires_at": a.expires_at, "expires": rfc3339(a.expires_at), "left": max(0, int(a.expires_at - now)),
     }
@@ -302,7 +315,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
     async def approvals(request: Request) -> Response:
         found = require(request, APPROVE_ROLES, "the approvals page")
         now = time.time()
-        return page(request, "approvals.html", found, items=[approval_view(a, now) for a in await pending()])
+        return page(request, "approvals.html", found, items=[approval_view(a, now, gateway.policy) for a in await pending()])
 
     async def events(request: Request) -> Response:
         found = require(request, APPROVE_ROLES, "the approvals stream")
@@ -322,7 +335,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
                 ids = tuple(a.id for a in items)
                 if ids != shown:
                     now = time.time()
-                    data = {"items": [{"id": a.id, "html": item.render(a=approval_view(a, now), csrf=again[0].csrf, prefix=PREFIX)}
+                    data = {"items": [{"id": a.id, "html": item.render(a=approval_view(a, now, gateway.policy), csrf=again[0].csrf, prefix=PREFIX)}
                                       for a in items]}
                     yield b"event: pending\ndata: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
                     shown, last_sent = ids, anyio.current_time()
