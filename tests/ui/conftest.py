@@ -171,7 +171,7 @@ def screenshot(page: Any, name: str) -> Path:
     path = artifacts_dir() / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     print(f"screenshot: {path}")
-    if name == "approvals" and os.environ.get("DHARMA_UPDATE_DOCS_SCREENSHOT") == "1":
+    if name == "approvals" and os.environ.get("UI_DOCS_SCREENSHOT") == "1":
         shutil.copyfile(path, REPO / "docs" / "img" / "approvals.png")
     return path
 
