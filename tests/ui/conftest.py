@@ -4,6 +4,7 @@ MCP SDK client making the calls a human holds, and a directory for screenshots."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -78,15 +79,16 @@ class Served:
         return list(r.json()["approvals"])
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    d = tmp_path_factory.mktemp("ui")
+@contextlib.contextmanager
+def serve_dharma(d: Path, **config: Any) -> Iterator[Served]:
+    """A real `dharma serve` process (the test profile, `config` added to its dharma.yaml) in front
+    of the toy MCP server (official SDK), until the block ends."""
     (d / "rules.yaml").write_text(yaml.safe_dump(RULES, sort_keys=False), encoding="utf-8")
     (d / "profile.yaml").write_text(yaml.safe_dump(PROFILE, sort_keys=False), encoding="utf-8")
     with spawn([sys.executable, str(TOY), "--url-file", str(d / "toy.url")], d / "toy.url") as (toy, _):
         port = free_port()
         config = {"policy": "profile.yaml", "state_root": str(d / "state"), "server": {"host": "127.0.0.1", "port": port},
-                  "upstreams": [{"id": "toy", "type": "mcp_http", "url": toy}], "mcp": {"hold_seconds": 300}}
+                  "upstreams": [{"id": "toy", "type": "mcp_http", "url": toy}], "mcp": {"hold_seconds": 300}, **config}
         (d / "dharma.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
         base = f"http://127.0.0.1:{port}"
         # `spawn` waits for a URL file: a shell writes it once /healthz answers.
@@ -100,6 +102,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         (d / "serve.sh").write_text(script)
         with spawn(["bash", str(d / "serve.sh")], d / "gw.url", timeout=90) as (url, _):
             yield Served(url, d)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with serve_dharma(tmp_path_factory.mktemp("ui")) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="module")

@@ -251,13 +251,17 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
 
     # ---- login ------------------------------------------------------------------------------
 
-    async def home(request: Request) -> Response:
-        found = current(request)
-        if found is None:
+    def landing(principal: Principal | None) -> Response:
+        """To the login form, or to the first page this principal's roles open."""
+        if principal is None:
             return RedirectResponse(f"{PREFIX}/login", status_code=303, headers=HEADERS)
-        roles = set(found[1].roles)
+        roles = set(principal.roles)
         target = "approvals" if roles & APPROVE_ROLES else "ledger" if roles & AUDIT_ROLES else "policy"
         return RedirectResponse(f"{PREFIX}/{target}", status_code=303, headers=HEADERS)
+
+    async def home(request: Request) -> Response:
+        found = current(request)
+        return landing(found[1] if found is not None else None)
 
     async def login_form(request: Request, message: str = "", status: int = 200) -> Response:
         token = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(24)
@@ -289,7 +293,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
                                              "auditor or admin.", 403)
         session = sessions.create(result.credentials)
         log.info("ui.login", principal=result.principal.id, method=result.method)
-        response = await home(request)
+        response = landing(result.principal)
         response.set_cookie(cookie_name(request), session.id, max_age=int(session.expires_at - time.time()), path="/",
                             httponly=True, samesite="strict", secure=request.url.scheme == "https")
         response.delete_cookie(LOGIN_COOKIE, path=f"{PREFIX}/login")
