@@ -180,3 +180,18 @@ class _Tree:
         if len(leaves) != 1 << height or not all(_is_hash(h) for h in leaves):
             raise LedgerError(f"records {lo + 1}..{lo + (1 << height)} are missing or their hashes damaged (truncated?)")
         return merkle.root_hash(leaves)
+
+
+def check_inclusion(body: bytes, doc: dict[str, Any], note: str, public_key: Any, key_name: str) -> str:
+    """Check an inclusion proof as an auditor would, trusting only the checkpoint key: the note's
+    signature, its size and root, and the audit path from the record's own bytes to that root.
+    Returns what was proven; raises LedgerError naming the first check that fails."""
+    checkpoint = verify_checkpoint(note, public_key, key_name)
+    seq, size = int(doc["seq"]), int(doc["tree_size"])
+    if checkpoint.size != size or checkpoint.root.hex() != doc["root"]:
+        raise LedgerError(f"the proof is for {size} records and root {doc['root']}, not the signed checkpoint's "
+                          f"{checkpoint.size} records and root {checkpoint.root.hex()}")
+    path = [bytes.fromhex(p) for p in doc["proof"]]
+    if not merkle.verify_inclusion(seq - 1, size, merkle.leaf_hash(body), path, checkpoint.root):
+        raise LedgerError(f"record {seq}: its bytes and the audit path do not give the signed root")
+    return f"record {seq} is leaf {seq - 1} of the {size}-record tree whose root the checkpoint signed by {key_name!r} vouches for"

@@ -18,8 +18,8 @@ from gateway.core.errors import ConfigError
 from gateway.policy.load import YamlProblem, compose_yaml, construct_yaml, find_scalar, line_of, node_lines
 
 ENV_PREFIX = "DHARMA_"
-#: DHARMA_* variables that are not settings: read by the CLI (CONFIG) or the demo backend.
-NOT_SETTINGS = frozenset({"DHARMA_CONFIG", "DHARMA_DEMO_SANDBOX", "DHARMA_TEST_CACHE", "DHARMA_CONFORMANCE_CACHE",
+#: DHARMA_* variables that are not settings: read by the CLI (CONFIG), the demo backend or the tests.
+NOT_SETTINGS = frozenset({"DHARMA_CONFIG", "DHARMA_DEMO_SANDBOX", "DHARMA_TEST_CACHE", "DHARMA_TEST_ARTIFACTS", "DHARMA_CONFORMANCE_CACHE",
                           "DHARMA_CONFORMANCE_NODE"})
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 

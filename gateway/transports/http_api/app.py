@@ -293,6 +293,10 @@ def build_app(
         )
         middleware.append(Middleware(guard.around))
         direct = guard if mcp is not None else None
+    from gateway.transports.ui import ui_routes
+
+    routes += ui_routes(gateway, guard if settings is not None else None,
+                        allowed_origins=settings.auth.allowed_origins if settings is not None else ())
     app = HttpFront(routes=routes, middleware=middleware, exception_handlers={Exception: server_error}, lifespan=lifespan)
     if direct is not None:
         app.direct_path, app.direct = path, direct

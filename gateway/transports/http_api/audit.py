@@ -91,9 +91,10 @@ class RecordsQuery(BaseModel):
         return self.model_dump(exclude={"limit", "cursor", "show"})
 
 
-def parse_query(model: type[BaseModel], request: Request) -> Any:
-    """The query string as `model`; a repeated, unknown or bad parameter is a BadQuery naming it."""
-    items = request.query_params.multi_items()
+def parse_query(model: type[BaseModel], request: Request, *, drop_empty: bool = False) -> Any:
+    """The query string as `model`; a repeated, unknown or bad parameter is a BadQuery naming it.
+    `drop_empty` treats `name=` as absent (what an HTML form sends for a field left blank)."""
+    items = [(name, value) for name, value in request.query_params.multi_items() if value or not drop_empty]
     seen: set[str] = set()
     for name, _ in items:
         if name in seen:
@@ -118,8 +119,78 @@ class ConsistencyQuery(BaseModel):
     new: int = Field(alias="to", ge=0)
 
 
+class LedgerView:
+    """The ledger reads the auditor's HTTP API and the approvals page share: a reader per request
+    (worker threads), a page of query hits, one record with its inclusion proof, the checkpoint."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def location(self) -> Path | str:
+        settings = getattr(self.gateway, "settings", None)
+        if settings is not None:
+            return ledger_location(settings)
+        path = getattr(self.gateway.ledger, "path", None)
+        if path is None:
+            raise ConfigError("the gateway's ledger has no location to read it from")
+        return Path(path)
+
+    async def open_reader(self) -> Any:
+        return await anyio.to_thread.run_sync(open_ledger_reader, self.location())
+
+    def signer(self) -> CheckpointSigner:
+        keys = self.gateway.keys
+        return CheckpointSigner(keys.checkpoint_key, keys.checkpoint_key_name, LEDGER_ORIGIN)
+
+    async def latest_checkpoint(self, reader: Any, covering: int) -> str:
+        """The latest stored checkpoint; a fresh one, signed and stored by the writer, if it covers fewer than `covering` records."""
+        note = await anyio.to_thread.run_sync(reader.latest_checkpoint)
+        if note is None or parse_checkpoint(note).size < covering:
+            keys = self.gateway.keys
+            note = await self.gateway.ledger.checkpoint(keys.checkpoint_key, keys.checkpoint_key_name, LEDGER_ORIGIN)
+        return str(note)
+
+    async def checkpoint(self) -> str:
+        """A signed checkpoint covering every record there is now."""
+        with contextlib.closing(await self.open_reader()) as reader:
+            size = await anyio.to_thread.run_sync(reader.size)
+            return await self.latest_checkpoint(reader, size)
+
+    async def record(self, seq: int) -> dict[str, Any] | None:
+        """Record `seq` (`seq`, `hash`, `record`: its bytes in base64, `entry`) with its verified
+        inclusion proof anchored to the latest signed checkpoint, or None if there is no such record."""
+        with contextlib.closing(await self.open_reader()) as reader:
+            stored = await anyio.to_thread.run_sync(reader.get, seq)
+            if stored is None:
+                return None
+            note = await self.latest_checkpoint(reader, seq)
+            size = parse_checkpoint(note).size
+            sign = self.signer()
+            proof = await anyio.to_thread.run_sync(proofs.inclusion, reader, seq, size, sign)
+            proof["checkpoint"] = await anyio.to_thread.run_sync(proofs.anchor_checkpoint, reader, sign, size,
+                                                                 bytes.fromhex(proof["root"]))
+        return {"seq": stored.seq, "hash": stored.hash, "record": base64.b64encode(stored.body).decode("ascii"),
+                "entry": stored.to_dict(), "inclusion": proof}
+
+    async def page(self, query: RecordsQuery) -> tuple[list[dict[str, Any]], int | None]:
+        """One page of the query's rows and the cursor of the next page (None on the last)."""
+        with contextlib.closing(await self.open_reader()) as reader:
+            def read() -> list[dict[str, Any]]:
+                rows = page_rows(reader, query)
+                try:
+                    return list(itertools.islice(rows, query.limit + 1))
+                finally:
+                    rows.close()  # type: ignore[attr-defined]
+
+            found = await anyio.to_thread.run_sync(read)
+        more = len(found) > query.limit
+        found = found[: query.limit]
+        return found, (found[-1]["seq"] if more else None)
+
+
 def audit_routes(gateway: Gateway) -> list[Route]:
     """The `/v1/audit/` routes over `gateway`'s ledger."""
+    view = LedgerView(gateway)
 
     def refusal(request: Request) -> Response | None:
         principal = gateway.principal_for(credentials_from(request))
@@ -130,31 +201,9 @@ def audit_routes(gateway: Gateway) -> list[Route]:
                                 status_code=403)
         return None
 
-    def location() -> Path | str:
-        settings = getattr(gateway, "settings", None)
-        if settings is not None:
-            return ledger_location(settings)
-        path = getattr(gateway.ledger, "path", None)
-        if path is None:
-            raise ConfigError("the gateway's ledger has no location to read it from")
-        return Path(path)
-
-    async def open_reader() -> Any:
-        return await anyio.to_thread.run_sync(open_ledger_reader, location())
-
-    def signer() -> CheckpointSigner:
-        return CheckpointSigner(gateway.keys.checkpoint_key, gateway.keys.checkpoint_key_name, LEDGER_ORIGIN)
-
-    async def latest_checkpoint(reader: Any, covering: int) -> str:
-        """The latest stored checkpoint; a fresh one, signed and stored by the writer, if it covers fewer than `covering` records."""
-        note = await anyio.to_thread.run_sync(reader.latest_checkpoint)
-        if note is None or parse_checkpoint(note).size < covering:
-            note = await gateway.ledger.checkpoint(gateway.keys.checkpoint_key, gateway.keys.checkpoint_key_name, LEDGER_ORIGIN)
-        return str(note)
-
     async def records(request: Request) -> Response:
         query: RecordsQuery = parse_query(RecordsQuery, request)
-        reader = await open_reader()
+        reader = await view.open_reader()
         try:
             rows = await anyio.to_thread.run_sync(page_rows, reader, query)
         except BaseException:
@@ -164,32 +213,21 @@ def audit_routes(gateway: Gateway) -> list[Route]:
 
     async def record(request: Request) -> Response:
         seq = request.path_params["seq"]
-        with contextlib.closing(await open_reader()) as reader:
-            stored = await anyio.to_thread.run_sync(reader.get, seq)
-            if stored is None:
-                return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, f"no record {seq} in the ledger"), status_code=404)
-            note = await latest_checkpoint(reader, seq)
-            size = parse_checkpoint(note).size
-            sign = signer()
-            proof = await anyio.to_thread.run_sync(proofs.inclusion, reader, seq, size, sign)
-            proof["checkpoint"] = await anyio.to_thread.run_sync(proofs.anchor_checkpoint, reader, sign, size,
-                                                                 bytes.fromhex(proof["root"]))
-        return JSONResponse({"seq": stored.seq, "hash": stored.hash, "record": base64.b64encode(stored.body).decode("ascii"),
-                             "entry": stored.to_dict(), "inclusion": proof})
+        found = await view.record(seq)
+        if found is None:
+            return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, f"no record {seq} in the ledger"), status_code=404)
+        return JSONResponse(found)
 
     async def checkpoint(request: Request) -> Response:
-        with contextlib.closing(await open_reader()) as reader:
-            size = await anyio.to_thread.run_sync(reader.size)
-            note = await latest_checkpoint(reader, size)
-        return PlainTextResponse(note, headers={"cache-control": "no-store"})
+        return PlainTextResponse(await view.checkpoint(), headers={"cache-control": "no-store"})
 
     async def consistency(request: Request) -> Response:
         query: ConsistencyQuery = parse_query(ConsistencyQuery, request)
-        with contextlib.closing(await open_reader()) as reader:
+        with contextlib.closing(await view.open_reader()) as reader:
             size = await anyio.to_thread.run_sync(reader.size)
             if not query.old <= query.new <= size:
                 raise BadQuery(f"query parameters `from` {query.old} and `to` {query.new}: need from <= to <= {size} (the ledger size)")
-            sign = signer()
+            sign = view.signer()
             doc = await anyio.to_thread.run_sync(proofs.consistency, reader, query.old, query.new, sign)
             doc["checkpoint"] = await anyio.to_thread.run_sync(proofs.anchor_checkpoint, reader, sign, query.new, bytes.fromhex(doc["root"]))
             doc["old_checkpoint"] = await anyio.to_thread.run_sync(proofs.anchor_checkpoint, reader, sign, query.old,
