@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import importlib
 import os
 import sys
@@ -128,7 +129,8 @@ async def open_gateway(
         if state_root is not None:
             overrides["state_root"] = str(state_root)
         settings = load_settings(Path(config) if config else None, os.environ, overrides)
-    compiled = load_policy(settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
+    loader = functools.partial(load_policy, settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
+    compiled = loader()
     keys = KeyStore.open(settings.state_dir)
     # MCP upstreams are not catalog backends: their tools are listed live, per session, at /mcp
     # (gateway.transports.mcp_http.app); `build_app` finds them through `gateway.settings`.
@@ -149,7 +151,7 @@ async def open_gateway(
     try:
         gateway = Gateway(
             compiled, backends, ledger=ledger, keys=keys, approval_store=approvals, approval_signals=signals,
-            approval_poll_seconds=settings.approvals.poll_seconds, policy_path=settings.policy,
+            approval_poll_seconds=settings.approvals.poll_seconds, policy_path=settings.policy, policy_loader=loader,
             dependencies=[ledger_probe(settings), *links], **shared,
         )
         gateway.settings = settings  # type: ignore[attr-defined]  # read by server.build_app (MCP upstreams)

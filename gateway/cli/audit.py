@@ -168,6 +168,7 @@ def cmd_audit_query(args: argparse.Namespace) -> int:
             policy_version=args.policy_version,
             request_id=args.request_id,
             approval_id=args.approval_id,
+            kind=args.kind,
             since=args.since,
             until=args.until,
         )  # no limit here: it counts the rows shown (streamed, so it still stops early)
@@ -372,6 +373,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--policy-version", help="policy version the call was decided under")
     p.add_argument("--request-id", help="one call's request id")
     p.add_argument("--approval-id", help="calls bound to this approval")
+    p.add_argument("--kind", choices=values["kind"], metavar="KIND",
+                   help="only records of this kind, one of: " + ", ".join(values["kind"]) + " (`--kind reload`: every policy reload attempt)")
     p.add_argument("--since", type=_time_arg, help="RFC 3339 time, e.g. 2026-11-22T00:00:00Z (inclusive)")
     p.add_argument("--until", type=_time_arg, help="RFC 3339 time (exclusive)")
     p.add_argument("--limit", type=_count_arg, help="at most this many records")

@@ -67,13 +67,14 @@ class RecordsQuery(BaseModel):
     policy_version: str | None = None
     request_id: str | None = None
     approval_id: str | None = None
+    kind: str | None = None
     since: str | None = None
     until: str | None = None
     limit: int = Field(PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE)
     cursor: int | None = Field(None, ge=0)
     show: Literal["calls", "records", "unknown"] = "calls"
 
-    @field_validator("decision", "status", "error_code")
+    @field_validator("decision", "status", "error_code", "kind")
     @classmethod
     def _known(cls, value: str | None, info: Any) -> str | None:
         allowed = query_choices()[info.field_name]

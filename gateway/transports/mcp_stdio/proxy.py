@@ -451,6 +451,7 @@ async def serve_stdio(
     """
     from gateway.core.errors import ConfigError
     from gateway.runtime import open_gateway, pin_store_for
+    from gateway.watch import live_reload
 
     try:
         first = await spawn_server(command)
@@ -472,7 +473,8 @@ async def serve_stdio(
             client = ClientPipes()
             await client.open()
             running = True
-            return await proxy.run(client, first)
+            async with live_reload(gateway, settings):  # SIGHUP and file changes reload the policy
+                return await proxy.run(client, first)
         finally:
             await gateway.aclose()
     finally:
