@@ -207,3 +207,34 @@ async def test_serve_reloads_on_sighup(served, state_root: Path) -> None:
         records = await wait_for(lambda: reload_records(state_root), "the SIGHUP reload's record", server)
         assert records[-1]["trigger"] == "signal" and records[-1]["ok"] and records[-1]["changed"]
         assert (await read(http)).json()["error_code"] == "policy_blocked"
+
+
+async def test_a_held_call_finishes_under_the_policy_it_started_with(tmp_path: Path) -> None:
+    """Held for approval under v1, approved after a reload to v2: decided and recorded under v1; a new call sees v2."""
+    from gateway.runtime import open_gateway
+    from tests.helpers import Recorder
+
+    folder = tmp_path / "policy"
+    policy = write_policy(folder, approval={"hold_seconds": DEADLINE_S})
+    recorder = Recorder()
+    gateway = await open_gateway(policy=policy, state_root=tmp_path / "state",
+                                 backends=[recorder.backend({"delete_file": lambda path: {"deleted": path}, "read_file": lambda path: {"read": path}})])
+    try:
+        v1 = gateway.policy.version
+        held = asyncio.create_task(gateway.call("delete_file", {"path": "x"}, api_key=KEYS["operator"]))
+        pending = await wait_for(gateway.pending_approvals, "the call to be held")
+        v2 = save(folder, rules_with(DENY_READS))
+        attempt = await gateway.reload()
+        assert attempt.ok and gateway.policy.version == v2 != v1
+        await gateway.approve(pending[0].id, by="admin")
+        outcome = await held
+        assert outcome.status.value == "ok" and recorder.calls == [("delete_file", {"path": "x"})]
+        fresh = await gateway.call("read_file", {"path": "a"}, api_key=KEYS["reader"])
+        assert fresh.error_code is not None and fresh.error_code.value == "policy_blocked"  # v2's rule
+    finally:
+        await gateway.aclose()
+    with SqliteLedgerReader(tmp_path / "state" / "ledger.db") as reader:
+        records = list(query_records(reader))
+    held_call = [r for r in records if r.get("request_id") == outcome.request_id]
+    assert held_call and {r["policy_version"] for r in held_call} == {v1}
+    assert [r["policy_version"] for r in records if r.get("request_id") == fresh.request_id] == [v2]
