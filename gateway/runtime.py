@@ -132,6 +132,7 @@ async def open_gateway(
     loader = functools.partial(load_policy, settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
     compiled = loader()
     keys = KeyStore.open(settings.state_dir)
+    tracer = open_tracer() if settings.tracing.otel else None  # before anything needs closing
     # MCP upstreams are not catalog backends: their tools are listed live, per session, at /mcp
     # (gateway.transports.mcp_http.app); `build_app` finds them through `gateway.settings`.
     backends = [*backends, *(build_backend(u, list(settings.python_path)) for u in settings.upstreams if not u.is_mcp)]
@@ -155,6 +156,7 @@ async def open_gateway(
             dependencies=[ledger_probe(settings), *links], **shared,
         )
         gateway.settings = settings  # type: ignore[attr-defined]  # read by server.build_app (MCP upstreams)
+        gateway.tracer = tracer
         return gateway
     except ValueError as exc:
         await signals.aclose()
@@ -165,6 +167,16 @@ async def open_gateway(
         if close_approvals is not None:
             await close_approvals()
         raise ConfigError(str(exc)) from None
+
+
+def open_tracer() -> Any:
+    """OpenTelemetry spans (`tracing.otel: true`); the `otel` extra must be installed."""
+    try:
+        from gateway.tracing import OtelTracer
+
+        return OtelTracer()
+    except ImportError as exc:
+        raise ConfigError(f"tracing.otel needs OpenTelemetry: pip install 'dharma-gateway[otel]' ({exc})") from None
 
 
 def shared_stores(settings: Settings) -> dict[str, Any]:

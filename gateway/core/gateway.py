@@ -7,6 +7,7 @@ before its outcome is returned; if the ledger cannot be written the call fails c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import secrets
 import time
@@ -67,6 +68,14 @@ class Dependency(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class CallTracer(Protocol):
+    """Spans around governed calls (`gateway.tracing.OtelTracer` when `tracing.otel` is on, else none)."""
+
+    def call_span(self, call: ToolCall) -> contextlib.AbstractContextManager[Any]: ...
+    def finish(self, span: Any, outcome: Outcome, policy_version: str, ledger_seq: int | None) -> None: ...
+    def outgoing(self) -> dict[str, str]: ...
 
 
 def new_request_id() -> str:
@@ -134,6 +143,7 @@ class Gateway:
         self.last_reload: ReloadAttempt | None = None
         self._reload_lock = anyio.Lock()
         self.metrics = Metrics()
+        self.tracer: CallTracer | None = None  # set by runtime when tracing.otel is on
         self.ledger = ledger
         self.keys = keys
         self.clock = clock
@@ -362,7 +372,13 @@ class Gateway:
                 log.error("history.store_down", request_id=call.request_id, error=str(exc))
                 ctx.decision = ctx.decision or store_down(exc, HISTORY)
         metrics = self.metrics
-        await run(self.stages, self.after_decision, ctx, policy, metrics.stage)
+        if self.tracer is None:
+            await run(self.stages, self.after_decision, ctx, policy, metrics.stage)
+        else:
+            with self.tracer.call_span(call) as span:
+                await run(self.stages, self.after_decision, ctx, policy, metrics.stage)
+                if ctx.outcome is not None:
+                    self.tracer.finish(span, ctx.outcome, policy.version, ctx.outcome.ledger_seq)
         outcome = ctx.outcome
         assert outcome is not None and ctx.response is not None
         decision = outcome.decision
