@@ -24,7 +24,7 @@ from typing import Any, Literal
 import structlog
 
 from audit.canon import canonical_bytes
-from audit.records import KIND_DECISION, KIND_OUTCOME, RecordFilter, decode_record, index_fields, normalize_time, rule_ids
+from audit.records import KIND_DECISION, KIND_OUTCOME, KINDS, RecordFilter, decode_record, index_fields, normalize_time, rule_ids
 from audit.store import LedgerReader
 
 log = structlog.get_logger()
@@ -66,6 +66,17 @@ def check_time(text: str) -> str:
         datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
     except ValueError:
         raise ValueError(f"not an RFC 3339 time: {text!r} (e.g. 2026-11-22T00:00:00Z)") from None
+    return text
+
+
+def check_kind(text: str) -> str:
+    """`text` if it is a record kind (`audit.records.KINDS`), for a `kind` filter.
+
+    Raises:
+        ValueError: anything else (a filter must not quietly match nothing).
+    """
+    if text not in KINDS:
+        raise ValueError(f"{text!r} is not one of: {', '.join(KINDS)}")
     return text
 
 

@@ -22,13 +22,11 @@ def query_choices() -> dict[str, list[str]]:
     """The values a ledger record can hold, per validated query filter: from the code's enums."""
     from gateway.core.call import Effect, Status
     from gateway.core.errors import ErrorCode
-    from audit.records import KINDS
 
     return {
         "decision": [e.value for e in Effect],
         "status": [s.value for s in Status] + [PASSTHROUGH_STATUS],
         "error_code": [c.value for c in ErrorCode],
-        "kind": list(KINDS),
     }
 
 

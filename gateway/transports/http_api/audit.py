@@ -32,7 +32,7 @@ from audit import proofs
 from audit.canon import canonical_bytes
 from audit.checkpoint import CheckpointSigner, parse_checkpoint
 from audit.errors import LedgerError
-from audit.query import call_rows, check_time, query_records
+from audit.query import call_rows, check_kind, check_time, query_records
 from audit.records import index_fields, normalize_time
 from gateway.core.errors import ConfigError, ErrorCode
 from gateway.core.gateway import LEDGER_ORIGIN, Gateway
@@ -74,13 +74,18 @@ class RecordsQuery(BaseModel):
     cursor: int | None = Field(None, ge=0)
     show: Literal["calls", "records", "unknown"] = "calls"
 
-    @field_validator("decision", "status", "error_code", "kind")
+    @field_validator("decision", "status", "error_code")
     @classmethod
     def _known(cls, value: str | None, info: Any) -> str | None:
         allowed = query_choices()[info.field_name]
         if value is not None and value not in allowed:
             raise ValueError(f"{value!r} is not one of: {', '.join(allowed)}")
         return value
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str | None) -> str | None:
+        return None if value is None else check_kind(value)
 
     @field_validator("since", "until")
     @classmethod
