@@ -238,3 +238,31 @@ async def test_a_held_call_finishes_under_the_policy_it_started_with(tmp_path: P
     held_call = [r for r in records if r.get("request_id") == outcome.request_id]
     assert held_call and {r["policy_version"] for r in held_call} == {v1}
     assert [r["policy_version"] for r in records if r.get("request_id") == fresh.request_id] == [v2]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_reload_records_verify_and_query_on_both_ledgers(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """A good and a broken reload on a SQLite file and on PostgreSQL: both records chain, verify and are found by kind."""
+    from audit.verify import verify_ledger
+    from gateway.config import Settings
+    from gateway.runtime import open_gateway
+    from tests.audit.conftest import new_location, open_reader
+
+    location = new_location(backend, request, tmp_path)
+    folder = tmp_path / "policy"
+    ledger = {"url": location} if backend == "postgres" else {"path": str(location)}
+    gateway = await open_gateway(Settings(policy=write_policy(folder), state_root=tmp_path / "state", ledger=ledger))
+    try:
+        v1 = gateway.policy.version
+        v2 = save(folder, rules_with(DENY_READS))
+        assert (await gateway.reload(trigger="api")).ok
+        assert save(folder, "rules: [") is None
+        failed = await gateway.reload(trigger="api")
+        assert not failed.ok and "rules.yaml:" in failed.error and gateway.policy.version == v2
+    finally:
+        await gateway.aclose()
+    with open_reader(location) as reader:
+        assert verify_ledger(reader).ok
+        found = list(query_records(reader, kind="reload"))
+    assert [(r["ok"], r["old_version"], r["policy_version"]) for r in found] == [(True, v1, v2), (False, v2, v2)]
+    assert found[1]["problems"] and found[1]["new_version"] is None
