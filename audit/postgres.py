@@ -31,7 +31,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -45,6 +45,7 @@ from audit import merkle
 from audit.checkpoint import CheckpointSchedule, CheckpointSigner, parse_checkpoint
 from audit.errors import LedgerError, NotALedger
 from audit.merkle import CompactRange
+from audit.stats import AppendStats
 from audit.records import (
     FORMAT,
     GENESIS_PREV,
@@ -275,6 +276,7 @@ class _Pending:
     rules: list[str]
     future: asyncio.Future[Appended]
     linked: LinkedRow | None = None
+    queued: float = field(default_factory=time.perf_counter)  # the append lag /metrics reports
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +304,7 @@ class PostgresLedger:
         self._hash = head_hash
         self._root = frontier.root()
         self._batch_max = batch_max
+        self.stats = AppendStats()  # append lag and batch sizes, for /metrics
         self._schedule = schedule
         self._queue: asyncio.Queue[_Pending | _Command | None] = asyncio.Queue()
         self._closed = False
@@ -533,7 +536,9 @@ class PostgresLedger:
         except psycopg.Error as exc:
             await self._drop_connection()
             log.error("ledger.batch_failed", url=self._name, first_seq=first, count=len(batch), error=_first_line(exc))
+            self.stats.failed()
             raise LedgerError(f"{self._name}: {len(batch)} record(s) were not committed ({_first_line(exc)})") from None
+        self.stats.committed(time.perf_counter(), [item.queued for item in batch])
         self._frontier = grown
         self._size, self._hash, self._root = seq, prev, grown.root()
         log.debug("ledger.batch_committed", url=self._name, first_seq=first, count=len(batch))

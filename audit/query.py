@@ -24,7 +24,7 @@ from typing import Any, Literal
 import structlog
 
 from audit.canon import canonical_bytes
-from audit.records import KIND_DECISION, KIND_OUTCOME, RecordFilter, decode_record, index_fields, normalize_time, rule_ids
+from audit.records import KIND_DECISION, KIND_OUTCOME, KINDS, RecordFilter, decode_record, index_fields, normalize_time, rule_ids
 from audit.store import LedgerReader
 
 log = structlog.get_logger()
@@ -69,6 +69,17 @@ def check_time(text: str) -> str:
     return text
 
 
+def check_kind(text: str) -> str:
+    """`text` if it is a record kind (`audit.records.KINDS`), for a `kind` filter.
+
+    Raises:
+        ValueError: anything else (a filter must not quietly match nothing).
+    """
+    if text not in KINDS:
+        raise ValueError(f"{text!r} is not one of: {', '.join(KINDS)}")
+    return text
+
+
 def query_records(
     reader: LedgerReader,
     *,
@@ -84,12 +95,14 @@ def query_records(
     request_id: str | None = None,
     error_code: str | None = None,
     approval_id: str | None = None,
+    kind: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield matching records, oldest first, as flat dicts (seq, hash, then entry fields).
 
     `since` is inclusive and `until` exclusive; both are RFC 3339 strings or datetimes
     (naive ones are UTC). `rule` matches any id in the record's `matched_rules`. `tool` is a
     case-sensitive glob (`read_*`, `fs.?rite`, `[rw]*`); without `*`, `?` or `[` it is a name.
+    `kind` keeps records of that kind (`audit.records.KINDS`, e.g. "reload" or "approval").
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, not {limit}")
@@ -99,7 +112,7 @@ def query_records(
         tool_prefix = tool[: min(tool.index(c) for c in GLOB_CHARS if c in tool)] or None
         checks.append(lambda record, pattern=tool: isinstance(record.get("tool"), str) and fnmatchcase(record["tool"], pattern))
         tool = None
-    for field, wanted in (("error_code", error_code), ("approval_id", approval_id)):
+    for field, wanted in (("error_code", error_code), ("approval_id", approval_id), ("kind", kind)):
         if wanted is not None:
             checks.append(lambda record, field=field, wanted=wanted: record.get(field) == wanted)
     where = RecordFilter(

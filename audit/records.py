@@ -43,6 +43,15 @@ KIND_APPROVAL = "approval"
 args_digest, policy_version, held_request_id: the request id of the held call) say which,
 who, how and why. Its `request_id` and `decision` are null: they name one call's records.
 """
+KIND_RELOAD = "reload"
+"""`kind` of a policy reload attempt: `trigger` (file, signal, http, api), `by` (the principal of an
+HTTP reload, else null), `ok`, `old_version` (serving before), `new_version` (loaded, or null when
+the new files did not load), `policy_version` (serving after: the new one, or the old one kept),
+`changed` (the version moved), `files` and, when refused, `error` and `problems` (`file:line`
+messages). Its `request_id` and `decision` are null: they name one call's records.
+"""
+KINDS = (KIND_DECISION, KIND_OUTCOME, KIND_APPROVAL, KIND_RELOAD)
+"""Every `kind` a record may carry (a whole call in one record has none): the `kind` query filter's values."""
 _CANONICAL_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z", re.ASCII)
 
 

@@ -39,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.checkpoint import CheckpointSchedule, CheckpointSigner, sign_checkpoint
 from audit.errors import LedgerError
+from audit.stats import AppendStats
 from audit.merkle import SUBTREE_STRIDE, CompactRange, CompletedSubtree
 from audit.records import (
     FORMAT,
@@ -96,6 +97,7 @@ class _Pending:
     entry: bytes
     fields: IndexFields
     future: asyncio.Future[Appended]
+    queued: float = 0.0  # perf_counter when appended: the append lag /metrics reports
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +139,7 @@ class SqliteLedger:
         self._frontier = frontier
         self._head = _Head(frontier.size, head_hash, frontier.root())
         self._batch_max = batch_max
+        self.stats = AppendStats()  # append lag and batch sizes, for /metrics
         self._batch_wait = batch_wait_ms / 1000.0
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._gate = threading.Lock()
@@ -248,6 +251,7 @@ class SqliteLedger:
             encode_entry(entry, ledger=str(self._path)),
             index_fields(entry),
             asyncio.get_running_loop().create_future(),
+            time.perf_counter(),
         )
         self._submit(item)
         return await item.future
@@ -376,8 +380,10 @@ class SqliteLedger:
             message = f"{self._path}: records {head.size + 1}..{seq} were not committed ({exc})"
             log.error("ledger.batch_failed", path=str(self._path), first_seq=head.size + 1, count=len(batch),
                       error=str(exc))
+            self.stats.failed()
             _settle([item.future for item in batch], [LedgerError(message) for _ in batch])
             return
+        self.stats.committed(time.perf_counter(), [item.queued for item in batch])
         self._frontier = grown
         self._head = _Head(seq, prev, grown.root())
         log.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),

@@ -183,6 +183,29 @@ class McpHttpSettings(Strict):
     session_idle_seconds: float = Field(default=1800.0, gt=0, description="legacy sessions unused this long are dropped")
 
 
+class ReloadSettings(Strict):
+    """Live policy reload (docs/operations.md#live-reload). SIGHUP and `POST /v1/admin/reload`
+    always work; `watch` adds reloading when a policy or rule file changes."""
+
+    watch: bool = Field(default=True, description="reload when a file of the policy changes (dharma serve and dharma stdio)")
+    debounce_ms: int = Field(default=300, ge=10, le=60_000, description="wait this long for an editor's burst of writes to end")
+
+
+class MetricsSettings(Strict):
+    """`GET /metrics` (Prometheus text format). By default it answers principals with role
+    `metrics` or `admin` (a scraper sends its API key as a bearer token); `public: true` serves it
+    to anyone who can reach the port (only for a bind that only the scraper reaches)."""
+
+    enabled: bool = True
+    public: bool = False
+
+
+class TracingSettings(Strict):
+    """OpenTelemetry spans (the `otel` extra): off by default, and then nothing of OpenTelemetry is imported."""
+
+    otel: bool = False
+
+
 class Settings(Strict):
     policy: Path = Field(
         default=PACKAGE_ROOT / "policies" / "standard.yaml",
@@ -200,6 +223,9 @@ class Settings(Strict):
     python_path: list[Path] = Field(default_factory=list, description="directories to import python upstreams from")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     auth: AuthSettings = AuthSettings()
+    reload: ReloadSettings = ReloadSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    tracing: TracingSettings = TracingSettings()
 
     @model_validator(mode="after")
     def _mcp_names_do_not_collide(self) -> Settings:

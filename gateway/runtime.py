@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import importlib
 import os
 import sys
@@ -128,8 +129,10 @@ async def open_gateway(
         if state_root is not None:
             overrides["state_root"] = str(state_root)
         settings = load_settings(Path(config) if config else None, os.environ, overrides)
-    compiled = load_policy(settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
+    loader = functools.partial(load_policy, settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
+    compiled = loader()
     keys = KeyStore.open(settings.state_dir)
+    tracer = open_tracer() if settings.tracing.otel else None  # before anything needs closing
     # MCP upstreams are not catalog backends: their tools are listed live, per session, at /mcp
     # (gateway.transports.mcp_http.app); `build_app` finds them through `gateway.settings`.
     backends = [*backends, *(build_backend(u, list(settings.python_path)) for u in settings.upstreams if not u.is_mcp)]
@@ -149,10 +152,11 @@ async def open_gateway(
     try:
         gateway = Gateway(
             compiled, backends, ledger=ledger, keys=keys, approval_store=approvals, approval_signals=signals,
-            approval_poll_seconds=settings.approvals.poll_seconds, policy_path=settings.policy,
+            approval_poll_seconds=settings.approvals.poll_seconds, policy_path=settings.policy, policy_loader=loader,
             dependencies=[ledger_probe(settings), *links], **shared,
         )
         gateway.settings = settings  # type: ignore[attr-defined]  # read by server.build_app (MCP upstreams)
+        gateway.tracer = tracer
         return gateway
     except ValueError as exc:
         await signals.aclose()
@@ -163,6 +167,16 @@ async def open_gateway(
         if close_approvals is not None:
             await close_approvals()
         raise ConfigError(str(exc)) from None
+
+
+def open_tracer() -> Any:
+    """OpenTelemetry spans (`tracing.otel: true`); the `otel` extra must be installed."""
+    try:
+        from gateway.tracing import OtelTracer
+
+        return OtelTracer()
+    except ImportError as exc:
+        raise ConfigError(f"tracing.otel needs OpenTelemetry: pip install 'dharma-gateway[otel]' ({exc})") from None
 
 
 def shared_stores(settings: Settings) -> dict[str, Any]:

@@ -589,11 +589,15 @@ async def test_reload_keeps_the_last_good_policy(setup):
     gateway, _, tmp = setup
     before = gateway.policy.version
     (tmp / "rules" / "call.yaml").write_text("apiVersion: dharma/v1\nkind: RuleSet\nmetadata: {name: x}\nrules:\n  - id: broken\n    when: '((('\n    effect: deny\n")
-    problems = gateway.reload()
-    assert problems is not None and "CEL syntax error" in str(problems)
-    assert gateway.policy.version == before
+    failed = await gateway.reload()
+    assert not failed.ok and "CEL syntax error" in failed.error and "call.yaml:" in failed.error
+    assert gateway.policy.version == before and gateway.policy_status().state == "degraded"
     (tmp / "rules" / "call.yaml").write_text("apiVersion: dharma/v1\nkind: RuleSet\nmetadata: {name: x}\nrules: []\n")
-    assert gateway.reload() is None and gateway.policy.version != before
+    done = await gateway.reload()
+    assert done.ok and done.changed and gateway.policy.version == done.new_version != before
+    assert gateway.policy_status().state == "ok"
+    reloads = [r for r in ledger_records(tmp) if r.get("kind") == "reload"]
+    assert [(r["ok"], r["policy_version"]) for r in reloads] == [(False, before), (True, done.new_version)]
 
 
 async def test_every_outcome_kind_lands_in_a_verifiable_ledger(setup):

@@ -34,6 +34,16 @@ def _time_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _kind_arg(text: str) -> str:
+    """A record kind for --kind; anything else is a usage error naming the kinds, not an empty result."""
+    from audit.query import check_kind
+
+    try:
+        return check_kind(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _count_arg(text: str) -> int:
     """A --limit: a whole number >= 0."""
     try:
@@ -168,6 +178,7 @@ def cmd_audit_query(args: argparse.Namespace) -> int:
             policy_version=args.policy_version,
             request_id=args.request_id,
             approval_id=args.approval_id,
+            kind=args.kind,
             since=args.since,
             until=args.until,
         )  # no limit here: it counts the rows shown (streamed, so it still stops early)
@@ -372,6 +383,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--policy-version", help="policy version the call was decided under")
     p.add_argument("--request-id", help="one call's request id")
     p.add_argument("--approval-id", help="calls bound to this approval")
+    p.add_argument("--kind", type=_kind_arg, metavar="KIND",
+                   help="only records of this kind, e.g. `reload` (every policy reload attempt) or `approval`")
     p.add_argument("--since", type=_time_arg, help="RFC 3339 time, e.g. 2026-11-22T00:00:00Z (inclusive)")
     p.add_argument("--until", type=_time_arg, help="RFC 3339 time (exclusive)")
     p.add_argument("--limit", type=_count_arg, help="at most this many records")

@@ -23,6 +23,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.runtime import open_gateway, require_policy, serve_announced
     from gateway.core.errors import ConfigError
     from gateway.transports.http_api.app import build_app
+    from gateway.watch import live_reload
 
     settings = settings_of(args)
     require_policy(settings)
@@ -36,7 +37,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         @contextlib.asynccontextmanager
         async def lifespan(app: Any) -> AsyncIterator[None]:
             try:
-                yield
+                async with live_reload(gateway, settings):  # SIGHUP and file changes reload the policy
+                    yield
             finally:
                 # Runs in uvicorn's shutdown, before it re-raises a captured SIGTERM (which would
                 # otherwise kill the process before the ledger writer and backends are closed).

@@ -6,7 +6,7 @@ stages write their findings on. No I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -157,6 +157,7 @@ class ToolCall:
     idempotency_key: str | None = None
     dry_run: bool = False
     approval_id: str | None = None
+    trace_context: Mapping[str, str] | None = None  # W3C traceparent/tracestate the client sent (MCP `_meta`)
 
 
 @dataclass(frozen=True, slots=True)

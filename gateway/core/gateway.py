@@ -7,6 +7,8 @@ before its outcome is returned; if the ledger cannot be written the call fails c
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -15,14 +17,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import anyio
 import structlog
 
 from gateway.core.backends import Backend
 from gateway.core.call import CallContext, Credentials, Decision, Outcome, Principal, ToolCall, ToolInfo
-from gateway.core.errors import PolicyErrors
+from gateway.core.errors import PolicyErrors, PolicyProblem
+from gateway.core.reload import PolicyStatus, ReloadAttempt, Trigger, failure_text, reload_entry
 from gateway.core.pipeline import Wiring, run, split, steps
 from gateway.crypto.receipts import KeyStore
 from gateway.logging import ensure_logging
+from gateway.metrics import Metrics
 from gateway.policy.compile import CompiledPolicy, load_policy
 from gateway.stages import HISTORY, store_down
 from gateway.stages.approval import SAFETY_POLL_SECONDS, ApprovalRecorder, ApprovalRefused, approver_refusal
@@ -63,6 +68,14 @@ class Dependency(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class CallTracer(Protocol):
+    """Spans around governed calls (`gateway.tracing.OtelTracer` when `tracing.otel` is on, else none)."""
+
+    def call_span(self, call: ToolCall) -> contextlib.AbstractContextManager[Any]: ...
+    def finish(self, span: Any, outcome: Outcome, policy_version: str, ledger_seq: int | None) -> None: ...
+    def outgoing(self) -> dict[str, str]: ...
 
 
 def new_request_id() -> str:
@@ -117,10 +130,20 @@ class Gateway:
         clock: Clock = time.time,
         policy_path: Path | None = None,
         dependencies: Sequence[Dependency] = (),
+        policy_loader: Callable[[], CompiledPolicy] | None = None,
     ) -> None:
         ensure_logging()
         self.policy = policy
         self.policy_path = policy_path
+        # reads and compiles the policy files again (a reload); by default the profile at policy_path
+        self.policy_loader = policy_loader or (
+            functools.partial(load_policy, policy_path, engine=policy.engine) if policy_path is not None else None
+        )
+        self.policy_loaded_at = clock()
+        self.last_reload: ReloadAttempt | None = None
+        self._reload_lock = anyio.Lock()
+        self.metrics = Metrics()
+        self.tracer: CallTracer | None = None  # set by runtime when tracing.otel is on
         self.ledger = ledger
         self.keys = keys
         self.clock = clock
@@ -182,20 +205,60 @@ class Gateway:
 
     # ---- policy ----------------------------------------------------------------------
 
-    def reload(self, path: Path | None = None) -> PolicyErrors | None:
-        """Load the policy again; on failure keep serving the last good one and return the errors."""
-        target = path or self.policy_path
-        if target is None:
-            return None
-        try:
-            fresh = load_policy(target, engine=self.policy.engine)
-        except PolicyErrors as exc:
-            log.error("policy.reload_failed", path=str(target), problems=[str(p) for p in exc.problems],
-                      keeping=self.policy.version)
-            return exc
-        self.policy, self.policy_path = fresh, target
-        log.info("policy.reloaded", path=str(target), version=fresh.version)
-        return None
+    async def reload(self, *, trigger: Trigger = "api", by: str | None = None) -> ReloadAttempt:
+        """Load, compile and check the policy files again; record the attempt in the ledger; then
+        serve the new policy. A policy that does not load, or an attempt the ledger cannot record,
+        keeps the last good one serving (logged with `file:line`, and shown by `policy_status`).
+
+        Calls already running finish under the policy they started with. Attempts run one at a time.
+        """
+        async with self._reload_lock:
+            old = self.policy
+            at = self.clock()
+            fresh: CompiledPolicy | None = None
+            problems: list[PolicyProblem] = []
+            if self.policy_loader is None:
+                problems = [PolicyProblem("", 0, "", "this gateway was given a compiled policy, not files to reload")]
+            else:
+                try:  # compiling can take a while: off the event loop, so calls keep flowing
+                    fresh = await anyio.to_thread.run_sync(self.policy_loader)
+                except PolicyErrors as exc:
+                    problems = list(exc.problems)
+                except (OSError, ValueError) as exc:
+                    problems = [PolicyProblem(str(self.policy_path or ""), 0, "", f"cannot read the policy: {exc}")]
+            attempt = ReloadAttempt(
+                at=rfc3339(at), trigger=trigger, by=by, ok=fresh is not None, old_version=old.version,
+                new_version=fresh.version if fresh else None, changed=fresh is not None and fresh.version != old.version,
+                error=None if fresh else failure_text(problems), problems=[str(p) for p in problems],
+            )
+            serving = fresh or old
+            try:
+                appended = await self.ledger.append(reload_entry(attempt, serving=serving.version, files=list(serving.files)))
+            except Exception as exc:  # every policy change is in the ledger before it takes effect
+                log.error("policy.reload_not_recorded", trigger=trigger, error=str(exc), keeping=old.version)
+                attempt = attempt.model_copy(update={
+                    "ok": False, "error": f"the karma ledger could not record this reload, so the policy was kept ({exc})"})
+            else:
+                attempt = attempt.model_copy(update={"ledger_seq": getattr(appended, "seq", None)})
+            if attempt.ok and fresh is not None:
+                self.policy, self.policy_loaded_at = fresh, at  # one assignment: a call reads it once, when it starts
+                log.info("policy.reloaded", trigger=trigger, by=by, old_version=old.version, version=fresh.version,
+                         changed=attempt.changed, ledger_seq=attempt.ledger_seq)
+            elif problems:
+                first = problems[0]
+                log.error("policy.reload_failed", trigger=trigger, by=by, file=first.file, line=first.line,
+                          error=attempt.error, problems=attempt.problems, keeping=old.version, ledger_seq=attempt.ledger_seq)
+            self.last_reload = attempt
+            self.metrics.reload(ok=attempt.ok, trigger=trigger)
+            return attempt
+
+    def policy_status(self) -> PolicyStatus:
+        """The policy being served and the last reload attempt (for /healthz and the approvals page)."""
+        policy, last = self.policy, self.last_reload
+        return PolicyStatus(
+            name=policy.name, version=policy.version, files=list(policy.files), loaded_at=rfc3339(self.policy_loaded_at),
+            state="degraded" if last is not None and not last.ok else "ok", last_reload=last,
+        )
 
     # ---- approvals -------------------------------------------------------------------
 
@@ -275,6 +338,7 @@ class Gateway:
         refusal: Decision | None = None,
         tool: ToolInfo | None = None,
         backend: Backend | None = None,
+        policy: CompiledPolicy | None = None,
     ) -> Governed:
         """Run one call through the pipeline, the backend, the ledger and the signer.
 
@@ -284,9 +348,11 @@ class Gateway:
         already decided (malformed input): it is recorded and signed like any other decision.
         `tool` and `backend` let a transport that proxies one upstream session (MCP) supply the
         tool definition it saw and the connection to forward on, instead of the catalog's.
+        `policy` pins the policy a transport read when the call began (an MCP call governed again
+        after its approval stays under the policy that held it); default: the one serving now.
         """
         started = self.clock()
-        policy = self.policy
+        policy = policy or self.policy  # read once: the call finishes under this policy whatever reloads meanwhile
         ctx = CallContext(
             call=call,
             now=datetime.fromtimestamp(started, UTC),
@@ -305,9 +371,35 @@ class Gateway:
             except StoreUnavailable as exc:  # sequence and karma rules cannot be judged: fail closed
                 log.error("history.store_down", request_id=call.request_id, error=str(exc))
                 ctx.decision = ctx.decision or store_down(exc, HISTORY)
-        await run(self.stages, self.after_decision, ctx, policy)
-        assert ctx.outcome is not None and ctx.response is not None
-        return Governed(ctx.outcome, ctx.response)
+        metrics = self.metrics
+        if self.tracer is None:
+            await run(self.stages, self.after_decision, ctx, policy, metrics.stage)
+        else:
+            with self.tracer.call_span(call) as span:
+                await run(self.stages, self.after_decision, ctx, policy, metrics.stage)
+                if ctx.outcome is not None:
+                    self.tracer.finish(span, ctx.outcome, policy.version, ctx.outcome.ledger_seq)
+        outcome = ctx.outcome
+        assert outcome is not None and ctx.response is not None
+        decision = outcome.decision
+        metrics.call(
+            tool=call.tool, known=ctx.tool is not None, decision=decision.effect.value, status=outcome.status.value,
+            error_code=outcome.error_code.value if outcome.error_code else None,
+            rules=[(m.rule_id, m.effect.value, m.mode.value) for m in decision.matched],
+            backend=ctx.tool.backend if ctx.tool else None, seconds=self.clock() - started,
+        )
+        return Governed(outcome, ctx.response)
+
+    async def upstreams_up(self, extra: Sequence[str] = ()) -> dict[str, bool]:
+        """Per backend (and each of `extra`, e.g. /mcp's upstreams): False while its circuit breaker
+        is open (the gateway refuses its calls), else True. A breaker store that is down reads as down."""
+        now, policy, out = self.clock(), self.policy, {}
+        for name in dict.fromkeys([*self._backends, *extra]):
+            try:
+                out[name] = await self.breaker.store.check(name, now=now, reset_seconds=policy.breaker_reset_seconds) <= 0
+            except StoreUnavailable:
+                out[name] = False
+        return out
 
     async def health(self) -> dict[str, str | None]:
         """Each dependency's state: None when up, else why it is down (/healthz)."""

@@ -15,6 +15,7 @@ exists. No I/O of its own: the ledger, keys and stores come in through `Wiring`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from dataclasses import dataclass
 
 import structlog
@@ -90,9 +91,14 @@ def split(all_steps: Sequence[Stage | Step]) -> tuple[tuple[Stage, ...], tuple[S
     return tuple(all_steps[:at]), tuple(all_steps[at:])  # type: ignore[arg-type]
 
 
-async def decide(stages: Sequence[Stage], ctx: CallContext, policy: CompiledPolicy) -> Decision:
+Timer = Callable[[str, float], None]
+"""Told each step's name and the seconds it took (the gateway's metrics)."""
+
+
+async def decide(stages: Sequence[Stage], ctx: CallContext, policy: CompiledPolicy, timer: Timer | None = None) -> Decision:
     """The pipeline's decision for one call: the first block, else the rules' verdict, else allow."""
     for stage in stages:
+        started = perf_counter()
         try:
             decision = await stage(ctx, policy)
         except StoreUnavailable as exc:
@@ -106,19 +112,25 @@ async def decide(stages: Sequence[Stage], ctx: CallContext, policy: CompiledPoli
                 None,
                 stage=stage.name,
             )
+        if timer is not None:
+            timer(stage.name, perf_counter() - started)
         if decision is not None:
             return decision
     return ctx.rules_decision or ALLOW
 
 
 async def run(
-    stages: Sequence[Stage], after: Sequence[Step], ctx: CallContext, policy: CompiledPolicy
+    stages: Sequence[Stage], after: Sequence[Step], ctx: CallContext, policy: CompiledPolicy, timer: Timer | None = None
 ) -> CallContext:
-    """Run one call through the declaration: decide (unless a decision is already on `ctx`), then act."""
+    """Run one call through the declaration: decide (unless a decision is already on `ctx`), then act.
+    `timer`, if given, hears how long each step took."""
     if ctx.decision is None:
-        ctx.decision = await decide(stages, ctx, policy)
+        ctx.decision = await decide(stages, ctx, policy, timer)
     if not ctx.argument_digest:  # the sanitizer did not get to it: digest what arrived
         ctx.argument_digest = safe_digest(ctx.call.arguments)
     for step in after:
+        started = perf_counter()
         await step(ctx, policy)
+        if timer is not None:
+            timer(step.name, perf_counter() - started)
     return ctx

@@ -43,6 +43,7 @@ from gateway.mcp import governance as gov
 from gateway.mcp import holding, jsonrpc
 from gateway.mcp.jsonrpc import Request
 from gateway.mcp.pins import PinStore, observe_or_distrust
+from gateway.policy.compile import CompiledPolicy
 from gateway.stages.tier_gate import is_granted, visible_tools
 
 log = structlog.get_logger()
@@ -256,21 +257,22 @@ class ToolsCall:
         refusal = gov.task_refusal(name) if task and gov.task_conflicts(policy, name) else None
         mrtr = site.modern and ap.can_elicit(site.capabilities)
         forward = port.forwarder(req, entry) if entry is not None and info is not None else None
-        outcome, answer = await self._govern(site, req, call, info, forward, probe, refusal, mrtr=mrtr)
+        outcome, answer = await self._govern(site, req, call, info, forward, probe, refusal, mrtr=mrtr, policy=policy)
         if outcome.status is not Status.PENDING_APPROVAL or not outcome.approval_id or mrtr:
             return answer
         if task:
             await self.gateway.approvals.expire(outcome.approval_id)  # a task cannot wait for a human
             call = dataclasses.replace(call, request_id=new_request_id())
-            return (await self._govern(site, req, call, info, forward, probe, gov.task_refusal(name)))[1]
+            return (await self._govern(site, req, call, info, forward, probe, gov.task_refusal(name), policy=policy))[1]
         if not await self._wait_for_approval(port, site, req, outcome, name, arguments):
             return None
         call = dataclasses.replace(call, approval_id=outcome.approval_id, request_id=new_request_id())
         forward = port.forwarder(req, entry) if entry is not None and info is not None else None
-        return (await self._govern(site, req, call, info, forward, probe))[1]
+        return (await self._govern(site, req, call, info, forward, probe, policy=policy))[1]  # the policy that held it
 
     async def _govern(self, site: CallSite, req: Request, call: ToolCall, info: ToolInfo | None, forward: Forwarder | None,
-                      probe: _Probe, refusal: Decision | None = None, *, mrtr: bool = False) -> tuple[Outcome, Answer]:
+                      probe: _Probe, refusal: Decision | None = None, *, mrtr: bool = False,
+                      policy: CompiledPolicy | None = None) -> tuple[Outcome, Answer]:
         """Govern the call once. With `mrtr` (a 2026 client that can elicit) a hold becomes an
         `input_required` result carrying the gateway's sealed `requestState`, and nothing waits."""
         rendered: dict[str, Any] = {}
@@ -292,7 +294,7 @@ class ToolsCall:
 
         params = req.params if isinstance(req.params, dict) else {}
         governed = await self.gateway.govern(call, render=render, request={"method": "tools/call", "params": params},
-                                             refusal=refusal, tool=info, backend=forward)
+                                             refusal=refusal, tool=info, backend=forward, policy=policy)
         outcome = governed.outcome
         if rendered.get("kind") == "error":
             return outcome, Answer({"jsonrpc": "2.0", "id": req.id, "error": rendered["body"]["error"]}, rendered["status"])

@@ -390,6 +390,10 @@ def task_refusal(tool: str) -> Decision:
     )
 
 
+TRACE_KEYS = ("traceparent", "tracestate")
+"""The W3C trace-context keys an MCP request carries in `params._meta` (read when tracing is on)."""
+
+
 def tool_call(name: str, arguments: Any, meta: Any, *, request_id: str, credentials: Credentials, method: str,
               protocol_version: str | None, session_id: str | None) -> ToolCall:
     """The `ToolCall` an MCP `tools/call` (or a refused message, `method`) is governed as.
@@ -397,6 +401,7 @@ def tool_call(name: str, arguments: Any, meta: Any, *, request_id: str, credenti
     The purpose comes from `_meta["dharma.gateway/purpose"]` when the client gave a string.
     """
     purpose = meta.get(PURPOSE_META_KEY) if isinstance(meta, dict) else None
+    traced = {k: meta[k] for k in TRACE_KEYS if isinstance(meta.get(k), str)} if isinstance(meta, dict) else None
     return ToolCall(
         tool=name,
         arguments=arguments,
@@ -406,4 +411,5 @@ def tool_call(name: str, arguments: Any, meta: Any, *, request_id: str, credenti
         method=method,
         protocol_version=protocol_version,
         session_id=session_id,
+        trace_context=traced or None,
     )

@@ -246,17 +246,22 @@ def build_app(
         return JSONResponse(gateway.keys.jwks(), headers={"cache-control": "public, max-age=300"})
 
     async def healthz(request: Request) -> Response:
-        """200 when every dependency answers, else 503 naming what is down (`dependencies`)."""
+        """200 when every dependency answers, else 503 naming what is down (`dependencies`). A failed
+        policy reload is "degraded" with 200: the last good policy still serves (`policy_status`)."""
         deps = await gateway.health()
         down = {name: why for name, why in deps.items() if why is not None}
+        policy = gateway.policy_status()
         body = {
-            "status": "degraded" if down else "ok",
-            "policy": gateway.policy.name,
-            "policy_version": gateway.policy.version,
+            "status": "degraded" if down or policy.state != "ok" else "ok",
+            "policy": policy.name,
+            "policy_version": policy.version,
+            "policy_status": policy.model_dump(),
             "dependencies": {name: {"status": "down", "error": why} if why else {"status": "up"} for name, why in deps.items()},
         }
-        if down:
-            body["message"] = "; ".join(down.values())
+        problems = [*down.values(), *([f"policy reload failed, serving the last good policy: {policy.last_reload.error}"]
+                                      if policy.state != "ok" and policy.last_reload else [])]
+        if problems:
+            body["message"] = "; ".join(problems)
         return JSONResponse(body, status_code=503 if down else 200)
 
     routes = [
@@ -270,6 +275,9 @@ def build_app(
     from gateway.transports.http_api.audit import audit_routes
 
     routes += audit_routes(gateway)
+    from gateway.transports.http_api.ops import ops_routes
+
+    routes += ops_routes(gateway, settings)
     if mcp is not None:
         path = getattr(getattr(getattr(gateway, "settings", None), "mcp", None), "path", "/mcp")
         routes.append(Route(path, mcp))  # a pure ASGI app: SSE is streamed, never buffered

@@ -32,7 +32,7 @@ from audit import proofs
 from audit.canon import canonical_bytes
 from audit.checkpoint import CheckpointSigner, parse_checkpoint
 from audit.errors import LedgerError
-from audit.query import call_rows, check_time, query_records
+from audit.query import call_rows, check_kind, check_time, query_records
 from audit.records import index_fields, normalize_time
 from gateway.core.errors import ConfigError, ErrorCode
 from gateway.core.gateway import LEDGER_ORIGIN, Gateway
@@ -67,6 +67,7 @@ class RecordsQuery(BaseModel):
     policy_version: str | None = None
     request_id: str | None = None
     approval_id: str | None = None
+    kind: str | None = None
     since: str | None = None
     until: str | None = None
     limit: int = Field(PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE)
@@ -80,6 +81,11 @@ class RecordsQuery(BaseModel):
         if value is not None and value not in allowed:
             raise ValueError(f"{value!r} is not one of: {', '.join(allowed)}")
         return value
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str | None) -> str | None:
+        return None if value is None else check_kind(value)
 
     @field_validator("since", "until")
     @classmethod

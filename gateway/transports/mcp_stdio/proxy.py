@@ -402,6 +402,11 @@ class _Forwarder(gov.AnswerRecorder):
         message = req.message
         if (params.get("arguments") or {}) != arguments:
             message = {**message, "params": {**params, "arguments": arguments}}
+        tracer = proxy.gateway.tracer
+        if tracer is not None:  # the server's span becomes a child of the gateway's
+            params = message.get("params") if isinstance(message.get("params"), dict) else {}
+            meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+            message = {**message, "params": {**params, "_meta": {**meta, **tracer.outgoing()}}}
         waiter = proxy.waiters[req.id] = _Waiter("server")
         try:
             try:
@@ -451,6 +456,7 @@ async def serve_stdio(
     """
     from gateway.core.errors import ConfigError
     from gateway.runtime import open_gateway, pin_store_for
+    from gateway.watch import live_reload
 
     try:
         first = await spawn_server(command)
@@ -472,7 +478,8 @@ async def serve_stdio(
             client = ClientPipes()
             await client.open()
             running = True
-            return await proxy.run(client, first)
+            async with live_reload(gateway, settings):  # SIGHUP and file changes reload the policy
+                return await proxy.run(client, first)
         finally:
             await gateway.aclose()
     finally:
