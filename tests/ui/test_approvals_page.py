@@ -6,13 +6,15 @@ Each test ends by checking that the page logged no console error."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 from playwright.sync_api import expect
 
-from tests.ui.conftest import KEYS, Console, HeldCall, Served, login, screenshot, wait_for
+from tests.ui.conftest import KEYS, RULES, Console, HeldCall, Served, login, screenshot, serve_dharma, wait_for
 
 @pytest.fixture(autouse=True)
 def no_console_errors(console: Console) -> Any:
@@ -212,3 +214,23 @@ def test_posts_from_another_origin_or_without_the_login_token_are_refused(served
             lines = stream.iter_lines()
             assert next(lines) == "retry: 2000"
             assert next(line for line in lines if line.startswith("event:")) == "event: pending"
+
+
+def test_a_broken_reload_shows_on_the_policy_page_while_the_last_good_policy_serves(tmp_path: Path, page_for: Any) -> None:
+    """Live reload's third place to say why (after the log and /healthz): the page names the
+    failed reload and the rule's file:line, and still shows the last good version."""
+    with serve_dharma(tmp_path) as gateway:
+        admin = {"X-API-Key": KEYS["admin"]}
+        good = httpx.get(gateway.base + "/healthz", timeout=30).json()["policy_version"]
+        broken = {**RULES, "rules": [*RULES["rules"], {"id": "broken", "tools": ["*"], "when": "(((", "effect": "deny"}]}
+        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(broken, sort_keys=False), encoding="utf-8")
+        answer = httpx.post(gateway.base + "/v1/admin/reload", headers=admin, timeout=60)
+        assert answer.status_code == 422 and answer.json()["reload"]["ok"] is False, answer.text
+        page = page_for()
+        login(page, gateway.base, "auditor")
+        page.goto(gateway.base + "/ui/policy")
+        alert = page.locator("#reload-error")
+        expect(alert).to_contain_text("failed")
+        expect(alert).to_contain_text(re.compile(r"rules\.yaml:\d+"))
+        expect(page.locator("#policy-version")).to_have_text(good)
+        screenshot(page, "policy-degraded")

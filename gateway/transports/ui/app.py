@@ -409,7 +409,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
 
     async def policy(request: Request) -> Response:
         found = require(request, UI_ROLES, "the policy page")
-        return page(request, "policy.html", found, policy=gateway.policy)
+        return page(request, "policy.html", found, policy=gateway.policy, policy_status=gateway.policy_status())
 
     routes: list[BaseRoute] = [
         Route(PREFIX, guarded(home), methods=["GET"]),
