@@ -132,7 +132,7 @@ _CREDENTIAL: Final = re.compile(
 
 # ---- URLs and sending data -------------------------------------------------------------------
 
-_URL: Final = re.compile(r"\b(?:https?|wss?|ftp)://[^\s<>\"'`)\]}]*[^\s<>\"'`)\]},.;:!?]", re.I)
+_URL: Final = re.compile(r"\b(?:https?|wss?|ftp)://[^\s<>\"'`)\]]*[^\s<>\"'`)\],.;:!?]", re.I)
 _URL_PLACEHOLDER: Final = re.compile(r"\{[^}]*\}|%7b|<[^>]*>|%3c|\$\{?\w+|\[[a-z_ ]+\]|…|\.\.\.|xxx", re.I)
 _DATA_PARAM: Final = re.compile(
     r"[?&#](?:data|d|q|c|content|contents|payload|body|text|msg|message|info|key|keys|token|secret|secrets|session|sess|sid"
