@@ -92,7 +92,18 @@ _INSTRUCTION_PATTERNS: Final = (
     r"\bthis\s+is\s+(?:a\s+|an\s+)?(?:mandatory|required|critical)\s+(?:step|instruction|requirement)",
     r"\botherwise\s+the\s+tool\s+will\s+(?:not\s+work|fail)",
 )  # fmt: skip
-_INSTRUCTION: Final = re.compile("|".join(f"(?:{p})" for p in _INSTRUCTION_PATTERNS), re.I)
+_AI_WORDS = (" ai", "assistant", "model", "llm", "agent", "claude", "gpt", "copilot", "bot")
+#: The words one of each pattern's matches must contain (lower case): a pattern runs only on text
+#: that has one of them (`in` is C-fast; one alternation of every pattern costs ~2 µs a character).
+_INSTRUCTION_GATES: Final = (
+    ("<",), ("[",), ("system", "admin", "developer"), ("note",), ("ignor", "disregard", "forget", "overrid", "bypass"),
+    ("instruction",), ("you are now",), ("user",), ("without",), ("user",), ("keep",), ("before",), ("this tool",),
+    ("this tool",), ("instead of",), ("user",), ("you ",), _AI_WORDS, _AI_WORDS, ("mandatory", "required", "critical"),
+    ("otherwise",),
+)  # fmt: skip
+_INSTRUCTIONS: Final = tuple(
+    (gate, re.compile(p, re.I)) for gate, p in zip(_INSTRUCTION_GATES, _INSTRUCTION_PATTERNS, strict=True)
+)
 # A phrase quoted as an example rather than given as an order: "detects phrases like 'ignore …'".
 _MENTION: Final = re.compile(
     r"(?:such\s+as|like|e\.g\.|i\.e\.|for\s+example|for\s+instance|example[s:]?|detects?|detecting|detection\s+of|"
@@ -158,14 +169,13 @@ _CALL_TOOL: Final = re.compile(
     r"|\b(?:call|invoke)\s+[`'\"]?([A-Za-z][\w.-]*[_.-][\w.-]*|[a-z]+[A-Z]\w*)[`'\"]?",
 )
 _NOT_A_TOOL: Final = frozenset({"this", "that", "the", "a", "an", "another", "any", "each", "every", "same", "other", "your"})
-_TRIGGERS: Final = re.compile(
-    r"ignor|disregard|forget|overrid|bypass|instruction|tool|user|assistant|\bai\b|model|agent|system|admin|note|"
-    r"important|must|should|never|secret|instead|always|first|before|without|keep|call|invoke|ssh|id_|\.env|aws|"
-    r"key|token|password|credential|passphrase|cookie|phrase|mnemonic|netrc|npmrc|pypirc|passwd|shadow|kube|docker|"
-    r"keychain|wallet|gnupg|gcloud|content|://|send|post|upload|forward|email|mail|exfil|leak|<|\[|`|mandatory|"
-    r"required|otherwise|llm|claude|gpt|copilot|bot|dear|attention",
-    re.I,
-)
+_CREDENTIAL_GATE: Final = (
+    ".ssh", "id_", ".aws", ".env", ".netrc", ".npmrc", ".pypirc", "credentials", ".docker", ".kube", "/etc/", "mcp.json",
+    "claude_desktop", "gcloud", "wallet.dat", ".gnupg", "keychain", "key", "token", "password", "passphrase", "seed",
+    "recovery", "mnemonic", "environment", "env", "cookie", "content",
+)  # fmt: skip
+_SEND_GATE: Final = ("://", "@", "url", "endpoint", "address", "server", "webhook", "email", "inbox")
+_CALL_GATE: Final = ("call", "use", "invoke", "run", "trigger", "execute")
 
 
 def _excerpt(text: str, start: int, end: int) -> str:
@@ -236,24 +246,28 @@ def scan_text(raw: str, where: str, other_tools: Iterable[str] = (), *, own_name
         if m.group(1).strip():
             findings.append(Finding("hidden_markup", where, "markdown comment", _excerpt(text, m.start(), m.end())))
     findings.extend(_urls(text, where))
-    if not _TRIGGERS.search(text):
-        return findings
     prose = _blank(text, _FENCE.finditer(text)) if "```" in text or "~~~" in text else text
+    low = prose.lower()
     code = [(m.start(), m.end()) for m in _INLINE_CODE.finditer(prose)] if "`" in prose else []
-    for m in _INSTRUCTION.finditer(prose):
-        if not _mentioned(prose, m.start(), code):
-            findings.append(Finding("hidden_instruction", where, "an instruction to the model", _excerpt(prose, m.start(), m.end())))
+    for gate, rx in _INSTRUCTIONS:
+        if any(word in low for word in gate) and _first(rx, prose, code, findings, "hidden_instruction", "an instruction to the model", where):
             break
-    for m in _CREDENTIAL.finditer(prose):
-        if not _mentioned(prose, m.start(), code):
-            findings.append(Finding("credential_request", where, "asks for credentials", _excerpt(prose, m.start(), m.end())))
-            break
-    for m in _SEND.finditer(prose):
-        if not _mentioned(prose, m.start(), code):
-            findings.append(Finding("exfiltration", where, "asks to send data", _excerpt(prose, m.start(), m.end())))
-            break
-    findings.extend(_tool_references(prose, where, other_tools, own_name, code))
+    if any(word in low for word in _CREDENTIAL_GATE):
+        _first(_CREDENTIAL, prose, code, findings, "credential_request", "asks for credentials", where)
+    if any(word in low for word in _SEND_GATE):
+        _first(_SEND, prose, code, findings, "exfiltration", "asks to send data", where)
+    findings.extend(_tool_references(prose, low, where, other_tools, own_name, code))
     return findings[:_MAX_FINDINGS]
+
+
+def _first(rx: re.Pattern[str], prose: str, code: list[tuple[int, int]], findings: list[Finding], kind: str, detail: str,
+           where: str) -> bool:
+    """Add the first match of `rx` in `prose` that is not a quoted example as a finding; True if one was."""
+    for m in rx.finditer(prose):
+        if not _mentioned(prose, m.start(), code):
+            findings.append(Finding(kind, where, detail, _excerpt(prose, m.start(), m.end())))
+            return True
+    return False
 
 
 def _urls(text: str, where: str) -> Iterator[Finding]:
@@ -280,10 +294,11 @@ def _placeholder_value(query: str) -> bool:
     return False
 
 
-def _tool_references(prose: str, where: str, other_tools: Iterable[str], own_name: str, code: list[tuple[int, int]]) -> Iterator[Finding]:
+def _tool_references(prose: str, low: str, where: str, other_tools: Iterable[str], own_name: str,
+                     code: list[tuple[int, int]]) -> Iterator[Finding]:
     seen: set[str] = set()
     for name in other_tools:
-        if name == own_name or name in seen or len(name) < 3:
+        if name == own_name or name in seen or len(name) < 3 or name.lower() not in low:
             continue
         plain = name.isalpha() and name.islower()  # "fetch", "search": only when named as a tool
         pattern = (rf"[`'\"]{re.escape(name)}[`'\"]|\b{re.escape(name)}\s+(?:tool|function)\b"
@@ -293,6 +308,8 @@ def _tool_references(prose: str, where: str, other_tools: Iterable[str], own_nam
         if m is not None:
             seen.add(name)
             yield Finding("tool_reference", where, name, _excerpt(prose, m.start(), m.end()))
+    if not any(word in low for word in _CALL_GATE):
+        return
     for m in _CALL_TOOL.finditer(prose):
         name = m.group(1) or m.group(2)
         if name and name.lower() not in _NOT_A_TOOL and name != own_name and name not in seen and not _mentioned(prose, m.start(), []):
