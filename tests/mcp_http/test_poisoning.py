@@ -1,6 +1,7 @@
 """Tool poisoning over /mcp (issue 10): the shipped tool_definitions rules hide a poisoned tool
 from `tools/list` and answer a call to it like an unknown tool, for one upstream and for several
-(prefixed) ones, in both protocol eras; an injected result is withheld. The upstream is the
+(prefixed) ones, in both protocol eras; an injected result is withheld. The generous backend
+timeout covers two stdio upstreams starting at once on a loaded machine. The upstream is the
 real SDK server tests/mcp/servers/poison_server.py, launched over stdio behind /mcp."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def poison_upstream(id: str, prefix: str = "") -> dict[str, object]:
 @pytest.mark.parametrize("prefixes", [[""], ["a_", "b_"]], ids=["one-upstream", "two-upstreams"])
 async def test_poisoned_tool_is_hidden_over_http(tmp_path: Path, mode: str, prefixes: list[str]) -> None:
     grants = [{"tools": [f"{p}get_*" for p in prefixes] + [f"{p}search_*" for p in prefixes]}]
-    policy = write_profile(tmp_path / "policy", tiers=[{"name": "user", "grants": grants}, {"name": "admin", "grants": [{"tools": ["*"]}]}], rule_sets=RULES)
+    policy = write_profile(tmp_path / "policy", backend_timeout_seconds=30.0, tiers=[{"name": "user", "grants": grants}, {"name": "admin", "grants": [{"tools": ["*"]}]}], rule_sets=RULES)
     ups = [poison_upstream(f"up{i}", p) for i, p in enumerate(prefixes)]
     async with serve_gateway(tmp_path, ups, policy) as gw:
         async with client(gw.url, "alice-key", mode=mode) as c:
