@@ -84,6 +84,7 @@ def cmd_tools_pins(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     if args.changed:
         rows = [r for r in rows if r["changed"]]
+    _add_findings(rows)
     if args.json:
         for row in rows:
             out(json.dumps(row, ensure_ascii=False, sort_keys=True))
@@ -96,8 +97,28 @@ def cmd_tools_pins(args: argparse.Namespace) -> int:
         if row["changed"]:
             for line in diff_definitions(row["definition"], row["seen_definition"]):
                 out(f"    {line}")
+        for finding in row["findings"]:
+            out(f"    finding: {finding['kind']} at {finding['path']}: {finding['excerpt'] or finding['detail']}")
+        if row["findings"] and not row["changed"]:
+            out("    accepted as it is" if row["accepted"] else "    hidden by the shipped rules until accepted")
+        if row["changed"] or (row["findings"] and not row["accepted"]):
             out(f"    accept with: dharma tools accept {row['backend']} {row['tool']}")
     return EXIT_OK
+
+
+def _add_findings(rows: list[dict[str, Any]]) -> None:
+    """Each pin's definition scan (of the changed definition, if one was seen): what
+    `tool.findings` holds for it, and whether an operator accepted it as it is."""
+    from gateway.stages.sanitizer.instructions import scan_definition
+
+    names: dict[str, list[str]] = {}
+    for row in rows:
+        names.setdefault(row["backend"], []).append(row["tool"])
+    for row in rows:
+        current = row["seen_definition"] if row["changed"] else row["definition"]
+        found = scan_definition(current, names[row["backend"]]) if isinstance(current, dict) else ()
+        row["findings"] = [f.as_cel() for f in found]
+        row["accepted"] = not row["changed"] and row.get("accepted_digest") == row["digest"]
 
 
 def cmd_tools_accept(args: argparse.Namespace) -> int:
@@ -124,5 +145,5 @@ def cmd_tools_accept(args: argparse.Namespace) -> int:
         out("nothing to accept: no changed definition was seen")
         return EXIT_OK
     for name in accepted:
-        out(f"accepted the new definition of {args.backend} {name}")
+        out(f"accepted the current definition of {args.backend} {name}" + (" as it is, findings included" if args.tool else ""))
     return EXIT_OK

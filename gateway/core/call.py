@@ -19,13 +19,18 @@ if TYPE_CHECKING:
 
 
 class Effect(StrEnum):
-    """What a rule or stage decides. Ordered by precedence: deny overrides everything."""
+    """What a rule or stage decides. Ordered by precedence: deny overrides everything.
+
+    `hide` is the effect of a visibility rule (evaluated per tool, at `tools/list` and before a
+    call): a hidden tool is neither listed nor callable, and a call to it answers like an unknown tool.
+    """
 
     ALLOW = "allow"
     WARN = "warn"
     REDACT = "redact"
     REQUIRE_APPROVAL = "require_approval"
     DENY = "deny"
+    HIDE = "hide"
 
     @property
     def rank(self) -> int:
@@ -38,6 +43,7 @@ _EFFECT_RANK = {
     Effect.REDACT: 2,
     Effect.REQUIRE_APPROVAL: 3,
     Effect.DENY: 4,
+    Effect.HIDE: 5,
 }
 
 
@@ -137,7 +143,8 @@ class ToolInfo:
     output_schema: dict[str, Any] | None = None
     digest: str = ""
     changed: bool = False
-    findings: tuple[Finding, ...] = ()
+    findings: tuple[Finding, ...] = ()  # what the definition scan found (sanitizer/instructions.py)
+    accepted: bool = False  # an operator accepted exactly this definition (`dharma tools accept`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,9 +42,9 @@ from gateway.mcp import approval as ap
 from gateway.mcp import governance as gov
 from gateway.mcp import holding, jsonrpc
 from gateway.mcp.jsonrpc import Request
-from gateway.mcp.pins import PinStore, observe_or_distrust
+from gateway.mcp.pins import DISTRUSTED, PinStore, observe_or_distrust
 from gateway.policy.compile import CompiledPolicy
-from gateway.stages.tier_gate import is_granted, visible_tools
+from gateway.stages.tier_gate import is_visible, visible_tools
 
 log = structlog.get_logger()
 
@@ -235,14 +235,14 @@ class ToolsCall:
         info: ToolInfo | None = None
         if entry is not None:
             known = None if entry.digest is None else [entry.digest]
-            changed = (await observe_or_distrust(self.pins, entry.backend, [entry.definition], known)).get(entry.definition["name"], True)
+            pin = (await observe_or_distrust(self.pins, entry.backend, [entry.definition], known)).get(entry.definition["name"], DISTRUSTED)
             same_name = entry.definition["name"] == name  # else the client-facing definition has its own digest
-            info = gov.tool_info({**entry.definition, "name": name}, entry.backend, changed=changed,
-                                 digest=entry.digest if same_name else None)
+            info = gov.tool_info({**entry.definition, "name": name}, entry.backend, changed=pin.changed,
+                                 digest=entry.digest if same_name else None, accepted=pin.accepted,
+                                 names=frozenset(port.known_names()))
         policy = self.gateway.policy
         principal = self.gateway.principal_for(site.credentials)
-        visible = (info is not None and principal is not None
-                   and is_granted(policy, principal, name, policy.annotations_for(name, info.annotations)))
+        visible = info is not None and principal is not None and is_visible(policy, principal, info)
         probe = _Probe()
         if not visible and principal is not None:
             alike = gov.lookalike_of(name, set(port.known_names()))
@@ -372,15 +372,20 @@ def registered(holds: dict[Any, anyio.CancelScope], key: Any, scope: anyio.Cance
 
 
 async def visible_names(gateway: Gateway, pins: PinStore, credentials: Credentials, backend: str,
-                  named: list[tuple[str, dict[str, Any]]]) -> set[str]:
+                  named: list[tuple[str, dict[str, Any]]], names: Iterable[str] | None = None) -> set[str]:
     """The client names among `named` (client name, definition as the upstream sent it) that the
     caller may see; observing the definitions against their pins on the way (a changed one is
-    `tool.changed` to the rules that decide)."""
+    `tool.changed` to the rules that decide) and scanning them (`tool.findings`; `names` are the
+    tools the client may be shown, as the call flow's `CallPort.known_names`)."""
     principal = gateway.principal_for(credentials)
     if principal is None:
         return set()
-    changed = await observe_or_distrust(pins, backend, [t for _, t in named])
-    infos = [gov.tool_info({**t, "name": cname}, backend, changed=changed.get(t["name"], False)) for cname, t in named]
+    pins_now = await observe_or_distrust(pins, backend, [t for _, t in named])
+    known = frozenset(names if names is not None else (c for c, _ in named))
+    infos = []
+    for cname, t in named:
+        pin = pins_now.get(t["name"], DISTRUSTED)
+        infos.append(gov.tool_info({**t, "name": cname}, backend, changed=pin.changed, accepted=pin.accepted, names=known))
     return {t.name for t in visible_tools(gateway.policy, principal, infos)}
 
 

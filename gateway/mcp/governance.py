@@ -25,11 +25,12 @@ from typing import Any
 
 from audit.canon import digest
 from gateway.core.backends import BackendResult
-from gateway.core.call import BlockClass, Credentials, Decision, Effect, Outcome, Status, ToolCall, ToolInfo
+from gateway.core.call import BlockClass, Credentials, Decision, Effect, Finding, Outcome, Status, ToolCall, ToolInfo
 from gateway.core.errors import CallError, ErrorCode
 from gateway.mcp import jsonrpc
 from gateway.mcp.versions import HEADER_MISMATCH
 from gateway.policy.compile import CompiledPolicy
+from gateway.stages.sanitizer.instructions import scan_definition
 from gateway.stages.sanitizer.walk import SanitizeError, compile_schema
 from gateway.crypto.receipts import RECEIPT_META_KEY
 
@@ -89,12 +90,34 @@ def definition_digest(tool: dict[str, Any]) -> str:
     )
 
 
-def tool_info(tool: dict[str, Any], backend: str, *, changed: bool = False, digest: str | None = None) -> ToolInfo:
-    """The gateway's view of an MCP tool definition; `digest` is its `definition_digest` if already taken."""
+_FINDINGS: dict[tuple[str, frozenset[str]], tuple[Finding, ...]] = {}
+_MAX_CACHED = 4096
+
+
+def definition_findings(tool: dict[str, Any], digest: str, names: frozenset[str] = frozenset()) -> tuple[Finding, ...]:
+    """The definition scan's findings (`tool.findings`), taken once per definition digest and set of
+    other tool names (`names`: the tools the same upstream lists, for `tool_reference`)."""
+    key = (digest, names)
+    hit = _FINDINGS.get(key)
+    if hit is None:
+        hit = scan_definition(tool, names)
+        if len(_FINDINGS) >= _MAX_CACHED:
+            _FINDINGS.clear()
+        _FINDINGS[key] = hit
+    return hit
+
+
+def tool_info(tool: dict[str, Any], backend: str, *, changed: bool = False, digest: str | None = None,
+              accepted: bool = False, names: frozenset[str] | None = None) -> ToolInfo:
+    """The gateway's view of an MCP tool definition; `digest` is its `definition_digest` if already taken.
+
+    With `names` (the other tools of its upstream) the definition is scanned (`findings`, cached
+    per digest); `accepted` says an operator accepted exactly this definition."""
     annotations = tool.get("annotations")
     schema = tool.get("inputSchema")
     output = tool.get("outputSchema")
     description = tool.get("description")
+    taken = definition_digest(tool) if digest is None else digest
     return ToolInfo(
         name=tool["name"],
         backend=backend,
@@ -102,8 +125,10 @@ def tool_info(tool: dict[str, Any], backend: str, *, changed: bool = False, dige
         annotations=dict(annotations) if isinstance(annotations, dict) else {},
         input_schema=schema if isinstance(schema, dict) else None,
         output_schema=output if isinstance(output, dict) else None,
-        digest=definition_digest(tool) if digest is None else digest,
+        digest=taken,
         changed=changed,
+        findings=definition_findings(tool, taken, names) if names is not None else (),
+        accepted=accepted,
     )
 
 

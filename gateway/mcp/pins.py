@@ -3,7 +3,9 @@
 A tool seen for the first time is pinned; a tool whose definition (title, description, schemas,
 annotations) differs from its pin is *changed*: rules see `tool.changed == true` (the shipped
 standard and strict profiles hold such calls for approval) until an operator reviews the change
-and accepts it with `dharma tools accept`.
+and accepts it with `dharma tools accept`. Accepting one named tool also records that exactly
+this definition is accepted as it is: rules see `tool.accepted == true` (the shipped rules then
+no longer hide it for its definition's findings, rules/tool_definitions.yaml).
 
 The pins live in a `PinStore` (gateway/stores/base.py): a JSON file under the state root
 (`gateway.stores.file_pins`) or, with several replicas, Redis (`gateway.stores.redis`), so a
@@ -19,9 +21,12 @@ from typing import Any
 import structlog
 
 from gateway.mcp.governance import definition_digest
-from gateway.stores.base import PinStore, SeenTool, StoreUnavailable
+from gateway.stores.base import PinState, PinStore, SeenTool, StoreUnavailable
 
-__all__ = ["PinStore", "diff_definitions", "now_stamp", "observe_or_distrust"]
+__all__ = ["PinState", "PinStore", "diff_definitions", "now_stamp", "observe_or_distrust"]
+
+#: What a tool counts as when the pins cannot be read or written: changed, and accepted by nobody.
+DISTRUSTED = PinState(changed=True, accepted=False)
 
 log = structlog.get_logger()
 
@@ -44,7 +49,7 @@ def diff_definitions(old: Any, new: Any) -> list[str]:
 
 async def observe_or_distrust(
     pins: PinStore, backend: str, tools: list[dict[str, Any]], digests: list[str] | None = None
-) -> dict[str, bool]:
+) -> dict[str, PinState]:
     """Pin what is new and say which definitions changed; if the pins cannot be read or written,
     every tool counts as changed (fail closed). Changes are logged with how to review them.
 
@@ -59,9 +64,9 @@ async def observe_or_distrust(
         changed = await pins.observe(backend, seen, now_stamp())
     except (OSError, ValueError, StoreUnavailable) as exc:
         log.error("pins.unavailable", error=str(exc))
-        return {t.name: True for t in seen}
-    for name, is_changed in changed.items():
-        if is_changed:
+        return {t.name: DISTRUSTED for t in seen}
+    for name, state in changed.items():
+        if state.changed:
             log.warning("tool.definition_changed", backend=backend, tool=name,
                         hint=f"review with `dharma tools pins`, accept with `dharma tools accept {backend} {name}`")
     return changed

@@ -34,6 +34,8 @@ from gateway.policy.models import (
 CALL_VARIABLES = frozenset({"principal", "tool", "args", "request", "session", "findings", "now"})
 RESPONSE_VARIABLES = CALL_VARIABLES | {"response"}
 ESCALATION_VARIABLES = frozenset({"principal", "tool", "args", "request", "now"})
+#: What a visibility rule (`effect: hide`) sees: it decides per tool at `tools/list`, before any call.
+VISIBILITY_VARIABLES = frozenset({"principal", "tool", "now"})
 RESTRICTIVE = (Effect.DENY, Effect.REQUIRE_APPROVAL, Effect.REDACT)
 
 
@@ -163,6 +165,8 @@ class CompiledPolicy:
     disclosure_rules: tuple[CompiledDisclosureRule, ...]
     rule_index: GlobIndex
     disclosure_index: GlobIndex
+    visibility_rules: tuple[CompiledRule, ...] = ()
+    visibility_index: GlobIndex = field(default_factory=lambda: GlobIndex([]))
     principals: tuple[CompiledPrincipal, ...] = ()
     tiers: dict[str, CompiledTier] = field(default_factory=dict)
     sensitivity: tuple[CompiledSensitivity, ...] = ()
@@ -180,9 +184,9 @@ class CompiledPolicy:
     backend_timeout_seconds: float = 30.0
     disclosure_modes: tuple[str, ...] = ("direct", "summary", "none")
     warnings: tuple[PolicyProblem, ...] = ()
-    _memo: dict[tuple[str, str], Any] = field(default_factory=dict, compare=False, repr=False)
+    _memo: dict[tuple[str, Any], Any] = field(default_factory=dict, compare=False, repr=False)
 
-    def _cached(self, kind: str, tool: str, build: Any) -> Any:
+    def _cached(self, kind: str, tool: Any, build: Any) -> Any:
         key = (kind, tool)
         hit = self._memo.get(key)
         if hit is None:
@@ -194,6 +198,17 @@ class CompiledPolicy:
     def call_references(self, tool: str) -> frozenset[str]:
         """Top-level variables the call-phase rules for `tool` read: only these are converted."""
         return self._cached("call-refs", tool, lambda: _references(self.rules_for(tool), ("when", "message_expr")))
+
+    def visibility_references(self, tool: str) -> frozenset[str]:
+        return self._cached("visibility-refs", tool, lambda: _references(self.visibility_rules_for(tool), ("when",)))
+
+    def visibility_rules_for(self, tool: str) -> tuple[CompiledRule, ...]:
+        """The `effect: hide` rules that can apply to `tool`."""
+        return self.visibility_index.candidates(tool)  # type: ignore[no-any-return]
+
+    def memoised(self, kind: str, key: Any, build: Any) -> Any:
+        """`build()` once per (kind, key) for this policy (bounded); `build` must not return None."""
+        return self._cached(kind, key, build)
 
     def disclosure_references(self, tool: str) -> frozenset[str]:
         return self._cached("disclosure-refs", tool, lambda: _references(self.disclosure_rules_for(tool), ("when",)))
@@ -211,8 +226,8 @@ class CompiledPolicy:
         return self.disclosure_index.candidates(tool)  # type: ignore[no-any-return]
 
     def all_rules(self) -> tuple[CompiledRule | CompiledDisclosureRule, ...]:
-        """Call-phase then response-phase rules."""
-        return (*self.rules, *self.disclosure_rules)
+        """Call-phase, then response-phase, then visibility rules."""
+        return (*self.rules, *self.disclosure_rules, *self.visibility_rules)
 
     def rule(self, rule_id: str) -> CompiledRule | CompiledDisclosureRule | None:
         return next((rule for rule in self.all_rules() if rule.id == rule_id), None)
@@ -286,6 +301,8 @@ class _Compiler:
             phase_hint = ""
             if "response" in exc.names and "response" not in declared:
                 phase_hint = " (`response` exists only in the response phase: use a DisclosureRuleSet)"
+            elif declared == VISIBILITY_VARIABLES:
+                phase_hint = " (a rule with `effect: hide` decides per tool from `principal`, `tool` and `now` only)"
             self.problems.append(
                 PolicyProblem(doc.path, line, rule_id, f"unknown variable {', '.join(exc.names)}{phase_hint}")
             )
@@ -328,6 +345,7 @@ def compile_documents(
     chosen = engine or cel.default_engine()
     c = _Compiler(chosen)
     rules: list[CompiledRule] = []
+    visibility: list[CompiledRule] = []
     disclosure: list[CompiledDisclosureRule] = []
     seen_ids: dict[str, str] = {}
 
@@ -346,11 +364,12 @@ def compile_documents(
             for i, r in enumerate(model.rules):
                 loc = ("rules", i)
                 claim_id(r.id, doc, loc)
-                when = c.expr(r.when, CALL_VARIABLES, doc, (*loc, "when"), r.id)
-                msg = c.expr(r.message_expr, CALL_VARIABLES, doc, (*loc, "message_expr"), r.id)
+                declared = VISIBILITY_VARIABLES if r.effect is Effect.HIDE else CALL_VARIABLES
+                when = c.expr(r.when, declared, doc, (*loc, "when"), r.id)
+                msg = c.expr(r.message_expr, declared, doc, (*loc, "message_expr"), r.id)
                 if r.effect in RESTRICTIVE:
                     c.lint_guard(r.when, doc, (*loc, "when"), r.id)
-                rules.append(
+                (visibility if r.effect is Effect.HIDE else rules).append(
                     CompiledRule(
                         id=r.id,
                         effect=r.effect,
@@ -405,6 +424,8 @@ def compile_documents(
         disclosure_rules=tuple(disclosure),
         rule_index=GlobIndex([(r.tools, r) for r in rules]),
         disclosure_index=GlobIndex([(d.tools, d) for d in disclosure]),
+        visibility_rules=tuple(visibility),
+        visibility_index=GlobIndex([(r.tools, r) for r in visibility]),
         warnings=tuple(sorted(c.warnings)),
         **profile,
     )

@@ -54,21 +54,8 @@ def call_variables(
 ) -> dict[str, Any]:
     """The call-phase variables, as plain JSON-like values."""
     return {
-        "principal": {
-            "id": principal.id,
-            "tier": principal.tier or "",
-            "roles": list(principal.roles),
-            "claims": principal.claims,
-            "karma": karma,
-        },
-        "tool": {
-            "name": tool.name,
-            "backend": tool.backend,
-            "annotations": annotations,
-            "digest": tool.digest,
-            "changed": tool.changed,
-            "sensitivity": sensitivity.value,
-        },
+        "principal": principal_variable(principal, karma),
+        "tool": tool_variable(tool, annotations, sensitivity),
         "args": arguments,
         "request": {
             "purpose": call.purpose,
@@ -85,6 +72,26 @@ def call_variables(
         },
         "findings": [f.as_cel() for f in findings],
         "now": now,
+    }
+
+
+def principal_variable(principal: Principal, karma: dict[str, int]) -> dict[str, Any]:
+    """`principal` as rules see it."""
+    return {"id": principal.id, "tier": principal.tier or "", "roles": list(principal.roles), "claims": principal.claims,
+            "karma": karma}
+
+
+def tool_variable(tool: ToolInfo, annotations: dict[str, Any], sensitivity: Sensitivity) -> dict[str, Any]:
+    """`tool` as rules see it: `findings` are the definition scan's, `accepted` an operator's override."""
+    return {
+        "name": tool.name,
+        "backend": tool.backend,
+        "annotations": annotations,
+        "digest": tool.digest,
+        "changed": tool.changed,
+        "sensitivity": sensitivity.value,
+        "findings": [f.as_cel() for f in tool.findings],
+        "accepted": tool.accepted,
     }
 
 
@@ -232,6 +239,24 @@ def combine(matches: list[RuleMatch], policy: CompiledPolicy) -> Decision:
         warnings=warnings,
         stage="dharma_rules",
     )
+
+
+def evaluate_visibility(
+    policy: CompiledPolicy, tool: str, activation: cel.Activation, trace: list[RuleTrace] | None = None
+) -> list[RuleMatch]:
+    """The `effect: hide` rules for `tool` that hold; one whose condition errors holds (fail closed)."""
+    matches: list[RuleMatch] = []
+    for rule in policy.visibility_rules_for(tool):
+        value, error = _condition(rule.when, activation)
+        matched = (value is True and error is None) or error is not None
+        if trace is not None:
+            trace.append(RuleTrace(rule.id, rule.effect.value, rule.mode.value, value, error, matched))
+        if matched:
+            message = rule.message or f"hidden by rule {rule.id}"
+            if error is None and rule.message_expr is not None:
+                message = _message(rule, activation)
+            matches.append(RuleMatch(rule.id, rule.effect, rule.mode, message, error))
+    return matches
 
 
 @dataclass(frozen=True, slots=True)

@@ -246,6 +246,10 @@ class CaseCall(Strict):
     depth: str | None = None
     session: list[dict[str, Any]] = Field(default_factory=list)
     tool_changed: bool = False
+    tool_definition: dict[str, Any] | None = Field(
+        default=None, description="the MCP tool definition (description, inputSchema, ...) scanned into tool.findings")
+    other_tools: list[str] = Field(default_factory=list, description="the other tools the same server lists")
+    tool_accepted: bool = False
 
 
 class CaseExpect(Strict):
@@ -255,6 +259,8 @@ class CaseExpect(Strict):
     block_class: BlockClass | None = None
     disclosure: Disclosure | None = None
     findings: list[str] | None = None
+    hidden: bool | None = Field(default=None, description="a visibility rule (effect: hide) hides the tool")
+    tool_findings: list[str] | None = Field(default=None, description="the kinds in tool.findings")
 
 
 class RuleCase(Strict):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.policy import cel
-from gateway.core.call import Decision, Disclosure, Finding, Principal, Sensitivity, ToolCall, ToolInfo
+from gateway.core.call import Decision, Disclosure, Finding, Mode, Principal, Sensitivity, ToolCall, ToolInfo
 from gateway.core.errors import ErrorCode, PolicyErrors, PolicyProblem
 from gateway.policy.compile import CompiledPolicy, compile_documents, load_rule_documents
 from gateway.policy.evaluate import (
@@ -25,10 +25,12 @@ from gateway.policy.evaluate import (
     combine,
     evaluate_disclosure,
     evaluate_rules,
+    evaluate_visibility,
     response_variables,
 )
 from gateway.policy.load import LoadedDocument, expand_paths, read_documents
 from gateway.policy.models import CaseCall, RuleTest
+from gateway.stages.sanitizer.instructions import scan_definition, scan_result
 from gateway.stages.sanitizer.walk import SanitizeError, SanitizerLimits, detect_secrets, sanitize
 
 FIXED_NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -43,6 +45,7 @@ class CaseResult:
     disclosure: DisclosureVerdict | None
     error: str | None = None
     variables: dict[str, Any] = field(default_factory=dict)
+    hidden: bool = False
 
 
 def evaluate_case(
@@ -60,7 +63,10 @@ def evaluate_case(
         roles=tuple(call.principal.get("roles", ())),
         claims=dict(call.principal.get("claims", {})),
     )
-    tool = ToolInfo(name=call.tool, backend=call.backend, annotations=call.annotations, changed=call.tool_changed)
+    definition = {**call.tool_definition, "name": call.tool} if call.tool_definition is not None else None
+    tool = ToolInfo(name=call.tool, backend=call.backend, annotations=call.annotations, changed=call.tool_changed,
+                    findings=scan_definition(definition, call.other_tools) if definition is not None else (),
+                    accepted=call.tool_accepted, digest="test")
     tool_call = ToolCall(
         tool=call.tool,
         arguments=call.args,
@@ -82,10 +88,15 @@ def evaluate_case(
     variables = call_variables(sensitivity=sensitivity, **base)
     activation = cel.make_activation(variables, policy.engine)
     trace: list[RuleTrace] = []
+    hiding = [m for m in evaluate_visibility(policy, call.tool, activation, trace) if m.mode is Mode.ENFORCE]
+    if hiding:
+        decision = Decision.block(ErrorCode.TOOL_NOT_FOUND, f"Unknown tool: {call.tool}", None, stage="tool_visibility",
+                                  matched=tuple(hiding))
+        return CaseResult(decision, sensitivity, tuple(findings), tuple(trace), None, variables=variables, hidden=True)
     decision = combine(evaluate_rules(policy, call.tool, activation, trace), policy)
     verdict = None
     if response is not None:
-        found = detect_secrets(response)
+        found = detect_secrets(response) + scan_result(response)
         verdict = evaluate_disclosure(
             policy, call.tool, cel.make_activation(response_variables(variables, response, False, found), policy.engine), trace
         )
@@ -164,6 +175,12 @@ def check_case(result: CaseResult, expect: Any) -> list[str]:
         got_disclosure = result.disclosure.verdict if result.disclosure else Disclosure.PERMIT
         if got_disclosure is not expect.disclosure:
             failures.append(f"disclosure: expected {expect.disclosure.value}, got {got_disclosure.value}")
+    if expect.hidden is not None and result.hidden is not expect.hidden:
+        failures.append(f"hidden: expected {expect.hidden}, got {result.hidden}")
+    if expect.tool_findings is not None:
+        got = sorted({f["kind"] for f in result.variables.get("tool", {}).get("findings", [])})
+        if got != sorted(set(expect.tool_findings)):
+            failures.append(f"tool findings: expected {sorted(set(expect.tool_findings))}, got {got}")
     if expect.findings is not None:
         kinds = sorted({f.kind for f in result.findings})
         if kinds != sorted(set(expect.findings)):

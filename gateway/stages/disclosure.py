@@ -1,7 +1,9 @@
 """Disclosure rules step (response phase): PERMIT, REDACT or WITHHOLD what the backend answered.
 
 WITHHOLD returns the rule set's configured no-information response exactly as configured, so a
-withheld answer cannot be told apart from a genuine "nothing found".
+withheld answer cannot be told apart from a genuine "nothing found". `response.findings` holds
+the secrets in the answer and the instruction scan's findings (instructions to the model, URLs,
+invisible text: gateway/stages/sanitizer/instructions.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from gateway.policy import cel
 from gateway.core.call import CallContext, Disclosure
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.evaluate import DisclosureVerdict, evaluate_disclosure, response_variables, variables_for
+from gateway.stages.sanitizer.instructions import scan_result
 from gateway.stages.sanitizer.walk import detect_secrets, redact_paths, redact_secrets
 
 
@@ -21,7 +24,7 @@ def disclose(ctx: CallContext, policy: CompiledPolicy, result: Any, is_error: bo
     assert ctx.tool is not None
     if not policy.disclosure_rules_for(ctx.tool.name):
         return result, None
-    findings = detect_secrets(result)
+    findings = detect_secrets(result) + scan_result(result)
     variables = response_variables(variables_for(ctx), result, is_error, findings)
     needed = {k: variables[k] for k in policy.disclosure_references(ctx.tool.name)}
     if ctx.activation is not None:  # the call phase converted most of them already

@@ -62,18 +62,30 @@ class SeenTool:
     definition: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class PinState:
+    """What the pins say about one definition seen now: it differs from the pinned one
+    (`changed`), and an operator accepted exactly this definition, findings and all (`accepted`)."""
+
+    changed: bool
+    accepted: bool = False
+
+
 class PinStore(Protocol):
     """Tool pins (rug-pull defence): the first definition seen of each tool, per backend, and the
     last different definition seen since, until an operator accepts it."""
 
-    async def observe(self, backend: str, seen: list[SeenTool], now: str) -> dict[str, bool]:
-        """Pin what is new (atomically: the first pin wins); return {name: changed} for each."""
+    async def observe(self, backend: str, seen: list[SeenTool], now: str) -> dict[str, PinState]:
+        """Pin what is new (atomically: the first pin wins); return {name: PinState} for each."""
         ...
     async def list(self, backend: str | None = None) -> list[dict[str, Any]]:
         """Every pin (optionally of one backend), sorted by backend and tool."""
         ...
     async def accept(self, backend: str, tool: str | None, now: str) -> builtins.list[str]:
-        """Pin the last seen definition of `tool` (or of every changed tool); KeyError if unknown."""
+        """Pin the last seen definition of `tool` (or of every changed tool); KeyError if unknown.
+
+        Naming one `tool` also records that the operator accepts that definition as it is (its
+        findings included: `tool.accepted`), whether or not it changed."""
         ...
 
 

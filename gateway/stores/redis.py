@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 
 from gateway.config import RedisSettings, display_url
 from gateway.crypto.strict_json import loads as strict_loads
-from gateway.stores.base import SeenTool, StoreUnavailable
+from gateway.stores.base import PinState, SeenTool, StoreUnavailable
 from gateway.stores.memory import BreakerState, check
 
 T = TypeVar("T")
@@ -274,8 +274,9 @@ class RedisHistory:
 
 #: One hash per backend, `<prefix>pins:<backend>`, fields by tool: `d:` pinned digest, `p:` pinned
 #: definition (JSON), `t:` pinned at, and while a different definition is seen: `s:` its digest,
-#: `S:` it (JSON), `u:` seen at. The first pin is an HSETNX, so two replicas seeing a tool at once
-#: agree on one pin. ARGV: now, then (name, digest, definition) per tool. Returns 1/0 per tool.
+#: `S:` it (JSON), `u:` seen at, and `a:` the digest an operator accepted as it is (findings and
+#: all). The first pin is an HSETNX, so two replicas seeing a tool at once agree on one pin. ARGV:
+#: now, then (name, digest, definition) per tool. Returns per tool 1 if changed, plus 2 if accepted.
 _OBSERVE = """
 local out = {}
 for i = 2, #ARGV, 3 do
@@ -285,7 +286,11 @@ for i = 2, #ARGV, 3 do
     out[#out + 1] = 0
   elseif redis.call('HGET', KEYS[1], 'd:' .. name) == digest then
     redis.call('HDEL', KEYS[1], 's:' .. name, 'S:' .. name, 'u:' .. name)
-    out[#out + 1] = 0
+    if redis.call('HGET', KEYS[1], 'a:' .. name) == digest then
+      out[#out + 1] = 2
+    else
+      out[#out + 1] = 0
+    end
   else
     if redis.call('HGET', KEYS[1], 's:' .. name) ~= digest then
       redis.call('HSET', KEYS[1], 's:' .. name, digest, 'S:' .. name, definition, 'u:' .. name, ARGV[1])
@@ -296,16 +301,22 @@ end
 return out
 """
 
-#: ARGV: now, then the tool names to accept (those with no seen definition are skipped).
+#: ARGV: now, "1" to accept the named definitions as they are (`a:`) or "0", then the tool names
+#: to accept (with "0", those with no seen definition are skipped).
 _ACCEPT = """
 local out = {}
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   local name = ARGV[i]
   local seen = redis.call('HGET', KEYS[1], 's:' .. name)
   if seen then
     redis.call('HSET', KEYS[1], 'd:' .. name, seen, 'p:' .. name, redis.call('HGET', KEYS[1], 'S:' .. name),
                't:' .. name, ARGV[1])
     redis.call('HDEL', KEYS[1], 's:' .. name, 'S:' .. name, 'u:' .. name)
+  end
+  if ARGV[2] == '1' then
+    redis.call('HSET', KEYS[1], 'a:' .. name, redis.call('HGET', KEYS[1], 'd:' .. name))
+  end
+  if seen or ARGV[2] == '1' then
     out[#out + 1] = name
   end
 end
@@ -322,12 +333,12 @@ class RedisPinStore:
         self._observe = link.client.register_script(_OBSERVE)
         self._accept = link.client.register_script(_ACCEPT)
 
-    async def observe(self, backend: str, seen: list[SeenTool], now: str) -> dict[str, bool]:
+    async def observe(self, backend: str, seen: list[SeenTool], now: str) -> dict[str, PinState]:
         args: list[str] = [now]
         for tool in seen:
             args += [tool.name, tool.digest, json.dumps(tool.definition, ensure_ascii=False, sort_keys=True)]
         flags = await _run(self.link, self._observe(keys=[self.link.key("pins", backend)], args=args))
-        return {tool.name: bool(flag) for tool, flag in zip(seen, flags, strict=True)}
+        return {tool.name: PinState(bool(flag & 1), bool(flag & 2)) for tool, flag in zip(seen, flags, strict=True)}
 
     async def list(self, backend: str | None = None) -> list[dict[str, Any]]:
         if backend is not None:
@@ -351,7 +362,7 @@ class RedisPinStore:
         if tool is not None and tool not in pinned:
             raise KeyError(f"{backend}/{tool}")
         wanted = [tool] if tool is not None else sorted({n.decode()[2:] for n in names if n.startswith(b"s:")})
-        accepted = await _run(self.link, self._accept(keys=[key], args=[now, *wanted]))
+        accepted = await _run(self.link, self._accept(keys=[key], args=[now, "1" if tool is not None else "0", *wanted]))
         return [a.decode() for a in accepted]
 
 
@@ -367,4 +378,5 @@ def pin_row(backend: str, tool: str, f: dict[str, str]) -> dict[str, Any]:
         "seen_at": f.get("u"),
         "definition": strict_loads(f["p"]) if "p" in f else None,
         "seen_definition": strict_loads(f["S"]) if "S" in f else None,
+        "accepted_digest": f.get("a"),
     }

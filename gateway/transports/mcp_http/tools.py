@@ -108,7 +108,8 @@ class HttpTools:
                 if not isinstance(result, dict):
                     return msg
                 named = self.record(catalog, upstream, calls.listed_tools(result), first_page=first_page)
-                visible = await calls.visible_names(self.gateway, self.pins, ctx.credentials, upstream.id, named)
+                visible = await calls.visible_names(self.gateway, self.pins, ctx.credentials, upstream.id, named,
+                                                    names=catalog.tools)
                 renamed = dict(result)
                 renamed["tools"] = [{**t, "name": cname} if cname != t["name"] else t for cname, t in named]
                 return {**msg, "result": gov.filter_list_result(renamed, visible, modern=ctx.modern)}
@@ -119,7 +120,8 @@ class HttpTools:
         for upstream in self.relay.upstreams:
             await self.refresh(ctx, upstream)
             named = [(c, t) for c, (u, t) in catalog.tools.items() if u is upstream]
-            visible = await calls.visible_names(self.gateway, self.pins, ctx.credentials, upstream.id, named)
+            visible = await calls.visible_names(self.gateway, self.pins, ctx.credentials, upstream.id, named,
+                                                names=catalog.tools)
             merged.extend({**t, "name": c} for c, t in named if c in visible)
         base = {"resultType": "complete", "ttlMs": 0, "cacheScope": "private"} if ctx.modern else {}
         await reply.final(jsonrpc.result(req.id, {"tools": merged, **base}))

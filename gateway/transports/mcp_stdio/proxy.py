@@ -279,7 +279,8 @@ class StdioProxy:
         tools = calls.listed_tools(result)
         self.session.record_tools(tools, first_page=False)
         self.session.tools_stale = False
-        visible = await calls.visible_names(self.gateway, self.pins, self.credentials, self.backend_id, [(t["name"], t) for t in tools])
+        visible = await calls.visible_names(self.gateway, self.pins, self.credentials, self.backend_id, [(t["name"], t) for t in tools],
+                                            names=self.session.tools)
         filtered = gov.filter_list_result(result, visible, modern=action.protocol_version in MODERN_VERSIONS)
         await self._do(self.session.answer(action.key, {**response, "result": filtered}))
 
