@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from gateway.policy import cel
+from gateway.policy.cel import path_normalize
 from gateway.core.call import (
     BlockClass,
     CallContext,
@@ -51,8 +52,15 @@ def call_variables(
     session: list[dict[str, Any]],
     karma: dict[str, int],
     now: datetime,
+    classes: set[str] | frozenset[str] = frozenset(),
+    class_paths: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """The call-phase variables, as plain JSON-like values."""
+    """The call-phase variables, as plain JSON-like values.
+
+    `call` is what this call does (its classes and, for each, the paths it touches: every class
+    has a key); `session.now` is this call's time in epoch seconds, which the session helpers
+    measure `within` from (gateway.policy.cel.helpers).
+    """
     return {
         "principal": {
             "id": principal.id,
@@ -82,10 +90,19 @@ def call_variables(
             "id": call.session_id or "",
             "calls": session,
             "tools": [entry["tool"] for entry in session],
+            "now": now.timestamp(),
         },
+        "call": call_classes(classes, class_paths or {}),
         "findings": [f.as_cel() for f in findings],
         "now": now,
     }
+
+
+def call_classes(classes: set[str] | frozenset[str], class_paths: dict[str, list[str]]) -> dict[str, Any]:
+    """`call`: the sorted classes, and for each the normalised paths it touches (possibly none)."""
+    ordered = sorted(classes)
+    return {"classes": ordered, "paths": {c: [path_normalize(p) if "://" not in p else p for p in class_paths.get(c, ())]
+                                          for c in ordered}}
 
 
 def response_variables(
@@ -315,6 +332,8 @@ def variables_for(ctx: CallContext) -> dict[str, Any]:
             session=ctx.session,
             karma=ctx.karma,
             now=ctx.now,
+            classes=ctx.classes,
+            class_paths=ctx.class_paths,
         )
     return ctx.variables
 

@@ -32,6 +32,7 @@ from gateway.crypto.receipts import strip_receipt
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages.sanitizer.walk import redact_secrets
 from gateway.stages import HISTORY
+from gateway.stages.classify import history_detail
 from gateway.stores.base import HistoryStore, IdempotencyStore, StoreUnavailable
 
 log = structlog.get_logger()
@@ -246,6 +247,7 @@ class Record:
                     denied=outcome.decision.blocks,
                     now=ctx.clock,
                     time=outcome.timestamp,
+                    detail=history_detail(ctx, ran=ctx.decision_committed),
                 )
         except StoreUnavailable as exc:  # the ledger has the call; only the rules' recent history misses it
             log.error("history.store_failed", request_id=call.request_id, error=str(exc))
