@@ -26,7 +26,7 @@ import structlog
 
 from audit.canon import NotCanonicalizable, digest, sha256_hex
 from audit.records import KIND_DECISION, KIND_OUTCOME
-from gateway.core.call import CallContext, Decision, Outcome, RuleMatch, Status
+from gateway.core.call import CallContext, Decision, Outcome, RuleMatch, Status, ToolCall
 from gateway.core.errors import ErrorCode
 from gateway.crypto.receipts import strip_receipt
 from gateway.policy.compile import CompiledPolicy
@@ -60,6 +60,14 @@ def safe_digest(value: Any) -> str:
         return digest(value)
     except NotCanonicalizable:
         return "nonjson:" + sha256_hex(repr(value).encode("utf-8", "surrogatepass"))
+
+
+def history_session(call: ToolCall, principal: str) -> str:
+    """The session whose history a call reads and extends: the transport's (the stdio connection,
+    the MCP HTTP session, the tool API's `session_id`), or, when it has none (sessionless
+    2026-07-28 MCP requests, tool API calls without `session_id`), every such call of the
+    principal, so leaving the session out cannot break a sequence apart."""
+    return call.session_id or f"principal:{principal}"
 
 
 def decision_name(decision: Decision) -> str:
@@ -240,7 +248,7 @@ class Record:
         try:
             if not history_down:
                 await self.history.record(
-                    session_id=call.session_id,
+                    session_id=history_session(call, ctx.principal.id) if ctx.principal else call.session_id,
                     principal=ctx.principal.id if ctx.principal else "",
                     tool=call.tool,
                     decision=entry["decision"],
