@@ -333,3 +333,29 @@ async def test_two_gateways_sharing_redis_see_one_session(tmp_path: Path, redis_
         for gw, ledger in opened:
             await gw.aclose()
             await ledger.aclose()
+
+
+@pytest.mark.parametrize(
+    ("source", "guard"),
+    [
+        ('"network_send" in call.classes && (a || session.seen("x", "1m"))', "network_send"),
+        ("'execute' in call.classes && session.paths('write', 3).exists(p, p in call.paths.execute)", "execute"),
+        ('"network_send" in call.classes && "||" == a', "network_send"),
+        ('"network_send" in call.classes && a || b', None),  # the || binds loosest: not a guard
+        ('"network_send" in call.classes && a ? b : c', None),
+        ('session.seen("x", "1m") && "network_send" in call.classes', None),
+    ],
+)
+def test_class_guard_shapes(source: str, guard: str | None) -> None:
+    from gateway.policy.compile import class_guard
+
+    assert class_guard(source) == guard
+
+
+async def test_a_call_without_the_guarded_class_converts_no_session(gateway: tuple[Gateway, Recorder]) -> None:
+    """The sequence rules are skipped, and `session` not built for the engine, for a call that
+    neither sends nor executes: the history costs nothing there."""
+    gw, _ = gateway
+    policy = gw.policy
+    assert "session" not in policy.call_references("get_weather", frozenset())
+    assert "session" in policy.call_references("fetch", frozenset({"network_send"}))

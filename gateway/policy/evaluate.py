@@ -186,15 +186,19 @@ def evaluate_rules(
     activation: cel.Activation,
     trace: list[RuleTrace] | None = None,
     arguments: dict[str, Any] | None = None,
+    classes: set[str] | frozenset[str] | None = None,
 ) -> list[RuleMatch]:
     """Run the rules that can apply to `tool`; return those that matched (errors included per effect).
 
     With `arguments`, a rule guarded as `has(args.x) && …` is skipped when `x` is absent (its
-    condition is false then; see compile.leading_guard).
+    condition is false then; see compile.leading_guard); with `classes`, one guarded as
+    `"X" in call.classes && …` is skipped when the call has no class X (compile.class_guard).
     """
     matches: list[RuleMatch] = []
     for rule in policy.rules_for(tool):
-        if arguments is not None and rule.guard is not None and rule.guard not in arguments:
+        if (arguments is not None and rule.guard is not None and rule.guard not in arguments) or (
+            classes is not None and rule.class_guard is not None and rule.class_guard not in classes
+        ):
             if trace is not None:
                 trace.append(RuleTrace(rule.id, rule.effect.value, rule.mode.value, False, None, False))
             continue
@@ -347,6 +351,6 @@ def activation_for(ctx: CallContext, policy: CompiledPolicy) -> cel.Activation:
     if ctx.activation is None:
         assert ctx.tool is not None
         variables = variables_for(ctx)
-        names = policy.call_references(ctx.tool.name)
+        names = policy.call_references(ctx.tool.name, frozenset(ctx.classes))
         ctx.activation = cel.make_activation({k: variables[k] for k in names}, policy.engine)
     return ctx.activation  # type: ignore[no-any-return]
