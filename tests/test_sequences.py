@@ -64,6 +64,8 @@ ENGINES = cel.available_engines()
         ("create_file", {}, {"path": "b.txt", "content": ""}, {"write"}, None),
         ("move_file", {}, {"source": "/tmp/a", "destination": "/usr/local/bin/a"}, {"write"},
          {"write": ["/usr/local/bin/a"]}),
+        ("download_file", {}, {"url": "https://x.example/a.sh", "path": "/tmp/a.sh"}, {"download", "write"},
+         {"download": ["https://x.example/a.sh"], "write": ["/tmp/a.sh"]}),
         ("run_script", {}, {"path": "./job.sh"}, {"execute"}, {"execute": ["job.sh"]}),
         ("execute_file", {}, {"file": "/tmp/x"}, {"execute"}, None),
         ("python", {}, {"script_path": "/tmp/x.py"}, {"execute"}, None),

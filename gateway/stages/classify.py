@@ -186,7 +186,7 @@ def classify_call(
             _add(classes, paths, "recon", path)
         if words & _WRITE_WORDS and not words & _DEST_WORDS:
             _add(classes, paths, "write", path)
-        elif words & _DEST_WORDS and key in _DEST_KEYS:
+        elif words & _DEST_WORDS and (key in _DEST_KEYS or "download" in words):  # a download's path is where it lands
             _add(classes, paths, "write", path)
         if words & _EXEC_WORDS and key not in _DEST_KEYS:
             _add(classes, paths, "execute", path)
