@@ -11,7 +11,7 @@ import pytest
 from gateway.policy import cel
 
 ENGINES = cel.available_engines()
-CALL = frozenset({"principal", "tool", "args", "request", "session", "findings", "now"})
+CALL = frozenset({"principal", "tool", "args", "request", "session", "findings", "now", "call"})
 NOW = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
 VARS: dict[str, Any] = {
     "principal": {"id": "alice", "tier": 2, "roles": ["dev"]},

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = yaml.safe_load((Path(__file__).parent / "cel_corpus.yaml").read_text(encoding="utf-8"))
 DECLARED = frozenset(
-    {"principal", "tool", "args", "request", "session", "findings", "now", "response"}
+    {"principal", "tool", "args", "request", "session", "findings", "now", "call", "response"}
 )
 PY, RS = cel.ENGINES
 
@@ -152,7 +152,8 @@ def _call(tool: dict[str, Any], args: dict[str, Any], **extra: Any) -> dict[str,
         "args": args,
         "request": {"purpose": "debug", "disclosure_mode": "full", "depth": 0,
                     "request_id": "r-1", "method": "tools/call", "protocol_version": "2025-06-18"},
-        "session": {"id": "s-1", "calls": session, "tools": [c["tool"] for c in session]},
+        "session": {"id": "s-1", "calls": session, "tools": [c["tool"] for c in session], "now": _NOW.timestamp()},
+        "call": extra.get("call", {"classes": [], "paths": {}}),
         "findings": findings,
         "now": _NOW,
         "response": {"result": extra.get("result", {}), "text": extra.get("text", ""),
@@ -174,6 +175,22 @@ SHIPPED_ACTIVATIONS = {
         text="AKIA0000000000000000",
     ),
     "bare": _call({"name": "ping"}, {}),
+    # sequences: earlier calls with classes, paths, times and refusals (gateway.stages.classify.history_detail)
+    "sequence": _call(
+        {"name": "run_script"},
+        {"path": "/tmp/x.sh", "url": "https://x.example/u?d=1"},
+        session=[
+            {"tool": "read_file", "classes": ["credential_read"], "paths": {"credential_read": ["/home/u/.ssh/id_rsa"]},
+             "at": _NOW.timestamp() - 120, "ran": True},
+            {"tool": "write_file", "classes": ["write"], "paths": {"write": ["/tmp/x.sh"]}, "at": _NOW.timestamp() - 60.5,
+             "ran": True},
+            {"tool": "get_env", "classes": ["env_read"], "paths": {}, "at": _NOW.timestamp() - 30, "ran": False},
+            *({"tool": "list_processes", "classes": ["recon"], "paths": {}, "at": _NOW.timestamp() - 5, "ran": True}
+              for _ in range(5)),
+        ],
+        call={"classes": ["execute", "network_send"],
+              "paths": {"execute": ["/tmp/x.sh"], "network_send": ["https://x.example/u"]}},
+    ),
 }
 
 

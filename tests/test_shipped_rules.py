@@ -55,7 +55,7 @@ def test_every_rule_file_has_a_test_file_that_covers_it() -> None:
             assert isinstance(doc.model, RuleTest)
             tested.update(doc.model.rules)
     assert {f.name for f in RULE_FILES} == {"filesystem.yaml", "secrets.yaml", "shell.yaml", "sensitive_data.yaml", "strict.yaml", "mcp.yaml",
-                                                "tool_definitions.yaml"}
+                                                "tool_definitions.yaml", "sequences.yaml"}
     assert tested == {f.name for f in RULE_FILES}
     for rule_file in RULE_FILES:
         assert (RULES / f"{rule_file.stem}_test.yaml").exists()

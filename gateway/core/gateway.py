@@ -33,7 +33,7 @@ from gateway.stages import HISTORY, store_down
 from gateway.stages.approval import SAFETY_POLL_SECONDS, ApprovalRecorder, ApprovalRefused, approver_refusal
 from gateway.stages.authenticate import authenticate
 from gateway.stages.circuit_breaker import CircuitBreaker
-from gateway.stages.record import Ledger, rfc3339, safe_digest
+from gateway.stages.record import Ledger, history_session, rfc3339, safe_digest
 from gateway.stages.visibility import visible_tools
 from gateway.stores.base import (
     ApprovalSignals, ApprovalStore, BreakerStore, HistoryStore, IdempotencyStore, LimiterStore, PinStore,
@@ -367,7 +367,7 @@ class Gateway:
         ctx.principal = authenticate(policy, call.credentials)
         if ctx.principal is not None:
             try:
-                ctx.session, ctx.karma = await self.history.read(call.session_id, ctx.principal.id, started)
+                ctx.session, ctx.karma = await self.history.read(history_session(call, ctx.principal.id), ctx.principal.id, started)
             except StoreUnavailable as exc:  # sequence and karma rules cannot be judged: fail closed
                 log.error("history.store_down", request_id=call.request_id, error=str(exc))
                 ctx.decision = ctx.decision or store_down(exc, HISTORY)

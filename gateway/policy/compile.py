@@ -31,7 +31,7 @@ from gateway.policy.models import (
     SanitizerSettings,
 )
 
-CALL_VARIABLES = frozenset({"principal", "tool", "args", "request", "session", "findings", "now"})
+CALL_VARIABLES = frozenset({"principal", "tool", "args", "request", "session", "findings", "now", "call"})
 RESPONSE_VARIABLES = CALL_VARIABLES | {"response"}
 ESCALATION_VARIABLES = frozenset({"principal", "tool", "args", "request", "now"})
 #: What a visibility rule (`effect: hide`) sees: it decides per tool at `tools/list`, before any call.
@@ -53,6 +53,7 @@ class CompiledRule:
     file: str
     line: int
     guard: str | None = None
+    class_guard: str | None = None  # `"X" in call.classes && …`: the class the rule needs (class_guard)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,9 +196,16 @@ class CompiledPolicy:
                 self._memo[key] = hit
         return hit
 
-    def call_references(self, tool: str) -> frozenset[str]:
-        """Top-level variables the call-phase rules for `tool` read: only these are converted."""
-        return self._cached("call-refs", tool, lambda: _references(self.rules_for(tool), ("when", "message_expr")))
+    def call_references(self, tool: str, classes: frozenset[str] | None = None) -> frozenset[str]:
+        """Top-level variables the call-phase rules for `tool` read: only these are converted.
+
+        With `classes`, rules whose class guard the call lacks are left out (they are skipped)."""
+        if classes is None:
+            return self._cached("call-refs", tool, lambda: _references(self.rules_for(tool), ("when", "message_expr")))
+        key = tool + "\0" + ",".join(sorted(classes))
+        return self._cached("call-refs-classes", key, lambda: _references(
+            tuple(r for r in self.rules_for(tool) if r.class_guard is None or r.class_guard in classes),
+            ("when", "message_expr")))
 
     def visibility_references(self, tool: str) -> frozenset[str]:
         return self._cached("visibility-refs", tool, lambda: _references(self.visibility_rules_for(tool), ("when",)))
@@ -281,6 +289,32 @@ def leading_guard(source: str | None) -> str | None:
         return None
     match = _LEADING_GUARD.match(source)
     return match.group(1) if match else None
+
+
+_CLASS_GUARD = re.compile(r"""\s*(?:"([a-z_]+)"|'([a-z_]+)')\s+in\s+call\.classes\s*&&""")
+_CEL_STRING = re.compile(r"""[rR]?(?:"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')""")
+
+
+def class_guard(source: str | None) -> str | None:
+    """The class a condition of the form `"X" in call.classes && …` needs, if that is its shape.
+
+    Such a condition is false for a call without class X, so the rule is skipped without building
+    the variables it reads (the session history is the costly one). Qualifies only when no `||`
+    or `?` stands outside parentheses after the guard (so the `&&` is surely the top-level one).
+    """
+    if not source:
+        return None
+    match = _CLASS_GUARD.match(source)
+    if match is None:
+        return None
+    depth = 0
+    rest = _CEL_STRING.sub('""', source[match.end():])
+    for i, ch in enumerate(rest):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth == 0 and (ch == "?" or rest.startswith("||", i)):
+            return None
+    return match.group(1) or match.group(2)
 
 
 class _Compiler:
@@ -383,6 +417,7 @@ def compile_documents(
                         file=doc.path,
                         line=doc.line_of(loc),
                         guard=leading_guard(r.when),
+                        class_guard=class_guard(r.when),
                     )
                 )
         elif isinstance(model, DisclosureRuleSet):

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from gateway.policy import cel
+from gateway.policy.cel import path_normalize
 from gateway.core.call import (
     BlockClass,
     CallContext,
@@ -51,8 +52,15 @@ def call_variables(
     session: list[dict[str, Any]],
     karma: dict[str, int],
     now: datetime,
+    classes: set[str] | frozenset[str] = frozenset(),
+    class_paths: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """The call-phase variables, as plain JSON-like values."""
+    """The call-phase variables, as plain JSON-like values.
+
+    `call` is what this call does (its classes and, for each, the paths it touches: every class
+    has a key); `session.now` is this call's time in epoch seconds, which the session helpers
+    measure `within` from (gateway.policy.cel.helpers).
+    """
     return {
         "principal": principal_variable(principal, karma),
         "tool": tool_variable(tool, annotations, sensitivity),
@@ -69,7 +77,9 @@ def call_variables(
             "id": call.session_id or "",
             "calls": session,
             "tools": [entry["tool"] for entry in session],
+            "now": now.timestamp(),
         },
+        "call": call_classes(classes, class_paths or {}),
         "findings": [f.as_cel() for f in findings],
         "now": now,
     }
@@ -93,6 +103,13 @@ def tool_variable(tool: ToolInfo, annotations: dict[str, Any], sensitivity: Sens
         "findings": [f.as_cel() for f in tool.findings],
         "accepted": tool.accepted,
     }
+
+
+def call_classes(classes: set[str] | frozenset[str], class_paths: dict[str, list[str]]) -> dict[str, Any]:
+    """`call`: the sorted classes, and for each the normalised paths it touches (possibly none)."""
+    ordered = sorted(classes)
+    return {"classes": ordered, "paths": {c: [path_normalize(p) if "://" not in p else p for p in class_paths.get(c, ())]
+                                          for c in ordered}}
 
 
 def response_variables(
@@ -176,15 +193,19 @@ def evaluate_rules(
     activation: cel.Activation,
     trace: list[RuleTrace] | None = None,
     arguments: dict[str, Any] | None = None,
+    classes: set[str] | frozenset[str] | None = None,
 ) -> list[RuleMatch]:
     """Run the rules that can apply to `tool`; return those that matched (errors included per effect).
 
     With `arguments`, a rule guarded as `has(args.x) && …` is skipped when `x` is absent (its
-    condition is false then; see compile.leading_guard).
+    condition is false then; see compile.leading_guard); with `classes`, one guarded as
+    `"X" in call.classes && …` is skipped when the call has no class X (compile.class_guard).
     """
     matches: list[RuleMatch] = []
     for rule in policy.rules_for(tool):
-        if arguments is not None and rule.guard is not None and rule.guard not in arguments:
+        if (arguments is not None and rule.guard is not None and rule.guard not in arguments) or (
+            classes is not None and rule.class_guard is not None and rule.class_guard not in classes
+        ):
             if trace is not None:
                 trace.append(RuleTrace(rule.id, rule.effect.value, rule.mode.value, False, None, False))
             continue
@@ -340,6 +361,8 @@ def variables_for(ctx: CallContext) -> dict[str, Any]:
             session=ctx.session,
             karma=ctx.karma,
             now=ctx.now,
+            classes=ctx.classes,
+            class_paths=ctx.class_paths,
         )
     return ctx.variables
 
@@ -353,6 +376,6 @@ def activation_for(ctx: CallContext, policy: CompiledPolicy) -> cel.Activation:
     if ctx.activation is None:
         assert ctx.tool is not None
         variables = variables_for(ctx)
-        names = policy.call_references(ctx.tool.name)
+        names = policy.call_references(ctx.tool.name, frozenset(ctx.classes))
         ctx.activation = cel.make_activation({k: variables[k] for k in names}, policy.engine)
     return ctx.activation  # type: ignore[no-any-return]

@@ -235,6 +235,34 @@ class Policy(Document):
 # ---- rule tests ----------------------------------------------------------------------
 
 
+class CaseSessionCall(Strict):
+    """An earlier call of the session a rule test case runs in (for sequence rules).
+
+    `paths` maps a class to the paths/URLs it touched, or is one list for every class named;
+    `ago` is how long before the case's call it ran (a duration such as "5m", or seconds);
+    `ran: false` is a call that was refused (the session helpers skip it).
+    """
+
+    tool: str
+    classes: list[str] = Field(default_factory=list)
+    paths: dict[str, list[str]] | list[str] = Field(default_factory=dict)
+    ago: str | float = 0
+    decision: str = "allow"
+    ran: bool = True
+    findings: list[str] = Field(default_factory=list)
+
+    @field_validator("ago")
+    @classmethod
+    def _ago(cls, value: str | float) -> str | float:
+        if isinstance(value, str):
+            from gateway.policy.cel.helpers import duration_seconds
+
+            duration_seconds(value)
+        elif value < 0:
+            raise ValueError("ago must not be negative")
+        return value
+
+
 class CaseCall(Strict):
     tool: str
     args: dict[str, Any] = Field(default_factory=dict)
@@ -244,7 +272,7 @@ class CaseCall(Strict):
     purpose: str | None = None
     disclosure_mode: str | None = None
     depth: str | None = None
-    session: list[dict[str, Any]] = Field(default_factory=list)
+    session: list[CaseSessionCall] = Field(default_factory=list)
     tool_changed: bool = False
     tool_definition: dict[str, Any] | None = Field(
         default=None, description="the MCP tool definition (description, inputSchema, ...) scanned into tool.findings")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,9 @@ from gateway.policy.evaluate import (
     response_variables,
 )
 from gateway.policy.load import LoadedDocument, expand_paths, read_documents
-from gateway.policy.models import CaseCall, RuleTest
+from gateway.policy.cel.helpers import duration_seconds, path_normalize
+from gateway.policy.models import CaseCall, CaseSessionCall, RuleTest
+from gateway.stages.classify import classify_call
 from gateway.stages.sanitizer.instructions import scan_definition, scan_result
 from gateway.stages.sanitizer.walk import SanitizeError, SanitizerLimits, detect_secrets, sanitize
 
@@ -78,10 +80,13 @@ def evaluate_case(
     )
     annotations = policy.annotations_for(call.tool, call.annotations)
     mode = policy.normalise_disclosure_mode(call.disclosure_mode)
-    karma = {"calls": len(call.session), "denials": sum(1 for c in call.session if c.get("decision") == "deny")}
+    session = session_history(call.session, now)
+    karma = {"calls": len(session), "denials": sum(1 for c in session if c["decision"] == "deny")}
+    classes, class_paths = classify_call(call.tool, call.annotations, arguments)
     base: dict[str, Any] = dict(
         call=tool_call, principal=principal, tool=tool, annotations=annotations, arguments=arguments,
-        disclosure_mode=mode, findings=findings, session=list(call.session), karma=karma, now=now,
+        disclosure_mode=mode, findings=findings, session=session, karma=karma, now=now,
+        classes=classes, class_paths=class_paths,
     )
     probe = cel.make_activation(call_variables(sensitivity=Sensitivity.STANDARD, **base), policy.engine)
     sensitivity, _ = classify(policy, call.tool, probe)
@@ -104,7 +109,23 @@ def evaluate_case(
     return CaseResult(decision, sensitivity, tuple(findings), tuple(trace), verdict, variables=shown)
 
 
-_PATH = re.compile(r"\b(?:args|principal|tool|request|session|response|findings)(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+def session_history(calls: list[CaseSessionCall], now: datetime) -> list[dict[str, Any]]:
+    """A case's `session` as the history store would hold it (gateway.stages.classify.history_detail)."""
+    out = []
+    for c in calls:
+        ago = duration_seconds(c.ago) if isinstance(c.ago, str) else float(c.ago)
+        paths = c.paths if isinstance(c.paths, dict) else {cls: list(c.paths) for cls in c.classes}
+        at = now - timedelta(seconds=ago)
+        out.append({
+            "tool": c.tool, "decision": c.decision, "time": at.isoformat().replace("+00:00", "Z"),
+            "at": at.timestamp(), "ran": c.ran, "classes": sorted(set(c.classes) | set(paths)),
+            "paths": {cls: [path_normalize(p) if "://" not in p else p for p in ps] for cls, ps in paths.items()},
+            "findings": list(c.findings),
+        })  # fmt: skip
+    return out
+
+
+_PATH = re.compile(r"\b(?:args|principal|tool|request|session|response|findings|call)(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 def deciding_values(source: str, variables: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,8 @@ class DharmaRules:
         assert ctx.tool is not None
         if not policy.rules_for(ctx.tool.name):
             return None
-        matches = evaluate_rules(policy, ctx.tool.name, activation_for(ctx, policy), arguments=ctx.arguments)
+        matches = evaluate_rules(policy, ctx.tool.name, activation_for(ctx, policy), arguments=ctx.arguments,
+                                 classes=ctx.classes)
         decision = combine(matches, policy)
         ctx.rules_decision = decision
         ctx.warnings.extend(decision.warnings)

@@ -26,12 +26,13 @@ import structlog
 
 from audit.canon import NotCanonicalizable, digest, sha256_hex
 from audit.records import KIND_DECISION, KIND_OUTCOME
-from gateway.core.call import CallContext, Decision, Outcome, RuleMatch, Status
+from gateway.core.call import CallContext, Decision, Outcome, RuleMatch, Status, ToolCall
 from gateway.core.errors import ErrorCode
 from gateway.crypto.receipts import strip_receipt
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages.sanitizer.walk import redact_secrets
 from gateway.stages import HISTORY
+from gateway.stages.classify import history_detail
 from gateway.stores.base import HistoryStore, IdempotencyStore, StoreUnavailable
 
 log = structlog.get_logger()
@@ -59,6 +60,14 @@ def safe_digest(value: Any) -> str:
         return digest(value)
     except NotCanonicalizable:
         return "nonjson:" + sha256_hex(repr(value).encode("utf-8", "surrogatepass"))
+
+
+def history_session(call: ToolCall, principal: str) -> str:
+    """The session whose history a call reads and extends: the transport's (the stdio connection,
+    the MCP HTTP session, the tool API's `session_id`), or, when it has none (sessionless
+    2026-07-28 MCP requests, tool API calls without `session_id`), every such call of the
+    principal, so leaving the session out cannot break a sequence apart."""
+    return call.session_id or f"principal:{principal}"
 
 
 def decision_name(decision: Decision) -> str:
@@ -239,13 +248,14 @@ class Record:
         try:
             if not history_down:
                 await self.history.record(
-                    session_id=call.session_id,
+                    session_id=history_session(call, ctx.principal.id) if ctx.principal else call.session_id,
                     principal=ctx.principal.id if ctx.principal else "",
                     tool=call.tool,
                     decision=entry["decision"],
                     denied=outcome.decision.blocks,
                     now=ctx.clock,
                     time=outcome.timestamp,
+                    detail=history_detail(ctx, ran=ctx.decision_committed),
                 )
         except StoreUnavailable as exc:  # the ledger has the call; only the rules' recent history misses it
             log.error("history.store_failed", request_id=call.request_id, error=str(exc))

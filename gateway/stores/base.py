@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -50,7 +50,11 @@ class HistoryStore(Protocol):
         """The session's recent calls (oldest first) and the principal's {calls, denials} in the window."""
         ...
     async def record(self, *, session_id: str | None, principal: str, tool: str, decision: str, denied: bool,
-                     now: float, time: str) -> None: ...
+                     now: float, time: str, detail: Mapping[str, Any] | None = None) -> None:
+        """Note one call: in its session (bounded in length and age) `{tool, decision, time}` plus
+        `detail` (classes, paths, finding kinds, `at`, `ran`: gateway.stages.classify.history_detail),
+        and in the principal's counts."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

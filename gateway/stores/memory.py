@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -265,22 +265,30 @@ class MemoryIdempotencyStore:
 class SessionHistory:
     """Recent calls per session and recent call/denial counts per principal, for rules.
 
-    Bounded: the last `depth` calls per session, and counts over a sliding window per
-    principal, kept as running totals so reading them costs O(expired events).
+    Bounded: the last `depth` calls per session, none older than `max_age` seconds, and counts
+    over a sliding window per principal, kept as running totals so reading them costs
+    O(expired events).
     """
 
-    def __init__(self, depth: int = 50, window: float = 3600.0, max_sessions: int = 10_000) -> None:
+    def __init__(self, depth: int = 50, window: float = 3600.0, max_sessions: int = 10_000,
+                 max_age: float = 86_400.0) -> None:
         self._sessions: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
         self._karma: OrderedDict[str, _Karma] = OrderedDict()
-        self._depth, self._window, self._max = depth, window, max_sessions
+        self._depth, self._window, self._max, self._max_age = depth, window, max_sessions, max_age
 
     async def read(self, session_id: str | None, principal: str, now: float) -> tuple[list[dict[str, Any]], dict[str, int]]:
-        return self.session(session_id), self.karma(principal, now)
+        return self.session(session_id, now), self.karma(principal, now)
 
-    def session(self, session_id: str | None) -> list[dict[str, Any]]:
+    def session(self, session_id: str | None, now: float) -> list[dict[str, Any]]:
         if not session_id:
             return []
-        return list(self._sessions.get(session_id, ()))
+        calls = self._sessions.get(session_id)
+        if not calls:
+            return []
+        since = now - self._max_age
+        while calls and calls[0].get("at", since) < since:
+            calls.popleft()
+        return list(calls)
 
     def karma(self, principal: str, now: float) -> dict[str, int]:
         k = self._karma.get(principal)
@@ -290,10 +298,10 @@ class SessionHistory:
         return {"calls": len(k.events), "denials": k.denials}
 
     async def record(self, *, session_id: str | None, principal: str, tool: str, decision: str, denied: bool,
-                     now: float, time: str) -> None:
+                     now: float, time: str, detail: Mapping[str, Any] | None = None) -> None:
         if session_id:
             calls = self._sessions.setdefault(session_id, deque(maxlen=self._depth))
-            calls.append({"tool": tool, "decision": decision, "time": time})
+            calls.append({"tool": tool, "decision": decision, "time": time, **(detail or {})})
             self._sessions.move_to_end(session_id)
             while len(self._sessions) > self._max:
                 self._sessions.popitem(last=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import builtins
 import json
 import secrets
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -233,7 +233,7 @@ class RedisHistory:
     def __init__(self, link: RedisLink, depth: int = 50, window: float = 3600.0, session_ttl: float = 86_400.0,
                  max_events: int = 10_000) -> None:
         self.link = link
-        self._depth, self._window, self._max = depth, window, max_events
+        self._depth, self._window, self._max, self._max_age = depth, window, max_events, session_ttl
         self._session_ttl_ms, self._window_ms = int(session_ttl * 1000), int(window * 1000)
 
     def _keys(self, session_id: str | None, principal: str) -> tuple[str | None, str, str]:
@@ -250,14 +250,17 @@ class RedisHistory:
         pipe.zcount(denials, since, "+inf")
         replies = await _run(self.link, pipe.execute())
         recent = [strict_loads(raw) for raw in reversed(replies[0])] if session is not None else []
+        since = now - self._max_age  # the list lives `session_ttl` past its last call; each call no longer
+        recent = [c for c in recent if not isinstance(c, dict) or c.get("at", since) >= since]
         return recent, {"calls": int(replies[-2]), "denials": int(replies[-1])}
 
     async def record(self, *, session_id: str | None, principal: str, tool: str, decision: str, denied: bool,
-                     now: float, time: str) -> None:
+                     now: float, time: str, detail: Mapping[str, Any] | None = None) -> None:
         session, calls, denials = self._keys(session_id, principal)
         pipe = self.link.client.pipeline(transaction=True)
         if session is not None:
-            pipe.lpush(session, json.dumps({"tool": tool, "decision": decision, "time": time}, ensure_ascii=False))
+            entry = {"tool": tool, "decision": decision, "time": time, **(detail or {})}
+            pipe.lpush(session, json.dumps(entry, ensure_ascii=False, separators=(",", ":"), allow_nan=False))
             pipe.ltrim(session, 0, self._depth - 1)
             pipe.pexpire(session, self._session_ttl_ms)
         member = f"{now!r}:{secrets.token_hex(6)}"

@@ -127,6 +127,88 @@ def regex_matches(s: str, pattern: str) -> bool:
     return _regex(pattern).search(s) is not None
 
 
+# --------------------------------------------------------------------------- session helpers
+#
+# Sequence rules ask what earlier calls of this session did: `session.seen(class, within)`,
+# `session.count(class, within)`, `session.paths(class, within)`. The receiver is the `session`
+# variable (gateway.policy.evaluate.call_variables): `calls` oldest first, each with `classes`,
+# `paths` (class → list), `at` (epoch seconds) and `ran` (it reached its backend), and `now`.
+# `class` is one class name or a list of them; `within` is a duration string ("90s", "10m",
+# "1h30m") measured back from this call, or a positive int: the last N calls of the session.
+# Only calls that ran count: a refused read put nothing in the agent's hands.
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
+
+
+@functools.lru_cache(maxsize=256)
+def duration_seconds(text: str) -> float:
+    """Seconds in a duration such as "90s", "10m" or "1h30m" (units ms, s, m, h, d)."""
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"within must be a duration such as \"10m\" or \"1h30m\", or a number of calls; got {text!r}")
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+def _field(value: Any, key: str, default: Any = None) -> Any:
+    """`value[key]` if `value` is a map holding it, else `default` (cel-python's map `get` raises)."""
+    return value[key] if isinstance(value, dict) and key in value else default
+
+
+def _session_window(fn: str, session: Any, within: Any) -> list[Any]:
+    """The calls of `session` inside `within` that reached their backend, oldest first."""
+    if not isinstance(_field(session, "calls"), list):
+        raise TypeError(f"{fn}() is called on the session: session.{fn}(class, within)")
+    calls = session["calls"]
+    if isinstance(within, bool) or not isinstance(within, (int, str)):
+        raise TypeError(f"{fn}(): within must be a duration string or a number of calls, got {type(within).__name__}")
+    if isinstance(within, int):
+        if within <= 0:
+            raise ValueError(f"{fn}(): within must be a positive number of calls, got {within}")
+        chosen = calls[-within:]
+    else:
+        since = float(_field(session, "now", 0)) - duration_seconds(str(within))
+        chosen = [c for c in calls if float(_field(c, "at", float("-inf"))) >= since]
+    return [c for c in chosen if isinstance(c, dict) and bool(_field(c, "ran", True))]
+
+
+def _class_names(fn: str, classes: Any) -> tuple[str, ...]:
+    if isinstance(classes, str):
+        return (str(classes),)
+    if isinstance(classes, list) and all(isinstance(c, str) for c in classes):
+        return tuple(str(c) for c in classes)
+    raise TypeError(f"{fn}(): class must be a class name or a list of them, got {type(classes).__name__}")
+
+
+def _has_class(call: dict[str, Any], names: tuple[str, ...]) -> bool:
+    have = _field(call, "classes") or ()
+    return any(n in have for n in names)
+
+
+def session_seen(session: Any, classes: Any, within: Any) -> bool:
+    """Whether a call of this session within `within` had one of `classes` (see above)."""
+    names = _class_names("seen", classes)
+    return any(_has_class(c, names) for c in _session_window("seen", session, within))
+
+
+def session_count(session: Any, classes: Any, within: Any) -> int:
+    """How many calls of this session within `within` had one of `classes`."""
+    names = _class_names("count", classes)
+    return sum(1 for c in _session_window("count", session, within) if _has_class(c, names))
+
+
+def session_paths(session: Any, classes: Any, within: Any) -> list[str]:
+    """The paths/URLs the calls of this session within `within` touched as one of `classes`, oldest first."""
+    names = _class_names("paths", classes)
+    out: dict[str, None] = {}
+    for call in _session_window("paths", session, within):
+        by_class = _field(call, "paths")
+        for name in names:
+            for p in _field(by_class, name) or ():
+                out[str(p)] = None
+    return list(out)
+
+
 # --------------------------------------------------------------------------- the helper registry
 
 #: Result types a helper may declare: what both engines carry back into CEL without loss.
@@ -188,6 +270,9 @@ register_helper("path_normalize", path_normalize, str)
 register_helper("path_within", path_within, bool)
 register_helper("upper", upper, str)
 register_helper("matches", regex_matches, bool, overrides_builtin=True)
+register_helper("seen", session_seen, bool)
+register_helper("count", session_count, int)
+register_helper("paths", session_paths, list)
 
 
 # --------------------------------------------------------------------------- shared checks

@@ -6,6 +6,7 @@ from audit.canon import digest
 from gateway.core.call import BlockClass, CallContext, Decision
 from gateway.core.errors import ErrorCode
 from gateway.policy.compile import CompiledPolicy
+from gateway.stages.classify import classify_call, merge_classes
 from gateway.stages.sanitizer.walk import SanitizeError, SanitizerLimits, sanitize
 
 
@@ -41,4 +42,5 @@ class Sanitizer:
         ctx.arguments = result.arguments
         ctx.argument_digest = digest(result.arguments)
         ctx.findings.extend(result.findings)
+        merge_classes(ctx, *classify_call(ctx.call.tool, ctx.tool.annotations if ctx.tool else {}, result.arguments))
         return None

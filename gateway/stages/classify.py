@@ -1,0 +1,237 @@
+"""What a non-shell tool call does, in the shared class vocabulary the sequence rules read.
+
+`classify_call(tool, annotations, arguments)` names the classes of one call (`credential_read`,
+`env_read`, `network_send`, `download`, `write`, `execute`, `recon`, `destructive`) and the paths
+or URLs each touches. It looks at the tool's name (split into words: `read_text_file`,
+`readTextFile`), the paths and URLs in its arguments and, to add classes only, the backend's
+`openWorldHint` / `destructiveHint` annotations (a backend cannot classify its way out). Shell
+commands are the shell analysis' job; its classes are unioned with these on `CallContext`.
+
+Pure functions; regexes compiled at import; the word split of a tool name is cached, so a call
+to a tool with no path-like or URL argument costs one dict walk. See docs/detection.md,
+"Sequences within a session".
+"""
+
+from __future__ import annotations
+
+import functools
+import posixpath
+import re
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from gateway.core.call import CallContext
+
+__all__ = ["CLASSES", "classify_call", "history_detail", "merge_classes", "normalise_path", "safe_location"]
+
+#: The class vocabulary (shared with the shell analysis).
+CLASSES: Final = frozenset(
+    {"credential_read", "env_read", "network_send", "download", "write", "execute", "recon", "destructive"}
+)
+
+_MAX_PATHS: Final = 16  # per class: a call naming hundreds of files keeps the first few
+_MAX_PATH_CHARS: Final = 512
+_MAX_STRINGS: Final = 256  # argument strings looked at per call
+_MAX_DEPTH: Final = 6
+
+_WORD: Final = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+# ---- tool-name vocabulary -----------------------------------------------------------------
+
+_READ_WORDS: Final = frozenset(
+    {"read", "cat", "view", "open", "load", "show", "head", "tail", "get", "print", "dump", "less", "more",
+     "copy", "cp", "move", "mv", "rename", "download", "export", "contents", "content"}
+)  # fmt: skip
+_LIST_WORDS: Final = frozenset({"list", "ls", "tree", "search", "find", "glob", "directory", "dir", "stat", "info"})
+_ENV_WORDS: Final = frozenset({"env", "environ", "environment", "getenv", "printenv", "dotenv"})
+_SEND_WORDS: Final = frozenset(
+    {"fetch", "http", "https", "request", "requests", "post", "put", "patch", "send", "upload", "email", "mail",
+     "smtp", "webhook", "slack", "discord", "telegram", "teams", "curl", "wget", "notify", "publish", "tweet",
+     "sms", "ftp", "sftp", "scp", "rsync", "navigate", "browse", "api", "graphql", "gist", "paste", "pastebin",
+     "share", "transfer", "exfil"}
+)  # fmt: skip
+_DOWNLOAD_WORDS: Final = frozenset({"download", "fetch", "wget", "curl", "pull", "clone"})
+_WRITE_WORDS: Final = frozenset({"write", "edit", "create", "save", "append", "overwrite", "replace", "insert", "store"})
+_DEST_WORDS: Final = frozenset({"copy", "cp", "move", "mv", "rename", "download"})  # write their destination
+_EXEC_WORDS: Final = frozenset(
+    {"run", "exec", "execute", "eval", "source", "launch", "spawn", "python", "python3", "node", "bash", "sh",
+     "zsh", "ruby", "perl", "php", "interpreter", "script", "invoke"}
+)  # fmt: skip
+_RECON_WORDS: Final = frozenset(
+    {"whoami", "hostname", "uname", "sysinfo", "system", "processes", "ps", "netstat", "ifconfig", "ipconfig",
+     "interfaces", "users", "groups", "ports", "portscan", "nmap", "scan", "os", "arp", "route", "mounts"}
+)  # fmt: skip
+_RECON_NEEDS_CONTEXT: Final = frozenset({"system", "users", "groups", "ports", "interfaces", "os", "processes", "scan"})
+_DESTRUCTIVE_WORDS: Final = frozenset({"delete", "remove", "rm", "rmdir", "drop", "truncate", "wipe", "destroy", "purge", "kill", "erase", "format"})
+
+# ---- argument vocabulary ------------------------------------------------------------------
+
+_PATH_KEYS: Final = frozenset(
+    {"path", "paths", "file", "files", "filepath", "file_path", "filename", "file_name", "source", "src",
+     "sources", "destination", "dest", "target", "script", "script_path", "scriptpath", "directory", "dir",
+     "folder", "uri", "uris", "location", "input", "output", "output_path", "outfile", "infile", "cwd_file"}
+)  # fmt: skip
+_DEST_KEYS: Final = frozenset({"destination", "dest", "target", "output", "output_path", "outfile", "to", "new_path", "newpath"})
+_BODY_KEYS: Final = frozenset({"body", "data", "json", "payload", "form", "content", "contents", "message", "text", "attachment", "attachments", "file", "files", "params", "fields"})
+_URL: Final = re.compile(r"\b(?:https?|ftp|wss?)://[^\s\"'<>`]+", re.I)
+
+_CREDENTIAL_PATH: Final = re.compile(
+    r"""(?:^|/)(?:
+        \.ssh/(?!.*\.pub$)(?!known_hosts)(?!authorized_keys)[^/]+
+      | id_(?:rsa|dsa|ecdsa|ed25519)(?:_sk)?
+      | \.aws/(?:credentials|config) | \.azure/[^/]+ | \.config/gcloud/[^/]*(?:credentials|token)[^/]*
+      | \.env(?!\.(?:example|sample|template|dist|defaults)$)(?:\.[\w.-]+)?
+      | _?\.?netrc | \.pgpass | \.my\.cnf | \.git-credentials | \.npmrc | \.pypirc | \.vault-token | \.boto
+      | \.docker/config\.json | \.kube/config | \.terraform\.d/credentials\.tfrc\.json | \.config/gh/hosts\.yml
+      | etc/(?:shadow|gshadow|sudoers|master\.passwd)- ? | etc/ssh/ssh_host_[^/]*_key
+      | \.gnupg/[^/]+ | \.password-store/.+ | \.local/share/keyrings/[^/]+ | library/keychains/.+
+      | [^/]*\.keychain(?:-db)? | kwallet[^/]*
+      | (?:google-chrome|chromium|bravesoftware/brave-browser|microsoft/edge|chrome)/.*/(?:cookies|login\ data|web\ data)
+      | \.mozilla/firefox/.*/(?:cookies\.sqlite|logins\.json|key[34]\.db) | cookies\.sqlite
+      | wallet\.dat | \.bitcoin/.+ | \.ethereum/keystore/.* | electrum/wallets/.+ | solana/id\.json
+      | credentials(?:\.json)? | [^/]*\.(?:pem|key|p12|pfx|jks|keystore|kdbx)
+    )$""",
+    re.X,
+)
+_ENV_PATH: Final = re.compile(r"^/proc/(?:self|\d+|thread-self)/environ$")
+_RECON_PATH: Final = re.compile(
+    r"""(?:^|/)(?:
+        etc/(?:passwd|group|hosts|hostname|os-release|issue|resolv\.conf|crontab|fstab|lsb-release)
+      | proc/(?:version|cpuinfo|meminfo|mounts|net/.+|self/(?:status|cmdline|maps)|\d+/cmdline)
+      | \.bash_history | \.zsh_history | \.ssh/known_hosts | \.ssh/authorized_keys | \.ssh | \.aws | \.kube
+    )/?$""",
+    re.X,
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def tool_words(name: str) -> frozenset[str]:
+    """The lower-case words of a tool name (`read_text_file`, `readTextFile`, `fs.read-file`)."""
+    return frozenset(w.lower() for w in _WORD.findall(name))
+
+
+def normalise_path(path: str) -> str:
+    """A path as sequence rules compare it: `file://` dropped, `//`, `.` and `..` resolved lexically."""
+    text = path.strip()
+    if text[:7].lower() == "file://":
+        text = text[7:]
+    text = text[:_MAX_PATH_CHARS]
+    return posixpath.normpath(text) if text else text
+
+
+def safe_location(location: str) -> str:
+    """A path or URL fit to keep in the session history: a URL loses its user, query and fragment
+    (where exfiltrated data and tokens ride), so the history never stores what was sent."""
+    if "://" not in location:
+        return location[:_MAX_PATH_CHARS]
+    scheme, _, rest = location.partition("://")
+    rest = re.split(r"[?#]", rest, maxsplit=1)[0]
+    host, slash, tail = rest.partition("/")
+    return f"{scheme.lower()}://{host.rpartition('@')[2]}{slash}{tail}"[:_MAX_PATH_CHARS]
+
+
+def _strings(value: Any, key: str, depth: int = 0) -> Iterator[tuple[str, str]]:
+    """(nearest key, string) for every string in the arguments, bounded in depth."""
+    if isinstance(value, str):
+        yield key, value
+    elif depth < _MAX_DEPTH and isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _strings(v, str(k).lower(), depth + 1)
+    elif depth < _MAX_DEPTH and isinstance(value, list):
+        for v in value:
+            yield from _strings(v, key, depth + 1)
+
+
+def _add(classes: set[str], paths: dict[str, list[str]], cls: str, location: str | None = None) -> None:
+    classes.add(cls)
+    bucket = paths.setdefault(cls, [])
+    if location and location not in bucket and len(bucket) < _MAX_PATHS:
+        bucket.append(location)
+
+
+def classify_call(
+    tool: str, annotations: Mapping[str, Any], arguments: Any
+) -> tuple[set[str], dict[str, list[str]]]:
+    """The classes of one call and the paths/URLs each touches (see the module docstring)."""
+    words = tool_words(tool)
+    classes: set[str] = set()
+    paths: dict[str, list[str]] = {}
+    file_paths: list[tuple[str, str]] = []  # (key, normalised path)
+    urls: list[str] = []
+    keys: set[str] = set()
+    sends = bool(words & _SEND_WORDS)
+    for seen, (key, text) in enumerate(_strings(arguments, "")):
+        if seen >= _MAX_STRINGS:
+            break
+        keys.add(key)
+        if "://" in text and text[:7].lower() != "file://":
+            whole = _URL.fullmatch(text.strip())
+            if whole is not None:
+                urls.append(whole.group(0))  # an address the call goes to
+            elif sends:
+                urls.extend(m.group(0) for m in _URL.finditer(text, 0, 65_536))
+        elif key in _PATH_KEYS and text and "\n" not in text and len(text) <= 4096:
+            file_paths.append((key, normalise_path(text)))
+    reads = bool(words & _READ_WORDS) or bool(words & _EXEC_WORDS) or sends  # running or sending a file reads it
+    lists = bool(words & _LIST_WORDS)
+    for key, path in file_paths:
+        low = path.lower()
+        if reads and key not in _DEST_KEYS:
+            if _CREDENTIAL_PATH.search(low):
+                _add(classes, paths, "credential_read", path)
+            elif _ENV_PATH.match(low):
+                _add(classes, paths, "env_read", path)
+        if (reads or lists) and _RECON_PATH.search(low):
+            _add(classes, paths, "recon", path)
+        if words & _WRITE_WORDS and not words & _DEST_WORDS:
+            _add(classes, paths, "write", path)
+        elif words & _DEST_WORDS and (key in _DEST_KEYS or "download" in words):  # a download's path is where it lands
+            _add(classes, paths, "write", path)
+        if words & _EXEC_WORDS and key not in _DEST_KEYS:
+            _add(classes, paths, "execute", path)
+        if words & _DESTRUCTIVE_WORDS:
+            _add(classes, paths, "destructive", path)
+    if words & _ENV_WORDS:
+        _add(classes, paths, "env_read")
+    if words & _EXEC_WORDS and "execute" not in classes and not file_paths and words & {"script", "file", "python", "node", "eval"}:
+        _add(classes, paths, "execute")
+    recon = words & _RECON_WORDS
+    if recon and (recon - _RECON_NEEDS_CONTEXT or words & {"list", "get", "info", "show", "scan", "enumerate"}):
+        _add(classes, paths, "recon")
+    if words & _DESTRUCTIVE_WORDS or annotations.get("destructiveHint") is True:
+        _add(classes, paths, "destructive")
+    sender = sends or (bool(urls) and annotations.get("openWorldHint") is True)
+    for url in urls:
+        carries = bool(url.split("#", 1)[0].partition("?")[2]) or bool(keys & _BODY_KEYS)
+        if sender or carries:
+            _add(classes, paths, "network_send", safe_location(url))
+        if words & _DOWNLOAD_WORDS:
+            _add(classes, paths, "download", safe_location(url))
+    if sender and words & _SEND_WORDS - {"navigate", "browse", "api"} and "network_send" not in classes:
+        _add(classes, paths, "network_send")
+    return classes, paths
+
+
+def merge_classes(ctx: CallContext, classes: set[str], paths: dict[str, list[str]]) -> None:
+    """Union a classification into the call's (the shell analysis writes there too)."""
+    ctx.classes |= classes
+    for cls, found in paths.items():
+        bucket = ctx.class_paths.setdefault(cls, [])
+        bucket.extend(p for p in found if p not in bucket)
+
+
+def history_detail(ctx: CallContext, *, ran: bool) -> dict[str, Any]:
+    """What the session history keeps of a call for later sequence rules: its classes, the paths
+    each touched (normalised; URLs without user, query or fragment), the kinds of its argument
+    findings, whether it reached its backend, and its time in epoch seconds."""
+    return {
+        "at": ctx.clock,
+        "ran": ran,
+        "classes": sorted(ctx.classes),
+        "paths": {
+            cls: [safe_location(p) if "://" in p else normalise_path(p) for p in ctx.class_paths.get(cls, ())[:_MAX_PATHS]]
+            for cls in sorted(ctx.classes)
+        },
+        "findings": sorted({f.kind for f in ctx.findings}),
+    }
