@@ -31,7 +31,7 @@ from gateway.policy.models import (
     SanitizerSettings,
 )
 
-CALL_VARIABLES = frozenset({"principal", "tool", "args", "request", "session", "findings", "now"})
+CALL_VARIABLES = frozenset({"principal", "tool", "args", "args_shell", "request", "session", "findings", "now"})
 RESPONSE_VARIABLES = CALL_VARIABLES | {"response"}
 ESCALATION_VARIABLES = frozenset({"principal", "tool", "args", "request", "now"})
 RESTRICTIVE = (Effect.DENY, Effect.REQUIRE_APPROVAL, Effect.REDACT)

@@ -51,8 +51,10 @@ def call_variables(
     session: list[dict[str, Any]],
     karma: dict[str, int],
     now: datetime,
+    shell: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The call-phase variables, as plain JSON-like values."""
+    """The call-phase variables, as plain JSON-like values (`shell`: the shell analysis's
+    `as_cel()`, for `args_shell`; an empty map when the call had none)."""
     return {
         "principal": {
             "id": principal.id,
@@ -70,6 +72,7 @@ def call_variables(
             "sensitivity": sensitivity.value,
         },
         "args": arguments,
+        "args_shell": shell if shell is not None else {},
         "request": {
             "purpose": call.purpose,
             "disclosure_mode": disclosure_mode,
@@ -315,6 +318,7 @@ def variables_for(ctx: CallContext) -> dict[str, Any]:
             session=ctx.session,
             karma=ctx.karma,
             now=ctx.now,
+            shell=ctx.shell.as_cel() if ctx.shell is not None else None,
         )
     return ctx.variables
 

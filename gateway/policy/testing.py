@@ -29,6 +29,7 @@ from gateway.policy.evaluate import (
 )
 from gateway.policy.load import LoadedDocument, expand_paths, read_documents
 from gateway.policy.models import CaseCall, RuleTest
+from gateway.stages.sanitizer.shell import shell_for
 from gateway.stages.sanitizer.walk import SanitizeError, SanitizerLimits, detect_secrets, sanitize
 
 FIXED_NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -73,9 +74,11 @@ def evaluate_case(
     annotations = policy.annotations_for(call.tool, call.annotations)
     mode = policy.normalise_disclosure_mode(call.disclosure_mode)
     karma = {"calls": len(call.session), "denials": sum(1 for c in call.session if c.get("decision") == "deny")}
+    shell = shell_for(call.tool, arguments, policy.call_references(call.tool))
     base: dict[str, Any] = dict(
         call=tool_call, principal=principal, tool=tool, annotations=annotations, arguments=arguments,
         disclosure_mode=mode, findings=findings, session=list(call.session), karma=karma, now=now,
+        shell=shell.as_cel() if shell is not None else None,
     )
     probe = cel.make_activation(call_variables(sensitivity=Sensitivity.STANDARD, **base), policy.engine)
     sensitivity, _ = classify(policy, call.tool, probe)
@@ -93,7 +96,7 @@ def evaluate_case(
     return CaseResult(decision, sensitivity, tuple(findings), tuple(trace), verdict, variables=shown)
 
 
-_PATH = re.compile(r"\b(?:args|principal|tool|request|session|response|findings)(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+_PATH = re.compile(r"\b(?:args_shell|args|principal|tool|request|session|response|findings)(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 def deciding_values(source: str, variables: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from audit.canon import digest
 from gateway.core.call import BlockClass, CallContext, Decision
 from gateway.core.errors import ErrorCode
 from gateway.policy.compile import CompiledPolicy
+from gateway.stages.sanitizer.shell import shell_for
 from gateway.stages.sanitizer.walk import SanitizeError, SanitizerLimits, sanitize
 
 
@@ -41,4 +42,11 @@ class Sanitizer:
         ctx.arguments = result.arguments
         ctx.argument_digest = digest(result.arguments)
         ctx.findings.extend(result.findings)
+        tool = ctx.tool.name if ctx.tool else ctx.call.tool
+        shell = shell_for(tool, result.arguments, policy.call_references(tool))
+        if shell is not None:  # a shell-like tool: what its command does, for rules and sequences
+            ctx.shell = shell
+            ctx.classes |= shell.classes
+            for cls, paths in shell.class_paths.items():
+                ctx.class_paths.setdefault(cls, []).extend(p for p in paths if p not in ctx.class_paths[cls])
         return None
