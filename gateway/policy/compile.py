@@ -251,7 +251,7 @@ def _references(rules: tuple[Any, ...], fields: tuple[str, ...]) -> frozenset[st
 # ---- compilation --------------------------------------------------------------------
 
 
-_UNGUARDED = re.compile(r"\bargs\.([A-Za-z_][A-Za-z0-9_]*)")
+_UNGUARDED = re.compile(r"(?<![.\w])args\.([A-Za-z_][A-Za-z0-9_]*)")  # not `c.args.x`: a field of c
 _LEADING_GUARD = re.compile(r"\s*has\(\s*args\.([A-Za-z_][A-Za-z0-9_]*)\s*\)\s*&&")
 
 
