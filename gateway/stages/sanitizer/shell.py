@@ -770,10 +770,10 @@ class ShellCommand:
         return out
 
     def as_cel(self) -> dict[str, Any]:
+        # Only what rules need: converting the activation costs in proportion to its size.
         return {
-            "name": self.name, "path": self.path, "args": self.args, "flags": self.flags,
-            "operands": self.operands, "wrappers": self.wrappers, "via": self.via, "parent": self.parent,
-            "upstream": self.upstream, "depth": self.depth, "function": self.function,
+            "name": self.name, "args": self.args, "flags": self.flags, "operands": self.operands,
+            "wrappers": self.wrappers, "via": self.via, "parent": self.parent, "upstream": self.upstream,
             "runs_stdin": self.runs_stdin,
         }  # fmt: skip
 
@@ -799,8 +799,9 @@ class ShellAnalysis:
 
     @property
     def text(self) -> str:
-        """The normalised command text: one line per command, words shell-quoted."""
-        return "\n".join(shlex.join([c.path, *c.args]) for c in self.commands)
+        """The normalised command text: one line per command (its normalised name, then its
+        arguments), words shell-quoted."""
+        return "\n".join(shlex.join([c.name, *c.args]) for c in self.commands)
 
     def as_cel(self) -> dict[str, Any]:
         return {
