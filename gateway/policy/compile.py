@@ -31,7 +31,7 @@ from gateway.policy.models import (
     SanitizerSettings,
 )
 
-CALL_VARIABLES = frozenset({"principal", "tool", "args", "request", "session", "findings", "now", "call"})
+CALL_VARIABLES = frozenset({"principal", "tool", "args", "args_shell", "request", "session", "findings", "now", "call"})
 RESPONSE_VARIABLES = CALL_VARIABLES | {"response"}
 ESCALATION_VARIABLES = frozenset({"principal", "tool", "args", "request", "now"})
 #: What a visibility rule (`effect: hide`) sees: it decides per tool at `tools/list`, before any call.
@@ -274,7 +274,7 @@ def _references(rules: tuple[Any, ...], fields: tuple[str, ...]) -> frozenset[st
 # ---- compilation --------------------------------------------------------------------
 
 
-_UNGUARDED = re.compile(r"\bargs\.(?!(?:all|exists|exists_one|filter|map)\()([A-Za-z_][A-Za-z0-9_]*)")  # a macro on args is no field read
+_UNGUARDED = re.compile(r"(?<![.\w])args\.(?!(?:all|exists|exists_one|filter|map)\()([A-Za-z_][A-Za-z0-9_]*)")  # not `c.args.x` (a field of c), nor a macro on args
 _LEADING_GUARD = re.compile(r"\s*has\(\s*args\.([A-Za-z_][A-Za-z0-9_]*)\s*\)\s*&&")
 
 

@@ -54,17 +54,20 @@ def call_variables(
     now: datetime,
     classes: set[str] | frozenset[str] = frozenset(),
     class_paths: dict[str, list[str]] | None = None,
+    shell: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The call-phase variables, as plain JSON-like values.
 
     `call` is what this call does (its classes and, for each, the paths it touches: every class
     has a key); `session.now` is this call's time in epoch seconds, which the session helpers
-    measure `within` from (gateway.policy.cel.helpers).
+    measure `within` from (gateway.policy.cel.helpers); `shell` is the shell analysis's
+    `as_cel()`, for `args_shell` (an empty map when the call had none).
     """
     return {
         "principal": principal_variable(principal, karma),
         "tool": tool_variable(tool, annotations, sensitivity),
         "args": arguments,
+        "args_shell": shell if shell is not None else {},
         "request": {
             "purpose": call.purpose,
             "disclosure_mode": disclosure_mode,
@@ -363,6 +366,7 @@ def variables_for(ctx: CallContext) -> dict[str, Any]:
             now=ctx.now,
             classes=ctx.classes,
             class_paths=ctx.class_paths,
+            shell=ctx.shell.as_cel() if ctx.shell is not None else None,
         )
     return ctx.variables
 

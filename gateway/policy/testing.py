@@ -31,8 +31,9 @@ from gateway.policy.evaluate import (
 from gateway.policy.load import LoadedDocument, expand_paths, read_documents
 from gateway.policy.cel.helpers import duration_seconds, path_normalize
 from gateway.policy.models import CaseCall, CaseSessionCall, RuleTest
-from gateway.stages.classify import classify_call
+from gateway.stages.classify import classify_call, merge_classes
 from gateway.stages.sanitizer.instructions import scan_definition, scan_result
+from gateway.stages.sanitizer.shell import shell_for
 from gateway.stages.sanitizer.walk import SanitizeError, SanitizerLimits, detect_secrets, sanitize
 
 FIXED_NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -83,10 +84,13 @@ def evaluate_case(
     session = session_history(call.session, now)
     karma = {"calls": len(session), "denials": sum(1 for c in session if c["decision"] == "deny")}
     classes, class_paths = classify_call(call.tool, call.annotations, arguments)
+    shell = shell_for(call.tool, arguments, policy.call_references(call.tool))
+    if shell is not None:
+        merge_classes(classes, class_paths, shell.classes, shell.class_paths)
     base: dict[str, Any] = dict(
         call=tool_call, principal=principal, tool=tool, annotations=annotations, arguments=arguments,
         disclosure_mode=mode, findings=findings, session=session, karma=karma, now=now,
-        classes=classes, class_paths=class_paths,
+        classes=classes, class_paths=class_paths, shell=shell.as_cel() if shell is not None else None,
     )
     probe = cel.make_activation(call_variables(sensitivity=Sensitivity.STANDARD, **base), policy.engine)
     sensitivity, _ = classify(policy, call.tool, probe)
@@ -125,7 +129,7 @@ def session_history(calls: list[CaseSessionCall], now: datetime) -> list[dict[st
     return out
 
 
-_PATH = re.compile(r"\b(?:args|principal|tool|request|session|response|findings|call)(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+_PATH = re.compile(r"\b(?:args_shell|args|principal|tool|request|session|response|findings|call)(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 def deciding_values(source: str, variables: dict[str, Any]) -> dict[str, Any]:

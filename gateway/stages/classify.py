@@ -213,11 +213,11 @@ def classify_call(
     return classes, paths
 
 
-def merge_classes(ctx: CallContext, classes: set[str], paths: dict[str, list[str]]) -> None:
-    """Union a classification into the call's (the shell analysis writes there too)."""
-    ctx.classes |= classes
-    for cls, found in paths.items():
-        bucket = ctx.class_paths.setdefault(cls, [])
+def merge_classes(classes: set[str], class_paths: dict[str, list[str]], more: set[str], more_paths: dict[str, list[str]]) -> None:
+    """Union one classification into another (the tool's and its shell command's both count)."""
+    classes |= more
+    for cls, found in more_paths.items():
+        bucket = class_paths.setdefault(cls, [])
         bucket.extend(p for p in found if p not in bucket)
 
 

@@ -1,0 +1,1540 @@
+"""Shell analysis: normalise a command bound for a shell-like tool into what the shell would run.
+
+A small bash-like lexer and expander (no bashlex: it is GPL) that undoes the usual ways of
+hiding a command from a text filter: backslash-escaped letters (`r\\m`), quotes splitting words
+(`r''m`, `"r"m`), `$IFS` in place of spaces, brace expansion (`{rm,-rf,/}`), ANSI-C and
+printf escapes (`$'\\x72m'`), backtick and `$( )` substitutions (analysed as commands of their
+own, and replaced by their output when it is known: `$(echo rm)`, `$(printf '\\162m')`, `$(echo
+cm0= | base64 -d)`), variables assigned then used (`a=rm; $a -rf /`), `bash -c`/`sh -c`/`eval`
+payloads, here-strings, here-documents and decoded data piped into a shell (`echo … | base64 -d |
+sh`), and Unicode look-alikes (NFKC plus a confusables map). Payloads are analysed recursively.
+
+Everything is bounded (input size, words, commands, brace results, depth). Input over a bound,
+or that does not lex (an unterminated quote or substitution), yields `unparsed=True` with the
+reason, and the shipped rules refuse it: fail closed. Pure functions, no I/O.
+
+`analyse_call` picks the command out of a call's arguments (`command`, `cmd`, `script`, as a
+string or an argv list of strings, with `args`/`argv` lists appended) and returns a
+`ShellAnalysis`; `ShellAnalysis.as_cel()` is the CEL variable `args_shell` (docs/detection.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import fnmatch
+import functools
+import re
+import shlex
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+__all__ = [
+    "EMPTY_CEL",
+    "SHELL_ARGUMENTS",
+    "SHELL_TOOLS",
+    "ShellAnalysis",
+    "ShellCommand",
+    "analyse",
+    "analyse_call",
+    "fold",
+    "is_shell_tool",
+    "shell_for",
+]
+
+#: Tool-name globs of shell-like tools (the same list as the `&shell_tools` anchor of
+#: rules/shell.yaml; a test keeps the two equal).
+SHELL_TOOLS: Final = (
+    "run_command", "run_*command*", "run_shell*", "run_script", "run_terminal*", "execute_*", "exec",
+    "exec_*", "*_exec", "shell*", "*_shell", "bash*", "sh", "terminal*",
+)  # fmt: skip
+#: Arguments that carry the command text (a string, or an argv list of strings).
+SHELL_ARGUMENTS: Final = ("command", "cmd", "script")
+#: Arguments whose list of strings is appended to the command (the exec form `{command, args}`).
+EXTRA_ARGV: Final = ("args", "argv")
+
+MAX_INPUT: Final = 65_536  # characters analysed in all, payloads and decoded data included
+MAX_WORDS: Final = 4_096
+MAX_COMMANDS: Final = 1_024
+MAX_BRACE: Final = 1_024  # words one brace expression may expand to
+MAX_DEPTH: Final = 6  # nesting of substitutions and payloads
+
+SHELLS: Final = frozenset({"sh", "bash", "zsh", "dash", "ksh", "ash", "mksh", "fish", "csh", "tcsh", "yash", "rbash"})
+#: Interpreters and the flags that give them code on the command line.
+SCRIPT_FLAGS: Final = {
+    "perl": {"-e", "-E"}, "ruby": {"-e"}, "node": {"-e", "-p", "--eval", "--print"}, "nodejs": {"-e", "-p", "--eval"},
+    "php": {"-r"}, "lua": {"-e"}, "pwsh": {"-c", "-command"}, "powershell": {"-c", "-command"}, "osascript": {"-e"},
+    "tclsh": set(), "deno": {"eval"}, "bun": {"-e", "--eval"},
+}  # fmt: skip
+_PYTHON: Final = re.compile(r"^(python[0-9.]*|pypy[0-9.]*)$")
+DOWNLOADERS: Final = frozenset({"curl", "wget", "fetch", "aria2c", "lwp-request", "http", "https", "xh"})
+#: Commands that take their options then run the rest of the line as a command.
+WRAPPERS: Final = {
+    "sudo": {"-u", "-g", "-p", "-C", "-D", "-h", "-r", "-t", "-U", "-T", "--user", "--group", "--prompt"},
+    "doas": {"-u", "-C"}, "pkexec": {"--user"}, "env": {"-u", "--unset", "-C", "--chdir", "-S"},
+    "nice": {"-n", "--adjustment"}, "nohup": set(), "time": {"-f", "-o"}, "timeout": {"-s", "-k", "--signal", "--kill-after"},
+    "stdbuf": {"-i", "-o", "-e"}, "ionice": {"-c", "-n", "-p"}, "command": set(), "builtin": set(), "exec": {"-a"},
+    "busybox": set(), "xargs": {"-I", "-i", "-n", "-P", "-L", "-d", "-E", "-s", "-a", "--max-args", "--delimiter"},
+    "setsid": set(), "unbuffer": set(), "chrt": set(), "taskset": set(), "caffeinate": set(),
+}  # fmt: skip
+#: Wrappers that take one positional argument before the command (a duration, a priority, a mask).
+_WRAPPER_POSITIONAL: Final = frozenset({"timeout", "chrt", "taskset"})
+_KEYWORDS_SKIP_LINE: Final = frozenset({"for", "select"})
+_RESERVED: Final = frozenset({"then", "do", "else", "elif", "if", "while", "until", "!", "time", "fi", "done"})
+_SYSTEM_BIN: Final = re.compile(r"^/(usr/)?(local/)?s?bin/")
+_ASSIGN: Final = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
+_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_URL: Final = re.compile(r"(?i)\b(?:https?|ftps?|sftp|scp|tftp|wss?|gopher|dict|ldaps?|smb|file)://[^\s'\"<>`]+")
+_SECRETISH_VAR: Final = re.compile(
+    r"(?i)\$\{?[A-Za-z0-9_]*(secret|token|passw|pwd|api_?key|private|credential|auth|session|cookie|aws_|gh_|github_)"
+)
+_CREDENTIAL_PATH: Final = re.compile(
+    r"(?i)(^|/)(\.ssh/|id_(rsa|dsa|ecdsa|ed25519)\b|\.aws/(credentials|config)|\.env(\.[\w.-]+)?$|\.netrc$|"
+    r"\.git-credentials$|\.docker/config\.json$|\.kube/config$|\.npmrc$|\.pypirc$|\.pgpass$|\.gnupg/|"
+    r"[^/]*\.(pem|key|p12|pfx|keystore|jks)$|etc/(shadow|gshadow|sudoers|master\.passwd)$|"
+    r"\.config/gcloud/|\.azure/|credentials\.json$|\.vault-token$|\.bash_history$|\.zsh_history$)"
+)
+_ENVIRON_PATH: Final = re.compile(r"^/proc/[^/]+/environ$")
+_RECON_FILES: Final = re.compile(r"^(/etc/(passwd|group|hosts|hostname|os-release|issue|resolv\.conf|crontab)|/proc/(version|cpuinfo|self/status|net/.*))$")
+_ROOTISH_DIR: Final = re.compile(r"^(/+|~/?|\$HOME/?|/etc/?|/root/?|/home/?)$")
+_READERS: Final = frozenset({
+    "cat", "tac", "less", "more", "head", "tail", "cp", "scp", "rsync", "base64", "base32", "xxd", "od", "hexdump",
+    "strings", "grep", "egrep", "fgrep", "rg", "awk", "gawk", "sed", "cut", "sort", "uniq", "nl", "tar", "zip", "gzip",
+    "openssl", "gpg", "vi", "vim", "nano", "view", "bat", "jq", "source", ".", "curl", "wget", "nc", "ncat", "socat",
+    "diff", "cmp", "md5sum", "sha256sum", "xclip", "pbcopy", "tee", "dd", "mail", "sendmail",
+})  # fmt: skip
+_RECON: Final = frozenset({
+    "whoami", "id", "uname", "hostname", "ifconfig", "ipconfig", "ps", "netstat", "ss", "lsof", "w", "who", "last",
+    "nmap", "masscan", "arp", "route", "getent", "groups", "users", "uptime", "lscpu", "lsblk", "dmesg", "systeminfo",
+    "nbtscan", "enum4linux", "traceroute", "dig", "nslookup", "host", "zmap", "lsmod", "crontab", "hostnamectl",
+})  # fmt: skip
+_NET_TOOLS: Final = frozenset({"nc", "ncat", "netcat", "socat", "telnet", "ftp", "sftp", "tftp"})
+_REMOTE: Final = re.compile(r"^([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.-]+:[^/]?")
+_CURL_VALUE: Final = frozenset({
+    "-o", "--output", "-H", "--header", "-d", "--data", "--data-binary", "--data-raw", "--data-ascii",
+    "--data-urlencode", "-X", "--request", "-u", "--user", "-A", "--user-agent", "-e", "--referer", "-F", "--form",
+    "--form-string", "-T", "--upload-file", "-x", "--proxy", "-b", "--cookie", "-c", "--cookie-jar", "-K", "--config",
+    "-w", "--write-out", "-m", "--max-time", "--connect-timeout", "--url", "--json", "-r", "--range", "-E", "--cert",
+    "--key", "--cacert", "--resolve", "--retry", "-C", "--continue-at", "-U", "--proxy-user", "--limit-rate", "-z",
+    "--time-cond", "-Y", "-y", "--interface", "--dns-servers", "-Q", "--quote", "--output-dir",
+})  # fmt: skip
+_CURL_SEND: Final = frozenset({
+    "-d", "--data", "--data-binary", "--data-raw", "--data-ascii", "--data-urlencode", "-F", "--form",
+    "--form-string", "-T", "--upload-file", "--json",
+})  # fmt: skip
+_WGET_VALUE: Final = frozenset({
+    "-O", "--output-document", "-o", "--output-file", "-a", "-P", "--directory-prefix", "-U", "--user-agent",
+    "--header", "-e", "--execute", "-t", "--tries", "-T", "--timeout", "--post-data", "--post-file", "--body-data",
+    "--body-file", "--method", "-i", "--input-file", "--user", "--password", "-Q", "--quota", "-w", "--wait",
+})  # fmt: skip
+_WGET_SEND: Final = frozenset({"--post-data", "--post-file", "--body-data", "--body-file"})
+_DISCARD: Final = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"})
+
+# Look-alike letters NFKC leaves alone: Cyrillic and Greek homoglyphs of Latin letters, dashes,
+# slashes and the like. Private-use code points this module uses as markers are replaced too.
+_CONFUSABLES: Final = {
+    **dict(zip("аеорсухіјѕԁһӏԛԝкмнтвпгѵ", "aeopcyxijsdhlqwkmhtbnrv")),
+    **dict(zip("АВЕКМНОРСТХІЈЅУԌԚԜ", "ABEKMHOPCTXIJSYGQW")),
+    **dict(zip("οαινκρτυχεβγμ", "oaivkptuxebym")),
+    **dict(zip("ΑΒΕΖΗΙΚΜΝΟΡΤΥΧ", "ABEZHIKMNOPTYX")),
+    "‐": "-", "‑": "-", "‒": "-", "–": "-", "—": "-", "―": "-", "−": "-", "⁃": "-", "﹘": "-",
+    "∕": "/", "⁄": "/", "⧸": "/", "˜": "~", "∼": "~", "′": "'", "‵": "`", "ˋ": "`", "ǀ": "|", "∣": "|",
+    "\u00a0": " ", "\u2028": "\n", "\u2029": "\n",
+}  # fmt: skip
+_MARK_LO, _MARK_HI = 0xE000, 0xE00F
+_CONFUSABLE_TABLE: Final = {ord(k): v for k, v in _CONFUSABLES.items()}
+_FOLD_TABLE: Final = _CONFUSABLE_TABLE | {c: "?" for c in range(_MARK_LO, _MARK_HI + 1)}
+_ZERO_WIDTH: Final = re.compile("[\u200b-\u200f\u2060-\u2064\ufeff\u00ad\u180e\u034f]")
+
+# Markers inside expanded words: brace/comma characters that must not expand (quoted or from a
+# variable), a field break (unquoted whitespace from an expansion), unknown-variable bounds.
+_LB, _RB, _COMMA, _SPLIT, _UNK_OPEN, _UNK_CLOSE = (chr(_MARK_LO + i) for i in range(6))
+_INERT: Final = str.maketrans({"{": _LB, "}": _RB, ",": _COMMA})
+_RESTORE: Final = str.maketrans({_LB: "{", _RB: "}", _COMMA: ","})
+_UNKNOWN: Final = re.compile(f"{_UNK_OPEN}[^{_UNK_CLOSE}]*{_UNK_CLOSE}")
+_BRACE: Final = re.compile(r"\{([^{}]*)\}")
+_SEQ: Final = re.compile(r"^(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.(-?\d+))?$")
+_META: Final = frozenset(" \t\n;&|()<>")
+
+
+def fold(text: str) -> str:
+    """Unicode folded to ASCII look-alikes: NFKC, zero-width characters dropped, confusables mapped."""
+    if text.isascii():
+        return text
+    text = unicodedata.normalize("NFKC", _ZERO_WIDTH.sub("", text))
+    return text.translate(_FOLD_TABLE)
+
+
+def _fold_keep(text: str) -> str:
+    """`fold` for text this module built: its own markers survive (input never carries them)."""
+    if text.isascii():
+        return text
+    return unicodedata.normalize("NFKC", _ZERO_WIDTH.sub("", text)).translate(_CONFUSABLE_TABLE)
+
+
+@functools.lru_cache(maxsize=4096)
+def is_shell_tool(name: str) -> bool:
+    """Whether a tool name matches the shell-like globs (memoised: the set of names is small)."""
+    return any(fnmatch.fnmatchcase(name, g) for g in SHELL_TOOLS)
+
+
+class Unparsed(Exception):
+    """The command does not lex, or is over a bound: the analysis fails closed."""
+
+
+# ---------------------------------------------------------------- the syntax tree
+
+
+@dataclass(slots=True)
+class Part:
+    """One piece of a word: literal text, a variable, a substitution, ANSI-C text."""
+
+    kind: str  # "lit" | "var" | "sub" | "procsub"
+    text: str = ""
+    quoted: bool = False
+    body: list[Any] | None = None  # the parsed script of a substitution
+    op: str = ""  # parameter-expansion operator (":-", "#", ...) and its argument in `arg`
+    arg: list[Part] | None = None
+
+
+@dataclass(slots=True)
+class Redirect:
+    op: str
+    target: list[Part]
+    heredoc: str | None = None
+    strip_tabs: bool = False
+
+
+@dataclass(slots=True)
+class Simple:
+    words: list[list[Part]] = field(default_factory=list)
+    redirects: list[Redirect] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Group:
+    body: list[Any]  # a list of pipelines
+    redirects: list[Redirect] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class FuncDef:
+    name: str
+    body: Any
+
+
+@dataclass(slots=True)
+class Pipeline:
+    elements: list[Any]
+    background: bool = False
+
+
+class _Lexer:
+    """A recursive-descent reader of the bash subset that matters for analysis."""
+
+    def __init__(self, text: str) -> None:
+        self.s = text
+        self.i = 0
+        self.n = len(text)
+        self.pending: list[Redirect] = []
+        self.case_depth = 0
+
+    def error(self, what: str) -> Unparsed:
+        return Unparsed(f"{what} at character {self.i}")
+
+    def peek(self, k: int = 0) -> str:
+        j = self.i + k
+        return self.s[j] if j < self.n else ""
+
+    def skip_blanks(self) -> None:
+        s, n = self.s, self.n
+        while self.i < n:
+            c = s[self.i]
+            if c in " \t\r":
+                self.i += 1
+            elif c == "\\" and self.i + 1 < n and s[self.i + 1] == "\n":
+                self.i += 2
+            else:
+                return
+
+    def read_heredocs(self) -> None:
+        for redirect in self.pending:
+            delim = "".join(p.text for p in redirect.target)
+            lines: list[str] = []
+            while self.i < self.n:
+                end = self.s.find("\n", self.i)
+                end = self.n if end < 0 else end
+                line = self.s[self.i : end]
+                self.i = min(end + 1, self.n)
+                if (line.lstrip("\t") if redirect.strip_tabs else line) == delim:
+                    break
+                lines.append(line.lstrip("\t") if redirect.strip_tabs else line)
+            redirect.heredoc = "\n".join(lines)
+        self.pending.clear()
+
+    def parse_list(self, stop: str | None) -> list[Pipeline]:
+        """Pipelines up to `stop` (")" for a subshell or substitution, "}" for a group, None: end)."""
+        out: list[Pipeline] = []
+        elements: list[Any] = []
+        current: Simple | None = None
+        expect_command = True
+
+        def end_pipeline(background: bool = False) -> None:
+            nonlocal current, elements, expect_command
+            if current is not None and (current.words or current.redirects):
+                elements.append(current)
+            if elements:
+                out.append(Pipeline(elements, background))
+            elements, current, expect_command = [], None, True
+
+        while True:
+            self.skip_blanks()
+            if self.i >= self.n:
+                if stop is not None:
+                    raise self.error(f"missing {stop!r}")
+                end_pipeline()
+                return out
+            c = self.s[self.i]
+            if c == "#" and current is None:
+                nl = self.s.find("\n", self.i)
+                self.i = self.n if nl < 0 else nl
+                continue
+            if c == "\n":
+                self.i += 1
+                end_pipeline()
+                if self.pending:
+                    self.read_heredocs()
+                continue
+            if c == ";":
+                self.i += 2 if self.peek(1) in (";", "&") else 1
+                end_pipeline()
+                continue
+            if c == "&":
+                if self.peek(1) == "&":
+                    self.i += 2
+                    end_pipeline()
+                    continue
+                if self.peek(1) == ">":
+                    self.read_redirect(current := current or Simple())
+                    continue
+                self.i += 1
+                end_pipeline(background=True)
+                continue
+            if c == "|":
+                if self.peek(1) == "|":
+                    self.i += 2
+                    end_pipeline()
+                    continue
+                self.i += 2 if self.peek(1) == "&" else 1
+                if current is not None:
+                    elements.append(current)
+                current, expect_command = None, True
+                continue
+            if c == ")":
+                if stop == ")":
+                    self.i += 1
+                    end_pipeline()
+                    return out
+                if self.case_depth:
+                    self.i += 1
+                    continue
+                raise self.error("unexpected ')'")
+            if c == "(":
+                if self.peek(1) == "(" and current is None:  # arithmetic command (( ... ))
+                    self.skip_arith(2)
+                    continue
+                self.i += 1
+                if current is not None and len(current.words) == 1 and not current.redirects:
+                    self.skip_blanks()
+                    if self.peek() != ")":
+                        raise self.error("unexpected '('")
+                    self.i += 1
+                    name = "".join(p.text for p in current.words[0])
+                    self.skip_blanks()
+                    while self.peek() == "\n":
+                        self.i += 1
+                        self.skip_blanks()
+                    body = self.parse_compound()
+                    elements.append(FuncDef(name, body))
+                    current = None
+                    continue
+                if current is not None:
+                    raise self.error("unexpected '('")
+                elements.append(Group(self.parse_list(")")))
+                continue
+            if c in "<>":
+                if self.peek(1) == "(":
+                    word = self.read_word()
+                    current = current or Simple()
+                    current.words.append(word)
+                    continue
+                self.read_redirect(current := current or Simple())
+                continue
+            if c.isdigit():
+                j = self.i
+                while j < self.n and self.s[j].isdigit():
+                    j += 1
+                if j < self.n and self.s[j] in "<>" and (j + 1 >= self.n or self.s[j + 1] != "("):
+                    self.i = j
+                    self.read_redirect(current := current or Simple())
+                    continue
+            start = self.i
+            word = self.read_word()
+            raw = self.s[start : self.i]
+            if current is None or not current.words:
+                if raw == stop == "}" and expect_command:
+                    end_pipeline()
+                    return out
+                if raw == "{" and expect_command:
+                    elements.append(Group(self.parse_list("}")))
+                    current = None
+                    continue
+                if raw in _RESERVED:
+                    continue
+                if raw == "esac":
+                    self.case_depth = max(0, self.case_depth - 1)
+                    continue
+                if raw in _KEYWORDS_SKIP_LINE or raw == "case":
+                    self.skip_header(raw)
+                    continue
+                if raw == "function":
+                    self.skip_blanks()
+                    fname = "".join(p.text for p in self.read_word())
+                    self.skip_blanks()
+                    if self.peek() == "(" and self.peek(1) == ")":
+                        self.i += 2
+                    self.skip_blanks()
+                    while self.peek() == "\n":
+                        self.i += 1
+                        self.skip_blanks()
+                    elements.append(FuncDef(fname, self.parse_compound()))
+                    continue
+                if self.case_depth and self.peek() == ")" and current is None:
+                    self.i += 1  # a case pattern `pat)`
+                    continue
+            current = current or Simple()
+            current.words.append(word)
+            expect_command = False
+
+    def parse_compound(self) -> Any:
+        if self.peek() == "{":
+            self.i += 1
+            return Group(self.parse_list("}"))
+        if self.peek() == "(":
+            self.i += 1
+            return Group(self.parse_list(")"))
+        raise self.error("expected a function body")
+
+    def skip_header(self, keyword: str) -> None:
+        """Skip `for x in …;`, `select …;` or `case WORD in` (their words are not commands)."""
+        while self.i < self.n:
+            self.skip_blanks()
+            c = self.peek()
+            if c in ("\n", ";") and keyword != "case":
+                self.i += 1
+                return
+            if c == "":
+                return
+            if c in "();&|<>" and keyword != "case":
+                return
+            start = self.i
+            if c in "();&|<>":
+                self.i += 1
+                continue
+            self.read_word()
+            if keyword == "case" and self.s[start : self.i] == "in":
+                self.case_depth += 1
+                return
+
+    def skip_arith(self, opened: int) -> None:
+        depth = 0
+        self.i += opened
+        while self.i < self.n:
+            c = self.s[self.i]
+            if c == "(":
+                depth += 1
+            elif c == ")":
+                if depth == 0:
+                    self.i += 2 if self.peek(1) == ")" else 1
+                    return
+                depth -= 1
+            self.i += 1
+        raise self.error("missing '))'")
+
+    def read_redirect(self, into: Simple) -> None:
+        s = self.s
+        j = self.i
+        while j < self.n and s[j].isdigit():
+            j += 1
+        self.i = j
+        for op in ("<<<", "<<-", "&>>", "<<", ">>", ">&", "<&", "&>", ">|", "<>", "<", ">"):
+            if s.startswith(op, self.i):
+                self.i += len(op)
+                break
+        self.skip_blanks()
+        if self.i >= self.n or s[self.i] in "\n;&|()":
+            if op in (">&", "<&"):
+                raise self.error("missing redirection target")
+            raise self.error(f"missing target after {op!r}")
+        target = self.read_word()
+        redirect = Redirect(op, target, strip_tabs=op == "<<-")
+        if op in ("<<", "<<-"):
+            self.pending.append(redirect)
+        into.redirects.append(redirect)
+
+    def read_word(self) -> list[Part]:
+        parts: list[Part] = []
+        s, n = self.s, self.n
+        buf: list[str] = []
+
+        def flush() -> None:
+            if buf:
+                parts.append(Part("lit", "".join(buf)))
+                buf.clear()
+
+        while self.i < n:
+            c = s[self.i]
+            if c in _META:
+                if c in "<>" and self.peek(1) == "(" and not parts and not buf:
+                    flush()
+                    self.i += 2
+                    parts.append(Part("procsub", c, body=self.parse_list(")")))
+                    continue
+                if c == "(" and self.case_depth == 0 and buf and "=" in buf and "".join(buf).endswith("="):
+                    # an array assignment a=(x y): keep its text as a literal
+                    end = s.find(")", self.i)
+                    if end < 0:
+                        raise self.error("missing ')'")
+                    buf.append(s[self.i : end + 1])
+                    self.i = end + 1
+                    continue
+                break
+            if c == _UNK_OPEN:
+                end = s.find(_UNK_CLOSE, self.i)
+                end = n if end < 0 else end
+                flush()
+                parts.append(Part("lit", s[self.i + 1 : end], quoted=True))
+                self.i = end + 1
+                continue
+            if c == "\\":
+                if self.i + 1 >= n:
+                    self.i += 1
+                    continue
+                nxt = s[self.i + 1]
+                self.i += 2
+                if nxt != "\n":
+                    flush()
+                    parts.append(Part("lit", nxt, quoted=True))
+                continue
+            if c == "'":
+                end = s.find("'", self.i + 1)
+                if end < 0:
+                    raise self.error("unterminated single quote")
+                flush()
+                parts.append(Part("lit", s[self.i + 1 : end], quoted=True))
+                self.i = end + 1
+                continue
+            if c == '"':
+                flush()
+                self.i += 1
+                parts.extend(self.read_double())
+                continue
+            if c == "`":
+                flush()
+                parts.append(self.read_backtick(quoted=False))
+                continue
+            if c == "$":
+                flush()
+                part = self.read_dollar(quoted=False)
+                if part is not None:
+                    parts.append(part)
+                continue
+            buf.append(c)
+            self.i += 1
+        flush()
+        return parts
+
+    def read_double(self) -> list[Part]:
+        parts: list[Part] = []
+        buf: list[str] = []
+        s, n = self.s, self.n
+        while True:
+            if self.i >= n:
+                raise self.error("unterminated double quote")
+            c = s[self.i]
+            if c == '"':
+                self.i += 1
+                break
+            if c == "\\" and self.i + 1 < n and s[self.i + 1] in '$`"\\\n':
+                if s[self.i + 1] != "\n":
+                    buf.append(s[self.i + 1])
+                self.i += 2
+                continue
+            if c in "$`":
+                if buf:
+                    parts.append(Part("lit", "".join(buf), quoted=True))
+                    buf = []
+                part = self.read_backtick(quoted=True) if c == "`" else self.read_dollar(quoted=True)
+                if part is not None:
+                    parts.append(part)
+                continue
+            buf.append(c)
+            self.i += 1
+        if buf or not parts:
+            parts.append(Part("lit", "".join(buf), quoted=True))
+        return parts
+
+    def read_backtick(self, quoted: bool) -> Part:
+        s = self.s
+        self.i += 1
+        out: list[str] = []
+        while True:
+            if self.i >= self.n:
+                raise self.error("unterminated backtick")
+            c = s[self.i]
+            if c == "`":
+                self.i += 1
+                break
+            if c == "\\" and self.i + 1 < self.n and s[self.i + 1] in "`\\$":
+                out.append(s[self.i + 1])
+                self.i += 2
+                continue
+            out.append(c)
+            self.i += 1
+        inner = _Lexer("".join(out))
+        return Part("sub", "`" + "".join(out) + "`", quoted=quoted, body=inner.parse_list(None))
+
+    def read_dollar(self, quoted: bool) -> Part | None:
+        s, n = self.s, self.n
+        nxt = self.peek(1)
+        if nxt == "(":
+            if self.peek(2) == "(":
+                start = self.i
+                self.i += 1
+                self.skip_arith(2)
+                return Part("lit", s[start : self.i], quoted=True)
+            start = self.i
+            self.i += 2
+            body = self.parse_list(")")
+            return Part("sub", s[start : self.i], quoted=quoted, body=body)
+        if nxt == "{":
+            depth, j = 1, self.i + 2
+            while j < n and depth:
+                if s[j] == "{":
+                    depth += 1
+                elif s[j] == "}":
+                    depth -= 1
+                elif s[j] == "\\":
+                    j += 1
+                j += 1
+            if depth:
+                raise self.error("unterminated ${")
+            inner = s[self.i + 2 : j - 1]
+            self.i = j
+            return _param(inner, quoted)
+        if nxt == "'" and not quoted:
+            j = self.i + 2
+            while j < n and s[j] != "'":
+                j += 2 if s[j] == "\\" else 1
+            if j >= n:
+                raise self.error("unterminated $'")
+            text = fold(_ansi_c(s[self.i + 2 : j]))
+            self.i = j + 1
+            return Part("lit", text, quoted=True)
+        if nxt == '"' and not quoted:
+            self.i += 1
+            return None  # $"..." is a double-quoted string; the next loop reads it
+        if nxt and (nxt in "@*#?$!-0123456789"):
+            self.i += 2
+            return Part("var", nxt, quoted=quoted)
+        match = _NAME.match(s, self.i + 1)
+        if match:
+            self.i = match.end()
+            return Part("var", match.group(), quoted=quoted)
+        self.i += 1
+        return Part("lit", "$", quoted=quoted)
+
+
+def _param(inner: str, quoted: bool) -> Part:
+    """`${…}`: a name with an optional operator (`:-`, `-`, `:=`, `#`, `%`, `:off:len`, `^^`, `,,`)."""
+    if inner.startswith("#") and _NAME.fullmatch(inner[1:]):
+        return Part("var", inner[1:], quoted=quoted, op="len")
+    if inner.startswith("!"):
+        return Part("var", "?indirect", quoted=quoted)
+    match = _NAME.match(inner) or re.match(r"[@*#?$!0-9]", inner)
+    if not match:
+        return Part("lit", "${" + inner + "}", quoted=quoted)
+    name, rest = match.group(), inner[match.end() :]
+    for op in (":-", ":=", ":+", ":?", "-", "=", "+", "?", "##", "#", "%%", "%", "^^", ",,", "^", ",", "//", "/", ":"):
+        if rest.startswith(op):
+            arg = _Lexer(rest[len(op) :]).read_word() if op in (":-", ":=", "-", "=") else [Part("lit", rest[len(op) :])]
+            return Part("var", name, quoted=quoted, op=op, arg=arg)
+    return Part("var", name, quoted=quoted)
+
+
+_ANSI: Final = re.compile(r"\\(x[0-9A-Fa-f]{1,2}|u[0-9A-Fa-f]{1,4}|U[0-9A-Fa-f]{1,8}|[0-7]{1,3}|c.|.)", re.S)
+_SIMPLE_ESC: Final = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "v": "\v"}
+
+
+def _unescape(match: re.Match[str]) -> str:
+    seq = match.group(1)
+    head = seq[0]
+    try:
+        if head == "x":
+            return chr(int(seq[1:], 16))
+        if head in "uU":
+            return chr(int(seq[1:], 16))
+        if head in "01234567":
+            return chr(int(seq, 8) & 0xFF)
+    except (ValueError, OverflowError):
+        return ""
+    if head == "c" and len(seq) == 2:
+        return chr(ord(seq[1]) & 0x1F)
+    return _SIMPLE_ESC.get(head, seq)
+
+
+def _ansi_c(text: str) -> str:
+    """The text of `$'…'` (and of `echo -e`, `printf` formats) with its escapes decoded."""
+    return _fold_keep(_ANSI.sub(_unescape, text)) if "\\" in text else text
+
+
+def _printf(fmt: str, args: list[str]) -> str:
+    """What `printf FMT ARGS…` prints, for the common conversions (%s %b %c %d …); the format is
+    reused while arguments remain, as printf does."""
+    fmt = _ansi_c(fmt)
+    values = list(args)
+    out: list[str] = []
+    for _ in range(64):
+        pos = 0
+        used = False
+        for conv in _PRINTF_CONV.finditer(fmt):
+            out.append(fmt[pos : conv.start()])
+            pos = conv.end()
+            kind = conv.group(1)
+            if kind == "%":
+                out.append("%")
+                continue
+            used = True
+            value = values.pop(0) if values else ""
+            out.append(_ansi_c(value) if kind == "b" else value[:1] if kind == "c" else value)
+        out.append(fmt[pos:])
+        if not values or not used:
+            break
+    return "".join(out)
+
+
+_PRINTF_CONV: Final = re.compile(r"%[-+ #0]*\d*(?:\.\d+)?([sbdciouxXc%])")
+
+
+# ---------------------------------------------------------------- the analysis
+
+
+@dataclass(slots=True)
+class ShellCommand:
+    """One simple command as the shell would run it, after expansion."""
+
+    name: str  # basename of the command word, lower-cased, after wrappers
+    path: str  # the command word as written (expanded)
+    args: list[str]
+    wrappers: list[str]
+    via: str  # "" top level; "subst", "procsub", "payload", "stdin", "heredoc", "decoded", "exec"
+    parent: str  # the command that runs it (the one with the substitution or the payload)
+    upstream: list[str]  # names of the commands earlier in its pipeline
+    depth: int
+    function: str = ""
+    runs_stdin: bool = False
+
+    @property
+    def flags(self) -> list[str]:
+        """Options, with short clusters split (`-rf` → `-r`, `-f`) and `--long=v` cut at the `=`."""
+        out: list[str] = []
+        for a in self.args:
+            if a == "--":
+                break
+            if a.startswith("--") and len(a) > 2:
+                out.append(a.split("=", 1)[0])
+            elif a.startswith("-") and len(a) > 1 and not a[1].isdigit():
+                out.extend("-" + ch for ch in a[1:])
+        return out
+
+    @property
+    def operands(self) -> list[str]:
+        ended = False
+        out = []
+        for a in self.args:
+            if not ended and a == "--":
+                ended = True
+            elif ended or not (a.startswith("-") and len(a) > 1):
+                out.append(a)
+        return out
+
+    def as_cel(self) -> dict[str, Any]:
+        # Only what rules need: converting the activation costs in proportion to its size.
+        return {
+            "name": self.name, "args": self.args, "flags": self.flags, "operands": self.operands,
+            "wrappers": self.wrappers, "via": self.via, "parent": self.parent, "upstream": self.upstream,
+            "runs_stdin": self.runs_stdin,
+        }  # fmt: skip
+
+
+@dataclass(slots=True)
+class ShellAnalysis:
+    """What a shell would run, for the rules (`args_shell`) and the sequence classes."""
+
+    present: bool = False
+    unparsed: bool = False
+    reason: str = ""
+    source: str = ""
+    commands: list[ShellCommand] = field(default_factory=list)
+    redirects: list[dict[str, str]] = field(default_factory=list)
+    functions: list[dict[str, Any]] = field(default_factory=list)
+    urls: list[str] = field(default_factory=list)
+    classes: set[str] = field(default_factory=set)
+    class_paths: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def words(self) -> list[str]:
+        return [w for c in self.commands for w in (*c.wrappers, c.path, *c.args)]
+
+    @property
+    def text(self) -> str:
+        """The normalised command text: one line per command (its normalised name, then its
+        arguments), words shell-quoted."""
+        return "\n".join(shlex.join([c.name, *c.args]) for c in self.commands)
+
+    def as_cel(self) -> dict[str, Any]:
+        return {
+            "present": self.present, "unparsed": self.unparsed, "reason": self.reason, "source": self.source,
+            "text": self.text, "words": self.words, "names": [c.name for c in self.commands],
+            "commands": [c.as_cel() for c in self.commands], "redirects": self.redirects,
+            "functions": self.functions, "urls": self.urls, "classes": sorted(self.classes),
+            "class_paths": {k: list(v) for k, v in sorted(self.class_paths.items())},
+        }  # fmt: skip
+
+    def add_class(self, cls: str, path: str = "") -> None:
+        self.classes.add(cls)
+        if path:
+            paths = self.class_paths.setdefault(cls, [])
+            if path not in paths and len(paths) < 64:
+                paths.append(path)
+
+
+EMPTY_CEL: Final = ShellAnalysis().as_cel()
+
+
+class _Walker:
+    """Expands the syntax tree in order (so assignments reach later words) into ShellCommands."""
+
+    def __init__(self, result: ShellAnalysis) -> None:
+        self.result = result
+        self.env: dict[str, str] = {}
+        self.budget = MAX_INPUT
+        self.words = 0
+
+    def charge(self, text: str) -> None:
+        self.budget -= len(text)
+        if self.budget < 0:
+            raise Unparsed(f"more than {MAX_INPUT} characters to analyse (payloads included)")
+
+    def script(self, text: str, depth: int, via: str, parent: str, *, outside: bool = False) -> None:
+        """Analyse a script: the input (`outside`: folded strictly) or a payload this walk built."""
+        if depth > MAX_DEPTH:
+            raise Unparsed(f"nested deeper than {MAX_DEPTH} levels of substitutions and payloads")
+        self.charge(text)
+        self.pipelines(_Lexer(fold(text) if outside else text).parse_list(None), depth, via, parent, "")
+
+    def pipelines(self, items: list[Pipeline], depth: int, via: str, parent: str, function: str) -> str | None:
+        """Walk the pipelines; return what they print together, when every part of it is known."""
+        printed: list[str] | None = []
+        for pipeline in items:
+            upstream: list[str] = []
+            output: str | None = None
+            decoded = False
+            for element in pipeline.elements:
+                output, decoded = self.element(element, depth, via, parent, function, upstream, output, decoded)
+            if output is None or pipeline.background:
+                printed = None
+            elif printed is not None:
+                printed.append(output)
+        return None if printed is None else "".join(printed)
+
+    def element(
+        self, element: Any, depth: int, via: str, parent: str, function: str, upstream: list[str],
+        stdin: str | None, decoded: bool,
+    ) -> tuple[str | None, bool]:  # fmt: skip
+        if isinstance(element, Simple):
+            return self.simple(element, depth, via, parent, function, upstream, stdin, decoded)
+        if isinstance(element, FuncDef):
+            start = len(self.result.commands)
+            self.pipelines(element.body.body, depth, via, parent, element.name)
+            calls = [c.name for c in self.result.commands[start:]]
+            self.result.functions.append({"name": element.name.lower(), "calls": calls})
+            return None, False
+        start = len(self.result.commands)
+        self.pipelines(element.body, depth, via, parent, function)
+        upstream.extend(c.name for c in self.result.commands[start:])
+        for redirect in element.redirects:
+            self.redirect(redirect, "", depth)
+        return None, False
+
+    # ---- words
+
+    def expand(self, word: list[Part], depth: int, subs: list[ShellCommand], keep_unknown: bool = True) -> list[str]:
+        """One word → the fields the shell would make of it (brace expansion, splitting)."""
+        self.words += 1
+        if self.words > MAX_WORDS:
+            raise Unparsed(f"more than {MAX_WORDS} words")
+        pieces: list[str] = []
+        quoted = False
+        for part in word:
+            quoted = quoted or part.quoted
+            pieces.append(self.part(part, depth, subs))
+        text = "".join(pieces)
+        fields = _brace(text) if "{" in text else [text]
+        out: list[str] = []
+        for f in fields:
+            chunks = f.split(_SPLIT) if _SPLIT in f else [f]
+            for chunk in chunks:
+                chunk = chunk.translate(_RESTORE)
+                if chunk or (quoted and len(chunks) == 1):
+                    out.append(chunk)
+        return out
+
+    def part(self, part: Part, depth: int, subs: list[ShellCommand]) -> str:
+        if part.kind == "lit":
+            return part.text.translate(_INERT) if part.quoted else part.text
+        if part.kind in ("sub", "procsub"):
+            start = len(self.result.commands)
+            assert part.body is not None
+            if depth + 1 > MAX_DEPTH:
+                raise Unparsed(f"nested deeper than {MAX_DEPTH} levels of substitutions and payloads")
+            value = self.pipelines(part.body, depth + 1, "subst" if part.kind == "sub" else "procsub", "", "")
+            subs.extend(self.result.commands[start:])
+            if part.kind == "procsub":
+                return "/dev/fd/63"
+            if value is None:
+                return _UNK_OPEN + part.text.translate(_INERT) + _UNK_CLOSE
+            value = value.rstrip("\n").translate(_INERT)
+            return value if part.quoted else _split_marks(value)
+        return self.variable(part, depth, subs)
+
+    def variable(self, part: Part, depth: int, subs: list[ShellCommand]) -> str:
+        name = part.text
+        value = self.env.get(name)
+        if name == "IFS" and value is None:
+            value = " "
+        if name in ("@", "*"):
+            value = ""
+        if part.op in (":-", "-", ":=", "="):
+            if not value:
+                value = "".join(self.expand(part.arg or [], depth, subs)) if part.arg else ""
+                if part.op in (":=", "="):
+                    self.env[name] = value
+        elif value is not None and part.op:
+            value = _param_op(value, part.op, part.arg[0].text if part.arg else "")
+        if value is None:
+            return _UNK_OPEN + "$" + name + _UNK_CLOSE
+        value = value.translate(_INERT)
+        return value if part.quoted else _split_marks(value)
+
+    # ---- commands
+
+    def simple(
+        self, cmd: Simple, depth: int, via: str, parent: str, function: str, upstream: list[str],
+        stdin: str | None, decoded: bool,
+    ) -> tuple[str | None, bool]:  # fmt: skip
+        subs: list[ShellCommand] = []
+        argv: list[str] = []
+        assigning = True
+        for word in cmd.words:
+            if assigning and word and word[0].kind == "lit" and not word[0].quoted:
+                match = _ASSIGN.match(word[0].text)
+                if match:
+                    rest = [Part("lit", word[0].text[match.end() :]), *word[1:]]
+                    value = _strip_unknown("".join(self.expand(rest, depth, subs)), keep=True)
+                    prior = self.env.get(match.group(1), "") if match.group(2) else ""
+                    self.env[match.group(1)] = prior + value
+                    continue
+            assigning = False
+            argv.extend(self.expand(word, depth, subs))
+        heredoc: str | None = None
+        for redirect in cmd.redirects:
+            if redirect.op == "<<<":
+                heredoc = "".join(self.expand(redirect.target, depth, subs)) + "\n"
+            elif redirect.op in ("<<", "<<-"):
+                heredoc = redirect.heredoc or ""
+        if not argv:
+            for redirect in cmd.redirects:
+                self.redirect(redirect, "", depth)
+            self.adopt(subs, "")
+            return "", False
+        marked = argv
+        argv = [_strip_unknown_name(argv[0])] + [_strip_unknown(a, keep=True) for a in argv[1:]]
+        wrappers, rest = _unwrap(argv)
+        path = rest[0]
+        name = path.rsplit("/", 1)[-1].lower() or path.lower()
+        command = ShellCommand(
+            name=name, path=path, args=rest[1:], wrappers=wrappers, via=via, parent=parent,
+            upstream=list(upstream), depth=depth, function=function,
+        )  # fmt: skip
+        command.runs_stdin = _runs_stdin(command)
+        self.add(command)
+        self.adopt(subs, name)
+        for redirect in cmd.redirects:
+            self.redirect(redirect, name, depth)
+        upstream.append(name)
+        self.payloads(command, marked[len(argv) - len(rest) + 1 :], depth, stdin if heredoc is None else heredoc,
+                      decoded, heredoc is not None)
+        output = _command_output(command, stdin if heredoc is None else heredoc)
+        return output, decoded or (output is not None and name not in ("echo", "printf", "cat"))
+
+    def add(self, command: ShellCommand) -> None:
+        if len(self.result.commands) >= MAX_COMMANDS:
+            raise Unparsed(f"more than {MAX_COMMANDS} commands")
+        self.result.commands.append(command)
+
+    def adopt(self, subs: list[ShellCommand], parent: str) -> None:
+        for sub in subs:
+            if not sub.parent:
+                sub.parent = parent
+
+    def redirect(self, redirect: Redirect, name: str, depth: int) -> None:
+        if redirect.op in ("<<", "<<-"):
+            target = "<<heredoc"
+        else:
+            subs: list[ShellCommand] = []
+            target = _strip_unknown(" ".join(self.expand(redirect.target, depth, subs)), keep=True)
+            self.adopt(subs, name)
+        self.result.redirects.append({"op": redirect.op, "target": target, "command": name})
+
+    def payloads(
+        self, c: ShellCommand, args: list[str], depth: int, stdin: str | None, decoded: bool, heredoc: bool
+    ) -> None:
+        """Run what the command runs: `sh -c X`, `eval X`, `su -c X`, `find -exec`, a shell's stdin.
+
+        `args` are the command's arguments with unknown expansions still marked (kept opaque); a
+        payload that is nothing but unknown expansions has nothing to analyse.
+        """
+        name = c.name
+        text = _dash_c(args, anywhere=name == "su") if name in SHELLS or name == "su" else None
+        if name == "eval" and args:
+            text = " ".join(args)
+        if text is not None:
+            if _UNKNOWN.sub("", text).strip():
+                self.script(text, depth + 1, "payload", name)
+            return
+        if name in ("find", "fd") and ("-exec" in c.args or "-execdir" in c.args or "-ok" in c.args or "-x" in c.args):
+            for sub_argv in _find_exec(c.args):
+                self.synthetic(sub_argv, depth + 1, "exec", name)
+        if c.runs_stdin and stdin is not None and (name in SHELLS or name in ("source", ".")):
+            self.script(stdin, depth + 1, "heredoc" if heredoc else ("decoded" if decoded else "stdin"), name)
+
+    def synthetic(self, argv: list[str], depth: int, via: str, parent: str) -> None:
+        if not argv:
+            return
+        wrappers, rest = _unwrap(argv)
+        command = ShellCommand(
+            name=rest[0].rsplit("/", 1)[-1].lower(), path=rest[0], args=rest[1:], wrappers=wrappers, via=via,
+            parent=parent, upstream=[], depth=depth,
+        )  # fmt: skip
+        command.runs_stdin = _runs_stdin(command)
+        self.add(command)
+        self.payloads(command, command.args, depth, None, False, False)
+
+
+def _split_marks(value: str) -> str:
+    """Unquoted expansion: whitespace becomes a field break."""
+    return re.sub(r"[ \t\n]+", _SPLIT, value) if any(ch in value for ch in " \t\n") else value
+
+
+def _strip_unknown(text: str, keep: bool) -> str:
+    """Unknown variables: kept as `$NAME` (keep) or dropped (the shell would expand an unset one to nothing)."""
+    if _UNK_OPEN not in text:
+        return text
+    if keep:
+        return text.replace(_UNK_OPEN, "").replace(_UNK_CLOSE, "")
+    return _UNKNOWN.sub("", text)
+
+
+def _strip_unknown_name(word: str) -> str:
+    """A command word like `r${x}m`: unknown variables inside other letters count as empty."""
+    if _UNK_OPEN not in word:
+        return word
+    dropped = _UNKNOWN.sub("", word)
+    return dropped if dropped else _strip_unknown(word, keep=True)
+
+
+def _param_op(value: str, op: str, arg: str) -> str:
+    if op == "len":
+        return str(len(value))
+    if op in ("^^", "^"):
+        return value.upper() if op == "^^" else value[:1].upper() + value[1:]
+    if op in (",,", ","):
+        return value.lower() if op == ",," else value[:1].lower() + value[1:]
+    if op in ("#", "##"):
+        return value[len(arg) :] if arg and value.startswith(arg) else value
+    if op in ("%", "%%"):
+        return value[: -len(arg)] if arg and value.endswith(arg) else value
+    if op in ("/", "//"):
+        pattern, _, repl = arg.partition("/")
+        return value.replace(pattern, repl, -1 if op == "//" else 1) if pattern else value
+    if op == ":":
+        bits = arg.split(":")
+        try:
+            start = int(bits[0].strip() or 0)
+            if len(bits) > 1:
+                return value[start : start + int(bits[1].strip())]
+            return value[start:]
+        except ValueError:
+            return value
+    return value
+
+
+def _brace(text: str) -> list[str]:
+    """Bash brace expansion (`{a,b}`, `{1..3}`, `{a..e}`), innermost first, bounded."""
+    results = [text]
+    for _ in range(64):
+        changed = False
+        nxt: list[str] = []
+        for item in results:
+            match = _find_brace(item)
+            if match is None:
+                nxt.append(item)
+                continue
+            start, end, options = match
+            changed = True
+            nxt.extend(item[:start] + option + item[end:] for option in options)
+            if len(nxt) > MAX_BRACE:
+                raise Unparsed(f"brace expansion makes more than {MAX_BRACE} words")
+        results = nxt
+        if not changed:
+            return results
+    raise Unparsed("brace expansion nested too deeply")
+
+
+def _find_brace(text: str) -> tuple[int, int, list[str]] | None:
+    for match in _BRACE.finditer(text):
+        body = match.group(1)
+        if "," in body:
+            return match.start(), match.end(), body.split(",")
+        seq = _SEQ.match(body)
+        if seq:
+            a, b, step = seq.group(1), seq.group(2), int(seq.group(3) or 1) or 1
+            if a.lstrip("-").isdigit() and b.lstrip("-").isdigit():
+                lo, hi = int(a), int(b)
+                if abs(hi - lo) // abs(step) > MAX_BRACE:
+                    raise Unparsed(f"brace expansion makes more than {MAX_BRACE} words")
+                rng = range(lo, hi + (1 if hi >= lo else -1), abs(step) if hi >= lo else -abs(step))
+                return match.start(), match.end(), [str(x) for x in rng]
+            if a.isalpha() and b.isalpha():
+                lo_c, hi_c = ord(a), ord(b)
+                rng = range(lo_c, hi_c + (1 if hi_c >= lo_c else -1), 1 if hi_c >= lo_c else -1)
+                return match.start(), match.end(), [chr(x) for x in rng]
+    return None
+
+
+def _unwrap(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Strip wrappers (`sudo -u x`, `env A=b`, `timeout 5`, `xargs -0`, `command`, …) off the front.
+
+    A wrapper with nothing after it is the command itself (`sudo -l`, `env`); `command -v X`
+    looks a name up and runs nothing.
+    """
+    wrappers: list[str] = []
+    i = last = 0
+    while i < len(argv):
+        base = argv[i].rsplit("/", 1)[-1].lower()
+        options = WRAPPERS.get(base)
+        if options is None or (base == "command" and any(a in ("-v", "-V") for a in argv[i + 1 : i + 2])):
+            break
+        wrappers.append(base)
+        last = i
+        i += 1
+        positional = base in _WRAPPER_POSITIONAL
+        while i < len(argv):
+            a = argv[i]
+            if a == "--":
+                i += 1
+                break
+            if base == "env" and _ASSIGN.match(a):
+                i += 1
+                continue
+            if a.startswith("-") and len(a) > 1:
+                i += 2 if a in options else 1
+                continue
+            if positional:
+                positional = False
+                i += 1
+                continue
+            break
+    if i >= len(argv) and wrappers:
+        return wrappers[:-1], argv[last:]
+    return wrappers, argv[i:]
+
+
+def _dash_c(args: list[str], anywhere: bool = False) -> str | None:
+    """The command string of `sh -c STRING` / `bash -lc STRING` (options first) or, with
+    `anywhere`, of `su USER -c STRING`."""
+    for i, a in enumerate(args):
+        if a == "--":
+            return None
+        if a.startswith("--command="):
+            return a.split("=", 1)[1]
+        if a in ("-c", "--command") or (a.startswith("-") and not a.startswith("--") and "c" in a[1:]):
+            # the payload is the first operand after the options
+            for b in args[i + 1 :]:
+                if not (b.startswith("-") or b.startswith("+")) or b == "-":
+                    return b
+            return None
+        if not anywhere and not (a.startswith("-") or a.startswith("+")):
+            return None
+    return None
+
+
+def _runs_stdin(c: ShellCommand) -> bool:
+    """Whether the command runs code read from its standard input (`| sh`, `| python3 -`)."""
+    name, args = c.name, c.args
+    if name in SHELLS:
+        if _dash_c(args) is not None:
+            return False
+        operands = [a for a in args if not (a.startswith("-") or a.startswith("+"))]
+        return not operands or operands[0] == "-" or "-s" in args
+    if _PYTHON.match(name):
+        if any(a in ("-c", "-m") or (a.startswith("-") and not a.startswith("--") and a[-1] in "cm") for a in args):
+            return False
+        operands = [a for a in args if not a.startswith("-") or a == "-"]
+        return not operands or operands[0] == "-"
+    flags = SCRIPT_FLAGS.get(name)
+    if flags is not None:
+        if any(a in flags for a in args):
+            return False
+        operands = [a for a in args if not a.startswith("-") or a == "-"]
+        return not operands or operands[0] == "-"
+    if name in ("source", "."):
+        return bool(args) and args[0] in ("/dev/stdin", "/dev/fd/0", "-")
+    return False
+
+
+def _find_exec(args: list[str]) -> list[list[str]]:
+    out: list[list[str]] = []
+    i = 0
+    while i < len(args):
+        if args[i] in ("-exec", "-execdir", "-ok", "-okdir", "-x"):
+            j = i + 1
+            cmd: list[str] = []
+            while j < len(args) and args[j] not in (";", "+", "\\;"):
+                cmd.append(args[j])
+                j += 1
+            out.append(cmd)
+            i = j
+        i += 1
+    return out
+
+
+def _command_output(c: ShellCommand, stdin: str | None) -> str | None:
+    """What the command prints, when it is a known producer or filter of known input."""
+    name, args = c.name, c.args
+    if name == "echo":
+        flags = set()
+        words = list(args)
+        while words and re.fullmatch(r"-[neE]+", words[0]):
+            flags |= set(words.pop(0)[1:])
+        text = " ".join(words)
+        if "e" in flags:
+            text = _ansi_c(text)
+        return text if "n" in flags else text + "\n"
+    if name == "printf" and args:
+        fmt_args = args[2:] if args[0] == "-v" else args
+        return _printf(fmt_args[0], fmt_args[1:]) if fmt_args else None
+    if stdin is None:
+        return None
+    if name == "cat" and not c.operands:
+        return stdin
+    if name in ("base64", "base32") and any(f in c.flags for f in ("-d", "-D", "--decode")):
+        return _decode(stdin, name)
+    if name == "openssl" and ("base64" in args or "-base64" in args or "-a" in args) and "-d" in args:
+        return _decode(stdin, "base64")
+    if name == "xxd" and "-r" in c.flags and "-p" in c.flags:
+        return _decode(stdin, "hex")
+    if name == "rev":
+        return "\n".join(line[::-1] for line in stdin.rstrip("\n").split("\n")) + "\n"
+    if name == "tr" and len(c.operands) == 2 and not c.flags:
+        source, target = (_tr_set(x) for x in c.operands)
+        if source and target:
+            target = target + target[-1] * max(0, len(source) - len(target))
+            return stdin.translate(str.maketrans(source, target[: len(source)]))
+    return None
+
+
+def _tr_set(spec: str) -> str:
+    spec = _ansi_c(spec)
+    out: list[str] = []
+    i = 0
+    while i < len(spec):
+        if i + 2 < len(spec) and spec[i + 1] == "-":
+            lo, hi = ord(spec[i]), ord(spec[i + 2])
+            if hi - lo > 256:
+                return ""
+            out.extend(chr(x) for x in range(lo, hi + 1))
+            i += 3
+        else:
+            out.append(spec[i])
+            i += 1
+    return "".join(out)
+
+
+def _decode(data: str, kind: str) -> str | None:
+    text = "".join(data.split())
+    try:
+        if kind == "base64":
+            raw = base64.b64decode(text + "=" * (-len(text) % 4), validate=False)
+        elif kind == "base32":
+            raw = base64.b32decode(text + "=" * (-len(text) % 8))
+        else:
+            raw = binascii.unhexlify(text)
+    except (binascii.Error, ValueError):
+        return None
+    return fold(raw.decode("utf-8", errors="replace"))
+
+
+# ---------------------------------------------------------------- classes
+
+
+def _classify(result: ShellAnalysis) -> None:
+    """Fill the call classes (credential_read, env_read, network_send, download, write, execute,
+    recon, destructive) and the paths each touches."""
+    add = result.add_class
+    for redirect in result.redirects:
+        op, target = redirect["op"], redirect["target"]
+        if op in (">", ">>", ">|", "&>", "&>>", "<>") and target not in _DISCARD and not target.startswith("&"):
+            if target.startswith("/dev/tcp/") or target.startswith("/dev/udp/"):
+                add("network_send", target)
+            else:
+                add("write", _plain_path(target))
+        if op == "<" and _CREDENTIAL_PATH.search(target):
+            add("credential_read", target)
+        if op == "<" and target.startswith("/dev/tcp/"):
+            add("network_send", target)
+    for c in result.commands:
+        name, args, operands, flags = c.name, c.args, c.operands, c.flags
+        for word in args:
+            if _SECRETISH_VAR.search(word) and name in ("echo", "printf", "curl", "wget", "nc", "print"):
+                add("env_read", word)
+        if name in ("env", "printenv") and not [o for o in operands if not _ASSIGN.match(o)] or (
+            name in ("set", "export", "declare", "typeset", "compgen") and (not args or args[0] in ("-p", "-x", "-v"))
+        ):
+            add("env_read", name)
+        for o in operands if name not in DOWNLOADERS else ():
+            if _ENVIRON_PATH.match(o):
+                add("env_read", o)
+            elif name in _READERS and _CREDENTIAL_PATH.search(o):
+                add("credential_read", o)
+        if name in ("source", ".") and operands and re.search(r"(^|/)\.env", operands[0]):
+            add("credential_read", operands[0])
+        if name in DOWNLOADERS:
+            _classify_download(c, result)
+        if name in _NET_TOOLS:
+            add("network_send", " ".join(operands[:2]))
+        if name in ("scp", "rsync", "sftp") and len(operands) >= 2:
+            if _REMOTE.match(operands[-1]) and not operands[-1].startswith("/"):
+                add("network_send", operands[-1])
+            elif any(_REMOTE.match(o) for o in operands[:-1]):
+                add("download", operands[-1])
+        if name in ("dig", "nslookup", "host") and any("$(" in o or "`" in o for o in operands):
+            add("network_send", operands[0])
+        if name == "tee":
+            for o in operands:
+                if o not in _DISCARD:
+                    add("write", _plain_path(o))
+        if name in ("cp", "mv", "install", "ln") and len(operands) >= 2:
+            add("write", _plain_path(operands[-1]))
+        if name == "dd":
+            for a in args:
+                if a.startswith("of="):
+                    add("write", a[3:])
+        if name == "sed" and "-i" in flags and operands:
+            add("write", _plain_path(operands[-1]))
+        _classify_execute(c, result)
+        if name in _RECON or (name == "ip" and operands[:1] and operands[0] in ("a", "addr", "address", "link", "route", "r", "neigh")):
+            add("recon", name)
+        if name in ("ls", "find", "tree", "du") and any(_ROOTISH_DIR.match(o) for o in operands):
+            add("recon", name)
+        if name in ("cat", "head", "less", "more", "tail", "grep") and any(_RECON_FILES.match(o) for o in operands):
+            add("recon", name)
+        if name == "sudo" and "-l" in flags:
+            add("recon", "sudo -l")
+        if name in ("rm", "shred", "wipefs", "srm", "unlink", "rmdir") or name.startswith("mkfs") or (
+            name == "find" and "-delete" in args
+        ) or (name == "dd" and any(a.startswith("of=/dev/") and a not in ("of=/dev/null",) for a in args)):
+            for o in operands or [name]:
+                add("destructive", o)
+
+
+def _options(args: list[str], takes_value: frozenset[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """Split arguments into (option, value) pairs and operands: `--o=v`, `--o v`, `-ov`, `-o v`,
+    short clusters (`-sSLo file`)."""
+    opts: list[tuple[str, str]] = []
+    operands: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        i += 1
+        if a == "--":
+            operands.extend(args[i:])
+            break
+        if a.startswith("--") and len(a) > 2:
+            key, eq, value = a.partition("=")
+            if not eq and key in takes_value and i < len(args):
+                value, i = args[i], i + 1
+            opts.append((key, value))
+        elif a.startswith("-") and len(a) > 1:
+            for j, ch in enumerate(a[1:], 1):
+                key = "-" + ch
+                if key in takes_value:
+                    value = a[j + 1 :]
+                    if not value and i < len(args):
+                        value, i = args[i], i + 1
+                    opts.append((key, value))
+                    break
+                opts.append((key, ""))
+        else:
+            operands.append(a)
+    return opts, operands
+
+
+_UPLOADS: Final = frozenset({"-T", "--upload-file", "--post-file", "--body-file"})
+_QUERY_SUBST: Final = re.compile(r"[?&#;].*(\$\(|`|\$\{?[A-Za-z_])")
+
+
+def _classify_download(c: ShellCommand, result: ShellAnalysis) -> None:
+    """curl/wget: a send (data, form, upload, POST/PUT, a query built from a substitution) or a
+    download (URLs, and the file it writes)."""
+    add = result.add_class
+    wget = c.name == "wget"
+    opts, urls = _options(c.args, _WGET_VALUE if wget else _CURL_VALUE)
+    send = False
+    outputs: list[str] = []
+    for key, value in opts:
+        if key in _CURL_SEND or key in _WGET_SEND:
+            send = True
+            files = [value] if key in _UPLOADS else re.findall(r"@([^;,\s]+)", value)
+            for token in files:
+                if _CREDENTIAL_PATH.search(token):
+                    add("credential_read", token)
+                elif _ENVIRON_PATH.match(token):
+                    add("env_read", token)
+            if _SECRETISH_VAR.search(value):
+                add("env_read", value)
+        elif key in ("-X", "--request", "--method") and value.upper() in ("POST", "PUT", "PATCH"):
+            send = True
+        elif key == "--url":
+            urls.append(value)
+        elif key in ("-o", "--output") or (wget and key in ("-O", "--output-document")):
+            outputs.append(value)
+    for url in urls:
+        if _QUERY_SUBST.search(url):
+            send = True
+            if _SECRETISH_VAR.search(url):
+                add("env_read", url)
+    if wget and not any(k in ("-O", "--output-document") for k, _ in opts) or (not wget and ("-O", "") in opts):
+        outputs.extend(u.rstrip("/").rsplit("/", 1)[-1] for u in urls if "/" in u.split("://", 1)[-1])
+    for url in urls or [c.name]:
+        add("network_send" if send else "download", url)
+    if not send:
+        for out in outputs:
+            if out and out != "-":
+                add("download", _plain_path(out))
+                add("write", _plain_path(out))
+
+
+def _classify_execute(c: ShellCommand, result: ShellAnalysis) -> None:
+    name, operands = c.name, c.operands
+    if "/" in c.path and not _SYSTEM_BIN.match(c.path) and "$(" not in c.path and "`" not in c.path:
+        result.add_class("execute", _plain_path(c.path))
+    elif c.via in ("payload", "stdin", "decoded", "heredoc", "exec") and c.depth:
+        result.add_class("execute")
+    if name in SHELLS or _PYTHON.match(name) or name in SCRIPT_FLAGS:
+        if c.runs_stdin or (name in SHELLS and _dash_c(c.args) is not None):
+            result.add_class("execute")
+        elif operands and not (name in SCRIPT_FLAGS and any(a in SCRIPT_FLAGS[name] for a in c.args)):
+            if not (_PYTHON.match(name) and any(a in ("-c", "-m") for a in c.args)):
+                result.add_class("execute", _plain_path(operands[0]))
+    if name in ("source", ".") and operands:
+        result.add_class("execute", _plain_path(operands[0]))
+    if name == "eval":
+        result.add_class("execute")
+
+
+def _plain_path(path: str) -> str:
+    while path.startswith("./"):
+        path = path[2:]
+    return path
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def analyse(text: str) -> ShellAnalysis:
+    """Analyse one command string (a script of any length within the bounds)."""
+    return _run([("script", text)], text)
+
+
+def analyse_call(arguments: dict[str, Any]) -> ShellAnalysis:
+    """Analyse the command in a shell tool's arguments (`command`, `cmd`, `script`; a string or an
+    argv list of strings, with an `args`/`argv` list appended). A value of any other type is
+    unparsed; no command argument at all gives `present=False`."""
+    items: list[tuple[str, Any]] = []
+    sources: list[str] = []
+    for key in SHELL_ARGUMENTS:
+        if key not in arguments:
+            continue
+        value = arguments[key]
+        extra = next((arguments[k] for k in EXTRA_ARGV if isinstance(arguments.get(k), list)), None)
+        if isinstance(value, str) and extra is not None and all(isinstance(x, str) for x in extra):
+            value = value + "".join(" " + shlex.quote(x) for x in extra)
+        if isinstance(value, str):
+            items.append(("script", value))
+            sources.append(value)
+        elif isinstance(value, list) and value and all(isinstance(x, str) for x in value):
+            items.append(("argv", value))
+            sources.append(shlex.join(value))
+        else:
+            result = ShellAnalysis(present=True, unparsed=True, source=str(value)[:200])
+            result.reason = f"`{key}` is a {type(value).__name__}, not a command string or a list of strings"
+            return result
+    if not items:
+        return ShellAnalysis()
+    return _run(items, "\n".join(sources))
+
+
+def shell_for(tool: str, arguments: dict[str, Any], references: frozenset[str]) -> ShellAnalysis | None:
+    """The analysis of a call to a shell-like tool, or to any tool whose rules read `args_shell`;
+    None for every other call (no work for tools no rule looks at this way)."""
+    if is_shell_tool(tool) or "args_shell" in references:
+        return analyse_call(arguments)
+    return None
+
+
+def _run(items: list[tuple[str, Any]], source: str) -> ShellAnalysis:
+    result = ShellAnalysis(present=True, source=source)
+    walker = _Walker(result)
+    try:
+        for kind, value in items:
+            if kind == "script":
+                if len(value) > MAX_INPUT:
+                    raise Unparsed(f"the command is longer than {MAX_INPUT} characters")
+                walker.script(value, 0, "", "", outside=True)
+            else:
+                walker.charge(" ".join(value))
+                walker.synthetic([fold(v) for v in value], 0, "", "")
+    except Unparsed as exc:
+        result.unparsed = True
+        result.reason = str(exc)
+    except RecursionError:
+        result.unparsed = True
+        result.reason = "nested too deeply to analyse"
+    for c in result.commands:
+        result.urls.extend(u for w in c.args for u in _URL.findall(w) if u not in result.urls)
+    del result.urls[64:]
+    _classify(result)
+    return result
