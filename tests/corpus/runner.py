@@ -37,7 +37,7 @@ from tests.corpus.model import Case, Step
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent
 STANDARD = REPO / "policies" / "standard.yaml"
-SERVER = CORPUS / "server.py"
+ZYGOTE = CORPUS / "zygote.py"
 LAUNCH = CORPUS / "launch.py"
 
 ATTACK_FAMILIES = ("tool_poisoning", "injected_results", "obfuscated_shell", "encoded_secrets", "exfil_chains")
@@ -207,23 +207,26 @@ def corpus_profile(folder: Path) -> Path:
 
 
 class Zygote:
-    """The pre-imported corpus server parent (server.py --zygote) on a Unix socket in `folder`."""
+    """The corpus fork server (zygote.py) on a Unix socket in `folder`: the MCP SDK and the
+    gateway imported once, one forked process per `dharma stdio` and per case server."""
 
     def __init__(self, folder: Path) -> None:
         self.socket = str(folder / "zygote.sock")
         self._log = open(folder / "zygote.log", "wb")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen([sys.executable, str(SERVER), "--zygote", self.socket], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=self._log, cwd=REPO)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DHARMA_")}
+        self.proc = subprocess.Popen([sys.executable, str(ZYGOTE), self.socket], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=self._log, cwd=REPO, env=env)
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if line.strip() != b"ready":
+        if self.proc.stdout.readline().strip() != b"ready":
             self.close()
-            raise RuntimeError(f"the corpus server zygote did not start (see {folder / 'zygote.log'})")
+            raise RuntimeError(f"the corpus zygote did not start: {_tail(folder / 'zygote.log')}")
 
-    def command(self, case: Case) -> list[str]:
-        return [sys.executable, "-I", "-S", str(LAUNCH), self.socket, case.file, case.id]
+    def command(self, program: str, *args: str) -> list[str]:
+        """The command line that runs `program` (`dharma` or `server`) forked from the zygote."""
+        return [sys.executable, "-I", "-S", str(LAUNCH), self.socket, program, *args]
 
     def close(self) -> None:
+        """Stop the zygote (it terminates the children still running) and its pipes."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -247,10 +250,9 @@ async def run_case(case: Case, zygote: Zygote, workdir: Path, profile: Path) -> 
         held.append(len(obs.steps))
         return types.ElicitResult(action="decline")
 
-    command = [sys.executable, "-m", "gateway", "--state-root", str(state), "stdio", "--policy", str(profile),
-               "--hold-seconds", "5", "--", *zygote.command(case)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DHARMA_")}
-    params = StdioServerParameters(command=command[0], args=command[1:], cwd=str(REPO), env=env)
+    command = zygote.command("dharma", "--state-root", str(state), "stdio", "--policy", str(profile),
+                             "--hold-seconds", "5", "--", *zygote.command("server", case.file, case.id))
+    params = StdioServerParameters(command=command[0], args=command[1:], cwd=str(REPO))
     started = time.perf_counter()
     try:
         with anyio.fail_after(CASE_SECONDS), open(state / "gateway.log", "w") as errlog:

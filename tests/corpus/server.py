@@ -2,7 +2,6 @@
 and scripted results over stdio.
 
     python tests/corpus/server.py CASE_FILE CASE_ID          # serve one case on stdin/stdout
-    python tests/corpus/server.py --zygote SOCKET             # the runner's pre-imported parent
 
 `tools/list` answers the case's `tools`; once the first `tools/call` has been answered (a case
 with `tools_later`, "turns malicious after the first listing"), every later listing answers
@@ -11,18 +10,13 @@ with `tools_later`, "turns malicious after the first listing"), every later list
 consumed in order, per tool); a name the case does not list gets the SDK's usual unknown-tool
 error, which is what the gateway's probe for a hidden tool asks.
 
-Importing the SDK costs about a second of CPU, so the runner does not start one interpreter per
-case: `--zygote` imports it once, listens on a Unix socket, and for each connection from
-`launch.py` (the tiny command `dharma stdio` actually starts) receives that process's stdin,
-stdout and stderr and forks a child that serves the case on them. The child is the MCP server
-the gateway talks to; `launch.py` exits with the child's exit status.
+The runner starts it through tests/corpus/zygote.py (forked, the SDK already imported); run by
+hand it is an ordinary stdio MCP server.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `tests.corpus` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.corpus.model import Case, CorpusError, find_case  # noqa: E402
 
-CASE_ENV = "DHARMA_CORPUS_CASE"  # "CASE_FILE#CASE_ID", an alternative to the two arguments
+CASE_ENV = "CORPUS_CASE"  # "CASE_FILE#CASE_ID", an alternative to the two arguments
 
 
 def load_case(path: str, case_id: str) -> Case:
@@ -86,63 +80,7 @@ def serve(case: Case) -> None:
     anyio.run(main)
 
 
-def zygote(path: str) -> None:
-    """Listen on the Unix socket `path`; fork one server per `launch.py` connection."""
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    while True:
-        conn, _ = listener.accept()
-        try:
-            message, fds, _, _ = socket.recv_fds(conn, 65536, 3)
-        except OSError:
-            conn.close()
-            continue
-        if len(fds) != 3:
-            for fd in fds:
-                os.close(fd)
-            conn.close()
-            continue
-        if os.fork() == 0:
-            listener.close()
-            _child(conn, fds, message.decode("utf-8"))
-        for fd in fds:
-            os.close(fd)
-        conn.close()
-
-
-def _child(conn: socket.socket, fds: list[int], request: str) -> None:
-    """In the forked child: take over the launcher's stdio, serve, report the exit status."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    code = 0
-    try:
-        case_file, case_id = request.split("\0", 1)
-        serve(load_case(case_file, case_id))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-        if not isinstance(exc.code, int):
-            sys.stderr.write(f"{exc.code}\n")
-    except BaseException as exc:  # the launcher must learn the server failed, whatever it was
-        sys.stderr.write(f"corpus server failed: {type(exc).__name__}: {exc}\n")
-        code = 1
-    finally:
-        sys.stderr.flush()
-        try:
-            conn.sendall(bytes([code & 0xFF]))
-        finally:
-            os._exit(code)
-
-
 def main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "--zygote":
-        zygote(argv[1])
-        return 0
     if len(argv) == 2:
         serve(load_case(argv[0], argv[1]))
         return 0
@@ -150,7 +88,7 @@ def main(argv: list[str]) -> int:
         case_file, case_id = os.environ[CASE_ENV].rsplit("#", 1)
         serve(load_case(case_file, case_id))
         return 0
-    sys.stderr.write(f"usage: server.py CASE_FILE CASE_ID | server.py --zygote SOCKET (or {CASE_ENV}=FILE#ID)\n")
+    sys.stderr.write(f"usage: server.py CASE_FILE CASE_ID (or {CASE_ENV}=FILE#ID)\n")
     return 2
 
 
