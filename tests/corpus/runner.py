@@ -4,8 +4,8 @@ tests/test_corpus.py and bench/detection.py).
 Each case gets its own gateway process (a fresh state root: new pins, new session, new ledger)
 in front of its own MCP server (tests/corpus/server.py, forked from one pre-imported zygote),
 with the corpus profile (`corpus_profile`: policies/standard.yaml with every tool granted to
-the local user), driven by the official SDK client. The client declines every elicitation, so a call the gateway
-holds for approval comes back refused. Before each step the client lists the tools again (as a
+the local user), driven by the official SDK client. The client declines every elicitation, so a
+call the gateway holds for approval comes back refused. Before each step the client lists the tools again (as a
 client does after `notifications/tools/list_changed`), so a definition that changes after the
 first listing is what the gateway sees at the next call.
 
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import yaml
 import mcp_types as types
+import yaml
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
@@ -41,7 +41,6 @@ ZYGOTE = CORPUS / "zygote.py"
 LAUNCH = CORPUS / "launch.py"
 
 ATTACK_FAMILIES = ("tool_poisoning", "injected_results", "obfuscated_shell", "encoded_secrets", "exfil_chains")
-FAMILIES = (*ATTACK_FAMILIES, "benign")
 RECALL_TARGET = 0.9
 #: Error codes that mean the gateway refused or held the call (the attack did not get through).
 REFUSALS = frozenset({"policy_blocked", "forbidden", "tool_not_found", "purpose_required", "invalid_params",
@@ -262,7 +261,7 @@ async def run_case(case: Case, zygote: Zygote, workdir: Path, profile: Path) -> 
                     listed = {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}
                     obs.steps.append(await _call(client, step, step.call in listed, held))
     except TimeoutError:
-        obs.error = f"timed out after {CASE_SECONDS:.0f} s (see {state / 'gateway.log'})"
+        obs.error = f"timed out after {CASE_SECONDS:.0f} s; gateway log: {_tail(state / 'gateway.log')}"
     except Exception as exc:  # one broken case is reported, the others still run
         while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
             exc = exc.exceptions[0]
