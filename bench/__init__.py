@@ -2,7 +2,7 @@
 
 Run `python -m bench` (all, ~7 minutes), `python -m bench --quick` (seconds) or
 `python -m bench --only decision` (names: decision, governed, ledger_append, ledger_verify,
-ledger_query, mcp_stdio, mcp_http, replicas).
+ledger_query, mcp_stdio, mcp_http, replicas, detection).
 These print figures; nothing here asserts on speed (see bench/README.md).
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 BENCHMARKS: tuple[str, ...] = ("decision", "governed", "ledger_append", "ledger_verify", "ledger_query", "mcp_stdio",
-                                "mcp_http", "replicas")
+                                "mcp_http", "replicas", "detection")
 LEDGER_BENCHMARKS: tuple[str, ...] = ("ledger_append", "ledger_verify", "ledger_query")
 LEDGER_BACKENDS: tuple[str, ...] = ("sqlite", "postgres")
 BACKEND_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
@@ -85,7 +85,7 @@ class Target:
         else:
             verdict = "MISSED"
             factor = (self.limit / max(self.measured, 1e-12)) if self.higher_is_better else (self.measured / self.limit)
-            how = f"by {factor:.2f}x"
+            how = f"by {factor:.2f}x" if self.measured > 0 or not self.higher_is_better else "nothing measured"
         note = f"; {self.note}" if self.note else ""
         return f"{verdict:<7}{head}: {got} ({how}{note})"
 
