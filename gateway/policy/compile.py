@@ -555,23 +555,63 @@ def profile_chain(path: Path) -> list[LoadedDocument]:
         chain.append(read_profile(target))
 
 
-def load_policy(path: Path, *, extra: list[Path] | None = None, engine: str | None = None) -> CompiledPolicy:
+def load_policy(
+    path: Path, *, extra: list[Path] | None = None, engine: str | None = None, extra_docs: Sequence[LoadedDocument] = ()
+) -> CompiledPolicy:
     """Load a profile (and the profiles it extends) and the rule sets it names (paths relative
-    to the profile file that names them)."""
+    to the profile file that names them), plus `extra` rule files and `extra_docs` (a file the
+    profile already names is not added twice)."""
     chain = profile_chain(path)
     root = chain[-1]
     assert isinstance(root.model, Policy)
-    rule_paths: list[Path] = []
+    docs = named_rule_documents(root, "rule_sets", root.model.rule_sets)
+    named = {d.path for d in docs}
+    docs.extend(d for d in [*load_rule_documents(extra or []), *extra_docs] if d.path not in named)
+    return compile_documents(docs, engine=engine, policy=chain[0], bases=chain[1:])
+
+
+RULE_KINDS = (RuleSet, DisclosureRuleSet)
+
+
+def named_rule_documents(referrer: LoadedDocument, key: str, refs: Sequence[str]) -> list[LoadedDocument]:
+    """The rule documents of the files `referrer` names under `key` (paths relative to it).
+
+    A named file that is missing, holds another kind (a profile, a RuleTest) or holds no rules is
+    an error at the naming line, never zero rules loaded in silence. A named directory contributes
+    the rule documents of its files (its RuleTest files are skipped, as they live beside the rules).
+    """
+    docs: list[LoadedDocument] = []
     problems: list[PolicyProblem] = []
-    for i, ref in enumerate(root.model.rule_sets):
-        target = (Path(root.path).parent / ref).resolve()
-        if not target.exists():
-            problems.append(PolicyProblem(root.path, root.line_of(("rule_sets", i)), "", f"rule set not found: {ref}"))
-        rule_paths.append(target)
+    for i, ref in enumerate(refs):
+        line = referrer.line_of((key, i))
+        target = (Path(referrer.path).parent / ref).resolve()
+        if target.is_dir():
+            try:
+                docs.extend(load_rule_documents([target]))
+            except PolicyErrors as exc:
+                problems.extend(exc.problems)
+            continue
+        if not target.is_file():
+            problems.append(PolicyProblem(referrer.path, line, "", f"rule set not found: {ref} (named in `{key}`)"))
+            continue
+        try:
+            found = read_documents(target)
+        except PolicyErrors as exc:
+            problems.extend(exc.problems)
+            continue
+        wrong = [d for d in found if not isinstance(d.model, RULE_KINDS)]
+        for d in wrong:
+            hint = " (to test a whole profile, name it in `policy:`)" if isinstance(d.model, Policy) else ""
+            problems.append(PolicyProblem(
+                referrer.path, line, "",
+                f"{key}: {ref} holds a `kind: {d.model.kind}` document at line {d.line_of(())}, not rules "
+                f"(RuleSet or DisclosureRuleSet){hint}"))
+        if not found:
+            problems.append(PolicyProblem(referrer.path, line, "", f"{key}: {ref} holds no rules"))
+        docs.extend(d for d in found if isinstance(d.model, RULE_KINDS))
     if problems:
         raise PolicyErrors(problems)
-    rule_paths.extend(extra or [])
-    return compile_documents(load_rule_documents(rule_paths), engine=engine, policy=chain[0], bases=chain[1:])
+    return docs
 
 
 def load_rule_documents(paths: list[Path]) -> list[LoadedDocument]:
