@@ -91,24 +91,99 @@ def cmd_test(args: argparse.Namespace) -> int:
     if not report.cases:
         out("no RuleTest cases found")
         return EXIT_FAILED
+    below = args.min_coverage is not None and report.coverage < args.min_coverage
+    if args.format == "junit":
+        out(junit_xml(report))
+    elif args.format == "json":
+        out(json.dumps(report_json(report, args.min_coverage), indent=2))
+    else:
+        print_test_report(report, verbose=args.verbose)
+        if below:
+            out(f"coverage {report.coverage:.1f}% is below --min-coverage {args.min_coverage:g}%")
+    if report.failed or below or (args.require_coverage and report.unexercised):
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def print_test_report(report: Any, *, verbose: bool) -> None:
+    """The text form: failures (every case with -v), what no case exercised, the summary line."""
     for case in report.cases:
-        if not case.passed or args.verbose:
+        if not case.passed or verbose:
             out(f"{'PASS' if case.passed else 'FAIL'} {case.file} {case.name}")
             for failure in case.failures:
                 out(f"     {failure}")
     passed = len(report.cases) - len(report.failed)
     for rule_id in report.unexercised:
         out(f"not exercised: {rule_id} ({report.rules[rule_id]})")
-    out(f"{passed} passed, {len(report.failed)} failed; {len(report.rules) - len(report.unexercised)}/{len(report.rules)} rules exercised")
-    if report.failed or (args.require_coverage and report.unexercised):
-        return EXIT_FAILED
-    return EXIT_OK
+    for tier in report.unexercised_tiers:
+        out(f"not exercised: tier {tier} ({report.tiers[tier]}): no case names a principal of it")
+    tiers = f", {len(report.tiers) - len(report.unexercised_tiers)}/{len(report.tiers)} tiers" if report.tiers else ""
+    out(f"{passed} passed, {len(report.failed)} failed; {len(report.rules) - len(report.unexercised)}/{len(report.rules)} "
+        f"rules exercised{tiers}; coverage {report.coverage:.1f}%")
+
+
+def report_json(report: Any, min_coverage: float | None) -> dict[str, Any]:
+    """The `--format json` document: every case, what no case exercised, the coverage."""
+    return {
+        "passed": len(report.cases) - len(report.failed),
+        "failed": len(report.failed),
+        "coverage": round(report.coverage, 2),
+        "min_coverage": min_coverage,
+        "rules": {"total": len(report.rules), "unexercised": [{"id": r, "at": report.rules[r]} for r in report.unexercised]},
+        "tiers": {"total": len(report.tiers), "unexercised": [{"name": t, "at": report.tiers[t]} for t in report.unexercised_tiers]},
+        "cases": [
+            {"suite": c.suite, "name": c.name, "at": c.file, "passed": c.passed, "failures": c.failures,
+             "whole_pipeline": c.whole, "seconds": round(c.seconds, 6)}
+            for c in report.cases
+        ],
+    }
+
+
+def junit_xml(report: Any) -> str:
+    """The report as JUnit XML: one <testsuite> per RuleTest, one <testcase> per case, a <failure> per failing case."""
+    from xml.etree import ElementTree as ET
+
+    root = ET.Element("testsuites", name="dharma test", tests=str(len(report.cases)), failures=str(len(report.failed)))
+    suites: dict[str, ET.Element] = {}
+    for case in report.cases:
+        suite = suites.get(case.suite)
+        if suite is None:
+            suite = suites[case.suite] = ET.SubElement(root, "testsuite", name=case.suite, tests="0", failures="0")
+        suite.set("tests", str(int(suite.get("tests", "0")) + 1))
+        path, _, line = case.file.rpartition(":")
+        item = ET.SubElement(suite, "testcase", name=case.name, classname=case.suite, file=path, line=line,
+                             time=f"{case.seconds:.6f}")
+        if not case.passed:
+            suite.set("failures", str(int(suite.get("failures", "0")) + 1))
+            failure = ET.SubElement(item, "failure", message=case.failures[0] if case.failures else "failed")
+            failure.text = "\n".join(case.failures)
+    props = ET.SubElement(root, "properties")
+    ET.SubElement(props, "property", name="coverage", value=f"{report.coverage:.2f}")
+    for rule_id in report.unexercised:
+        ET.SubElement(props, "property", name="unexercised_rule", value=f"{rule_id} ({report.rules[rule_id]})")
+    for tier in report.unexercised_tiers:
+        ET.SubElement(props, "property", name="unexercised_tier", value=f"{tier} ({report.tiers[tier]})")
+    return ET.tostring(root, encoding="unicode", xml_declaration=True)
+
+
+def _percent(text: str) -> float:
+    """A --min-coverage: a percentage 0..100."""
+    try:
+        value = float(text.rstrip("%"))
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"expected a percentage from 0 to 100, not {text!r}")
+    return value
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from gateway.policy.compile import load_policy
     from gateway.policy.models import CaseCall
-    from gateway.policy.testing import deciding_values, evaluate_case
+    import anyio
+
+    from gateway.policy.testing import deciding_values, evaluate_case, evaluate_whole, policy_principal
+    from gateway.policy.whole import outcome_status
     from gateway.stages.tier_gate import is_granted
     from gateway.core.call import Principal
 
@@ -129,15 +204,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
         disclosure_mode=args.disclosure_mode,
         depth=args.depth,
     )
-    result = evaluate_case(policy, call, json_arg(args.response, "--response"))
+    response = json_arg(args.response, "--response")
+    result = evaluate_case(policy, call, response)
     annotations = policy.annotations_for(call.tool, call.annotations)
     granted = is_granted(policy, Principal(principal["id"], principal["tier"]), call.tool, annotations) if args.principal else None
+    pipeline = None
+    if args.principal:
+        whole = anyio.run(evaluate_whole, policy, call.model_copy(update={"principal": args.principal}),
+                          policy_principal(policy, args.principal), response)
+        w = whole.decision
+        pipeline = {
+            "status": outcome_status(w).value,
+            "decision": w.effect.value,
+            "enforced": w.enforced,
+            "error_code": w.code.value if w.blocks and w.code else None,
+            "stage": w.stage or None,
+            "message": w.message,
+            "sensitivity": whole.sensitivity.value,
+        }
     d = result.decision
     report: dict[str, Any] = {
         "policy": policy.name,
         "policy_version": policy.version,
         "engine": policy.engine,
         "tool": call.tool,
+        "pipeline": pipeline,
         "granted": granted,
         "sensitivity": result.sensitivity.value,
         "findings": [f.as_cel() for f in result.findings],
@@ -159,6 +250,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         out(json.dumps(report, indent=2, default=str))
         return EXIT_OK
+    if pipeline is None:
+        out("pipeline: not judged (name a --principal: the tier gate, sensitivity and rate limits decide per principal)")
+    else:
+        code = f" {pipeline['error_code']}" if pipeline["error_code"] else ""
+        at = f" at {pipeline['stage']}" if pipeline["error_code"] and pipeline["stage"] else ""
+        out(f"pipeline: {pipeline['status']}{code}{at}{': ' + pipeline['message'] if pipeline['message'] else ''}")
+        out("the rules alone (as if the tier gate had admitted the call):")
     out(f"decision: {report['decision']}{'' if d.enforced else ' (not enforced: audit/warn mode)'}")
     if granted is not None:
         out(f"granted to {principal['id']} (tier {principal['tier']}): {'yes' if granted else 'no — the tool is hidden from them'}")
@@ -225,6 +323,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("paths", nargs="*", metavar="PATHS", help="RuleTest files or directories holding them")
     p.add_argument("-v", "--verbose", action="store_true", help="list passing cases too")
     p.add_argument("--require-coverage", action="store_true", help="fail when a rule is not exercised by any case")
+    p.add_argument("--min-coverage", type=_percent, metavar="P",
+                   help="fail (exit 1) when fewer than P percent of the rules and tiers under test are exercised by some case")
+    p.add_argument("--format", choices=["text", "json", "junit"], default="text",
+                   help="text (default), json, or junit (JUnit XML for CI test reports)")
     engine_opt(p)
     p.set_defaults(func=cmd_test)
 
