@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli.common import (
-    COMMANDS, EXIT_FAILED, EXIT_OK, UsageError, add_command, json_arg, json_object_arg, out, settings_of,
+    COMMANDS, EXIT_FAILED, EXIT_OK, UsageError, add_command, json_arg, json_object_arg, out, pinned_definitions,
+    settings_of,
 )
 
 ENGINES = ("cel-python", "common-expression-language")
@@ -50,6 +51,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not files:
         raise UsageError("no policy files found in " + ", ".join(map(str, paths)))
     rule_files: list[Path] = []
+    compiled: list[Any] = []
     for file in files:
         try:
             docs = read_documents(file)
@@ -58,23 +60,61 @@ def cmd_check(args: argparse.Namespace) -> int:
             continue
         if any(isinstance(d.model, Policy) for d in docs):
             try:
-                compiled = load_policy(file, engine=args.engine)
-                warnings.extend(compiled.warnings)
+                compiled.append(load_policy(file, engine=args.engine))
             except PolicyErrors as exc:
                 problems.extend(exc.problems)
         else:
             rule_files.append(file)
     if rule_files:
         try:
-            warnings.extend(compile_documents(load_rule_documents(rule_files), engine=args.engine).warnings)
+            compiled.append(compile_documents(load_rule_documents(rule_files), engine=args.engine))
         except PolicyErrors as exc:
             problems.extend(exc.problems)
+    known = known_tools(args)
+    for policy in compiled:
+        warnings.extend(policy.warnings)
+        if known:
+            warnings.extend(unmatched_globs(policy, known, "--tools " + args.tools if args.tools else "the pins"))
     for item in sorted(set(problems)):
         out(str(item))
     for item in sorted(set(warnings)):
         out(str(item))
     out(f"{len(files)} file(s) checked: {len(set(problems))} error(s), {len(set(warnings))} warning(s)")
     return EXIT_FAILED if problems else EXIT_OK
+
+
+def known_tools(args: argparse.Namespace) -> set[str]:
+    """The tool names to check rule globs against: a `--tools` inventory (a tools/list answer as JSON),
+    else every tool the gateway has pinned under the state root; empty when neither has any."""
+    if args.tools:
+        found = json_arg("@" + args.tools, "--tools")
+        if isinstance(found, dict):
+            found = (found.get("result") or found).get("tools") if isinstance(found.get("result") or found, dict) else None
+        if not isinstance(found, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in found):
+            raise UsageError(f"--tools {args.tools}: expected a tools/list answer ({{\"tools\": [{{\"name\": ...}}]}})")
+        return {t["name"] for t in found}
+    from gateway.core.errors import ConfigError
+
+    try:
+        return {tool for _, tool in pinned_definitions(args)}
+    except ConfigError:
+        return set()
+
+
+def unmatched_globs(policy: Any, known: set[str], source: str) -> list[Any]:
+    """A warning for each rule tool glob that matches none of `known`: a typo, or a rule for a tool nobody serves."""
+    from gateway.core.errors import PolicyProblem
+    from gateway.policy.compile import glob_match
+
+    found = []
+    for rule in policy.all_rules():
+        unmatched = [p for p in rule.tools if not any(glob_match(name, p) for name in known)]
+        if unmatched:
+            whole = " (the rule applies to none of them)" if len(unmatched) == len(rule.tools) else ""
+            found.append(PolicyProblem(rule.file, rule.line, rule.id,
+                                       f"tool glob(s) {', '.join(map(repr, unmatched))} match no tool in {source} "
+                                       f"({len(known)} known){whole}", severity="warning"))
+    return found
 
 
 def cmd_test(args: argparse.Namespace) -> int:
@@ -182,6 +222,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gateway.policy.models import CaseCall
     import anyio
 
+    from gateway.policy.evaluate import condition_failure
     from gateway.policy.testing import deciding_values, evaluate_case, evaluate_whole, policy_principal
     from gateway.policy.whole import outcome_status
     from gateway.stages.tier_gate import is_granted
@@ -274,7 +315,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out(f"rules considered for {call.tool}: {len(result.trace)} of {len(rules)}")
         for t in result.trace:
             rule = rules[t.rule_id]
-            why = f"error: {t.error} → counts as {'a match' if t.matched else 'no match'}" if t.error else f"condition = {json.dumps(t.value, default=str)}"
+            source = rule.when.source if rule.when else ""
+            why = (f"could not evaluate its condition ({condition_failure(t.error, source)}) → "
+                   f"{'MATCHED BY ERROR (fail closed)' if t.matched else 'no match'}") if t.error else f"condition = {json.dumps(t.value, default=str)}"
             out(f"  {'MATCH' if t.matched else '     '} {t.rule_id} [{t.effect}, {t.mode}] {rule.file}:{rule.line}")
             out(f"         when: {rule.when.source if rule.when else '(always)'}")
             for path, value in deciding_values(rule.when.source if rule.when else "", result.variables).items():
@@ -315,6 +358,9 @@ def add_parsers(sub: Any) -> None:
     p = add_command(sub, "check", COMMANDS["check"],
                     epilog="Without PATHS: ./policies and ./rules when either exists, " + FALLBACK)
     p.add_argument("paths", nargs="*", metavar="PATHS", help="policy/rule files or directories (searched for *.yaml, *.yml)")
+    p.add_argument("--tools", metavar="FILE",
+                   help="a tools/list answer (JSON): warn about rule tool globs that match none of its tools "
+                        "(default: the tools pinned under the state root, when there are any)")
     engine_opt(p)
     p.set_defaults(func=cmd_check)
 
