@@ -100,7 +100,7 @@ def test_every_flag_and_positional_has_help() -> None:
 
 def _leaf_argv(path: tuple[str, ...]) -> list[str]:
     """The smallest argv that parses for a leaf command (its required arguments filled in)."""
-    required = {("eval",): ["--tool", "read_file"], ("approvals", "approve"): ["apr_1"], ("approvals", "deny"): ["apr_1"],
+    required = {("eval",): ["--tool", "read_file"], ("replay",): ["--policy", "policies/strict.yaml"], ("approvals", "approve"): ["apr_1"], ("approvals", "deny"): ["apr_1"],
                 ("tools", "accept"): ["demo"], ("receipt", "verify"): ["response.json"],
                 ("audit", "proof"): ["--inclusion", "1"], ("audit", "migrate"): ["ledger.db", "postgresql://db/karma"],
                 ("audit", "grant"): ["postgresql://db/karma"]}

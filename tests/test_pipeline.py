@@ -183,7 +183,7 @@ async def test_cel_error_in_a_deny_rule_counts_as_a_match(setup):
     # `no-traversal` reads args.path unguarded: a call without `path` errors, which denies.
     outcome = await gateway.call("read_file", {"name": "x"}, api_key="alice-key")
     assert outcome.error_code is ErrorCode.POLICY_BLOCKED
-    assert "condition failed" in outcome.message
+    assert outcome.message == "rule no-traversal could not evaluate its condition (missing field args.path); refused to be safe"
     assert recorder.calls == []
 
 

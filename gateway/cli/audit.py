@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.common import COMMANDS, EXIT_FAILED, EXIT_OK, add_command, add_group, open_keys, out, settings_of
+from gateway.cli.common import (
+    COMMANDS, EXIT_FAILED, EXIT_OK, add_command, add_group, open_keys, out, pinned_definitions, settings_of,
+)
 from gateway.core.errors import ConfigError
 from gateway.ledger_access import ledger_location, open_ledger_reader, query_choices
 
@@ -358,8 +360,71 @@ def cmd_audit_grant(args: argparse.Namespace) -> int:
 
 
 
+def _call_rows(args: argparse.Namespace) -> Any:
+    """The ledger's calls between --since and --until, oldest first, one row each (a generator over an open reader)."""
+    from audit.query import call_rows, query_records
+
+    location = _ledger_path(args)
+    with open_ledger_reader(location) as reader:
+        records = query_records(reader, since=args.since, until=args.until)
+        with contextlib.closing(records):
+            yield from call_rows(reader, records, show="calls")
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Re-decide the recorded calls under the candidate policy (--policy) and print what would change."""
+    import anyio
+
+    from gateway.policy.compile import load_policy
+    from gateway.policy.replay import replay
+
+    policy = load_policy(Path(args.policy), engine=args.engine)
+    pins = pinned_definitions(args)
+    report = anyio.run(replay, policy, _call_rows(args), pins)
+    if args.format == "json":
+        out(json.dumps({"policy": policy.name, "policy_version": policy.version, **report.as_json()}, indent=2))
+    else:
+        for line in report.lines(f"replay under {policy.name} ({policy.version})"):
+            out(line)
+    return EXIT_OK
+
+
+def cmd_audit_shadow(args: argparse.Namespace) -> int:
+    """What shadow (audit-mode) rules would have done to live traffic, from the recorded decisions."""
+    from gateway.core.call import Mode
+    from gateway.core.errors import PolicyErrors
+    from gateway.policy.compile import load_policy
+    from gateway.policy.replay import shadow_report
+
+    shadow: set[str] | None = None
+    try:  # the current policy says which rules are shadows; without it every matched rule is named
+        policy = load_policy(settings_of(args).policy)
+        shadow = {r.id for r in policy.all_rules() if r.mode is not Mode.ENFORCE}
+    except (PolicyErrors, ConfigError, OSError):
+        shadow = None
+    report = shadow_report(_call_rows(args), shadow)
+    if args.format == "json":
+        out(json.dumps(report.as_json(), indent=2))
+    else:
+        for line in report.lines("shadow rules"):
+            out(line)
+    return EXIT_OK
+
+
 def add_parsers(sub: Any) -> None:
-    """Add `dharma audit verify|query|checkpoint` to the `dharma` subparsers."""
+    """Add `dharma audit …` and `dharma replay` to the `dharma` subparsers."""
+    p = add_command(sub, "replay", COMMANDS["replay"],
+                    epilog="Nothing is forwarded or written. Rate limits are simulated over the replayed calls at their "
+                           "recorded times; session history is rebuilt from the replay's own decisions; a call the "
+                           "candidate would hold for approval counts as would-hold.")
+    p.add_argument("--policy", required=True, help="the candidate policy profile")
+    p.add_argument("--ledger", help=LEDGER_HELP)
+    p.add_argument("--since", type=_time_arg, help="RFC 3339 time, e.g. 2026-11-22T00:00:00Z (inclusive)")
+    p.add_argument("--until", type=_time_arg, help="RFC 3339 time (exclusive)")
+    p.add_argument("--format", choices=["text", "json"], default="text", help="text (default) or json")
+    p.add_argument("--engine", choices=("cel-python", "common-expression-language"), help="CEL engine (default: the fastest installed)")
+    p.set_defaults(func=cmd_replay)
+
     audit = add_group(sub, "audit", COMMANDS["audit"], "audit_command")
     p = add_command(audit, "verify", "recompute the ledger; exit 1 at the first bad record")
     p.add_argument("--ledger", help=LEDGER_HELP)
@@ -397,6 +462,13 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--format", choices=["table", "jsonl", "csv"], default="table",
                    help="table (default), jsonl (one canonical JSON record a line) or csv (every field jsonl has)")
     p.set_defaults(func=cmd_audit_query)
+
+    p = add_command(audit, "shadow", "what shadow (mode: audit) rules would have denied or held, per rule and principal")
+    p.add_argument("--ledger", help=LEDGER_HELP)
+    p.add_argument("--since", type=_time_arg, help="RFC 3339 time (inclusive)")
+    p.add_argument("--until", type=_time_arg, help="RFC 3339 time (exclusive)")
+    p.add_argument("--format", choices=["text", "json"], default="text", help="text (default) or json")
+    p.set_defaults(func=cmd_audit_shadow)
 
     p = add_command(audit, "checkpoint", "print a signed checkpoint of the ledger's head (keep it elsewhere)")
     p.add_argument("--ledger", help=LEDGER_HELP)

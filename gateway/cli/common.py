@@ -21,6 +21,7 @@ COMMANDS = {
     "check": "validate policy and rule files; errors name file:line [rule]",
     "test": "run RuleTest cases (*_test.yaml) and report rules no case exercised",
     "eval": "dry-run one call against a policy and explain the decision",
+    "replay": "re-decide recorded calls under a candidate policy and report what would change",
     "schema": "print the JSON Schema of the policy files, for editors",
     "audit": "verify, query and checkpoint the karma ledger",
     "approvals": "list, approve or deny held calls",
@@ -108,6 +109,26 @@ def json_object_arg(text: str | None, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise UsageError(f"{what} must be a JSON object like '{{\"path\": \"a.txt\"}}', not {type(value).__name__}")
     return value
+
+
+def pinned_definitions(args: argparse.Namespace) -> dict[tuple[str, str], dict[str, Any]]:
+    """The tool definitions the gateway has seen, from the pins under the state root (or Redis):
+    {(backend, tool): definition}. Empty when there are none; a usage error if they cannot be read."""
+    import anyio
+
+    from gateway.core.errors import ConfigError
+    from gateway.runtime import open_pin_store
+    from gateway.stores.base import StoreUnavailable
+
+    async def rows() -> list[dict[str, Any]]:
+        async with open_pin_store(settings_of(args)) as store:
+            return await store.list()
+
+    try:
+        found = anyio.run(rows)
+    except (StoreUnavailable, ValueError, OSError) as exc:
+        raise ConfigError(f"cannot read the tool pins: {exc}") from None
+    return {(r["backend"], r["tool"]): r.get("seen_definition") or r.get("definition") or {} for r in found}
 
 
 def out(line: str = "") -> None:

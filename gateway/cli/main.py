@@ -21,7 +21,7 @@ from gateway.cli.common import COMMANDS, EXIT_OK, EXIT_USAGE, UsageError, add_co
 COMMAND_GROUPS = ("serve", "mcp", "policy", "audit", "approvals", "keys")
 """The modules of `gateway.cli`; each adds its subcommands with `add_parsers(sub)`."""
 GROUP_OF = {"serve": "serve", "stdio": "mcp", "tools": "mcp", "check": "policy", "test": "policy", "eval": "policy",
-            "schema": "policy", "audit": "audit", "approvals": "approvals", "keys": "keys",
+            "schema": "policy", "replay": "audit", "audit": "audit", "approvals": "approvals", "keys": "keys",
             "receipt": "keys"}
 """Which module adds each top-level command of `COMMANDS`."""
 _GLOBAL_WITH_VALUE = ("--config", "--state-root")

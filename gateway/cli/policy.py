@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli.common import (
-    COMMANDS, EXIT_FAILED, EXIT_OK, UsageError, add_command, json_arg, json_object_arg, out, settings_of,
+    COMMANDS, EXIT_FAILED, EXIT_OK, UsageError, add_command, json_arg, json_object_arg, out, pinned_definitions,
+    settings_of,
 )
 
 ENGINES = ("cel-python", "common-expression-language")
@@ -50,6 +51,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not files:
         raise UsageError("no policy files found in " + ", ".join(map(str, paths)))
     rule_files: list[Path] = []
+    compiled: list[Any] = []
     for file in files:
         try:
             docs = read_documents(file)
@@ -58,23 +60,61 @@ def cmd_check(args: argparse.Namespace) -> int:
             continue
         if any(isinstance(d.model, Policy) for d in docs):
             try:
-                compiled = load_policy(file, engine=args.engine)
-                warnings.extend(compiled.warnings)
+                compiled.append(load_policy(file, engine=args.engine))
             except PolicyErrors as exc:
                 problems.extend(exc.problems)
         else:
             rule_files.append(file)
     if rule_files:
         try:
-            warnings.extend(compile_documents(load_rule_documents(rule_files), engine=args.engine).warnings)
+            compiled.append(compile_documents(load_rule_documents(rule_files), engine=args.engine))
         except PolicyErrors as exc:
             problems.extend(exc.problems)
+    known = known_tools(args)
+    for policy in compiled:
+        warnings.extend(policy.warnings)
+        if known:
+            warnings.extend(unmatched_globs(policy, known, "--tools " + args.tools if args.tools else "the pins"))
     for item in sorted(set(problems)):
         out(str(item))
     for item in sorted(set(warnings)):
         out(str(item))
     out(f"{len(files)} file(s) checked: {len(set(problems))} error(s), {len(set(warnings))} warning(s)")
     return EXIT_FAILED if problems else EXIT_OK
+
+
+def known_tools(args: argparse.Namespace) -> set[str]:
+    """The tool names to check rule globs against: a `--tools` inventory (a tools/list answer as JSON),
+    else every tool the gateway has pinned under the state root; empty when neither has any."""
+    if args.tools:
+        found = json_arg("@" + args.tools, "--tools")
+        if isinstance(found, dict):
+            found = (found.get("result") or found).get("tools") if isinstance(found.get("result") or found, dict) else None
+        if not isinstance(found, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in found):
+            raise UsageError(f"--tools {args.tools}: expected a tools/list answer ({{\"tools\": [{{\"name\": ...}}]}})")
+        return {t["name"] for t in found}
+    from gateway.core.errors import ConfigError
+
+    try:
+        return {tool for _, tool in pinned_definitions(args)}
+    except ConfigError:
+        return set()
+
+
+def unmatched_globs(policy: Any, known: set[str], source: str) -> list[Any]:
+    """A warning for each rule tool glob that matches none of `known`: a typo, or a rule for a tool nobody serves."""
+    from gateway.core.errors import PolicyProblem
+    from gateway.policy.compile import glob_match
+
+    found = []
+    for rule in policy.all_rules():
+        unmatched = [p for p in rule.tools if not any(glob_match(name, p) for name in known)]
+        if unmatched:
+            whole = " (the rule applies to none of them)" if len(unmatched) == len(rule.tools) else ""
+            found.append(PolicyProblem(rule.file, rule.line, rule.id,
+                                       f"tool glob(s) {', '.join(map(repr, unmatched))} match no tool in {source} "
+                                       f"({len(known)} known){whole}", severity="warning"))
+    return found
 
 
 def cmd_test(args: argparse.Namespace) -> int:
@@ -91,24 +131,100 @@ def cmd_test(args: argparse.Namespace) -> int:
     if not report.cases:
         out("no RuleTest cases found")
         return EXIT_FAILED
+    below = args.min_coverage is not None and report.coverage < args.min_coverage
+    if args.format == "junit":
+        out(junit_xml(report))
+    elif args.format == "json":
+        out(json.dumps(report_json(report, args.min_coverage), indent=2))
+    else:
+        print_test_report(report, verbose=args.verbose)
+        if below:
+            out(f"coverage {report.coverage:.1f}% is below --min-coverage {args.min_coverage:g}%")
+    if report.failed or below or (args.require_coverage and report.unexercised):
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def print_test_report(report: Any, *, verbose: bool) -> None:
+    """The text form: failures (every case with -v), what no case exercised, the summary line."""
     for case in report.cases:
-        if not case.passed or args.verbose:
+        if not case.passed or verbose:
             out(f"{'PASS' if case.passed else 'FAIL'} {case.file} {case.name}")
             for failure in case.failures:
                 out(f"     {failure}")
     passed = len(report.cases) - len(report.failed)
     for rule_id in report.unexercised:
         out(f"not exercised: {rule_id} ({report.rules[rule_id]})")
-    out(f"{passed} passed, {len(report.failed)} failed; {len(report.rules) - len(report.unexercised)}/{len(report.rules)} rules exercised")
-    if report.failed or (args.require_coverage and report.unexercised):
-        return EXIT_FAILED
-    return EXIT_OK
+    for tier in report.unexercised_tiers:
+        out(f"not exercised: tier {tier} ({report.tiers[tier]}): no case names a principal of it")
+    tiers = f", {len(report.tiers) - len(report.unexercised_tiers)}/{len(report.tiers)} tiers" if report.tiers else ""
+    out(f"{passed} passed, {len(report.failed)} failed; {len(report.rules) - len(report.unexercised)}/{len(report.rules)} "
+        f"rules exercised{tiers}; coverage {report.coverage:.1f}%")
+
+
+def report_json(report: Any, min_coverage: float | None) -> dict[str, Any]:
+    """The `--format json` document: every case, what no case exercised, the coverage."""
+    return {
+        "passed": len(report.cases) - len(report.failed),
+        "failed": len(report.failed),
+        "coverage": round(report.coverage, 2),
+        "min_coverage": min_coverage,
+        "rules": {"total": len(report.rules), "unexercised": [{"id": r, "at": report.rules[r]} for r in report.unexercised]},
+        "tiers": {"total": len(report.tiers), "unexercised": [{"name": t, "at": report.tiers[t]} for t in report.unexercised_tiers]},
+        "cases": [
+            {"suite": c.suite, "name": c.name, "at": c.file, "passed": c.passed, "failures": c.failures,
+             "whole_pipeline": c.whole, "seconds": round(c.seconds, 6)}
+            for c in report.cases
+        ],
+    }
+
+
+def junit_xml(report: Any) -> str:
+    """The report as JUnit XML: one <testsuite> per RuleTest, one <testcase> per case, a <failure> per failing case."""
+    from xml.etree import ElementTree as ET
+
+    root = ET.Element("testsuites", name="dharma test", tests=str(len(report.cases)), failures=str(len(report.failed)))
+    suites: dict[str, ET.Element] = {}
+    for case in report.cases:
+        suite = suites.get(case.suite)
+        if suite is None:
+            suite = suites[case.suite] = ET.SubElement(root, "testsuite", name=case.suite, tests="0", failures="0")
+        suite.set("tests", str(int(suite.get("tests", "0")) + 1))
+        path, _, line = case.file.rpartition(":")
+        item = ET.SubElement(suite, "testcase", name=case.name, classname=case.suite, file=path, line=line,
+                             time=f"{case.seconds:.6f}")
+        if not case.passed:
+            suite.set("failures", str(int(suite.get("failures", "0")) + 1))
+            failure = ET.SubElement(item, "failure", message=case.failures[0] if case.failures else "failed")
+            failure.text = "\n".join(case.failures)
+    props = ET.SubElement(root, "properties")
+    ET.SubElement(props, "property", name="coverage", value=f"{report.coverage:.2f}")
+    for rule_id in report.unexercised:
+        ET.SubElement(props, "property", name="unexercised_rule", value=f"{rule_id} ({report.rules[rule_id]})")
+    for tier in report.unexercised_tiers:
+        ET.SubElement(props, "property", name="unexercised_tier", value=f"{tier} ({report.tiers[tier]})")
+    return ET.tostring(root, encoding="unicode", xml_declaration=True)
+
+
+def _percent(text: str) -> float:
+    """A --min-coverage: a percentage 0..100."""
+    try:
+        value = float(text.rstrip("%"))
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"expected a percentage from 0 to 100, not {text!r}")
+    return value
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from gateway.policy.compile import load_policy
     from gateway.policy.models import CaseCall
-    from gateway.policy.testing import deciding_values, evaluate_case
+    import anyio
+
+    from gateway.policy.evaluate import condition_failure
+    from gateway.policy.testing import deciding_values, evaluate_case, evaluate_whole, policy_principal
+    from gateway.policy.whole import outcome_status
     from gateway.stages.tier_gate import is_granted
     from gateway.core.call import Principal
 
@@ -129,15 +245,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
         disclosure_mode=args.disclosure_mode,
         depth=args.depth,
     )
-    result = evaluate_case(policy, call, json_arg(args.response, "--response"))
+    response = json_arg(args.response, "--response")
+    result = evaluate_case(policy, call, response)
     annotations = policy.annotations_for(call.tool, call.annotations)
     granted = is_granted(policy, Principal(principal["id"], principal["tier"]), call.tool, annotations) if args.principal else None
+    pipeline = None
+    if args.principal:
+        whole = anyio.run(evaluate_whole, policy, call.model_copy(update={"principal": args.principal}),
+                          policy_principal(policy, args.principal), response)
+        w = whole.decision
+        pipeline = {
+            "status": outcome_status(w).value,
+            "decision": w.effect.value,
+            "enforced": w.enforced,
+            "error_code": w.code.value if w.blocks and w.code else None,
+            "stage": w.stage or None,
+            "message": w.message,
+            "sensitivity": whole.sensitivity.value,
+        }
     d = result.decision
     report: dict[str, Any] = {
         "policy": policy.name,
         "policy_version": policy.version,
         "engine": policy.engine,
         "tool": call.tool,
+        "pipeline": pipeline,
         "granted": granted,
         "sensitivity": result.sensitivity.value,
         "findings": [f.as_cel() for f in result.findings],
@@ -159,6 +291,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         out(json.dumps(report, indent=2, default=str))
         return EXIT_OK
+    if pipeline is None:
+        out("pipeline: not judged (name a --principal: the tier gate, sensitivity and rate limits decide per principal)")
+    else:
+        code = f" {pipeline['error_code']}" if pipeline["error_code"] else ""
+        at = f" at {pipeline['stage']}" if pipeline["error_code"] and pipeline["stage"] else ""
+        out(f"pipeline: {pipeline['status']}{code}{at}{': ' + pipeline['message'] if pipeline['message'] else ''}")
+        out("the rules alone (as if the tier gate had admitted the call):")
     out(f"decision: {report['decision']}{'' if d.enforced else ' (not enforced: audit/warn mode)'}")
     if granted is not None:
         out(f"granted to {principal['id']} (tier {principal['tier']}): {'yes' if granted else 'no — the tool is hidden from them'}")
@@ -176,7 +315,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out(f"rules considered for {call.tool}: {len(result.trace)} of {len(rules)}")
         for t in result.trace:
             rule = rules[t.rule_id]
-            why = f"error: {t.error} → counts as {'a match' if t.matched else 'no match'}" if t.error else f"condition = {json.dumps(t.value, default=str)}"
+            source = rule.when.source if rule.when else ""
+            why = (f"could not evaluate its condition ({condition_failure(t.error, source)}) → "
+                   f"{'MATCHED BY ERROR (fail closed)' if t.matched else 'no match'}") if t.error else f"condition = {json.dumps(t.value, default=str)}"
             out(f"  {'MATCH' if t.matched else '     '} {t.rule_id} [{t.effect}, {t.mode}] {rule.file}:{rule.line}")
             out(f"         when: {rule.when.source if rule.when else '(always)'}")
             for path, value in deciding_values(rule.when.source if rule.when else "", result.variables).items():
@@ -217,6 +358,9 @@ def add_parsers(sub: Any) -> None:
     p = add_command(sub, "check", COMMANDS["check"],
                     epilog="Without PATHS: ./policies and ./rules when either exists, " + FALLBACK)
     p.add_argument("paths", nargs="*", metavar="PATHS", help="policy/rule files or directories (searched for *.yaml, *.yml)")
+    p.add_argument("--tools", metavar="FILE",
+                   help="a tools/list answer (JSON): warn about rule tool globs that match none of its tools "
+                        "(default: the tools pinned under the state root, when there are any)")
     engine_opt(p)
     p.set_defaults(func=cmd_check)
 
@@ -225,6 +369,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("paths", nargs="*", metavar="PATHS", help="RuleTest files or directories holding them")
     p.add_argument("-v", "--verbose", action="store_true", help="list passing cases too")
     p.add_argument("--require-coverage", action="store_true", help="fail when a rule is not exercised by any case")
+    p.add_argument("--min-coverage", type=_percent, metavar="P",
+                   help="fail (exit 1) when fewer than P percent of the rules and tiers under test are exercised by some case")
+    p.add_argument("--format", choices=["text", "json", "junit"], default="text",
+                   help="text (default), json, or junit (JUnit XML for CI test reports)")
     engine_opt(p)
     p.set_defaults(func=cmd_test)
 

@@ -274,7 +274,6 @@ def _references(rules: tuple[Any, ...], fields: tuple[str, ...]) -> frozenset[st
 # ---- compilation --------------------------------------------------------------------
 
 
-_UNGUARDED = re.compile(r"(?<![.\w])args\.(?!(?:all|exists|exists_one|filter|map)\()([A-Za-z_][A-Za-z0-9_]*)")  # not `c.args.x` (a field of c), nor a macro on args
 _LEADING_GUARD = re.compile(r"\s*has\(\s*args\.([A-Za-z_][A-Za-z0-9_]*)\s*\)\s*&&")
 
 
@@ -348,20 +347,85 @@ class _Compiler:
         return None
 
     def lint_guard(self, source: str | None, doc: LoadedDocument, loc: tuple[Any, ...], rule_id: str) -> None:
-        """Warn about `args.x` read without `has(args.x)`: a missing field errors, which matches."""
+        """Warn about fields read without a `has()` guard: a missing field errors, which matches.
+
+        Covers `args.x`, nested `args.a.b`, `args["x"]`, `principal.claims.x` and
+        `tool.annotations.x` (maps whose keys the caller or the backend decides).
+        """
         if not source:
             return
-        for name in dict.fromkeys(_UNGUARDED.findall(source)):
-            if f"has(args.{name})" not in source.replace(" ", ""):
-                self.warnings.append(
-                    PolicyProblem(
-                        doc.path,
-                        doc.line_of(loc),
-                        rule_id,
-                        f"`args.{name}` is read without `has(args.{name})`: calls without it will match by error",
-                        severity="warning",
-                    )
+        for path in unguarded_reads(source):
+            self.warnings.append(
+                PolicyProblem(
+                    doc.path,
+                    doc.line_of(loc),
+                    rule_id,
+                    f"`{path}` is read without `has({path})`: calls without it will match by error",
+                    severity="warning",
                 )
+            )
+
+    def lint_bool(self, source: str | None, doc: LoadedDocument, loc: tuple[Any, ...], rule_id: str) -> None:
+        """A `when` that cannot be a bool (a literal) is an error; one that may not be (a bare field) a warning."""
+        kind = non_bool_condition(source)
+        if kind is None:
+            return
+        problem = PolicyProblem(
+            doc.path, doc.line_of(loc), rule_id,
+            f"`when` is {kind}, which may not be true or false: compare it (e.g. `{(source or '').strip()} == true`); "
+            "a non-bool result is an error, and an error in a deny rule matches",
+            severity="error" if kind.startswith("a literal") else "warning",
+        )
+        (self.problems if problem.severity == "error" else self.warnings).append(problem)
+
+
+_FIELD = r"(?:\.[A-Za-z_][A-Za-z0-9_]*|\[\s*(?:\"[^\"]*\"|'[^']*')\s*\])"
+_READS = re.compile(r"(?<![\w.])(args|principal\.claims|tool\.annotations)(" + _FIELD + r"+)")
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[\s*[\"']([^\"']*)[\"']\s*\]")
+_HAS = re.compile(r"\bhas\(\s*([^()]*?)\s*\)")
+_LITERAL = re.compile(r"""^\s*(?:-?\d+(?:\.\d+)?u?|"[^"]*"|'[^']*'|null|\[.*\]|\{.*\})\s*$""", re.S)
+KNOWN_BOOLS = frozenset({"tool.changed", "response.is_error"})
+"""Fields the gateway itself fills with a bool: a bare one is a fine condition."""
+_BARE = re.compile(r"^\s*[A-Za-z_][A-Za-z0-9_]*(?:" + _FIELD + r")+\s*$")
+
+
+def _dotted(root: str, steps: str) -> str:
+    return ".".join([root, *(a or b for a, b in _STEP.findall(steps))])
+
+
+def unguarded_reads(source: str) -> list[str]:
+    """Map fields (`args…`, `principal.claims…`, `tool.annotations…`) read with no `has()` of them (or of a deeper field)."""
+    guarded = set()
+    for inner in _HAS.findall(source):
+        found = _READS.fullmatch(inner.strip())
+        if found:
+            guarded.add(_dotted(found.group(1), found.group(2)))
+    unguarded = []
+    for match in _READS.finditer(source):
+        steps = _STEP.findall(match.group(2))
+        if source[match.end():].lstrip().startswith("("):
+            steps = steps[:-1]  # a method call on the field: the receiver is what is read
+        root = match.group(1)
+        for depth in range(1, len(steps) + 1):  # each level of a nested read must be there
+            path = ".".join([root, *(a or b for a, b in steps[:depth])])
+            if not any(g == path or g.startswith(path + ".") for g in guarded):
+                unguarded.append(path)
+                break
+    return list(dict.fromkeys(unguarded))
+
+
+def non_bool_condition(source: str | None) -> str | None:
+    """What a condition statically is when it cannot or may not be a bool, else None."""
+    if not source:
+        return None
+    text = source.strip()
+    if text in ("true", "false") or text in KNOWN_BOOLS:
+        return None
+    if _LITERAL.match(text):
+        return "a literal (" + text[:40] + ")"
+    if _BARE.match(text):
+        return f"a bare field ({text[:60]})"
+    return None
 
 
 def compile_documents(
@@ -403,6 +467,7 @@ def compile_documents(
                 msg = c.expr(r.message_expr, declared, doc, (*loc, "message_expr"), r.id)
                 if r.effect in RESTRICTIVE:
                     c.lint_guard(r.when, doc, (*loc, "when"), r.id)
+                c.lint_bool(r.when, doc, (*loc, "when"), r.id)
                 (visibility if r.effect is Effect.HIDE else rules).append(
                     CompiledRule(
                         id=r.id,
@@ -611,23 +676,63 @@ def profile_chain(path: Path) -> list[LoadedDocument]:
         chain.append(read_profile(target))
 
 
-def load_policy(path: Path, *, extra: list[Path] | None = None, engine: str | None = None) -> CompiledPolicy:
+def load_policy(
+    path: Path, *, extra: list[Path] | None = None, engine: str | None = None, extra_docs: Sequence[LoadedDocument] = ()
+) -> CompiledPolicy:
     """Load a profile (and the profiles it extends) and the rule sets it names (paths relative
-    to the profile file that names them)."""
+    to the profile file that names them), plus `extra` rule files and `extra_docs` (a file the
+    profile already names is not added twice)."""
     chain = profile_chain(path)
     root = chain[-1]
     assert isinstance(root.model, Policy)
-    rule_paths: list[Path] = []
+    docs = named_rule_documents(root, "rule_sets", root.model.rule_sets)
+    named = {d.path for d in docs}
+    docs.extend(d for d in [*load_rule_documents(extra or []), *extra_docs] if d.path not in named)
+    return compile_documents(docs, engine=engine, policy=chain[0], bases=chain[1:])
+
+
+RULE_KINDS = (RuleSet, DisclosureRuleSet)
+
+
+def named_rule_documents(referrer: LoadedDocument, key: str, refs: Sequence[str]) -> list[LoadedDocument]:
+    """The rule documents of the files `referrer` names under `key` (paths relative to it).
+
+    A named file that is missing, holds another kind (a profile, a RuleTest) or holds no rules is
+    an error at the naming line, never zero rules loaded in silence. A named directory contributes
+    the rule documents of its files (its RuleTest files are skipped, as they live beside the rules).
+    """
+    docs: list[LoadedDocument] = []
     problems: list[PolicyProblem] = []
-    for i, ref in enumerate(root.model.rule_sets):
-        target = (Path(root.path).parent / ref).resolve()
-        if not target.exists():
-            problems.append(PolicyProblem(root.path, root.line_of(("rule_sets", i)), "", f"rule set not found: {ref}"))
-        rule_paths.append(target)
+    for i, ref in enumerate(refs):
+        line = referrer.line_of((key, i))
+        target = (Path(referrer.path).parent / ref).resolve()
+        if target.is_dir():
+            try:
+                docs.extend(load_rule_documents([target]))
+            except PolicyErrors as exc:
+                problems.extend(exc.problems)
+            continue
+        if not target.is_file():
+            problems.append(PolicyProblem(referrer.path, line, "", f"rule set not found: {ref} (named in `{key}`)"))
+            continue
+        try:
+            found = read_documents(target)
+        except PolicyErrors as exc:
+            problems.extend(exc.problems)
+            continue
+        wrong = [d for d in found if not isinstance(d.model, RULE_KINDS)]
+        for d in wrong:
+            hint = " (to test a whole profile, name it in `policy:`)" if isinstance(d.model, Policy) else ""
+            problems.append(PolicyProblem(
+                referrer.path, line, "",
+                f"{key}: {ref} holds a `kind: {d.model.kind}` document at line {d.line_of(())}, not rules "
+                f"(RuleSet or DisclosureRuleSet){hint}"))
+        if not found:
+            problems.append(PolicyProblem(referrer.path, line, "", f"{key}: {ref} holds no rules"))
+        docs.extend(d for d in found if isinstance(d.model, RULE_KINDS))
     if problems:
         raise PolicyErrors(problems)
-    rule_paths.extend(extra or [])
-    return compile_documents(load_rule_documents(rule_paths), engine=engine, policy=chain[0], bases=chain[1:])
+    return docs
 
 
 def load_rule_documents(paths: list[Path]) -> list[LoadedDocument]:

@@ -7,6 +7,7 @@ counts as a match; an error in an allow or warn rule does not; a non-boolean res
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -220,11 +221,36 @@ def evaluate_rules(
             trace.append(RuleTrace(rule.id, rule.effect.value, rule.mode.value, value, error, matched))
         if matched:
             if error:
-                message = f"{rule.message or f'blocked by rule {rule.id}'} (matched because its condition failed: {error})"
+                message = failed_condition_message(rule.id, error, rule.when.source if rule.when else "")
             else:
                 message = _message(rule, activation)
             matches.append(RuleMatch(rule.id, rule.effect, rule.mode, message, error))
     return matches
+
+
+_MISSING = re.compile(r"(?:KeyError: |no such member in mapping: |no such key; ?)'?([^'\s]+)'?")
+
+
+def condition_failure(error: str, source: str) -> str:
+    """Why a condition could not be evaluated, in the policy's words: `missing field args.path`
+    for a field the call lacks (whatever the engine called it), else the engine's message."""
+    found = _MISSING.search(error)
+    if found is None:
+        return error
+    key = found.group(1)
+    paths = re.findall(r"\b(?:args|principal|tool|request|session|findings)(?:\.[A-Za-z_][A-Za-z0-9_]*|\[\s*[\"'][^\"']*[\"']\s*\])+", source)
+    for path in paths:
+        parts = re.findall(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[\s*[\"']([^\"']*)[\"']\s*\]", path[path.index("."):] if "." in path else path)
+        names = [a or b for a, b in parts]
+        if key in names:
+            root = path.split(".", 1)[0].split("[", 1)[0]
+            return "missing field " + ".".join([root, *names[: names.index(key) + 1]])
+    return f"missing field {key}"
+
+
+def failed_condition_message(rule_id: str, error: str, source: str) -> str:
+    """What the caller is told when a restrictive rule matched because its condition failed (fail closed)."""
+    return f"rule {rule_id} could not evaluate its condition ({condition_failure(error, source)}); refused to be safe"
 
 
 def combine(matches: list[RuleMatch], policy: CompiledPolicy) -> Decision:

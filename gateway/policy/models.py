@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from gateway.core.call import BlockClass, Disclosure, Effect, Mode, Sensitivity
+from gateway.core.call import BlockClass, Disclosure, Effect, Mode, Sensitivity, Status
+from gateway.core.errors import ErrorCode
 
 API_VERSION = "dharma/v1"
 RULE_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
@@ -266,7 +267,12 @@ class CaseSessionCall(Strict):
 class CaseCall(Strict):
     tool: str
     args: dict[str, Any] = Field(default_factory=dict)
-    principal: dict[str, Any] = Field(default_factory=lambda: {"id": "tester", "tier": "test", "roles": []})
+    principal: str | dict[str, Any] = Field(
+        default_factory=lambda: {"id": "tester", "tier": "test", "roles": []},
+        description="bare facts (id, tier, roles, claims) for the rules alone, or the id of a principal of the "
+        "test's `policy`: the case is then decided by the whole pipeline (tier gate, sensitivity and purpose, "
+        "escalation, rate limits, rules, approval)",
+    )
     annotations: dict[str, Any] = Field(default_factory=dict)
     backend: str = "default"
     purpose: str | None = None
@@ -278,6 +284,10 @@ class CaseCall(Strict):
         default=None, description="the MCP tool definition (description, inputSchema, ...) scanned into tool.findings")
     other_tools: list[str] = Field(default_factory=list, description="the other tools the same server lists")
     tool_accepted: bool = False
+    prior_calls: int = Field(
+        default=0, ge=0, le=10_000,
+        description="whole-pipeline cases: this many identical calls went through just before (rate limits)",
+    )
 
 
 class CaseExpect(Strict):
@@ -289,6 +299,9 @@ class CaseExpect(Strict):
     findings: list[str] | None = None
     hidden: bool | None = Field(default=None, description="a visibility rule (effect: hide) hides the tool")
     tool_findings: list[str] | None = Field(default=None, description="the kinds in tool.findings")
+    error_code: ErrorCode | None = Field(default=None, description="the error code the caller would get (status ok means none)")
+    status: Status | None = Field(default=None, description="the envelope status: ok (it would be forwarded), blocked, pending_approval")
+    message: str | None = Field(default=None, description="a substring of the message the caller would get")
 
 
 class RuleCase(Strict):
@@ -300,8 +313,26 @@ class RuleCase(Strict):
 
 class RuleTest(Document):
     kind: Literal["RuleTest"]
-    rules: list[str] = Field(min_length=1, description="rule files under test, relative to this file")
+    rules: list[str] = Field(default_factory=list, description="rule files under test (RuleSet or DisclosureRuleSet), relative to this file")
+    policy: str | None = Field(
+        default=None,
+        description="a profile (kind: Policy, relative to this file) to test whole: its tiers, limits and rule sets; "
+        "cases may then name its principals",
+    )
+    principals: list[PrincipalSpec] = Field(
+        default_factory=list,
+        description="callers added to the `policy` for this test only (a shipped profile declares none), "
+        "e.g. {id: a-reader, tier: reader}; they need no credentials",
+    )
     cases: list[RuleCase] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _something_under_test(self) -> RuleTest:
+        if not self.rules and self.policy is None:
+            raise ValueError("a RuleTest names the rule files under test (`rules:`), a profile (`policy:`), or both")
+        if self.principals and self.policy is None:
+            raise ValueError("`principals:` are added to the test's `policy:` profile, and there is none")
+        return self
 
 
 KINDS: dict[str, type[Document]] = {

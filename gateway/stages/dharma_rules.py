@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import structlog
+
 from gateway.core.call import CallContext, Decision, Effect
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.evaluate import activation_for, combine, evaluate_rules
 from gateway.stages.sanitizer.walk import redact_paths, split_joined_path
+
+log = structlog.get_logger()
 
 
 class DharmaRules:
@@ -17,6 +21,10 @@ class DharmaRules:
             return None
         matches = evaluate_rules(policy, ctx.tool.name, activation_for(ctx, policy), arguments=ctx.arguments,
                                  classes=ctx.classes)
+        for match in matches:
+            if match.by_error is not None:  # fail closed, and say so: an operator should guard the condition
+                log.warning("rule.matched_by_error", rule=match.rule_id, tool=ctx.tool.name, mode=match.mode.value,
+                            request_id=ctx.call.request_id, error=match.by_error)
         decision = combine(matches, policy)
         ctx.rules_decision = decision
         ctx.warnings.extend(decision.warnings)

@@ -156,6 +156,8 @@ def ledger_entry(
 ) -> dict[str, Any]:
     """The ledger record of one call's outcome (contract: keep every field and its meaning).
 
+    `matched_by_error` names the matched rules whose condition errored, as the decision record does.
+
     Self-contained, as the single record of older ledgers was; an outcome record adds `kind` and
     the link to its decision record (see `Record`).
     """
@@ -166,6 +168,7 @@ def ledger_entry(
         **call_fields(ctx, policy, outcome.decision, matched),
         "time": outcome.timestamp,
         "approval_id": outcome.approval_id,
+        "matched_by_error": list(dict.fromkeys(m.rule_id for m in matched if m.by_error is not None)),
         "disclosure": ctx.disclosure_note,
         "response_digest": response_digest,
         "status": outcome.status.value,
