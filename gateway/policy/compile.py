@@ -384,7 +384,7 @@ _READS = re.compile(r"(?<![\w.])(args|principal\.claims|tool\.annotations)(" + _
 _STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[\s*[\"']([^\"']*)[\"']\s*\]")
 _HAS = re.compile(r"\bhas\(\s*([^()]*?)\s*\)")
 _LITERAL = re.compile(r"""^\s*(?:-?\d+(?:\.\d+)?u?|"[^"]*"|'[^']*'|null|\[.*\]|\{.*\})\s*$""", re.S)
-KNOWN_BOOLS = frozenset({"tool.changed", "response.is_error"})
+KNOWN_BOOLS = frozenset({"tool.changed", "tool.accepted", "response.is_error", "args_shell.present", "args_shell.unparsed"})
 """Fields the gateway itself fills with a bool: a bare one is a fine condition."""
 _BARE = re.compile(r"^\s*[A-Za-z_][A-Za-z0-9_]*(?:" + _FIELD + r")+\s*$")
 
