@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
 
 from audit.sqlite import SqliteLedger
 from gateway.core.backends import ToolSpec
@@ -73,3 +81,19 @@ async def open_gateway(tmp: Path, policy: CompiledPolicy | Path, backends: list[
 
 def text_result(value: str) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": value}]}
+
+
+@contextlib.contextmanager
+def all_logs(monkeypatch: pytest.MonkeyPatch, *modules: ModuleType) -> Iterator[list[dict[str, Any]]]:
+    """Every structlog event at every level, whatever logging an earlier test configured: a level
+    filter, or a module's logger cached on first use (gateway.logging), would hide events from
+    capture_logs, so each of `modules` gets a fresh `log`."""
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG), cache_logger_on_first_use=False)
+    try:
+        with capture_logs() as logs:
+            for module in modules:
+                monkeypatch.setattr(module, "log", structlog.get_logger())
+            yield logs
+    finally:
+        structlog.configure(**saved)

@@ -9,9 +9,8 @@ import textwrap
 from pathlib import Path
 from xml.etree import ElementTree
 
-from structlog.testing import capture_logs
 
-from tests.helpers import Recorder, open_gateway, text_result, write_policy
+from tests.helpers import Recorder, all_logs, open_gateway, text_result, write_policy
 from tests.test_cli import dharma
 
 PROFILE = """\
@@ -261,7 +260,8 @@ UNGUARDED = {"call.yaml": """\
     """}
 
 
-async def test_a_rule_matched_by_error_says_so_everywhere_without_leaking_the_engine_error(tmp_path):
+async def test_a_rule_matched_by_error_says_so_everywhere_without_leaking_the_engine_error(tmp_path, monkeypatch):
+    from gateway.stages import dharma_rules
     from tests.test_replay import TIERS
     from audit.query import query_records
     from audit.sqlite import SqliteLedgerReader
@@ -270,7 +270,7 @@ async def test_a_rule_matched_by_error_says_so_everywhere_without_leaking_the_en
     backend = recorder.backend({"read_file": lambda file=None: text_result("x")})
     gateway = await open_gateway(tmp_path, write_policy(tmp_path, TIERS, UNGUARDED), [backend])
     try:
-        with capture_logs() as logs:
+        with all_logs(monkeypatch, dharma_rules) as logs:
             outcome = await gateway.call("read_file", {"file": "a.txt"}, api_key="alice-key")
     finally:
         await gateway.aclose()

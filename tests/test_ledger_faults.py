@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import pwd
 import struct
@@ -26,15 +25,14 @@ from typing import Any
 
 import psycopg
 import pytest
-import structlog
 import yaml
-from structlog.testing import capture_logs
 
 from audit.query import query_records
 from audit.verify import verify_ledger
 from gateway.core.call import Status
 from gateway.core.errors import ErrorCode
 from tests.audit.conftest import BACKENDS, Location, new_location, open_reader
+from tests.helpers import all_logs
 from tests.conftest import DEMO_UPSTREAM, KEYS, REPO, OpenGateway
 from tests.pg import PostgresServer
 from tests.test_cli import dharma
@@ -54,15 +52,10 @@ def pg_url(postgres: PostgresServer, request: pytest.FixtureRequest, tmp_path: P
 
 
 @pytest.fixture
-def gateway_logs() -> Iterator[list[dict[str, Any]]]:
+def gateway_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
     """Every structlog event, whatever level an earlier test configured."""
-    saved = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG), cache_logger_on_first_use=False)
-    try:
-        with capture_logs() as logs:
-            yield logs
-    finally:
-        structlog.configure(**saved)
+    with all_logs(monkeypatch) as logs:
+        yield logs
 
 
 async def write(gw: Any, name: str) -> Any:

@@ -7,7 +7,6 @@ or a `postgresql://` URL; `open_ledger`, `open_reader` and `attacker` take eithe
 
 from __future__ import annotations
 
-import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -15,13 +14,12 @@ from typing import Any
 
 import psycopg
 import pytest
-import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from structlog.testing import capture_logs
 
 from audit.postgres import LEDGER_TABLES, PostgresLedger, PostgresLedgerReader
 from audit.sqlite import SqliteLedger, SqliteLedgerReader
 from gateway.config import is_ledger_url
+from tests.helpers import all_logs
 from tests.pg import PostgresServer
 
 BACKENDS = ("sqlite", "postgres")
@@ -162,12 +160,5 @@ def ledger_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]
     import audit.postgres
     import audit.sqlite
 
-    saved = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG), cache_logger_on_first_use=False)
-    try:
-        with capture_logs() as logs:
-            monkeypatch.setattr(audit.sqlite, "log", structlog.get_logger())
-            monkeypatch.setattr(audit.postgres, "log", structlog.get_logger())
-            yield logs
-    finally:
-        structlog.configure(**saved)
+    with all_logs(monkeypatch, audit.sqlite, audit.postgres) as logs:
+        yield logs
