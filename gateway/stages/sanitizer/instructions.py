@@ -67,10 +67,13 @@ _INLINE_CODE: Final = re.compile(r"`[^`\n]{1,200}`")
 # ---- instructions to the model ---------------------------------------------------------------
 
 _ASSISTANT = r"(?:ai|assistant|model|llm|agent|claude|chatgpt|gpt|copilot|bot)"
-_AI_WORDS = (" ai", "ai ", "assistant", "model", "llm", "agent", "claude", "gpt", "copilot", "bot", "gemini")
-_USER = ("user",)
-#: (gate, pattern): a pattern runs only on text whose lower case holds one of its gate's words
-#: (`in` is C-fast; one alternation of every pattern costs ~2 µs a character).
+_AI_WORDS = ("ai", "assistant", "assistants", "model", "models", "llm", "agent", "agents", "claude", "gpt", "chatgpt",
+             "copilot", "bot", "gemini")
+_USER = ("user", "users")
+#: (gate, pattern): a pattern runs only on text that holds one of its gate's words (lower case,
+#: split at spaces and punctuation) or, for a gate entry that is not a word ("<", "</"), that
+#: substring: one alternation of every pattern would cost ~2 µs a character, and one `in` per
+#: gate word ~0.5 µs per 2 KB each, where splitting the text into a set of words once is ~20 µs.
 _INSTRUCTION_TABLE: Final = (
     (("<",), r"<\s*/?\s*(?:important[e]?|wichtig|importantissimo|system|instructions?|secret|hidden|admin)\s*>"),
     # a forged end of the tool's output or a chat-template turn marker: what follows poses as the user
@@ -83,17 +86,17 @@ _INSTRUCTION_TABLE: Final = (
      r"\b(?:system|admin|developer)\s+(?:note|message|instruction|override|prompt|directive)s?\s*:"
      r"|\b(?:important|critical|mandatory|urgent)\s+system\s+(?:requirement|instruction|directive|rule|notice|update)s?\s*:"),
     (("note",), r"\bnote\s+(?:to|for)\s+(?:the\s+|all\s+|any\s+)?(?:[a-z]+\s+){0,2}?" + _ASSISTANT + r"s?\b"),
-    (("instruction", "directive"),
+    (("instruction", "instructions", "directive", "directives"),
      r"\b(?:ai|assistant|llm)s?\s+(?:instructions?|directives?|notes?)\s*[:\]]"
      r"|\b(?:ai\s+)?(?:agent|model)s?\s+(?:instructions?|directives?)\s*[:\]]"
      r"|\binstructions?\s+(?:to|for)\s+(?:the\s+|all\s+|any\s+)?(?:[a-z]+\s+){0,2}?" + _ASSISTANT + r"s?\s*:"),
-    (("ignor", "disregard", "forget", "overrid", "bypass"),
+    (("ignore", "ignoring", "disregard", "forget", "override", "bypass"),
      r"\b(?:ignore|disregard|forget|override|bypass)\s+(?:all\s+|any\s+)?(?:of\s+)?(?:the\s+|your\s+|my\s+)?"
      r"(?:previous|prior|above|earlier|preceding|original|system|safety|existing|other)\s+"
      r"(?:instructions?|prompts?|rules|directions|guidelines|messages|context)"
      r"|\b(?:ignore|disregard)\s+(?:the\s+|this\s+)?user'?s\s+(?:request|question|instructions?|message|prompt)"),
-    (("instruction",), r"\bnew\s+instructions?\s*:"),
-    (("you are now",), r"\byou\s+are\s+now\s+(?:a|an|in|the)\b"),
+    (("instruction", "instructions"), r"\bnew\s+instructions?\s*:"),
+    (("now",), r"\byou\s+are\s+now\s+(?:a|an|in|the)\b"),
     (_USER, r"\b(?:do\s+not|don'?t|never)\s+(?:tell|mention|inform|reveal|disclose|notify|alert|show|say|explain)"
             r"\s+(?:this\s+|it\s+|anything\s+)?(?:to\s+)?(?:the\s+)?users?\b"),
     (("mention", "reveal", "disclose"),
@@ -103,7 +106,7 @@ _INSTRUCTION_TABLE: Final = (
                    r"|\bwithout\s+asking\b(?!\s+for\s+(?:a\s+|the\s+)?(?:password|passphrase|pin)\b)"),
     (_USER, r"\b(?:the\s+)?users?\s+(?:must|should)\s+(?:not|never)\s+(?:know|see|notice|be\s+told)"),
     # forged consent: the checks are said to be done already, or not to matter
-    (("ask", "approv", "authori", "care about"),
+    (("ask", "approved", "authorized", "authorised", "preapproved", "preauthorized", "preauthorised", "care"),
      r"\b(?:do\s+not|don'?t|never|no\s+need\s+to)\s+(?:ask|confirm\s+with|check\s+with|consult)\s+(?:the\s+)?(?:user|owner|human)s?\b"
      r"|\b(?:is|was|has\s+been|are)\s+(?:already\s+)?pre-?(?:approved|authori[sz]ed)\b"
      r"|\b(?:owner|user|admin|administrator|manager|maintainer)s?\s+(?:has\s+|have\s+)?already\s+(?:approved|authori[sz]ed|agreed|consented)"
@@ -111,12 +114,12 @@ _INSTRUCTION_TABLE: Final = (
      r"|\b(?:does\s+not|doesn'?t|do\s+not|don'?t)\s+care\s+about\s+(?:their\s+|his\s+|her\s+)?(?:privacy|security|confidentiality)"),
     (("keep",), r"\bkeep\s+(?:this|it)\s+(?:secret|hidden|confidential|between\s+us)"),
     (("before",), r"\bbefore\s+(?:using|calling|invoking|running)\s+(?:this|the|any)\s+(?:\w+\s+)?tools?\b"),
-    (("this tool",), r"\b(?:always|first|only)\s+(?:use|call|invoke|run)\s+this\s+tool\b"),
-    (("this tool",), r"\b(?:use|call|prefer)\s+this\s+tool\s+(?:instead\s+of|rather\s+than|in\s+place\s+of|over)\b"),
-    (("instead of",), r"\binstead\s+of\s+(?:using|calling|invoking)\s+(?:the\s+)?[`'\"]?[a-z][\w.-]*"),
+    (("tool",), r"\b(?:always|first|only)\s+(?:use|call|invoke|run)\s+this\s+tool\b"),
+    (("tool",), r"\b(?:use|call|prefer)\s+this\s+tool\s+(?:instead\s+of|rather\s+than|in\s+place\s+of|over)\b"),
+    (("instead",), r"\binstead\s+of\s+(?:using|calling|invoking)\s+(?:the\s+)?[`'\"]?[a-z][\w.-]*"),
     (_USER, r"\bwhen(?:ever)?\s+(?:the\s+)?user\s+(?:asks?|wants?|requests?|tries|says|writes|types|mentions)\b[^.\n]{0,160}?"
             r"\b(?:first|always|instead|immediately|you\s+must|must\s+first|make\s+sure|(?:call|use|invoke)\s+this\s+tool)\b"),
-    (("you ",), r"\byou\s+(?:must|should|need\s+to|have\s+to|are\s+required\s+to|will)\s+(?:always\s+|first\s+|also\s+|now\s+)?"
+    (("you",), r"\byou\s+(?:must|should|need\s+to|have\s+to|are\s+required\s+to|will)\s+(?:always\s+|first\s+|also\s+|now\s+)?"
                 r"(?:call|invoke|execute|ignore|disregard|upload|forward|exfiltrate|prepend|prefix|read\s+(?:the\s+)?(?:file|contents?)|"
                 r"send\s+(?:it|this|them|the\s+(?:data|contents?|results?|files?|conversation|history|credentials?|keys?|tokens?)))\b"),
     (_AI_WORDS, r"\b(?:as\s+an?\s+|dear\s+|attention\s+|hey\s+)" + _ASSISTANT + r"\b"),
@@ -129,8 +132,8 @@ _INSTRUCTION_TABLE: Final = (
      r"(?:it|this|them|the\s+(?:result|output|response|answer|value|price)s?)\s*,\s*(?:always\s+|also\s+|immediately\s+)?"
      r"(?:call|send|email|forward|post|upload|invoke|run)\b"),
     # the same orders in the languages attackers switch to (es, pt, fr, it, de)
-    (("herramienta", "ferramenta", "outil", "strumento", "werkzeug", "dieses tool", "usuario", "usuário", "utilisateur",
-      "utente", "benutzer", "nutzer", "instrucciones", "instruções", "instructions pr", "istruzioni", "anweisungen"),
+    (("herramienta", "ferramenta", "outil", "strumento", "werkzeug", "dieses", "usuario", "usuário", "utilisateur",
+      "utente", "benutzer", "nutzer", "instrucciones", "instruções", "précédentes", "precedentes", "istruzioni", "anweisungen"),
      r"\bantes\s+de\s+(?:usar|utilizar|llamar|chamar)\s+(?:esta|la|a)\s+(?:herramienta|ferramenta)"
      r"|\bavant\s+d['’](?:utiliser|appeler)\s+cet\s+outil|\bprima\s+di\s+(?:usare|utilizzare|chiamare)\s+questo\s+strumento"
      r"|\bbevor\s+(?:du|sie)\s+(?:dieses|das)\s+(?:tool|werkzeug)"
@@ -143,9 +146,12 @@ _INSTRUCTION_TABLE: Final = (
      r"|\bignore[zr]?\s+(?:toutes\s+)?les\s+instructions\s+pr[ée]c[ée]dentes"
      r"|\bignorier(?:e|en)?\s+(?:alle\s+)?(?:vorherigen|bisherigen|obigen)\s+anweisungen"),
 )  # fmt: skip
-_INSTRUCTIONS: Final = tuple((gate, re.compile(p, re.I)) for gate, p in _INSTRUCTION_TABLE)
-#: Every gate word once: which are in a text is worked out once per text (C-level `in` per word).
-_GATE_WORDS: Final = tuple(sorted({w for gate, _ in _INSTRUCTION_TABLE for w in gate}))
+_INSTRUCTIONS: Final = tuple(re.compile(p, re.I) for _, p in _INSTRUCTION_TABLE)
+#: gate word -> the patterns (indices) it opens; gate marks (not words) and theirs.
+_WORD_GATES: Final = {w: tuple(i for i, (gate, _) in enumerate(_INSTRUCTION_TABLE) if w in gate)
+                      for gate, _ in _INSTRUCTION_TABLE for w in gate if w.isalnum()}
+_MARK_GATES: Final = tuple((w, i) for i, (gate, _) in enumerate(_INSTRUCTION_TABLE) for w in gate if not w.isalnum())
+_SEPARATORS: Final = str.maketrans({c: " " for c in "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~’“”«»"})
 
 # An address to the assistant followed by an order: "Assistant, send…", "Hello AI agent: ignore…",
 # "@assistant quick one - please read…". The name is found first, then the text around it is
@@ -226,11 +232,11 @@ _DATA_OBJECT = (
 #: What is asked for; the verb is looked for before it in the same sentence (object first: the
 #: objects are rare, the verbs are everywhere, so this costs a fraction of a verb-first regex).
 _DATA_THING: Final = re.compile(
-    r"\b(?:(?:the|this|their|all)\s+)?(?:complete|full|entire|whole)\s+(?:conversation|chat|message|e-?mail)s?"
-    r"(?:\s+(?:history|log|transcript))?"
+    r"\b(?:complete|full|entire|whole)\s+(?:conversation|chat)s?(?:\s+(?:history|log|transcript))?"
     r"|\b(?:conversation|chat)\s+(?:history|log|transcript)|\ball\s+previous\s+(?:tool\s+)?(?:results|messages|outputs)"
-    r"|\b(?:(?:all\s+(?:of\s+)?)?(?:the\s+|this\s+)?(?:user|author|owner|victim)'?s|all\s+(?:of\s+)?their)\s+"
-    r"(?:(?:full|complete|entire|whole|private|personal|saved|other|recent|last\s+\w+)\s+){0,3}" + _DATA_OBJECT + r"\b",
+    r"|\b(?:user|author|owner|victim)['’]s\s+(?:(?:full|complete|entire|whole|private|personal|saved|other|recent|last\s+\w+)\s+){0,3}"
+    + _DATA_OBJECT + r"\b"
+    r"|\ball\s+(?:of\s+)?their\s+(?:(?:full|complete|entire|whole|private|personal|saved|other|recent)\s+){0,3}" + _DATA_OBJECT + r"\b",
     re.I,
 )
 _DATA_VERB: Final = re.compile(
@@ -239,7 +245,8 @@ _DATA_VERB: Final = re.compile(
     re.I,
 )
 _SENTENCE_END: Final = re.compile(r".*(?:[.!?](?=\s)|\n)", re.S)
-_DATA_GATE: Final = ("conversation", "chat", "previous", "user", "author", "owner", "victim", "their")
+_DATA_GATE: Final = frozenset(("conversation", "chat", "previous"))
+_DATA_MARKS: Final = ("user's", "author's", "owner's", "victim's", "user’s", "all their", "of their")
 
 # ---- URLs and sending data -------------------------------------------------------------------
 
@@ -281,13 +288,16 @@ _FORGED_CALL: Final = re.compile(
     r"\"(?:tool_calls|function_call|tool_use|tool_call)\"\s*:\s*[\[{]" + r"[^\]]{0,200}?\"name\"\s*:\s*\"([A-Za-z][\w.-]{1,63})\""
 )
 _NOT_A_TOOL: Final = frozenset({"this", "that", "the", "a", "an", "another", "any", "each", "every", "same", "other", "your"})
-_CREDENTIAL_GATE: Final = (
-    ".ssh", "id_", ".aws", ".env", ".netrc", ".npmrc", ".pypirc", "credentials", ".docker", ".kube", "/etc/", "mcp.json",
-    "claude_desktop", "gcloud", "wallet.dat", ".gnupg", "keychain", "key", "token", "password", "passphrase", "seed",
-    "recovery", "mnemonic", "environment", "env", "cookie", "content", "login", ".config/gh",
-)  # fmt: skip
-_SEND_GATE: Final = ("://", "@", "url", "endpoint", "address", "server", "webhook", "email", "inbox")
-_CALL_GATE: Final = ("call", "invoke", "tool", "function")
+_CREDENTIAL_GATE: Final = frozenset((
+    "ssh", "rsa", "dsa", "ecdsa", "ed25519", "aws", "env", "netrc", "npmrc", "pypirc", "credentials", "docker", "kube",
+    "passwd", "shadow", "sudoers", "mcp", "desktop", "gcloud", "wallet", "gnupg", "keychain", "key", "keys", "apikey",
+    "token", "tokens", "secret", "secrets", "password", "passwords", "pwd", "pat", "passphrase", "passphrases", "seed",
+    "recovery", "mnemonic", "environment", "vars", "var", "cookie", "cookies", "content", "contents", "login", "gh",
+    "printenv",
+))  # fmt: skip
+_SEND_GATE: Final = frozenset(("url", "endpoint", "address", "server", "webhook", "email", "inbox"))
+_CALL_GATE: Final = frozenset(("call", "invoke", "tool", "function"))
+_AI_GATE: Final = frozenset(_AI_WORDS)
 
 
 def _excerpt(text: str, start: int, end: int) -> str:
@@ -379,21 +389,24 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
     findings.extend(_urls(text, where))
     prose = _blank(text, _FENCE.finditer(text)) if "```" in text or "~~~" in text else text
     low = prose.lower()
-    present = frozenset(filter(low.__contains__, _GATE_WORDS))
+    words = frozenset(low.translate(_SEPARATORS).split())
     code = [(m.start(), m.end()) for m in _INLINE_CODE.finditer(prose)] if "`" in prose else []
-    instructed = _vocative(prose, code, findings, where) if not present.isdisjoint(_AI_WORDS) or "@" in low else False
-    for gate, rx in () if instructed else _INSTRUCTIONS:
-        if not present.isdisjoint(gate) and _first(rx, prose, code, findings, "hidden_instruction", "an instruction to the model", where):
-            instructed = True
-            break
-    if any(map(low.__contains__, _CREDENTIAL_GATE)):
+    instructed = _vocative(prose, code, findings, where) if not words.isdisjoint(_AI_GATE) or "@" in low else False
+    if not instructed:
+        opened = {i for w in words.intersection(_WORD_GATES) for i in _WORD_GATES[w]}
+        opened.update(i for mark, i in _MARK_GATES if mark in low)
+        for i in sorted(opened):
+            if _first(_INSTRUCTIONS[i], prose, code, findings, "hidden_instruction", "an instruction to the model", where):
+                instructed = True
+                break
+    if not words.isdisjoint(_CREDENTIAL_GATE):
         _first(_CREDENTIAL, prose, code, findings, "credential_request", "asks for credentials", where)
-    if any(map(low.__contains__, _DATA_GATE)):
+    if not words.isdisjoint(_DATA_GATE) or ("s" in words and any(map(low.__contains__, _DATA_MARKS))) or "their" in words:
         _data_request(prose, code, findings, where)
-    if any(map(low.__contains__, _SEND_GATE)):
+    if not words.isdisjoint(_SEND_GATE) or "://" in low or "@" in low:
         _first(_SEND, prose, code, findings, "exfiltration", "asks to send data", where)
-    findings.extend(_tool_references(prose, low, where, other_tools, own_name, code))
-    if decode and (instructed or "base64" in low or "decode" in low):
+    findings.extend(_tool_references(prose, low, words, where, other_tools, own_name, code))
+    if decode and (instructed or "base64" in words or "decode" in words):
         findings.extend(_decoded(prose, where, other_tools, own_name))
     return findings
 
@@ -477,7 +490,7 @@ def _placeholder_value(query: str) -> bool:
     return False
 
 
-def _tool_references(prose: str, low: str, where: str, other_tools: Iterable[str], own_name: str,
+def _tool_references(prose: str, low: str, words: frozenset[str], where: str, other_tools: Iterable[str], own_name: str,
                      code: list[tuple[int, int]]) -> Iterator[Finding]:
     seen: set[str] = set()
     for name in other_tools:
@@ -492,7 +505,7 @@ def _tool_references(prose: str, low: str, where: str, other_tools: Iterable[str
             seen.add(name)
             yield Finding("tool_reference", where, name, _excerpt(prose, m.start(), m.end()))
     matches: list[tuple[re.Match[str], str]] = []
-    if any(map(low.__contains__, _CALL_GATE)):
+    if not words.isdisjoint(_CALL_GATE):
         matches.extend((m, m.group(1) or m.group(2) or "") for m in _CALL_TOOL.finditer(prose))
     if "_" in low:
         matches.extend((m, m.group(1)) for m in _SNAKE_TOOL.finditer(prose))
@@ -575,13 +588,16 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
     return tuple(findings[:_MAX_FINDINGS])
 
 
+_BLOCK_TYPES: Final = frozenset(("text", "image", "audio", "resource", "resource_link"))
+
+
 def scan_result(result: Any, other_tools: Iterable[str] = ()) -> tuple[Finding, ...]:
     """Findings in every string of a tool's answer (MCP `content[].text`, `structuredContent`, or a
     plain JSON result), with `$`-paths like the secret findings'. `_meta` is not shown to the model."""
     others = list(other_tools)
     findings: list[Finding] = []
     for path, text in _strings(result, "$"):
-        if path.startswith("$._meta"):
+        if path.startswith("$._meta") or (text in _BLOCK_TYPES and path.endswith(".type")):
             continue
         findings.extend(scan_text(text, path, others))
         if len(findings) >= _MAX_FINDINGS:
