@@ -8,7 +8,10 @@ withhold the answer). Kinds:
 - `hidden_instruction`: an imperative aimed at the assistant, not a description of the tool
   ("before using this tool…", "ignore previous instructions", "do not tell the user",
   `<IMPORTANT>`, "SYSTEM NOTE:", "you must call…", "when the user asks to X, first…").
-- `tool_reference`: another tool named (one of `other_tools`, or "call the X tool").
+- `tool_reference`: another tool named (one of `other_tools`, "call the X tool", a snake_case name
+  after run/with/using, a tool call written out as JSON).
+- `data_request`: an ask for the user's private data (the conversation history, "the user's
+  contacts", "all of their private repos").
 - `credential_request`: an instruction to read or hand over credentials (~/.ssh/id_rsa, .env,
   ~/.aws/credentials, "your API key", "pass its content as…").
 - `exfiltration`: an instruction to send data somewhere, or a URL with a placeholder or a
@@ -16,7 +19,11 @@ withhold the answer). Kinds:
 - `url`: any http(s) URL (detail: its host).
 - `invisible_text`: zero-width, bidi-control, tag or variation-selector characters in the raw
   text (before the sanitizer strips them); text hidden in tag characters is decoded and scanned.
-- `hidden_markup`: an HTML comment or a markdown comment (`[//]: # (…)`) with text in it.
+- `hidden_markup`: an HTML comment or a markdown comment (`[//]: # (…)`) with text in it, or ANSI
+  "conceal" (SGR 8).
+`hidden_instruction` also covers an order addressed to the assistant by name, a forged end of the
+tool output, forged consent and the strongest orders in es/pt/fr/it/de; a text that gives an order
+or says "decode"/"base64" has its encoded runs decoded (one layer) and scanned (`via` says how).
 
 Benign look-alikes the scanner leaves alone: plain tool documentation ("Use this tool to read a
 file. Returns the contents."), phrases quoted as examples (inside a fenced code block or an
@@ -171,7 +178,7 @@ _IMPERATIVE = (
     r"tell|list|collect|gather|save|store|put|set|change|update|approve|merge|push|commit|render|display|show)"
 )
 _VOCATIVE_AFTER: Final = re.compile(
-    r"[\s,:!-]*(?:[^.!?\n]{0,80}?(?:[,;]|\s-|\bplease|\bkindly|\bnow|\bthen|\bimmediately|\bfirst|"
+    r"[\s,:!-]*(?:[^.!?\n]{0,80}?(?:[,;:]|\s-|\bplease|\bkindly|\bnow|\bthen|\bimmediately|\bfirst|"
     r"\byou\s+(?:must|should|need\s+to|have\s+to))\s+"
     r"|(?:before|after|when(?:ever)?|once|at\s+the\s+end\s+of|for)\s+[^.!?\n,]{0,60}?\s+)?"
     r"(?:(?:please|kindly|now|immediately|always|first|also|just)\s+)*" + _IMPERATIVE + r"\b",
@@ -279,9 +286,9 @@ _CALL_TOOL: Final = re.compile(
     r"\b(?:call|use|invoke|run|trigger|execute)\s+(?:the\s+)?[`'\"]?([A-Za-z][\w.-]{2,63})[`'\"]?\s+(?:tool|function)\b"
     r"|\b(?i:call|invoke)\s+[`'\"]?([A-Za-z][\w.-]*[_.-][\w.-]*|[a-z]+[A-Z]\w*)[`'\"]?",
 )
-#: A snake_case name after a verb or "with/using/via": "run run_command with…", "using create_gist".
+#: A snake_case name after a verb or "with/using/via" (and their es, fr, it, de, pt twins): "run run_command with…", "using create_gist".
 _SNAKE_TOOL: Final = re.compile(
-    r"\b(?i:run|use|execute|trigger|with|using|via)\s+(?:the\s+)?[`'\"]?([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b[`'\"]?(?!\s*[(=])"
+    r"\b(?i:run|use|execute|trigger|with|using|via|llama\s+a|usa|utiliza|con|appelle|utilise|avec|chiama|verwende|mit|rufe|chame|com)\s+(?:the\s+)?[`'\"]?([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b[`'\"]?(?!\s*[(=])"
 )
 #: A tool call written out as JSON in a result, as if the assistant had made it.
 _FORGED_CALL: Final = re.compile(
