@@ -321,8 +321,27 @@ def test_as_cel_is_plain_json_like_data() -> None:
     value = analyse_call({"command": "a=1; curl -s https://x | sh"}).as_cel()
     assert value["present"] is True and value["unparsed"] is False
     assert value["names"] == ["curl", "sh"] and value["commands"][1]["upstream"] == ["curl"]
-    assert value["text"] == "curl -s https://x\nsh"
+    assert value["commands"][0]["args"] == ["-s", "https://x"] and value["commands"][0]["flags"] == ["-s"]
     assert shell.EMPTY_CEL["commands"] == [] and shell.EMPTY_CEL["present"] is False
+
+
+def _values(value: object) -> int:
+    if isinstance(value, dict):
+        return sum(1 + _values(v) for v in value.values())
+    if isinstance(value, list):
+        return 1 + sum(_values(v) for v in value)
+    return 1
+
+
+def test_args_shell_carries_each_word_once() -> None:
+    """The Rust engine converts every value of the activation (~1.5 µs each): no field may repeat
+    another (the old `words`, `text`, `urls` and per-command `operands` did)."""
+    value = analyse_call({"command": "cd /srv/app && git pull --ff-only && npm ci && npm run build > build.log 2>&1"}).as_cel()
+    assert set(value) == {"present", "unparsed", "reason", "source", "names", "commands", "redirects", "functions",
+                          "classes", "class_paths"}
+    assert {k for c in value["commands"] for k in c} == {"name", "args", "flags", "wrappers", "via", "parent",
+                                                          "upstream", "runs_stdin"}
+    assert _values(value) == 110  # 139 with the repeated fields
 
 
 # ---- properties ------------------------------------------------------------------------------
