@@ -269,3 +269,51 @@ def test_benign_look_alikes_have_no_findings(value: Any) -> None:
 
 def test_findings_from_plain_text_keep_an_empty_via() -> None:
     assert detect_secrets({"q": f"use {KEY}"}) == (Finding("api_key", "$.q", "AWS access key id, 20 chars"),)
+
+
+# ---- URL path segments; split arrays; shell variables are not passwords ---------------------
+
+ANTHROPIC_KEY = "sk-ant-api03-Qw7Er4Ty1Ui8Op5As2Df9Gh6Jk3Lz0Xc"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://r.short.example/" + b64(ANTHROPIC_KEY).rstrip("="),
+        "https://r.short.example/" + base64.urlsafe_b64encode(ANTHROPIC_KEY.encode()).decode().rstrip("=") + "/x",
+        "https://cdn.example/v1/u/" + b64(ANTHROPIC_KEY) + "?ref=mail",
+        "/srv/uploads/" + b64(ANTHROPIC_KEY).rstrip("="),
+    ],
+)
+def test_a_key_encoded_as_one_path_segment_is_found(url: str) -> None:
+    assert ("api_key", "base64") in found({"url": url}) or ("api_key", "base64url") in found({"url": url})
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        'docker run --rm \\\n  -v "$PWD":/app -w /app python:3.12 pytest',
+        "docker run -v $PWD:/src alpine ls",
+        "cd $PWD/build && make",
+        "mysql --password=$MYSQL_PWD -e 'select 1'",
+        'export PGPASSWORD="$(cat ~/.pgpass-token)"',
+    ],
+)
+def test_shell_variables_are_not_password_assignments(command: str) -> None:
+    assert found({"command": command}) == set()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['$password = "hunter2xyz";', "DB_PWD=s3cr3tval", "password=$Summer2024", "pwd: 'Tr0ub4dor'"],
+)
+def test_password_assignments_near_those_still_count(text: str) -> None:
+    assert ("password", "") in found({"text": text})
+
+
+def test_a_key_split_across_array_items_of_any_length_is_found() -> None:
+    google = "AIzaSyB" + "q7Wm2Xc9Lp4Tz8Rv1Hn6Jd3Ks5Fg0Ea2Yb"[:32]
+    for cut in ((4, 20), (10, 11, 30), (13, 26)):
+        pieces = [google[a:b] for a, b in zip((0, *cut), (*cut, len(google)))]
+        assert ("api_key", "split") in found({"url": "https://c.example/e", "events": pieces}), pieces
+    assert found({"events": ["AIzaSy", "not", "a", "key"]}) == set()

@@ -1,7 +1,9 @@
 """Encoded text inside a string: base64 (standard and URL-safe, padded or not), hex and URL-encoding.
 
 `decoded_layers(s)` yields every run of `s` that decodes to text, and, inside that text, every
-run that decodes again, down to `MAX_DEPTH` layers. Each layer carries the span of the outermost
+run that decodes again, down to `MAX_DEPTH` layers. A run with `/` in it (standard base64's
+alphabet, and a path separator) is also tried segment by segment, so a key encoded as one
+segment of a URL path is found. Each layer carries the span of the outermost
 encoded run in `s` (what a redaction must replace) and the chain of decodings that produced it
 ("base64>url"). The secret scanner looks for secrets in each layer's text.
 
@@ -30,6 +32,7 @@ MAX_TOTAL_CHARS: Final = 262_144  # decoded characters per top-level string
 MIN_BASE64: Final = 16  # 12 bytes: shorter runs cannot hold a key worth finding
 MIN_HEX: Final = 24
 PROBE: Final = 64  # encoded characters decoded first, to reject binary early
+MAX_SEGMENTS: Final = 16  # `/`-separated segments of one run tried on their own
 
 _BASE64_RUN: Final = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
 _HEX_ESCAPES: Final = re.compile(r"(?:\\x[0-9A-Fa-f]{2}){8,}")
@@ -114,9 +117,25 @@ def _candidates(s: str) -> Iterator[tuple[int, int, str, str]]:
                 yield m.start(), m.end(), "hex", text
     if len(s) >= MIN_BASE64:
         for m in _BASE64_RUN.finditer(s):
-            decoded = _decode_run(m.group())
+            run = m.group()
+            decoded = _decode_run(run)
             if decoded is not None:
                 yield m.start(), m.end(), decoded[0], decoded[1]
+            if "/" in run:  # `/` is base64 and a path separator: a URL or path segment may be the encoded part
+                yield from _segments(run, m.start(), decoded)
+
+
+def _segments(run: str, offset: int, whole: tuple[str, str] | None) -> Iterator[tuple[int, int, str, str]]:
+    """The `/`-separated segments of a base64-looking run that decode on their own
+    (`host.example/c2stYW50...`: the run starts in the host name, the key is the last segment)."""
+    pos = 0
+    for segment in run.split("/")[:MAX_SEGMENTS]:
+        body = segment.rstrip("=")
+        if len(body) >= MIN_BASE64 and len(segment) < len(run):
+            decoded = _decode_run(segment)
+            if decoded is not None and decoded != whole:
+                yield offset + pos, offset + pos + len(segment), decoded[0], decoded[1]
+        pos += len(segment) + 1
 
 
 def decoded_layers(s: str) -> Iterator[Layer]:

@@ -65,11 +65,17 @@ _ENV_PLACEHOLDER: Final = re.compile(
     re.IGNORECASE,
 )
 _ENV_OUTPUT_NAMES: Final = frozenset({"PATH", "HOME", "USER", "SHELL", "PWD", "OLDPWD", "LANG", "HOSTNAME", "TERM", "LOGNAME", "SHLVL", "_"})
+# Not after `$` when a `:` follows: `"$PWD":/app` is the shell's working directory, not a key
+# (`$password = "…"` in PHP or Perl is an assignment and still counts).
 _PASSWORD_TEXT: Final = re.compile(
-    r"(?<![a-z0-9])(?:password|passwd|passphrase|pwd)(?![a-z0-9])[\"']?[ \t]*[:=][ \t]*"  # an empty `PASSWORD=` line ends there
+    r"(?<![a-z0-9])(?:(?<!\$)(?:password|passwd|passphrase|pwd)(?![a-z0-9])[\"']?[ \t]*[:=]|(?<=\$)(?:password|passwd|passphrase|pwd)(?![a-z0-9])[ \t]*=)[ \t]*"  # an empty `PASSWORD=` line ends there
     r"(?:\"([^\"\r\n]+)\"|'([^'\r\n]+)'|([^\s\"',;&]+))",
     re.IGNORECASE,
 )
+# Unquoted or in double quotes, a shell expands `$NAME` (an upper-case environment variable:
+# `$Summer2024` may be a literal), `$(…)` and backticks: `--password=$DB_PASS` names a variable,
+# it is not the password itself.
+_SHELL_REFERENCE: Final = re.compile(r"\A(?:\$[A-Z_][A-Z0-9_]*|\$\([^()]*\)|`[^`]*`)\Z")
 _URL_PASSWORD: Final = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:([^\s/@]+)@")
 # `[0-9](?<![0-9][0-9])` = a digit not preceded by one, written so the engine can skip to digits.
 _DIGIT_BYTES: Final = b"0123456789"
@@ -275,7 +281,7 @@ def _scan_plain(s: str) -> list[_Hit]:
     if "pass" in low or "pwd" in low:
         for m in _PASSWORD_TEXT.finditer(s):
             g = 1 if m.group(1) is not None else 2 if m.group(2) is not None else 3
-            if _PLACEHOLDER.match(m.group(g)) is None:
+            if _PLACEHOLDER.match(m.group(g)) is None and (g == 2 or _SHELL_REFERENCE.match(m.group(g)) is None):
                 add(("password", m.start(g), m.end(g), f"password assignment in text, {m.end(g) - m.start(g)} chars"))
     raw = s.encode("utf-8", "surrogatepass")
     if len(raw) - len(raw.translate(None, _DIGIT_BYTES)) < 6:  # fewer digits than the shortest code

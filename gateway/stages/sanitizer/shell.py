@@ -770,11 +770,12 @@ class ShellCommand:
         return out
 
     def as_cel(self) -> dict[str, Any]:
-        # Only what rules need: converting the activation costs in proportion to its size.
+        # Only what rules need, once: the Rust engine converts each value of the activation at
+        # ~1.5 µs (strings, lists, map entries alike), so no field repeats another. `operands`
+        # is not here (every word of it is in `args`).
         return {
-            "name": self.name, "args": self.args, "flags": self.flags, "operands": self.operands,
-            "wrappers": self.wrappers, "via": self.via, "parent": self.parent, "upstream": self.upstream,
-            "runs_stdin": self.runs_stdin,
+            "name": self.name, "args": self.args, "flags": self.flags, "wrappers": self.wrappers,
+            "via": self.via, "parent": self.parent, "upstream": self.upstream, "runs_stdin": self.runs_stdin,
         }  # fmt: skip
 
 
@@ -793,22 +794,14 @@ class ShellAnalysis:
     classes: set[str] = field(default_factory=set)
     class_paths: dict[str, list[str]] = field(default_factory=dict)
 
-    @property
-    def words(self) -> list[str]:
-        return [w for c in self.commands for w in (*c.wrappers, c.path, *c.args)]
-
-    @property
-    def text(self) -> str:
-        """The normalised command text: one line per command (its normalised name, then its
-        arguments), words shell-quoted."""
-        return "\n".join(shlex.join([c.name, *c.args]) for c in self.commands)
-
     def as_cel(self) -> dict[str, Any]:
+        """The CEL variable `args_shell`. No field repeats another (see `ShellCommand.as_cel`):
+        every word is in `commands[].args`, `names` is the one deliberate copy (the rules' cheap
+        `"rm" in args_shell.names` gate), and `urls` stays on the Python side."""
         return {
             "present": self.present, "unparsed": self.unparsed, "reason": self.reason, "source": self.source,
-            "text": self.text, "words": self.words, "names": [c.name for c in self.commands],
-            "commands": [c.as_cel() for c in self.commands], "redirects": self.redirects,
-            "functions": self.functions, "urls": self.urls, "classes": sorted(self.classes),
+            "names": [c.name for c in self.commands], "commands": [c.as_cel() for c in self.commands],
+            "redirects": self.redirects, "functions": self.functions, "classes": sorted(self.classes),
             "class_paths": {k: list(v) for k, v in sorted(self.class_paths.items())},
         }  # fmt: skip
 
@@ -1340,8 +1333,16 @@ def _classify(result: ShellAnalysis) -> None:
                 add("network_send", operands[-1])
             elif any(_REMOTE.match(o) for o in operands[:-1]):
                 add("download", operands[-1])
-        if name in ("dig", "nslookup", "host") and any("$(" in o or "`" in o for o in operands):
-            add("network_send", operands[0])
+        if name in _CREDENTIAL_COMMANDS or name.startswith("docker-credential-"):
+            _classify_credential_command(c, result)
+        if name == "git":
+            _classify_git(c, result)
+        if name in _DNS_TOOLS:
+            for o in operands:
+                if _dns_carries_data(o):
+                    add("network_send", o)
+        if (_PYTHON.match(name) or name in SCRIPT_FLAGS) and len(args) >= 2:
+            _classify_inline_code(c, result)
         if name == "tee":
             for o in operands:
                 if o not in _DISCARD:
@@ -1463,6 +1464,147 @@ def _classify_execute(c: ShellCommand, result: ShellAnalysis) -> None:
         result.add_class("execute", _plain_path(operands[0]))
     if name == "eval":
         result.add_class("execute")
+
+
+#: Commands that print a credential: (the words that must follow one another among its operands,
+#: the flags of which one is needed, or none). `kubectl config view` alone redacts; `--raw` does not.
+_CREDENTIAL_COMMANDS: Final[dict[str, tuple[tuple[tuple[str, ...], frozenset[str]], ...]]] = {
+    "kubectl": ((("config", "view"), frozenset({"--raw", "--flatten"})), (("get", "secret"), frozenset({"-o", "--output"})),
+                (("get", "secrets"), frozenset({"-o", "--output"})), (("create", "token"), frozenset())),
+    "oc": ((("config", "view"), frozenset({"--raw", "--flatten"})), (("get", "secret"), frozenset({"-o", "--output"})),
+           (("whoami",), frozenset({"-t", "--show-token"}))),
+    "gh": ((("auth", "token"), frozenset()), (("auth", "status"), frozenset({"-t", "--show-token"}))),
+    "gcloud": ((("auth", "print-access-token"), frozenset()), (("auth", "print-identity-token"), frozenset()),
+               (("auth", "application-default", "print-access-token"), frozenset()),
+               (("secrets", "versions", "access"), frozenset()), (("config", "config-helper"), frozenset())),
+    "az": ((("account", "get-access-token"), frozenset()), (("keyvault", "secret", "show"), frozenset()),
+           (("keyvault", "secret", "download"), frozenset())),
+    "aws": ((("configure", "export-credentials"), frozenset()), (("configure", "get", "aws_secret_access_key"), frozenset()),
+            (("configure", "get", "aws_session_token"), frozenset()), (("sts", "get-session-token"), frozenset()),
+            (("sts", "assume-role"), frozenset()), (("ecr", "get-login-password"), frozenset()),
+            (("secretsmanager", "get-secret-value"), frozenset()), (("ssm", "get-parameter"), frozenset({"--with-decryption"})),
+            (("ssm", "get-parameters"), frozenset({"--with-decryption"})),
+            (("ssm", "get-parameters-by-path"), frozenset({"--with-decryption"}))),
+    "git": ((("credential", "fill"), frozenset()),),
+    "security": ((("find-generic-password",), frozenset({"-w", "-g"})), (("find-internet-password",), frozenset({"-w", "-g"})),
+                 (("dump-keychain",), frozenset())),
+    "secret-tool": ((("lookup",), frozenset()),),
+    "pass": ((("show",), frozenset()),),
+    "gopass": ((("show",), frozenset()),),
+    "op": ((("read",), frozenset()), (("item", "get"), frozenset({"--reveal", "--fields"}))),
+    "bw": ((("get",), frozenset()),),
+    "lpass": ((("show",), frozenset()),),
+    "vault": ((("read",), frozenset()), (("kv", "get"), frozenset()), (("print", "token"), frozenset())),
+    "heroku": ((("auth:token",), frozenset()),),
+}  # fmt: skip
+_DNS_TOOLS: Final = frozenset({"dig", "nslookup", "host", "drill", "kdig", "delv", "ping", "ping6", "traceroute"})
+_HEX_LABEL: Final = re.compile(r"^[0-9a-fA-F]{16,}$")
+_LONG_LABEL: Final = re.compile(r"^[A-Za-z0-9]{30,}$")
+#: Network APIs of inline code (python -c, node -e, perl -e, ruby -e, php -r, pwsh -c), and
+#: what makes their call a send rather than a download.
+_CODE_NET: Final = re.compile(
+    r"urlopen|urllib|requests\.|httpx|http\.client|aiohttp|\bfetch\(|https?\.(?:request|get)\(|axios|XMLHttpRequest|"
+    r"Net::HTTP|LWP|HTTP::Tiny|Invoke-WebRequest|Invoke-RestMethod|\biwr\b|\birm\b|WebClient|curl_exec|"
+    r"file_get_contents\(\s*['\"]https?:|open-uri"
+)
+_CODE_SOCKET: Final = re.compile(r"\bsocket\b|IO::Socket|TCPSocket|fsockopen|Net\.Sockets|\bnet\.connect|dgram|smtplib|ftplib")
+_CODE_SEND: Final = re.compile(
+    r"(?i)\bdata\s*=|\bjson\s*=|\bfiles\s*=|\.(?:post|put|patch)\s*\(|method\s*[=:]\s*['\"]?(?:post|put|patch)|"
+    r"-method\s+['\"]?(?:post|put|patch)|\bbody\s*[:=]|upload(?:string|file|data)|post_form|curlopt_postfields|"
+    r"\.request\(\s*['\"](?:post|put|patch)"
+)
+_CODE_ENV: Final = re.compile(r"os\.environ|getenv|process\.env|%ENV|\bENV\[|\$env:|\[Environment\]::GetEnvironmentVariable")
+_CODE_STRING: Final = re.compile(r"['\"]([^'\"\n]{1,256})['\"]")
+
+
+def _classify_credential_command(c: ShellCommand, result: ShellAnalysis) -> None:
+    """A command that prints a credential (`kubectl config view --raw`, `gh auth token`, `aws
+    ecr get-login-password`, `security find-generic-password -w`...) is a credential read."""
+    operands, flags = c.operands, c.flags
+    if c.name.startswith("docker-credential-"):
+        if "get" in operands:
+            result.add_class("credential_read", c.name + " get")
+        return
+    for words, needs in _CREDENTIAL_COMMANDS[c.name]:
+        n = len(words)
+        if any(tuple(operands[i : i + n]) == words for i in range(len(operands) - n + 1)) and (
+            not needs or any(f in needs for f in flags)
+        ):
+            result.add_class("credential_read", " ".join((c.name, *words)))
+            return
+
+
+def _git_subcommand(args: list[str]) -> tuple[str, list[str]]:
+    """(subcommand, its arguments) of a git command line, past git's own options (`-C dir`, `-c k=v`)."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path", "--config-env"):
+            i += 2
+        elif a.startswith("-"):
+            i += 1
+        else:
+            return a, args[i + 1 :]
+    return "", []
+
+
+def _classify_git(c: ShellCommand, result: ShellAnalysis) -> None:
+    """`git push` sends the repository (to the URL, or to the URL a `git remote add/set-url` of the
+    same command gave the remote, or to the remote by name)."""
+    sub, rest = _git_subcommand(c.args)
+    if sub != "push":
+        return
+    target = next((a for a in rest if not a.startswith("-")), "")
+    if target and "://" not in target and not _REMOTE.match(target):
+        for other in result.commands:
+            if other.name == "git":
+                osub, orest = _git_subcommand(other.args)
+                ops = [a for a in orest if not a.startswith("-")]
+                if osub == "remote" and len(ops) >= 3 and ops[0] in ("add", "set-url") and ops[1] == target:
+                    target = ops[2]
+    result.add_class("network_send", target or "git push")
+
+
+def _dns_carries_data(name: str) -> bool:
+    """Whether a host name looked up carries data in its labels (DNS exfiltration): a variable or
+    substitution, or a label left of the registered domain that looks encoded (mixed case with a
+    digit, like base64; 16+ hex digits; 30+ letters and digits)."""
+    if "$" in name or "`" in name:
+        return True
+    labels = name.rstrip(".").split(".")
+    for label in labels[:-2]:
+        if len(label) < 8:
+            continue
+        if _HEX_LABEL.match(label) or _LONG_LABEL.match(label):
+            return True
+        upper = sum(ch.isupper() for ch in label[1:])
+        lower = sum(ch.islower() for ch in label)
+        if upper >= 2 and lower >= 2 and any(ch.isdigit() for ch in label):
+            return True
+    return False
+
+
+def _classify_inline_code(c: ShellCommand, result: ShellAnalysis) -> None:
+    """Code given on the command line (`python3 -c`, `node -e`, `perl -e`, `php -r`, `pwsh -c`):
+    a network API with data or a socket is a send, without it a download; the environment or a
+    credential path it names is a read."""
+    flags = {"-c"} if _PYTHON.match(c.name) else SCRIPT_FLAGS[c.name]
+    code = next((c.args[i + 1] for i, a in enumerate(c.args[:-1]) if a in flags), None)
+    if code is None:
+        return
+    add = result.add_class
+    if _CODE_ENV.search(code):
+        add("env_read", c.name)
+    for m in _CODE_STRING.finditer(code):
+        if _CREDENTIAL_PATH.search(m.group(1)):
+            add("credential_read", m.group(1))
+    urls = _URL.findall(code)
+    if _CODE_SOCKET.search(code) or (_CODE_NET.search(code) and (_CODE_SEND.search(code) or any("?" in u for u in urls))):
+        for url in urls or [c.name]:
+            add("network_send", url)
+    elif _CODE_NET.search(code):
+        for url in urls or [c.name]:
+            add("download", url)
 
 
 def _plain_path(path: str) -> str:
