@@ -155,6 +155,25 @@ def test_stdio_loads_no_http_client() -> None:
     assert out.strip() == "[]", out
 
 
+def test_commands_load_structlog_without_rich_and_still_log_tracebacks() -> None:
+    """A command's structlog comes without rich (start-up), exceptions still render as text in the
+    JSON log line, and rich stays importable for whatever asks for it later."""
+    probe = ("import sys, io\n"
+             "from gateway.cli.main import import_structlog_without_rich\n"
+             "import_structlog_without_rich()\n"
+             "loaded = 'rich' in sys.modules\n"
+             "from gateway.logging import configure_logging\n"
+             "import structlog\n"
+             "configure_logging('info')\n"
+             "sys.stderr = io.StringIO()\n"
+             "try:\n    1 / 0\nexcept ZeroDivisionError:\n    structlog.get_logger().exception('probe.failed')\n"
+             "line = sys.stderr.getvalue()\n"
+             "import rich.pretty\n"
+             "print(loaded, 'ZeroDivisionError' in line and 'Traceback' in line, rich.pretty.__name__)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    assert out.split() == ["False", "True", "rich.pretty"], out
+
+
 def test_config_and_state_root_after_the_subcommand_are_used(tmp_path: Path, state_root: Path) -> None:
     other = tmp_path / "other-root"
     serve, jwks = dharma_many([["serve", "--config", tmp_path / "nope.yaml"], ["keys", "jwks", "--state-root", other]], state_root)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,30 @@ async def test_upstream_that_never_answers_times_out(toy_url: str, tmp_path: Pat
             ok = await c.call("echo", {"message": "after"})
             assert "echo: after" in ok.text
     assert '"error_code":"timeout"' in ledger_text(tmp_path / "state")
+
+
+async def test_a_client_that_hangs_up_cancels_its_call(toy_url: str, tmp_path: Path) -> None:
+    """A client that disconnects mid-call cancels the handler and so the upstream request: the call
+    that would have timed out after 1 s never gets a timeout outcome (a handler left running would
+    record one), and the endpoint goes on serving."""
+    policy = write_profile(tmp_path / "policy", backend_timeout_seconds=1.0)
+    async with serve_gateway(tmp_path, [upstream(toy_url)], policy) as gw:
+        async with Raw(gw.url) as c:
+            await c.initialize()
+            pending = asyncio.ensure_future(c.call("hang"))
+            deadline = time.monotonic() + 30
+            while '"tool":"hang"' not in ledger_text(tmp_path / "state", wait=0.1):  # its decision record: forwarded
+                assert time.monotonic() < deadline and not pending.done(), "the hang call was never forwarded"
+                await asyncio.sleep(0.05)
+            pending.cancel()  # httpx closes the connection: uvicorn reports http.disconnect
+            await asyncio.gather(pending, return_exceptions=True)
+        window = time.monotonic() + 4.0  # four backend timeouts: a handler still running would record one
+        while time.monotonic() < window:
+            assert '"error_code":"timeout"' not in ledger_text(tmp_path / "state", wait=0.1)
+            await asyncio.sleep(0.1)
+        async with Raw(gw.url) as c:
+            await c.initialize()
+            assert "echo: after" in (await c.call("echo", {"message": "after"})).text
 
 
 @pytest.mark.parametrize("method", ["GET", "DELETE"])

@@ -41,6 +41,7 @@ Backend). This module is the ASGI app itself and `build_mcp_app`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -201,14 +202,20 @@ class McpHttpApp:
     async def _run(self, receive: Receive, send: Send, work: Callable[[Reply], Awaitable[None]], base: dict[str, str],
                    store: EventStore | None = None) -> None:
         """Run a handler and stream its Reply; a client disconnect cancels the handler (and so the
-        upstream request), unless the reply was detached: then the handler finishes into the store."""
+        upstream request), unless the reply was detached: then the handler finishes into the store.
+
+        Two plain asyncio tasks and one cancel scope around the handler, not an anyio task group:
+        the group cost about 90 µs of CPU per request, a large share of a relayed call's budget.
+        """
         reply = Reply(base)
         if store is not None:
             reply.resumable(store)
+        handler = anyio.CancelScope()
 
         async def run() -> None:
             try:
-                await work(reply)
+                with handler:
+                    await work(reply)
             except Exception:
                 log.exception("mcp_http.handler_failed")
                 await reply.final(jsonrpc.error(None, jsonrpc.INTERNAL_ERROR, "Dharma Gateway failed to handle this request"), 500)
@@ -221,18 +228,27 @@ class McpHttpApp:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     if not reply.detached:
-                        tg.cancel_scope.cancel()
+                        handler.cancel()
                     return
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run)
-            tg.start_soon(watch)
+        runner, watcher = asyncio.ensure_future(run()), asyncio.ensure_future(watch())
+        try:
             try:
                 await write_reply(reply, send)
             except OSError:
                 pass
             if not reply.detached:
-                tg.cancel_scope.cancel()
+                handler.cancel()
+                watcher.cancel()
+            await asyncio.wait((runner, watcher))
+            runner.result()
+            if not watcher.cancelled():
+                watcher.result()  # a failure of receive() surfaces as it did from the task group
+        finally:  # this request itself cancelled (server shutdown) or the writer failed: stop both
+            if not (runner.done() and watcher.done()):
+                handler.cancel()  # through the scope, so the reply still closes (shielded)
+                watcher.cancel()
+                await asyncio.wait((runner, watcher))
 
     # ---- POST ---------------------------------------------------------------------------
 
