@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 BENCHMARKS: tuple[str, ...] = ("decision", "governed", "ledger_append", "ledger_verify", "ledger_query", "mcp_stdio",
-                                "mcp_http", "replicas", "detection")
+                                "mcp_http", "replicas", "detection", "scanners")
 LEDGER_BENCHMARKS: tuple[str, ...] = ("ledger_append", "ledger_verify", "ledger_query")
 LEDGER_BACKENDS: tuple[str, ...] = ("sqlite", "postgres")
 BACKEND_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
