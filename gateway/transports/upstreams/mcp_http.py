@@ -41,6 +41,10 @@ DRAIN_BYTES = 65_536
 
 
 @dataclass(slots=True)
+KEEPALIVE_SECONDS = 2.0
+"""How long an idle pooled upstream connection is kept (see `McpHttpUpstream._client`)."""
+
+
 class _Event:
     id: str | None = None
     data: list[str] = field(default_factory=list)
@@ -94,10 +98,15 @@ class McpHttpUpstream:
         self._draining: set[asyncio.Task[None]] = set()
 
     def _client(self) -> aiohttp.ClientSession:
-        """The pooled session (keep-alive, up to 512 connections), opened on first use."""
+        """The pooled session (keep-alive, up to 512 connections), opened on first use.
+
+        An idle connection is dropped after KEEPALIVE_SECONDS, well inside the idle timeouts of
+        common servers (uvicorn's and Node's are 5 s; aiohttp's own default is 15 s): reusing a
+        connection the upstream is closing fails the POST, and a POST is never retried.
+        """
         if self._session is None or self._session.closed:
             timeout = aiohttp.ClientTimeout(total=None, connect=30.0, sock_connect=10.0, sock_read=None)
-            connector = aiohttp.TCPConnector(limit=512, limit_per_host=0)
+            connector = aiohttp.TCPConnector(limit=512, limit_per_host=0, keepalive_timeout=KEEPALIVE_SECONDS)
             self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",))
         return self._session
 
