@@ -40,11 +40,11 @@ DRAIN_SECONDS = 2.0
 DRAIN_BYTES = 65_536
 
 
-@dataclass(slots=True)
 KEEPALIVE_SECONDS = 2.0
 """How long an idle pooled upstream connection is kept (see `McpHttpUpstream._client`)."""
 
 
+@dataclass(slots=True)
 class _Event:
     id: str | None = None
     data: list[str] = field(default_factory=list)
