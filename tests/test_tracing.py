@@ -4,11 +4,13 @@ context sent upstream is the span's own. Off, nothing of OpenTelemetry is import
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -20,6 +22,7 @@ from gateway.mcp.governance import tool_call
 from gateway.runtime import open_gateway
 from tests.conftest import KEYS, REPO, write_policy
 from tests.helpers import Recorder
+from tests.mcp_http.conftest import client, serve_gateway, toy_server, upstream
 
 EXPORTER = InMemorySpanExporter()
 PROVIDER = TracerProvider()
@@ -62,6 +65,31 @@ async def test_a_governed_call_is_a_span_child_of_the_clients_traceparent(tmp_pa
     assert refused.parent is None and dict(refused.attributes or {})["dharma.error_code"] == "policy_blocked"
 
 
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_call_forwarded_over_mcp_http_carries_the_gateways_span_upstream(tmp_path: Path, mode: str) -> None:
+    """End to end on `/mcp`: the official SDK client (traced itself) sends its span's context in
+    `_meta`; the gateway's span is that span's child, and the real upstream receives a traceparent
+    in the client's trace whose parent is the gateway's span (not the client's, passed through)."""
+    EXPORTER.clear()
+    with toy_server(tmp_path) as (toy_url, _):
+        async with serve_gateway(tmp_path, [upstream(toy_url)], config={"tracing": {"otel": True}}) as gw:
+            async with client(gw.url, "alice-key", mode=mode) as c:
+                with trace.get_tracer("agent").start_as_current_span("agent turn") as agent:
+                    answer = await c.call_tool("read_meta", {})
+    assert not answer.is_error, answer
+    received = json.loads(answer.content[0].text)
+    client_trace = format(agent.get_span_context().trace_id, "032x")
+    spans = EXPORTER.get_finished_spans()
+    gateway_spans = [s for s in spans if s.instrumentation_scope.name == "dharma-gateway"]
+    assert [s.name for s in gateway_spans] == ["tools/call read_meta"], [s.name for s in spans]
+    span = gateway_spans[0]
+    assert span.kind is trace.SpanKind.SERVER and format(span.context.trace_id, "032x") == client_trace
+    client_span = next(s for s in spans if span.parent is not None and s.context.span_id == span.parent.span_id)
+    assert client_span.kind is trace.SpanKind.CLIENT and client_span.parent.span_id == agent.get_span_context().span_id
+    version, trace_id, parent_id, _flags = received["traceparent"].split("-")
+    assert (version, trace_id, parent_id) == ("00", client_trace, format(span.context.span_id, "016x"))
+
+
 def tool_call_for(name: str, arguments: Any, meta: dict[str, Any]) -> ToolCall:
     """The call as the MCP flow builds it from a `tools/call` (its `_meta` read as on the wire)."""
     return tool_call(name, arguments, meta, request_id="req_t", credentials=Credentials(api_key=KEYS["reader"]),
@@ -76,6 +104,7 @@ import asyncio, sys
 from gateway.runtime import open_gateway
 import gateway.transports.http_api.app, gateway.transports.mcp_stdio.proxy
 from tests.helpers import Recorder
+from tests.mcp_http.conftest import client, serve_gateway, toy_server, upstream
 async def main():
     gw = await open_gateway(policy={str(policy)!r}, state_root={str(tmp_path / 'state')!r},
                             backends=[Recorder().backend({{"read_file": lambda path: {{"read": path}}}})])

@@ -27,6 +27,7 @@ from audit.canon import digest
 from gateway.core.backends import BackendResult
 from gateway.core.call import BlockClass, Credentials, Decision, Effect, Finding, Outcome, Status, ToolCall, ToolInfo
 from gateway.core.errors import CallError, ErrorCode
+from gateway.core.gateway import CallTracer
 from gateway.mcp import jsonrpc
 from gateway.mcp.versions import HEADER_MISMATCH
 from gateway.policy.compile import CompiledPolicy
@@ -417,6 +418,16 @@ def task_refusal(tool: str) -> Decision:
 
 TRACE_KEYS = ("traceparent", "tracestate")
 """The W3C trace-context keys an MCP request carries in `params._meta` (read when tracing is on)."""
+
+
+def with_trace_context(message: dict[str, Any], tracer: CallTracer | None) -> dict[str, Any]:
+    """`message` (a request forwarded upstream) with the current span's trace context in its
+    `params._meta`, so the MCP server's span is a child of the gateway's; unchanged when tracing is off."""
+    if tracer is None:
+        return message
+    params = message.get("params") if isinstance(message.get("params"), dict) else {}
+    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    return {**message, "params": {**params, "_meta": {**meta, **tracer.outgoing()}}}
 
 
 def tool_call(name: str, arguments: Any, meta: Any, *, request_id: str, credentials: Credentials, method: str,

@@ -179,8 +179,10 @@ def everything_url(tmp_path_factory: pytest.TempPathFactory, npm_servers: dict[s
 
 
 @contextlib.asynccontextmanager
-async def serve_gateway(tmp: Path, upstreams: list[dict[str, Any]], policy: Path | None = None, **mcp: Any) -> AsyncIterator[Any]:
-    """`dharma serve`'s app (open_gateway + build_app) under uvicorn on a free port.
+async def serve_gateway(tmp: Path, upstreams: list[dict[str, Any]], policy: Path | None = None,
+                        config: dict[str, Any] | None = None, **mcp: Any) -> AsyncIterator[Any]:
+    """`dharma serve`'s app (open_gateway + build_app) under uvicorn on a free port; `config` adds
+    top-level settings (`tracing`, ...), `mcp` the `mcp:` section's.
 
     Yields an object with `.url` (the /mcp endpoint), `.base` and `.gateway`.
     """
@@ -190,7 +192,7 @@ async def serve_gateway(tmp: Path, upstreams: list[dict[str, Any]], policy: Path
 
     policy = policy or write_profile(tmp / "policy")
     overrides = {"policy": str(policy), "state_root": str(tmp / "state"), "upstreams": upstreams,
-                 "mcp": {"hold_seconds": 5, "progress_interval": 0.2, **mcp}}
+                 "mcp": {"hold_seconds": 5, "progress_interval": 0.2, **mcp}, **(config or {})}
     settings = load_settings(None, env={}, overrides=overrides)
     gateway = await open_gateway(settings)
     app = build_app(gateway, max_body_bytes=settings.server.max_body_bytes)

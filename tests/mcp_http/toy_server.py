@@ -1,6 +1,7 @@
 """A small MCP server (official `mcp` SDK, both protocol eras over Streamable HTTP) for the
 gateway's HTTP tests: a tool that leaks a credential (redaction), one that needs approval, one
-that never answers, one that kills the server mid-call, and one with an `x-mcp-header` argument.
+that never answers, one that kills the server mid-call, one with an `x-mcp-header` argument, and
+one that answers the `_meta` it received (trace context).
 
 Event ids are sequential ("1", "2", ...) and every event is kept, so a test can try to resume
 (`Last-Event-ID`) a stream it never saw an id on: the replay hole the gateway must close.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import socket
 import sys
@@ -67,6 +69,12 @@ def build() -> MCPServer:
         await ctx.close_sse_stream()
         await anyio.sleep(seconds)
         return f"config polled: token={SECRET} region=eu"
+
+    @mcp.tool()
+    def read_meta(ctx: Context) -> str:
+        """Answer the `_meta` this call arrived with (to see the trace context the gateway sent)."""
+        params = ctx.request_context.params or {}
+        return json.dumps(params.get("_meta") or {}, sort_keys=True)
 
     @mcp.tool()
     def delete_file(path: str) -> str:

@@ -10,6 +10,7 @@ import anyio
 from gateway.core.backends import BackendResult
 from gateway.core.call import ToolInfo
 from gateway.core.errors import CallError, ErrorCode
+from gateway.core.gateway import CallTracer
 from gateway.mcp import governance as gov
 from gateway.mcp import jsonrpc
 from gateway.mcp.jsonrpc import Request
@@ -24,9 +25,10 @@ class HttpForwarder(gov.AnswerRecorder):
     intermediate messages (progress, logs, server requests) stream to the client as they come."""
 
     def __init__(self, relay: Relay, ctx: Ctx, reply: Reply, req: Request, upstream: Upstream, upstream_name: str,
-                 info: ToolInfo | None) -> None:
+                 info: ToolInfo | None, tracer: CallTracer | None) -> None:
         self.relay, self.ctx, self.reply, self.req = relay, ctx, reply, req
         self.upstream, self.upstream_name, self.info = upstream, upstream_name, info
+        self.tracer = tracer
         self.id = upstream.id
         super().__init__()
         self.status = 200
@@ -37,7 +39,7 @@ class HttpForwarder(gov.AnswerRecorder):
         params["name"] = self.upstream_name
         if "arguments" in params or arguments:
             params["arguments"] = arguments
-        message = {**req.message, "params": params}
+        message = gov.with_trace_context({**req.message, "params": params}, self.tracer)
         schema = self.info.input_schema if self.info is not None else None
         headers = relay.up_headers(ctx, self.upstream, message, schema)
         response: dict[str, Any] | None = None

@@ -214,7 +214,7 @@ class _HttpCallPort:
     def forwarder(self, request: Request, entry: ToolEntry) -> HttpForwarder:
         upstream, upstream_name = self.relay.by_id[entry.backend], entry.definition["name"]
         info = gov.tool_info({**entry.definition, "name": entry.name}, entry.backend)
-        return HttpForwarder(self.relay, self.ctx, self.reply, request, upstream, upstream_name, info)
+        return HttpForwarder(self.relay, self.ctx, self.reply, request, upstream, upstream_name, info, self.tools.gateway.tracer)
 
     async def notify(self, message: dict[str, Any]) -> None:
         await self.reply.event(jsonrpc.dumps(message))

@@ -403,11 +403,7 @@ class _Forwarder(gov.AnswerRecorder):
         message = req.message
         if (params.get("arguments") or {}) != arguments:
             message = {**message, "params": {**params, "arguments": arguments}}
-        tracer = proxy.gateway.tracer
-        if tracer is not None:  # the server's span becomes a child of the gateway's
-            params = message.get("params") if isinstance(message.get("params"), dict) else {}
-            meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-            message = {**message, "params": {**params, "_meta": {**meta, **tracer.outgoing()}}}
+        message = gov.with_trace_context(message, proxy.gateway.tracer)
         waiter = proxy.waiters[req.id] = _Waiter("server")
         try:
             try:
