@@ -149,6 +149,7 @@ async def open_gateway(
     signals = open_approval_signals(settings)
     shared = shared_stores(settings)
     links = shared.pop("dependencies", [])
+    ui_sessions = shared.pop("ui_session_store", None)
     try:
         gateway = Gateway(
             compiled, backends, ledger=ledger, keys=keys, approval_store=approvals, approval_signals=signals,
@@ -156,6 +157,7 @@ async def open_gateway(
             dependencies=[ledger_probe(settings), *links], **shared,
         )
         gateway.settings = settings  # type: ignore[attr-defined]  # read by server.build_app (MCP upstreams)
+        gateway.ui_session_store = ui_sessions  # type: ignore[attr-defined]  # read by build_app (/ui logins)
         gateway.tracer = tracer
         return gateway
     except ValueError as exc:
@@ -180,8 +182,8 @@ def open_tracer() -> Any:
 
 
 def shared_stores(settings: Settings) -> dict[str, Any]:
-    """The Gateway's stores shared with other replicas: Redis ones when `redis.url` is set (one
-    link for all, closed with the gateway), else nothing (the Gateway keeps them in memory and
+    """The Gateway's stores shared with other replicas (and the /ui login sessions): Redis ones when
+    `redis.url` is set (one link for all, closed with the gateway), else nothing (the Gateway keeps them in memory and
     redis is not even imported)."""
     if settings.redis.url is None:
         return {}
@@ -195,6 +197,7 @@ def shared_stores(settings: Settings) -> dict[str, Any]:
         "idempotency_store": rs.RedisIdempotencyStore(link, settings.redis.idempotency_ttl_seconds),
         "history_store": rs.RedisHistory(link),
         "pin_store": rs.RedisPinStore(link),
+        "ui_session_store": rs.RedisUiSessionStore(link),
         "dependencies": [link],
     }
 

@@ -115,11 +115,13 @@ class Credentials:
     bearer: str | None = None
     local_user: str | None = None
     jwt: VerifiedJwt | None = None
+    api_key_sha256: bytes | None = None
+    """The SHA-256 of an API key the gateway already checked (a /ui session keeps only this); never from the wire."""
 
     def __repr__(self) -> str:  # never print secrets
         return (
-            f"Credentials(api_key={'***' if self.api_key else None}, local_user={self.local_user!r}, "
-            f"jwt={self.jwt!r})"
+            f"Credentials(api_key={'***' if self.api_key or self.api_key_sha256 else None}, "
+            f"local_user={self.local_user!r}, jwt={self.jwt!r})"
         )
 
 

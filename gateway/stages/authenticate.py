@@ -10,13 +10,20 @@ from gateway.core.errors import ErrorCode
 from gateway.policy.compile import CompiledPolicy
 
 
+def api_key_digest(api_key: str) -> bytes:
+    """The SHA-256 an API key is known by (the policy's `api_key_sha256`, a /ui session's reference)."""
+    return hashlib.sha256(api_key.encode("utf-8", "surrogatepass")).digest()
+
+
 def authenticate(policy: CompiledPolicy, credentials: Credentials) -> Principal | None:
-    """Resolve the caller: an API key (compared by SHA-256 digest, constant time), a verified
+    """Resolve the caller: an API key or its digest (compared by SHA-256 digest, constant time), a verified
     JWT (see `principal_for_jwt`) or the local user."""
     if credentials.jwt is not None:
         return principal_for_jwt(policy, credentials.jwt)
-    if credentials.api_key:
-        presented = hashlib.sha256(credentials.api_key.encode("utf-8", "surrogatepass")).digest()
+    presented = credentials.api_key_sha256
+    if presented is None and credentials.api_key:
+        presented = api_key_digest(credentials.api_key)
+    if presented is not None:
         found: Principal | None = None
         for p in policy.principals:
             for stored in p.key_digests:

@@ -283,3 +283,35 @@ class SessionStore(Protocol):
     def signals(self) -> AsyncIterator[SessionSignal]:
         """The signals other replicas publish, for as long as the endpoint runs."""
         ...
+
+
+# ---- /ui login sessions (any replica serves any page) ----------------------------------------
+
+
+class UiSessionRecord(BaseModel):
+    """A `/ui` login session as a store keeps it (JSON, shared by replicas): who logged in, by a
+    reference the policy resolves again on every request (an API key's SHA-256, or the verified
+    token's subject, claims and tier), never the credential itself; the CSRF token; the end."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    csrf: str
+    expires_at: float
+    api_key_sha256: str | None = None
+    jwt_subject: str | None = None
+    jwt_claims: dict[str, Any] = Field(default_factory=dict)
+    jwt_tier: str | None = None
+    flash: str | None = None
+    """A one-time notice for the next page (what the last decision did)."""
+
+
+class UiSessionStore(Protocol):
+    """`/ui` sessions by their id (a bearer secret: stores keep only its digest where others can read)."""
+
+    async def put(self, session_id: str, record: UiSessionRecord) -> None:
+        """Keep `record` until its `expires_at` (replacing what `session_id` had)."""
+        ...
+    async def get(self, session_id: str, now: float) -> UiSessionRecord | None:
+        """The session, or None if unknown or expired at `now`."""
+        ...
+    async def end(self, session_id: str) -> None: ...

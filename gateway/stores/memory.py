@@ -6,13 +6,13 @@ import contextlib
 import dataclasses
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
-from gateway.stores.base import LEDGER_EVENTS, Approval, ApprovalEvent
+from gateway.stores.base import LEDGER_EVENTS, Approval, ApprovalEvent, UiSessionRecord
 
 
 @contextlib.asynccontextmanager
@@ -260,6 +260,33 @@ class MemoryIdempotencyStore:
         self._items[key] = value
         while len(self._items) > self._max:
             self._items.popitem(last=False)
+
+
+class MemoryUiSessionStore:
+    """`/ui` sessions of this one process; expired ones are forgotten when met, the oldest dropped past `limit`."""
+
+    def __init__(self, limit: int = 10_000, clock: Callable[[], float] = time.time) -> None:
+        self._by_id: OrderedDict[str, UiSessionRecord] = OrderedDict()
+        self._limit, self._clock = limit, clock
+
+    async def put(self, session_id: str, record: UiSessionRecord) -> None:
+        if session_id not in self._by_id and len(self._by_id) >= self._limit:
+            now = self._clock()
+            for stale in [k for k, r in self._by_id.items() if r.expires_at <= now]:
+                del self._by_id[stale]
+            while len(self._by_id) >= self._limit:
+                self._by_id.popitem(last=False)
+        self._by_id[session_id] = record.model_copy(deep=True)
+
+    async def get(self, session_id: str, now: float) -> UiSessionRecord | None:
+        record = self._by_id.get(session_id)
+        if record is not None and record.expires_at <= now:
+            del self._by_id[session_id]
+            return None
+        return record.model_copy(deep=True) if record is not None else None
+
+    async def end(self, session_id: str) -> None:
+        self._by_id.pop(session_id, None)
 
 
 class SessionHistory:

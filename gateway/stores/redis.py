@@ -10,6 +10,7 @@ command, so a Redis that comes back is used again without a restart.
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
 import secrets
 from collections.abc import Awaitable, Mapping
@@ -24,7 +25,7 @@ from redis.exceptions import RedisError
 
 from gateway.config import RedisSettings, display_url
 from gateway.crypto.strict_json import loads as strict_loads
-from gateway.stores.base import PinState, SeenTool, StoreUnavailable
+from gateway.stores.base import PinState, SeenTool, StoreUnavailable, UiSessionRecord
 from gateway.stores.memory import BreakerState, check
 
 T = TypeVar("T")
@@ -220,6 +221,37 @@ class RedisIdempotencyStore:
     async def put(self, key: str, value: Any) -> None:
         data = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         await _run(self.link, self.link.client.set(self.link.key("idem", key), data, px=self._ttl_ms))
+
+
+# ---- /ui login sessions --------------------------------------------------------------------
+
+
+class RedisUiSessionStore:
+    """`/ui` sessions shared by every replica: JSON under `<prefix>ui:<SHA-256 of the session id>`
+    (the id is the cookie's bearer secret, so Redis never holds it), expiring with the session."""
+
+    def __init__(self, link: RedisLink) -> None:
+        self.link = link
+
+    def _key(self, session_id: str) -> str:
+        return self.link.key("ui", hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest())
+
+    async def put(self, session_id: str, record: UiSessionRecord) -> None:
+        at_ms = max(1, int(record.expires_at * 1000))
+        await _run(self.link, self.link.client.set(self._key(session_id), record.model_dump_json(), pxat=at_ms))
+
+    async def get(self, session_id: str, now: float) -> UiSessionRecord | None:
+        raw = await _run(self.link, self.link.client.get(self._key(session_id)))
+        if raw is None:
+            return None
+        try:
+            record = UiSessionRecord.model_validate_json(raw)
+        except ValueError as exc:  # someone else's bytes under our key: never a login
+            raise StoreUnavailable(f"Redis at {self.link.where} holds a damaged /ui session: {exc}") from None
+        return record if record.expires_at > now else None
+
+    async def end(self, session_id: str) -> None:
+        await _run(self.link, self.link.client.delete(self._key(session_id)))
 
 
 # ---- session history and karma -----------------------------------------------------------

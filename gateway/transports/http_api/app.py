@@ -301,10 +301,11 @@ def build_app(
         )
         middleware.append(Middleware(guard.around))
         direct = guard if mcp is not None else None
-    from gateway.transports.ui import ui_routes
+    from gateway.transports.ui import UiSessions, ui_routes
 
     routes += ui_routes(gateway, guard if settings is not None else None,
-                        allowed_origins=settings.auth.allowed_origins if settings is not None else ())
+                        allowed_origins=settings.auth.allowed_origins if settings is not None else (),
+                        sessions=UiSessions(getattr(gateway, "ui_session_store", None)))  # Redis: set by open_gateway
     app = HttpFront(routes=routes, middleware=middleware, exception_handlers={Exception: server_error}, lifespan=lifespan)
     if direct is not None:
         app.direct_path, app.direct = path, direct

@@ -43,7 +43,7 @@ from gateway.core.gateway import Gateway, rfc3339
 from gateway.ledger_access import query_choices
 from gateway.policy.compile import CompiledPolicy, glob_match
 from gateway.stages.approval import ApprovalRefused
-from gateway.stores.base import Approval
+from gateway.stores.base import Approval, StoreUnavailable
 from gateway.transports.http_api.app import BadRequest, read_body
 from gateway.transports.http_api.audit import BadQuery, LedgerView, RecordsQuery, parse_query
 from gateway.transports.http_auth import AuthResult, HttpAuth
@@ -163,18 +163,18 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
     def cookie_name(request: Request) -> str:
         return f"__Host-{COOKIE}" if request.url.scheme == "https" else COOKIE
 
-    def current(request: Request) -> tuple[UiSession, Principal] | None:
-        session = sessions.get(request.cookies.get(cookie_name(request)))
+    async def current(request: Request) -> tuple[UiSession, Principal] | None:
+        session = await sessions.get(request.cookies.get(cookie_name(request)))
         if session is None:
             return None
         principal = gateway.principal_for(session.credentials)
         if principal is None:  # the key or principal left the policy: the session is over
-            sessions.end(session.id)
+            await sessions.end(session.id)
             return None
         return session, principal
 
-    def require(request: Request, roles: frozenset[str], what: str) -> tuple[UiSession, Principal]:
-        found = current(request)
+    async def require(request: Request, roles: frozenset[str], what: str) -> tuple[UiSession, Principal]:
+        found = await current(request)
         if found is None:
             raise Refused(401, "log in first")
         if not roles & set(found[1].roles):
@@ -219,13 +219,11 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
 
     # ---- rendering -------------------------------------------------------------------------
 
-    def page(request: Request, name: str, found: tuple[UiSession, Principal] | None, status: int = 200,
-             **values: Any) -> HTMLResponse:
+    async def page(request: Request, name: str, found: tuple[UiSession, Principal] | None, status: int = 200,
+                   **values: Any) -> HTMLResponse:
         session, principal = found if found is not None else (None, None)
         roles = set(principal.roles) if principal is not None else set()
-        flash = None
-        if session is not None and status == 200:
-            flash, session.flash = session.flash, None
+        flash = await sessions.take_flash(session) if session is not None and status == 200 else None
         body = env.get_template(name).render(
             prefix=PREFIX, principal=principal, csrf=session.csrf if session else "", flash=flash,
             can_approve=bool(roles & APPROVE_ROLES), can_audit=bool(roles & AUDIT_ROLES),
@@ -242,10 +240,14 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
                 if exc.status == 401 and request.method == "GET" and not request.url.path.endswith("/events"):
                     return RedirectResponse(f"{PREFIX}/login", status_code=303, headers=HEADERS)
                 log.info("ui.refused", path=request.url.path, status=exc.status, reason=exc.message)
-                return page(request, "error.html", current(request), status=exc.status, message=exc.message)
+                return await page(request, "error.html", await current(request), status=exc.status, message=exc.message)
             except (LedgerError, ConfigError) as exc:
                 log.error("ui.ledger_failed", path=request.url.path, error=str(exc))
-                return page(request, "error.html", current(request), status=500, message=f"the ledger cannot answer: {exc}")
+                return await page(request, "error.html", await current(request), status=500,
+                                  message=f"the ledger cannot answer: {exc}")
+            except StoreUnavailable as exc:  # the session store: nobody is logged in until it answers
+                log.error("ui.sessions_unavailable", path=request.url.path, error=str(exc))
+                return await page(request, "error.html", None, status=503, message=f"the login sessions cannot be read: {exc}")
 
         return answer
 
@@ -260,19 +262,19 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
         return RedirectResponse(f"{PREFIX}/{target}", status_code=303, headers=HEADERS)
 
     async def home(request: Request) -> Response:
-        found = current(request)
+        found = await current(request)
         return landing(found[1] if found is not None else None)
 
     async def login_form(request: Request, message: str = "", status: int = 200) -> Response:
         token = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(24)
-        response = page(request, "login.html", None, status=status, login_csrf=token, message=message)
+        response = await page(request, "login.html", None, status=status, login_csrf=token, message=message)
         response.set_cookie(LOGIN_COOKIE, token, max_age=900, path=f"{PREFIX}/login", httponly=True, samesite="strict",
                             secure=request.url.scheme == "https")
         return response
 
     async def login(request: Request) -> Response:
         if request.method == "GET":
-            if current(request) is not None:
+            if await current(request) is not None:
                 return await home(request)
             return await login_form(request)
         same_origin(request)
@@ -291,7 +293,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
             log.info("ui.login_refused", principal=result.principal.id, reason="no role")
             return await login_form(request, f"{result.principal.id} may not use this page: it needs role approver, "
                                              "auditor or admin.", 403)
-        session = sessions.create(result.credentials)
+        session = await sessions.create(result.credentials)
         log.info("ui.login", principal=result.principal.id, method=result.method)
         response = landing(result.principal)
         response.set_cookie(cookie_name(request), session.id, max_age=int(session.expires_at - time.time()), path="/",
@@ -300,10 +302,10 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
         return response
 
     async def logout(request: Request) -> Response:
-        found = current(request)
+        found = await current(request)
         if found is not None:
             checked_post(found, request, await form(request))
-            sessions.end(found[0].id)
+            await sessions.end(found[0].id)
             log.info("ui.logout", principal=found[1].id)
         response = RedirectResponse(f"{PREFIX}/login", status_code=303, headers=HEADERS)
         response.delete_cookie(cookie_name(request), path="/", httponly=True, samesite="strict",
@@ -317,12 +319,12 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
         return sorted(items, key=lambda a: (a.created_at, a.id), reverse=True)
 
     async def approvals(request: Request) -> Response:
-        found = require(request, APPROVE_ROLES, "the approvals page")
+        found = await require(request, APPROVE_ROLES, "the approvals page")
         now = time.time()
-        return page(request, "approvals.html", found, items=[approval_view(a, now, gateway.policy) for a in await pending()])
+        return await page(request, "approvals.html", found, items=[approval_view(a, now, gateway.policy) for a in await pending()])
 
     async def events(request: Request) -> Response:
-        found = require(request, APPROVE_ROLES, "the approvals stream")
+        found = await require(request, APPROVE_ROLES, "the approvals stream")
         session_id = found[0].id
         item = env.get_template("_approval.html")
 
@@ -331,7 +333,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
             started = last_sent = anyio.current_time()
             shown: tuple[str, ...] | None = None
             while anyio.current_time() - started < STREAM_SECONDS:
-                again = current(request)
+                again = await current(request)
                 if again is None or again[0].id != session_id or not APPROVE_ROLES & set(again[1].roles):
                     yield b"event: logout\ndata: {}\n\n"
                     return
@@ -352,7 +354,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
                                  headers={**HEADERS, "x-accel-buffering": "no"})
 
     async def decide(request: Request) -> Response:
-        found = require(request, APPROVE_ROLES, "approving or denying")
+        found = await require(request, APPROVE_ROLES, "approving or denying")
         fields = await form(request)
         checked_post(found, request, fields)
         approval_id, action = request.path_params["id"], fields.get("action")
@@ -368,13 +370,13 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
         except ValueError as exc:
             raise Refused(409, str(exc)) from None
         log.info("approval.decided", approval_id=approval_id, state=decided.state, by=found[1].id, via="ui")
-        found[0].flash = f"{approval_id} ({decided.tool} for {decided.principal}): {decided.state}"
+        await sessions.set_flash(found[0], f"{approval_id} ({decided.tool} for {decided.principal}): {decided.state}")
         return RedirectResponse(f"{PREFIX}/approvals", status_code=303, headers=HEADERS)
 
     # ---- the ledger ---------------------------------------------------------------------------
 
     async def ledger(request: Request) -> Response:
-        found = require(request, AUDIT_ROLES, "the ledger")
+        found = await require(request, AUDIT_ROLES, "the ledger")
         values = {k: v for k, v in request.query_params.items() if v}
         error, rows, cursor = None, [], None
         try:
@@ -388,11 +390,11 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
         more = None
         if cursor is not None:
             more = f"{PREFIX}/ledger?" + urlencode({**values, "cursor": str(cursor)})
-        return page(request, "ledger.html", found, status=400 if error else 200, error=error, rows=rows, values=values,
+        return await page(request, "ledger.html", found, status=400 if error else 200, error=error, rows=rows, values=values,
                     choices=query_choices(), checkpoint=checkpoint, more=more)
 
     async def record(request: Request) -> Response:
-        found = require(request, AUDIT_ROLES, "the ledger")
+        found = await require(request, AUDIT_ROLES, "the ledger")
         seq = request.path_params["seq"]
         doc = await view.record(seq)
         if doc is None:
@@ -403,13 +405,13 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
                                            keys.checkpoint_key.public_key(), keys.checkpoint_key_name), True
         except (LedgerError, KeyError, ValueError) as exc:
             verified, ok = str(exc), False
-        return page(request, "record.html", found, doc=doc, entry=doc["entry"], proof=doc["inclusion"], verified=verified, ok=ok)
+        return await page(request, "record.html", found, doc=doc, entry=doc["entry"], proof=doc["inclusion"], verified=verified, ok=ok)
 
     # ---- the policy ---------------------------------------------------------------------------
 
     async def policy(request: Request) -> Response:
-        found = require(request, UI_ROLES, "the policy page")
-        return page(request, "policy.html", found, policy=gateway.policy, policy_status=gateway.policy_status())
+        found = await require(request, UI_ROLES, "the policy page")
+        return await page(request, "policy.html", found, policy=gateway.policy, policy_status=gateway.policy_status())
 
     routes: list[BaseRoute] = [
         Route(PREFIX, guarded(home), methods=["GET"]),
