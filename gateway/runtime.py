@@ -149,7 +149,6 @@ async def open_gateway(
     signals = open_approval_signals(settings)
     shared = shared_stores(settings)
     links = shared.pop("dependencies", [])
-    ui_sessions = shared.pop("ui_session_store", None)
     try:
         gateway = Gateway(
             compiled, backends, ledger=ledger, keys=keys, approval_store=approvals, approval_signals=signals,
@@ -157,7 +156,7 @@ async def open_gateway(
             dependencies=[ledger_probe(settings), *links], **shared,
         )
         gateway.settings = settings  # type: ignore[attr-defined]  # read by server.build_app (MCP upstreams)
-        gateway.ui_session_store = ui_sessions  # type: ignore[attr-defined]  # read by build_app (/ui logins)
+        gateway.ui_session_store = ui_session_store(links)  # type: ignore[attr-defined]  # read by build_app (/ui logins)
         gateway.tracer = tracer
         return gateway
     except ValueError as exc:
@@ -182,8 +181,8 @@ def open_tracer() -> Any:
 
 
 def shared_stores(settings: Settings) -> dict[str, Any]:
-    """The Gateway's stores shared with other replicas (and the /ui login sessions): Redis ones when
-    `redis.url` is set (one link for all, closed with the gateway), else nothing (the Gateway keeps them in memory and
+    """The Gateway's stores shared with other replicas: Redis ones when `redis.url` is set (one
+    link for all, closed with the gateway), else nothing (the Gateway keeps them in memory and
     redis is not even imported)."""
     if settings.redis.url is None:
         return {}
@@ -197,9 +196,18 @@ def shared_stores(settings: Settings) -> dict[str, Any]:
         "idempotency_store": rs.RedisIdempotencyStore(link, settings.redis.idempotency_ttl_seconds),
         "history_store": rs.RedisHistory(link),
         "pin_store": rs.RedisPinStore(link),
-        "ui_session_store": rs.RedisUiSessionStore(link),
         "dependencies": [link],
     }
+
+
+def ui_session_store(links: list[Any]) -> Any:
+    """The `/ui` login sessions on the shared Redis link when there is one (so any replica serves a
+    logged-in browser), else None: the page keeps them in this process."""
+    if not links:
+        return None
+    from gateway.stores.redis import RedisUiSessionStore
+
+    return RedisUiSessionStore(links[0])
 
 
 def ledger_probe(settings: Settings) -> Any:
