@@ -304,7 +304,8 @@ def build_app(
     from gateway.transports.ui import ui_routes
 
     routes += ui_routes(gateway, guard if settings is not None else None,
-                        allowed_origins=settings.auth.allowed_origins if settings is not None else ())
+                        allowed_origins=settings.auth.allowed_origins if settings is not None else (),
+                        oidc=settings.ui.oidc if settings is not None else None)
     app = HttpFront(routes=routes, middleware=middleware, exception_handlers={Exception: server_error}, lifespan=lifespan)
     if direct is not None:
         app.direct_path, app.direct = path, direct
