@@ -337,7 +337,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
         """The provider's redirect back: complete the flow, then the same session as an API-key login."""
         if sso is None:
             raise Refused(404, "single sign-on is not configured (ui.oidc in dharma.yaml)")
-        params = {k: v for k, v in request.query_params.items() if k in ("code", "state", "error", "error_description")}
+        params = {k: v for k, v in request.query_params.items() if k in ("code", "state", "iss", "error", "error_description")}
         try:
             verified = await sso.finish(request.cookies.get(flow_cookie(request)), params)
         except OidcRefused as exc:

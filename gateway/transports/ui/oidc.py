@@ -64,6 +64,7 @@ class ProviderMetadata(BaseModel):
     id_token_signing_alg_values_supported: list[str]
     code_challenge_methods_supported: list[str] | None = None
     token_endpoint_auth_methods_supported: list[str] = ["client_secret_basic"]
+    authorization_response_iss_parameter_supported: bool = False
 
 
 class TokenResponse(BaseModel):
@@ -115,6 +116,12 @@ def read_secret(settings: OidcSettings) -> str | None:
     return secret
 
 
+def id_token_verifier(settings: OidcSettings, jwks: Jwks, algorithms: list[str]) -> JwtVerifier:
+    """The gateway's JWT verifier, set for this client's ID tokens: the issuer, `aud` = client_id."""
+    return JwtVerifier(jwks, issuer=settings.issuer, audience=settings.client_id, algorithms=algorithms,
+                       leeway=settings.leeway_seconds)
+
+
 class OidcLogin:
     """The OpenID Connect client of the approvals page (see the module docstring)."""
 
@@ -164,11 +171,9 @@ class OidcLogin:
         if not algorithms:
             raise OidcRefused(502, f"the provider signs ID tokens with {doc.id_token_signing_alg_values_supported}, "
                                    f"none of ui.oidc.algorithms {self.settings.algorithms}")
-        issuer = self.settings.issuer
-        self._verifier = JwtVerifier(Jwks(doc.jwks_uri), issuer=issuer, audience=self.settings.client_id,
-                                     algorithms=algorithms, leeway=self.settings.leeway_seconds)
+        self._verifier = id_token_verifier(self.settings, Jwks(doc.jwks_uri), algorithms)
         self._metadata, self._fetched_at = doc, self.clock()
-        log.info("ui.oidc_discovered", issuer=issuer, algorithms=algorithms)
+        log.info("ui.oidc_discovered", issuer=self.settings.issuer, algorithms=algorithms)
         return doc, self._verifier
 
     # ---- the flow ----------------------------------------------------------------------------
@@ -211,17 +216,20 @@ class OidcLogin:
         if not code:
             raise OidcRefused(400, "the provider's answer has no authorization `code`; log in again")
         doc, verifier = await self.metadata()
+        if doc.authorization_response_iss_parameter_supported and params.get("iss") != doc.issuer:
+            raise OidcRefused(400, "the answer's `iss` is not this provider's (RFC 9207: a mix-up with another provider); log in again")
         id_token = await self._redeem(doc, code, flow)
+        return await self.verify_id_token(verifier, id_token, flow.nonce)
+
+    async def verify_id_token(self, verifier: JwtVerifier, id_token: str, nonce: str) -> VerifiedJwt:
+        """OpenID Connect Core §3.1.3.7: signature, `iss`, `aud` = client_id and `exp` (the gateway's
+        `JwtVerifier`), then `nonce` and `azp`; then the principal mapping bearer JWTs use."""
         try:
             claims = await verifier.verify(id_token)
         except TokenInvalid as exc:
             raise OidcRefused(401, f"the ID token was refused: {exc}") from None
         except JwksUnavailable:
             raise OidcRefused(502, "the identity provider's signing keys are unavailable; try again later") from None
-        return self.check_claims(claims, flow.nonce)
-
-    def check_claims(self, claims: dict[str, Any], nonce: str) -> VerifiedJwt:
-        """OpenID Connect Core §3.1.3.7 past what `JwtVerifier` checked: `nonce`, `azp`; then the principal mapping."""
         presented = claims.get("nonce")
         if not isinstance(presented, str) or not hmac.compare_digest(presented.encode(), nonce.encode()):
             raise OidcRefused(401, "the ID token's nonce does not match this login (a replayed or injected token)")
@@ -261,4 +269,4 @@ class OidcLogin:
             raise OidcRefused(502, "the token endpoint's answer has no `id_token` (is `openid` among the scopes?)") from None
 
 
-__all__ = ["FLOW_SECONDS", "Flow", "OidcLogin", "OidcRefused", "ProviderMetadata", "TokenResponse", "read_secret", "s256"]
+__all__ = ["FLOW_SECONDS", "Flow", "OidcLogin", "OidcRefused", "ProviderMetadata", "TokenResponse", "id_token_verifier", "read_secret", "s256"]
