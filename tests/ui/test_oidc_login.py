@@ -88,7 +88,7 @@ def with_params(url: str, **changes: str | None) -> str:
     return f"{parts.scheme}://{parts.netloc}{parts.path}?{urlencode(query)}"
 
 
-def client(sso: Sso) -> httpx.Client:
+def client() -> httpx.Client:
     return httpx.Client(timeout=30, follow_redirects=False)
 
 
@@ -122,7 +122,7 @@ def test_log_in_with_sso_in_chromium_reaches_the_approvals_page(sso: Sso, page_f
 
 
 def test_a_code_is_used_once_and_a_callback_cannot_be_replayed(sso: Sso) -> None:
-    with client(sso) as http:
+    with client() as http:
         callback = to_callback(http, sso, "admin")
         done = http.get(callback)
         assert done.status_code == 200 and "Logged in as <strong>admin</strong>" in done.text
@@ -139,7 +139,7 @@ def test_a_code_is_used_once_and_a_callback_cannot_be_replayed(sso: Sso) -> None
 
 @pytest.mark.parametrize("state", [None, "forged-state"])
 def test_a_missing_or_wrong_state_is_refused(sso: Sso, state: str | None) -> None:
-    with client(sso) as http:
+    with client() as http:
         callback = to_callback(http, sso, "admin")
         answer = http.get(with_params(callback, state=state))
         assert answer.status_code == 400 and "dharma_ui" not in http.cookies
@@ -148,9 +148,9 @@ def test_a_missing_or_wrong_state_is_refused(sso: Sso, state: str | None) -> Non
 
 
 def test_a_callback_in_another_browser_is_refused(sso: Sso) -> None:
-    with client(sso) as http:
+    with client() as http:
         callback = to_callback(http, sso, "admin")
-    with client(sso) as other:
+    with client() as other:
         answer = other.get(callback)
         assert answer.status_code == 400 and "no SSO login is under way in this browser" in answer.text
         assert "dharma_ui" not in other.cookies
@@ -159,14 +159,14 @@ def test_a_callback_in_another_browser_is_refused(sso: Sso) -> None:
 @pytest.mark.parametrize(("user", "reason"), [("alice", "alice may not use this page: it needs role approver"),
                                               ("mallory", "'mallory' is not a principal of this gateway's policy")])
 def test_a_principal_without_a_ui_role_is_refused(sso: Sso, user: str, reason: str) -> None:
-    with client(sso) as http:
+    with client() as http:
         answer = http.get(to_callback(http, sso, user))
         assert answer.status_code == 403 and reason in html.unescape(answer.text) and "dharma_ui" not in http.cookies
         assert http.get(sso.base + "/ui/policy").status_code == 303, "no session may be left behind"
 
 
 def test_an_error_from_the_provider_is_shown_and_the_log_holds_no_secret(sso: Sso) -> None:
-    with client(sso) as http:
+    with client() as http:
         callback = to_callback(http, sso, "admin")
         answer = http.get(sso.base + CALLBACK + "?" + urlencode({"error": "access_denied", "error_description": "user said no",
                                                                  "state": parse_qs(urlsplit(callback).query)["state"][0]}))
