@@ -12,9 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from gateway.core.errors import ConfigError
+from gateway.crypto.jwt import is_loopback
 from gateway.policy.load import YamlProblem, compose_yaml, construct_yaml, find_scalar, line_of, node_lines
 
 ENV_PREFIX = "DHARMA_"
@@ -143,7 +146,15 @@ class ServerSettings(Strict):
 JwsAlgorithm = Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
 
 
-class JwtSettings(Strict):
+class ClaimMapping(Strict):
+    """How a verified token names its principal and tier (bearer JWTs and the page's OIDC ID tokens alike)."""
+
+    principal_claim: str = "sub"
+    tier_claim: str | None = None
+    tier_map: dict[str, str] = Field(default_factory=dict, description="tier-claim value -> policy tier; empty: the value is the tier")
+
+
+class JwtSettings(ClaimMapping):
     """Bearer JWTs: where the signing keys are, and what a token must say to be accepted."""
 
     jwks: str = Field(description="JWKS as a file path (relative to dharma.yaml) or an https:// URL (http:// only on loopback)")
@@ -153,9 +164,6 @@ class JwtSettings(Strict):
     leeway_seconds: float = Field(default=30.0, ge=0, le=300)
     jwks_cache_seconds: float = Field(default=300.0, gt=0)
     jwks_min_refetch_seconds: float = Field(default=10.0, ge=0, description="at most one refetch on an unknown kid per interval")
-    principal_claim: str = "sub"
-    tier_claim: str | None = None
-    tier_map: dict[str, str] = Field(default_factory=dict, description="tier-claim value -> policy tier; empty: the value is the tier")
 
 
 class AuthSettings(Strict):
@@ -169,6 +177,62 @@ class AuthSettings(Strict):
     protect: list[str] = Field(default_factory=lambda: ["/mcp", "/v1/"])
     defer: list[str] = Field(default_factory=lambda: ["/v1/"], description="protected paths whose unauthenticated calls the endpoint answers (and records)")
     jwt: JwtSettings | None = None
+
+
+def _web_url(value: str, what: str) -> str:
+    """An absolute https URL (plain http only on a loopback host), without fragment."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.fragment:
+        raise ValueError(f"{what} {value!r}: must be an absolute https:// URL without fragment")
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
+        raise ValueError(f"{what} {value!r}: plain http is allowed only on a loopback host")
+    return value
+
+
+OIDC_CALLBACK = "/ui/oidc/callback"
+
+
+class OidcSettings(ClaimMapping):
+    """Log in to /ui with OpenID Connect (authorization code + PKCE S256, `state`, `nonce`).
+
+    The client secret never lives in dharma.yaml: `DHARMA_UI__OIDC__CLIENT_SECRET` in the
+    environment, or `client_secret_file`; neither makes a public client (PKCE only)."""
+
+    issuer: str = Field(description="the provider's issuer URL; discovery is read from {issuer}/.well-known/openid-configuration")
+    client_id: str = Field(min_length=1)
+    client_secret: SecretStr | None = Field(default=None, description="from DHARMA_UI__OIDC__CLIENT_SECRET only")
+    client_secret_file: Path | None = Field(default=None, description="a file holding the client secret (relative to dharma.yaml)")
+    redirect_url: str = Field(description=f"this gateway's callback as the provider reaches it back: https://HOST{OIDC_CALLBACK}")
+    scopes: list[str] = Field(default_factory=lambda: ["openid"], description="asked for; must include openid")
+    algorithms: list[JwsAlgorithm] = Field(default_factory=lambda: list(get_args(JwsAlgorithm)))
+    leeway_seconds: float = Field(default=30.0, ge=0, le=300)
+
+    @field_validator("issuer")
+    @classmethod
+    def _issuer_url(cls, value: str) -> str:
+        return _web_url(value, "issuer")
+
+    @field_validator("redirect_url")
+    @classmethod
+    def _callback_url(cls, value: str) -> str:
+        _web_url(value, "redirect_url")
+        if urlsplit(value).path != OIDC_CALLBACK or urlsplit(value).query:
+            raise ValueError(f"redirect_url {value!r}: its path must be {OIDC_CALLBACK} (the page's callback), without query")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OidcSettings:
+        if "openid" not in self.scopes:
+            raise ValueError("scopes must include openid")
+        if self.client_secret is not None and self.client_secret_file is not None:
+            raise ValueError("give the client secret once: DHARMA_UI__OIDC__CLIENT_SECRET or client_secret_file, not both")
+        return self
+
+
+class UiSettings(Strict):
+    """The approvals page at /ui (docs/operations.md#the-approvals-page)."""
+
+    oidc: OidcSettings | None = Field(default=None, description="'Log in with SSO' through an OpenID Connect provider")
 
 
 class McpHttpSettings(Strict):
@@ -223,6 +287,7 @@ class Settings(Strict):
     python_path: list[Path] = Field(default_factory=list, description="directories to import python upstreams from")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     auth: AuthSettings = AuthSettings()
+    ui: UiSettings = UiSettings()
     reload: ReloadSettings = ReloadSettings()
     metrics: MetricsSettings = MetricsSettings()
     tracing: TracingSettings = TracingSettings()
@@ -333,6 +398,9 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
     jwt = out["auth"].get("jwt") if isinstance(out.get("auth"), dict) else None
     if isinstance(jwt, dict) and isinstance(jwt.get("jwks"), str) and "://" not in jwt["jwks"] and not jwt["jwks"].startswith("~"):
         out["auth"] = {**out["auth"], "jwt": {**jwt, "jwks": str((base / jwt["jwks"]).resolve())}}
+    oidc = out["ui"].get("oidc") if isinstance(out.get("ui"), dict) else None
+    if isinstance(oidc, dict) and isinstance(oidc.get("client_secret_file"), str) and not oidc["client_secret_file"].startswith("~"):
+        out["ui"] = {**out["ui"], "oidc": {**oidc, "client_secret_file": str((base / oidc["client_secret_file"]).resolve())}}
     if isinstance(out.get("upstreams"), list):
         out["upstreams"] = [_resolve_upstream(u, base) if isinstance(u, dict) else u for u in out["upstreams"]]
     return out
@@ -373,6 +441,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}:{nodes[0].start_mark.line + 1}: config must be a YAML mapping")
+    oidc = data["ui"].get("oidc") if isinstance(data.get("ui"), dict) else None
+    if isinstance(oidc, dict) and "client_secret" in oidc:
+        where = line_of(node_lines(nodes[0]), ("ui", "oidc", "client_secret"))
+        raise ConfigError(f"{path}:{where or 1}: ui.oidc.client_secret must not be written in a file: set "
+                          "DHARMA_UI__OIDC__CLIENT_SECRET in the environment, or name a file with ui.oidc.client_secret_file")
     try:
         return _resolve_paths(data, path.parent)
     except ValueError:  # os refuses a path with a NUL character

@@ -117,6 +117,25 @@ def _scopes_of(claims: Mapping[str, Any]) -> tuple[str, ...]:
     return ()
 
 
+def verified_jwt(claims: dict[str, Any], principal_claim: str, tier_claim: str | None,
+                 tier_map: Mapping[str, str]) -> VerifiedJwt | None:
+    """A verified token's claims as `VerifiedJwt` (its principal claim, and the tier its tier claim
+    names after `tier_map`), or None when it names no principal. Bearer JWTs and the page's OIDC
+    ID tokens are mapped by this one function."""
+    subject = claims.get(principal_claim)
+    if not isinstance(subject, str) or not subject:
+        return None
+    tier = None
+    if tier_claim is not None:
+        value = claims.get(tier_claim)
+        values = [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+        if not tier_map:
+            tier = values[0] if len(values) == 1 else None
+        else:
+            tier = next((t for claim, t in tier_map.items() if claim in values), None)
+    return VerifiedJwt(subject, claims, tier)
+
+
 ErrorBody = Callable[[ErrorCode, str], Mapping[str, Any]]
 Resolve = Callable[[Credentials], Principal | None]
 
@@ -297,11 +316,12 @@ class HttpAuth:
             return AuthResult(Credentials(), method="jwt", status=401, error="invalid_token", message=f"invalid token: {exc}")
         except JwksUnavailable:
             return AuthResult(Credentials(), method="jwt", status=503, error="temporarily_unavailable", message="the issuer's keys are unavailable; retry later")
-        subject = claims.get(self.principal_claim)
-        if not isinstance(subject, str) or not subject:
+        verified = verified_jwt(claims, self.principal_claim, self.tier_claim, self.tier_map)
+        if verified is None:
             return AuthResult(Credentials(), method="jwt", status=401, error="invalid_token", message=f"token has no `{self.principal_claim}`")
+        subject = verified.subject
         scopes = _scopes_of(claims)
-        credentials = Credentials(jwt=VerifiedJwt(subject, claims, self._tier(claims)))
+        credentials = Credentials(jwt=verified)
         missing = [s for s in self.required_scopes if s not in scopes]
         if missing:
             return AuthResult(credentials, None, "jwt", 403, "insufficient_scope", f"token lacks scope(s) {' '.join(missing)}", scopes)
@@ -309,15 +329,6 @@ class HttpAuth:
         if self.resolve is not None and principal is None:
             return AuthResult(credentials, None, "jwt", 403, "insufficient_scope", f"{subject!r} is not a principal of this gateway's policy", scopes)
         return AuthResult(credentials, principal, "jwt", scopes=scopes)
-
-    def _tier(self, claims: Mapping[str, Any]) -> str | None:
-        if self.tier_claim is None:
-            return None
-        value = claims.get(self.tier_claim)
-        values = [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
-        if not self.tier_map:
-            return values[0] if len(values) == 1 else None
-        return next((tier for claim, tier in self.tier_map.items() if claim in values), None)
 
     def _challenge(self, error: str | None) -> str | None:
         if error in (None, "invalid_token", "invalid_request", "insufficient_scope"):
@@ -428,6 +439,6 @@ def http_auth_options(settings: Settings, *, resolve: Resolve | None = None) -> 
 
 __all__ = [
     "ALGORITHMS", "AuthResult", "HttpAuth", "Jwk", "Jwks", "JwksUnavailable", "JwtVerifier", "TokenInvalid",
-    "credentials_in", "http_auth_options", "looks_like_jwt", "metadata_url", "parse_jwks",
+    "credentials_in", "http_auth_options", "verified_jwt", "looks_like_jwt", "metadata_url", "parse_jwks",
     "protected_resource_metadata", "protected_resource_routes", "resource_url_for",
 ]

@@ -83,26 +83,32 @@ def _installed(name: str, version: str) -> bool:
     return meta.get("version") == version
 
 
-@pytest.fixture(scope="session")
-def npm_servers() -> dict[str, Path]:
-    """server-everything and server-filesystem at pinned versions, installed once into the cache."""
+def npm_install(packages: dict[str, str], what: str) -> Path:
+    """Install npm `packages` ({name: pinned version}) once into the test cache; the `node` to run them with."""
     npm, node = shutil.which("npm"), shutil.which("node")
     if not npm or not node:
-        pytest.skip("npm/node are not installed: cannot install the reference MCP servers")
+        pytest.skip(f"npm/node are not installed: cannot install {what}")
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / ".install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not all(_installed(n, v) for n, v in NPM_PACKAGES.items()):
-            specs = [f"{n}@{v}" for n, v in NPM_PACKAGES.items()]
+        if not all(_installed(n, v) for n, v in packages.items()):
+            specs = [f"{n}@{v}" for n, v in packages.items()]
             done = subprocess.run(
                 [npm, "install", "--prefix", str(CACHE), "--no-audit", "--no-fund", *specs],
                 capture_output=True, text=True, timeout=600,
             )
             if done.returncode != 0:
                 pytest.fail(f"npm install failed:\n{done.stderr[-2000:]}")
+    return Path(node)
+
+
+@pytest.fixture(scope="session")
+def npm_servers() -> dict[str, Path]:
+    """server-everything and server-filesystem at pinned versions, installed once into the cache."""
+    node = npm_install(NPM_PACKAGES, "the reference MCP servers")
     base = CACHE / "node_modules" / "@modelcontextprotocol"
     return {
-        "node": Path(node),
+        "node": node,
         "everything": base / "server-everything" / "dist" / "index.js",
         "filesystem": base / "server-filesystem" / "dist" / "index.js",
     }

@@ -90,7 +90,7 @@ def serve_dharma(d: Path, **config: Any) -> Iterator[Served]:
         config = {"policy": "profile.yaml", "state_root": str(d / "state"), "server": {"host": "127.0.0.1", "port": port},
                   "upstreams": [{"id": "toy", "type": "mcp_http", "url": toy}], "mcp": {"hold_seconds": 300}, **config}
         (d / "dharma.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-        base = f"http://127.0.0.1:{port}"
+        base = f"http://127.0.0.1:{config['server']['port']}"
         # `spawn` waits for a URL file: a shell writes it once /healthz answers.
         script = (f'"{sys.executable}" -m gateway serve --config "{d / "dharma.yaml"}" & pid=$!\n'
                   f'"{sys.executable}" -c "import httpx, time, sys\n'

@@ -305,7 +305,8 @@ def build_app(
 
     routes += ui_routes(gateway, guard if settings is not None else None,
                         allowed_origins=settings.auth.allowed_origins if settings is not None else (),
-                        sessions=UiSessions(getattr(gateway, "ui_session_store", None)))  # Redis: set by open_gateway
+                        sessions=UiSessions(getattr(gateway, "ui_session_store", None)),  # Redis: set by open_gateway
+                        oidc=settings.ui.oidc if settings is not None else None)
     app = HttpFront(routes=routes, middleware=middleware, exception_handlers={Exception: server_error}, lifespan=lifespan)
     if direct is not None:
         app.direct_path, app.direct = path, direct

@@ -1,7 +1,8 @@
 """The approvals and audit page at `/ui`: server-rendered HTML for approvers, auditors and admins.
 
-- Log in with an API key or a bearer JWT (checked by the same `HttpAuth` as `/mcp` and `/v1/`)
-  → a session cookie (HttpOnly, SameSite=Strict, Secure over https). Every POST carries the
+- Log in with an API key or a bearer JWT (checked by the same `HttpAuth` as `/mcp` and `/v1/`),
+  or with SSO where `ui.oidc` is configured (`gateway.transports.ui.oidc`: OpenID Connect code
+  flow with PKCE, `state` and `nonce`) → a session cookie (HttpOnly, SameSite=Strict, Secure over https). Every POST carries the
   session's CSRF token and a same-origin `Origin`; every route checks the principal's roles again.
 - `/ui/approvals` (approver, admin): the pending held calls, newest first, kept current over
   server-sent events by reading the approval store (shared by replicas and the CLI); approve or
@@ -37,6 +38,7 @@ from starlette.staticfiles import StaticFiles
 
 from audit.errors import LedgerError
 from audit.proofs import check_inclusion
+from gateway.config import OIDC_CALLBACK, OidcSettings
 from gateway.core.call import Credentials, Effect, Principal
 from gateway.core.errors import ConfigError
 from gateway.core.gateway import Gateway, rfc3339
@@ -47,6 +49,7 @@ from gateway.stores.base import Approval, StoreUnavailable
 from gateway.transports.http_api.app import BadRequest, read_body
 from gateway.transports.http_api.audit import BadQuery, LedgerView, RecordsQuery, parse_query
 from gateway.transports.http_auth import AuthResult, HttpAuth
+from gateway.transports.ui.oidc import FLOW_SECONDS, OidcLogin, OidcRefused
 from gateway.transports.ui.sessions import COOKIE, UiSession, UiSessions
 
 log = structlog.get_logger()
@@ -57,6 +60,8 @@ APPROVE_ROLES = frozenset({"approver", "admin"})
 AUDIT_ROLES = frozenset({"auditor", "admin"})
 UI_ROLES = APPROVE_ROLES | AUDIT_ROLES
 LOGIN_COOKIE = "dharma_ui_login"
+OIDC_COOKIE = "dharma_ui_oidc"
+"""The cookie naming this browser's SSO login under way (`__Host-` over https)."""
 FORM_LIMIT = 65_536
 POLL_SECONDS = 1.0
 """How often an open approvals page's event stream reads the approval store."""
@@ -77,11 +82,12 @@ Authenticate = Callable[[str], Awaitable[AuthResult]]
 
 
 class Refused(Exception):
-    """A request the page answers with an error page: `status` and a message naming why."""
+    """A request the page answers with an error page: `status` and a message naming why
+    (`to_login`: a GET is sent to the login page instead)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, to_login: bool = False) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.to_login = status, message, to_login
 
 
 def templates() -> jinja2.Environment:
@@ -150,9 +156,11 @@ def guard_login(guard: HttpAuth) -> Authenticate:
 
 
 def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origins: list[str] | tuple[str, ...] = (),
-              sessions: UiSessions | None = None) -> list[BaseRoute]:
-    """The `/ui` routes over `gateway`; `guard` (the HTTP front's `HttpAuth`) checks logins when given."""
+              sessions: UiSessions | None = None, oidc: OidcSettings | None = None) -> list[BaseRoute]:
+    """The `/ui` routes over `gateway`; `guard` (the HTTP front's `HttpAuth`) checks logins when given,
+    `oidc` adds `Log in with SSO`."""
     env = templates()
+    sso = OidcLogin(oidc) if oidc is not None else None
     sessions = sessions or UiSessions()
     authenticate = guard_login(guard) if guard is not None else api_key_login(gateway)
     view = LedgerView(gateway)
@@ -176,7 +184,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
     async def require(request: Request, roles: frozenset[str], what: str) -> tuple[UiSession, Principal]:
         found = await current(request)
         if found is None:
-            raise Refused(401, "log in first")
+            raise Refused(401, "log in first", to_login=True)
         if not roles & set(found[1].roles):
             raise Refused(403, f"{what} needs a principal with role {' or '.join(sorted(roles))}; "
                                f"{found[1].id} has {', '.join(found[1].roles) or 'no roles'}")
@@ -237,7 +245,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
             try:
                 return await endpoint(request)
             except Refused as exc:
-                if exc.status == 401 and request.method == "GET" and not request.url.path.endswith("/events"):
+                if exc.to_login and request.method == "GET" and not request.url.path.endswith("/events"):
                     return RedirectResponse(f"{PREFIX}/login", status_code=303, headers=HEADERS)
                 log.info("ui.refused", path=request.url.path, status=exc.status, reason=exc.message)
                 return await page(request, "error.html", await current(request), status=exc.status, message=exc.message)
@@ -267,7 +275,8 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
 
     async def login_form(request: Request, message: str = "", status: int = 200) -> Response:
         token = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(24)
-        response = await page(request, "login.html", None, status=status, login_csrf=token, message=message)
+        response = await page(request, "login.html", None, status=status, login_csrf=token, message=message,
+                              sso=sso is not None)
         response.set_cookie(LOGIN_COOKIE, token, max_age=900, path=f"{PREFIX}/login", httponly=True, samesite="strict",
                             secure=request.url.scheme == "https")
         return response
@@ -291,14 +300,68 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
             return await login_form(request, f"Not logged in: {result.message or 'unknown credentials'}.", 401)
         if not UI_ROLES & set(result.principal.roles):
             log.info("ui.login_refused", principal=result.principal.id, reason="no role")
-            return await login_form(request, f"{result.principal.id} may not use this page: it needs role approver, "
-                                             "auditor or admin.", 403)
-        session = await sessions.create(result.credentials)
-        log.info("ui.login", principal=result.principal.id, method=result.method)
+            return await login_form(request, no_role(result.principal), 403)
         response = landing(result.principal)
+        await start_session(request, response, result.credentials, result.principal, result.method or "api_key")
+        response.delete_cookie(LOGIN_COOKIE, path=f"{PREFIX}/login")
+        return response
+
+    def no_role(principal: Principal) -> str:
+        return f"{principal.id} may not use this page: it needs role approver, auditor or admin."
+
+    async def start_session(request: Request, response: Response, credentials: Credentials, principal: Principal,
+                            method: str) -> None:
+        """The session cookie every way of logging in ends with."""
+        session = await sessions.create(credentials)
+        log.info("ui.login", principal=principal.id, method=method)
         response.set_cookie(cookie_name(request), session.id, max_age=int(session.expires_at - time.time()), path="/",
                             httponly=True, samesite="strict", secure=request.url.scheme == "https")
-        response.delete_cookie(LOGIN_COOKIE, path=f"{PREFIX}/login")
+
+    # ---- single sign-on (OpenID Connect) ---------------------------------------------------------
+
+    def flow_cookie(request: Request) -> str:
+        return f"__Host-{OIDC_COOKIE}" if request.url.scheme == "https" else OIDC_COOKIE
+
+    async def sso_login(request: Request) -> Response:
+        """Begin the code flow: remember it under a cookie of this browser, send the browser to the provider."""
+        if sso is None:
+            raise Refused(404, "single sign-on is not configured (ui.oidc in dharma.yaml)")
+        try:
+            flow_id, url = await sso.begin()
+        except OidcRefused as exc:
+            log.warning("ui.oidc_refused", step="begin", status=exc.status, reason=exc.message)
+            raise Refused(exc.status, f"Single sign-on is unavailable: {exc.message}") from None
+        response = RedirectResponse(url, status_code=303, headers=HEADERS)
+        # Lax, not Strict: the provider's redirect back is a cross-site navigation, and must carry it.
+        response.set_cookie(flow_cookie(request), flow_id, max_age=int(FLOW_SECONDS), path="/", httponly=True,
+                            samesite="lax", secure=request.url.scheme == "https")
+        return response
+
+    async def sso_callback(request: Request) -> Response:
+        """The provider's redirect back: complete the flow, then the same session as an API-key login."""
+        if sso is None:
+            raise Refused(404, "single sign-on is not configured (ui.oidc in dharma.yaml)")
+        params = {k: v for k, v in request.query_params.items() if k in ("code", "state", "iss", "error", "error_description")}
+        try:
+            verified = await sso.finish(request.cookies.get(flow_cookie(request)), params)
+        except OidcRefused as exc:
+            log.warning("ui.oidc_refused", step="callback", status=exc.status, reason=exc.message)
+            raise Refused(exc.status, f"Not logged in: {exc.message}") from None
+        credentials = Credentials(jwt=verified)
+        principal = gateway.principal_for(credentials)
+        if principal is None:
+            log.warning("ui.oidc_refused", step="principal", status=403, subject=verified.subject)
+            raise Refused(403, f"Not logged in: {verified.subject!r} is not a principal of this gateway's policy")
+        if not UI_ROLES & set(principal.roles):
+            log.warning("ui.oidc_refused", step="role", status=403, principal=principal.id)
+            raise Refused(403, f"Not logged in: {no_role(principal)}")
+        target = landing(principal).headers["location"]
+        # A page, not a redirect: the browser's next request is then same-site and carries the Strict cookie.
+        response = HTMLResponse(env.get_template("signed_in.html").render(
+            prefix=PREFIX, target=target, who=principal.id, policy_version=gateway.policy.version),
+                                headers=HEADERS)
+        await start_session(request, response, credentials, principal, "oidc")
+        response.delete_cookie(flow_cookie(request), path="/", httponly=True, samesite="lax", secure=request.url.scheme == "https")
         return response
 
     async def logout(request: Request) -> Response:
@@ -418,6 +481,8 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
         Route(f"{PREFIX}/", guarded(home), methods=["GET"]),
         Route(f"{PREFIX}/login", guarded(login), methods=["GET", "POST"]),
         Route(f"{PREFIX}/logout", guarded(logout), methods=["POST"]),
+        Route(f"{PREFIX}/oidc/login", guarded(sso_login), methods=["GET"]),
+        Route(OIDC_CALLBACK, guarded(sso_callback), methods=["GET"]),
         Route(f"{PREFIX}/approvals", guarded(approvals), methods=["GET"]),
         Route(f"{PREFIX}/approvals/events", guarded(events), methods=["GET"]),
         Route(PREFIX + "/approvals/{id}/decide", guarded(decide), methods=["POST"]),
