@@ -24,10 +24,11 @@ from typing import Any
 
 from bench import Options, Results, Stats, Target, fmt_time, sample_sync, table
 from bench.governed import CALLS, _open, choose_policy
-from gateway.stages import disclosure as disclosure_stage
 from gateway.stages.classify import classify_call
 from gateway.stages.sanitizer import secrets as secret_scan
 from gateway.stages.sanitizer import stage as sanitizer_stage
+from gateway.stages.sanitizer import instructions as instruction_scan
+from gateway.stages.sanitizer import shell as shell_scan
 from gateway.stages.sanitizer import walk
 from gateway.stages.sanitizer.instructions import scan_result
 from gateway.stages.sanitizer.secrets import decoded_layers, wallet_hits
@@ -45,13 +46,13 @@ def _no_findings(*_args: Any, **_kwargs: Any) -> Any:
 def scanners_off() -> Iterator[None]:
     """Replace the new scanners by functions that find nothing (restored on exit)."""
     patched = [
-        (sanitizer_stage, "shell_for", lambda *a: ShellAnalysis()),  # rules still read args_shell: an empty one
+        (shell_scan, "shell_for", lambda *a: ShellAnalysis()),  # rules still read args_shell: an empty one (the stage imports it per call)
         (sanitizer_stage, "classify_call", lambda *a: (set(), {})),
         (secret_scan, "decoded_layers", _no_findings),
         (secret_scan, "wallet_hits", lambda *a: []),
         (secret_scan, "split_secrets", lambda *a: []),
         (walk, "split_secrets", lambda *a: []),
-        (disclosure_stage, "scan_result", _no_findings),
+        (instruction_scan, "scan_result", _no_findings),  # disclosure imports it per call
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patched]
     try:

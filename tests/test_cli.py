@@ -155,6 +155,20 @@ def test_stdio_loads_no_http_client() -> None:
     assert out.strip() == "[]", out
 
 
+def test_stdio_start_up_defers_schema_and_detection_modules() -> None:
+    """Until the first tool schema or call, `dharma stdio` has not imported jsonschema (~60 ms with
+    referencing and attrs) nor compiled the instruction and shell scanners' patterns (~50 ms); the
+    first schema compiled and the first call bring them in."""
+    probe = ("import sys, gateway.runtime, gateway.transports.mcp_stdio.proxy\n"
+             "lazy = ('jsonschema', 'gateway.stages.sanitizer.instructions', 'gateway.stages.sanitizer.shell')\n"
+             "print(sorted(m for m in lazy if m in sys.modules))\n"
+             "from gateway.stages.sanitizer.schema import compile_schema\n"
+             "compile_schema({'type': 'object', 'properties': {'n': {'type': 'integer'}}}).validate({'n': 1})\n"
+             "print('jsonschema' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    assert out.split("\n")[:2] == ["[]", "True"], out
+
+
 def test_commands_load_structlog_without_rich_and_still_log_tracebacks() -> None:
     """A command's structlog comes without rich (start-up), exceptions still render as text in the
     JSON log line, and rich stays importable for whatever asks for it later."""

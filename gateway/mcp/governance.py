@@ -31,7 +31,6 @@ from gateway.core.gateway import CallTracer
 from gateway.mcp import jsonrpc
 from gateway.mcp.versions import HEADER_MISMATCH
 from gateway.policy.compile import CompiledPolicy
-from gateway.stages.sanitizer.instructions import scan_definition
 from gateway.stages.sanitizer.walk import SanitizeError, compile_schema
 from gateway.crypto.receipts import RECEIPT_META_KEY
 
@@ -101,6 +100,8 @@ def definition_findings(tool: dict[str, Any], digest: str, names: frozenset[str]
     key = (digest, names)
     hit = _FINDINGS.get(key)
     if hit is None:
+        from gateway.stages.sanitizer.instructions import scan_definition  # compiled on first use, not at start-up
+
         hit = scan_definition(tool, names)
         if len(_FINDINGS) >= _MAX_CACHED:
             _FINDINGS.clear()

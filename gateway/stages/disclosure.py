@@ -15,7 +15,6 @@ from gateway.policy import cel
 from gateway.core.call import CallContext, Disclosure
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.evaluate import DisclosureVerdict, evaluate_disclosure, response_variables, variables_for
-from gateway.stages.sanitizer.instructions import scan_result
 from gateway.stages.sanitizer.walk import detect_secrets, redact_paths, redact_secrets
 
 
@@ -24,6 +23,8 @@ def disclose(ctx: CallContext, policy: CompiledPolicy, result: Any, is_error: bo
     assert ctx.tool is not None
     if not policy.disclosure_rules_for(ctx.tool.name):
         return result, None
+    from gateway.stages.sanitizer.instructions import scan_result  # its ~100 patterns compile on first use, not at start-up
+
     findings = detect_secrets(result) + scan_result(result)
     variables = response_variables(variables_for(ctx), result, is_error, findings)
     needed = {k: variables[k] for k in policy.disclosure_references(ctx.tool.name)}

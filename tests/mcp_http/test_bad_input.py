@@ -71,6 +71,7 @@ async def test_upstream_that_never_answers_times_out(toy_url: str, tmp_path: Pat
             r = await c.call("hang")
             result = answer(r)["result"]
             assert result["isError"] is True and result["_meta"]["dharma.gateway/decision"]["error_code"] == "timeout"
+            assert "the MCP server toy did not answer within 1s" in result["content"][0]["text"], result
             ok = await c.call("echo", {"message": "after"})
             assert "echo: after" in ok.text
     assert '"error_code":"timeout"' in ledger_text(tmp_path / "state")

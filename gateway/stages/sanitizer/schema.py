@@ -2,6 +2,8 @@
 
 Validators are compiled once per schema (cached by identity, then by canonical-JSON digest) and
 report the first error in path order, with any secret in jsonschema's message redacted. No I/O.
+jsonschema (with referencing and attrs, ~60 ms) is imported on the first schema compiled, not with
+this module: `dharma stdio` answers `initialize` before any tool schema is seen.
 """
 
 from __future__ import annotations
@@ -12,22 +14,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final
-
-import referencing.exceptions
-from jsonschema.exceptions import SchemaError, ValidationError
-from jsonschema.validators import (
-    Draft6Validator,
-    Draft7Validator,
-    Draft201909Validator,
-    Draft202012Validator,
-    validator_for,
-)
+from typing import TYPE_CHECKING, Any, Final
 
 from audit.canon import NotCanonicalizable, digest
 from gateway.stages.sanitizer.errors import SanitizeError, json_type_name
 from gateway.stages.sanitizer.paths import format_path
 from gateway.stages.sanitizer.secrets import redact_text
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 __all__ = ["SchemaValidator", "compile_schema"]
 
@@ -43,6 +38,8 @@ class SchemaValidator:
         """Check `instance`; report the first error in path order (deterministic)."""
         if self.fast is not None and self.fast(instance):
             return
+        import referencing.exceptions
+
         try:
             if self.validator.is_valid(instance):
                 return
@@ -57,9 +54,8 @@ class SchemaValidator:
 
 
 # The fast path: plain closures for the keywords most tool schemas use. It answers True only
-# when jsonschema would surely say valid; anything else (False, or None for a schema using
+# when jsonschema would surely say valid (drafts 6 to 2020-12); anything else (False, or None for a schema using
 # other keywords) falls through to jsonschema, which also writes the error message.
-_FAST_DRAFTS: Final = frozenset({Draft6Validator, Draft7Validator, Draft201909Validator, Draft202012Validator})
 _ANNOTATIONS: Final = frozenset(
     {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly",
      "format", "contentMediaType", "contentEncoding", "$schema", "$id", "$defs", "definitions"}
@@ -266,12 +262,22 @@ class _ValidatorCache:
 
 
 def _compile(schema: Mapping[str, Any] | bool, key: str) -> SchemaValidator:
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import (
+        Draft6Validator,
+        Draft7Validator,
+        Draft201909Validator,
+        Draft202012Validator,
+        validator_for,
+    )
+
     if isinstance(schema, Mapping) and not isinstance(schema.get("$schema", ""), str):
         raise SanitizeError("the tool's inputSchema is invalid at $.$schema: must be a string", "$")
     try:
         cls = validator_for(schema, default=Draft202012Validator)
         cls.check_schema(schema)
-        fast = fast_check(schema) if cls in _FAST_DRAFTS else None
+        fast_drafts = (Draft6Validator, Draft7Validator, Draft201909Validator, Draft202012Validator)
+        fast = fast_check(schema) if cls in fast_drafts else None
         return SchemaValidator(digest=key, validator=cls(schema), fast=fast)
     except SchemaError as exc:
         where = format_path(exc.absolute_path) if exc.absolute_path else "$"

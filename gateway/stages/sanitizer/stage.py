@@ -7,7 +7,6 @@ from gateway.core.call import BlockClass, CallContext, Decision
 from gateway.core.errors import ErrorCode
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages.classify import classify_call, merge_classes
-from gateway.stages.sanitizer.shell import shell_for
 from gateway.stages.sanitizer.walk import SanitizeError, SanitizerLimits, sanitize
 
 
@@ -45,6 +44,8 @@ class Sanitizer:
         ctx.findings.extend(result.findings)
         merge_classes(ctx.classes, ctx.class_paths, *classify_call(ctx.call.tool, ctx.tool.annotations if ctx.tool else {}, result.arguments))
         tool = ctx.tool.name if ctx.tool else ctx.call.tool
+        from gateway.stages.sanitizer.shell import shell_for  # its patterns compile on the first call, not at start-up
+
         shell = shell_for(tool, result.arguments, policy.call_references(tool))
         if shell is not None:  # a shell-like tool: what its command does, for rules and sequences
             ctx.shell = shell

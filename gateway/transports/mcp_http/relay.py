@@ -7,11 +7,11 @@ and notifications routed to their upstream, and the requests the gateway makes u
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import anyio
 import structlog
 
 from gateway.mcp import jsonrpc
@@ -217,7 +217,7 @@ class Relay:
         headers = self.up_headers(ctx, upstream, message, schema)
         if ctx.modern and "mcp-protocol-version" not in {k.lower() for k in headers}:
             headers["mcp-protocol-version"] = ctx.version or "2026-07-28"
-        with anyio.fail_after(timeout):
+        async with asyncio.timeout(timeout):  # asyncio only (see forward.py): cheaper than an anyio scope per request
             async with upstream.post(jsonrpc.dumps(message), headers, expect_id=message["id"]) as up:
                 async for chunk in up.messages():
                     try:
