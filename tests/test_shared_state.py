@@ -23,7 +23,9 @@ from gateway.policy.compile import load_policy
 from gateway.runtime import open_gateway as open_runtime_gateway
 from gateway.runtime import shared_stores
 from gateway.stores import redis as rs
-from gateway.stores.memory import MemoryBreakerStore, MemoryIdempotencyStore, MemoryLimiterStore, SessionHistory
+from gateway.stores.base import OidcFlowRecord
+from gateway.stores.memory import (MemoryBreakerStore, MemoryIdempotencyStore, MemoryLimiterStore, MemoryUiSessionStore,
+                                   SessionHistory)
 from gateway.transports.http_api.app import build_app
 from tests.helpers import Recorder, text_result, write_policy
 
@@ -72,16 +74,17 @@ async def wait_for(condition: Callable[[], Awaitable[bool]], what: str) -> None:
 
 @pytest.fixture(params=["memory", "redis"])
 async def stores(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, Any]]:
-    """The limiter, breaker, idempotency and history stores of one kind."""
+    """The limiter, breaker, idempotency, history and /ui session stores of one kind."""
     if request.param == "memory":
         yield {"limiter": MemoryLimiterStore(), "breaker": MemoryBreakerStore(),
-               "idempotency": MemoryIdempotencyStore(), "history": SessionHistory(depth=3, window=60.0)}
+               "idempotency": MemoryIdempotencyStore(), "history": SessionHistory(depth=3, window=60.0),
+               "ui": MemoryUiSessionStore()}
         return
     link = rs.connect(RedisSettings(url=request.getfixturevalue("redis_url")))
     try:
         yield {"limiter": rs.RedisLimiterStore(link), "breaker": rs.RedisBreakerStore(link),
                "idempotency": rs.RedisIdempotencyStore(link, 60.0), "history": rs.RedisHistory(link, depth=3, window=60.0),
-               "link": link}
+               "ui": rs.RedisUiSessionStore(link), "link": link}
     finally:
         await link.aclose()
 
@@ -127,6 +130,23 @@ async def test_idempotency_contract(stores: dict[str, Any]) -> None:
     await store.put("k", value)
     assert await store.get("k") == value
     assert await store.get("k2") is None
+
+
+async def test_an_sso_login_under_way_is_taken_once_whatever_the_race(stores: dict[str, Any]) -> None:
+    store, now = stores["ui"], time.time()
+    flow = OidcFlowRecord(state="s", nonce="n", verifier="v", expires_at=now + 600)
+    await store.put_flow("flow-id", flow)
+    taken = await asyncio.gather(*(store.take_flow("flow-id", now) for _ in range(20)))
+    assert [t for t in taken if t is not None] == [flow]  # one callback gets it; the others find nothing
+    assert await store.take_flow("flow-id", now) is None
+    await store.put_flow("late", flow)
+    assert await store.take_flow("late", now + 601) is None and await store.take_flow("late", now) is None  # lapsed, and used up
+    if "link" in stores:  # Redis keeps a digest of the id (the cookie's secret), expiring with the flow
+        await store.put_flow("flow-id", flow)
+        client = stores["link"].client
+        keys = await client.keys("dharma:ui-oidc:*")
+        assert len(keys) == 1 and b"flow-id" not in keys[0]
+        assert 0 < await client.pttl(keys[0]) <= 600_000
 
 
 async def test_history_contract(stores: dict[str, Any]) -> None:

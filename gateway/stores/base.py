@@ -305,8 +305,21 @@ class UiSessionRecord(BaseModel):
     """A one-time notice for the next page (what the last decision did)."""
 
 
+class OidcFlowRecord(BaseModel):
+    """An SSO login under way as a store keeps it (JSON, shared by replicas): the single-use secrets its
+    callback must match or present (`state`, `nonce`, the PKCE verifier) and when it lapses."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    state: str
+    nonce: str
+    verifier: str
+    expires_at: float
+
+
 class UiSessionStore(Protocol):
-    """`/ui` sessions by their id (a bearer secret: stores keep only its digest where others can read)."""
+    """`/ui` sessions and SSO logins under way, by their ids (bearer secrets: stores keep only their
+    digest where others can read)."""
 
     async def put(self, session_id: str, record: UiSessionRecord) -> None:
         """Keep `record` until its `expires_at` (replacing what `session_id` had)."""
@@ -315,3 +328,10 @@ class UiSessionStore(Protocol):
         """The session, or None if unknown or expired at `now`."""
         ...
     async def end(self, session_id: str) -> None: ...
+    async def put_flow(self, flow_id: str, record: OidcFlowRecord) -> None:
+        """Keep an SSO login under way until its `expires_at`."""
+        ...
+    async def take_flow(self, flow_id: str, now: float) -> OidcFlowRecord | None:
+        """The login under way, removed in the same step (so only one callback, on any replica, gets
+        it), or None if unknown, already taken or expired at `now`."""
+        ...

@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from gateway.stores.base import LEDGER_EVENTS, Approval, ApprovalEvent, UiSessionRecord
+from gateway.stores.base import LEDGER_EVENTS, Approval, ApprovalEvent, OidcFlowRecord, UiSessionRecord
 
 
 @contextlib.asynccontextmanager
@@ -262,20 +262,27 @@ class MemoryIdempotencyStore:
             self._items.popitem(last=False)
 
 
+def make_room(items: OrderedDict[str, Any], key: str, limit: int, now: float) -> None:
+    """Before adding `key`: past `limit`, forget the expired entries, then the oldest."""
+    if key in items or len(items) < limit:
+        return
+    for stale in [k for k, r in items.items() if r.expires_at <= now]:
+        del items[stale]
+    while len(items) >= limit:
+        items.popitem(last=False)
+
+
 class MemoryUiSessionStore:
-    """`/ui` sessions of this one process; expired ones are forgotten when met, the oldest dropped past `limit`."""
+    """`/ui` sessions and SSO logins under way of this one process; expired ones are forgotten when
+    met, the oldest dropped past `limit`."""
 
     def __init__(self, limit: int = 10_000, clock: Callable[[], float] = time.time) -> None:
         self._by_id: OrderedDict[str, UiSessionRecord] = OrderedDict()
+        self._flows: OrderedDict[str, OidcFlowRecord] = OrderedDict()
         self._limit, self._clock = limit, clock
 
     async def put(self, session_id: str, record: UiSessionRecord) -> None:
-        if session_id not in self._by_id and len(self._by_id) >= self._limit:
-            now = self._clock()
-            for stale in [k for k, r in self._by_id.items() if r.expires_at <= now]:
-                del self._by_id[stale]
-            while len(self._by_id) >= self._limit:
-                self._by_id.popitem(last=False)
+        make_room(self._by_id, session_id, self._limit, self._clock())
         self._by_id[session_id] = record.model_copy(deep=True)
 
     async def get(self, session_id: str, now: float) -> UiSessionRecord | None:
@@ -287,6 +294,14 @@ class MemoryUiSessionStore:
 
     async def end(self, session_id: str) -> None:
         self._by_id.pop(session_id, None)
+
+    async def put_flow(self, flow_id: str, record: OidcFlowRecord) -> None:
+        make_room(self._flows, flow_id, self._limit, self._clock())
+        self._flows[flow_id] = record
+
+    async def take_flow(self, flow_id: str, now: float) -> OidcFlowRecord | None:
+        record = self._flows.pop(flow_id, None)
+        return record if record is not None and record.expires_at > now else None
 
 
 class SessionHistory:

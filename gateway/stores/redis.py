@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 from gateway.config import RedisSettings, display_url
 from gateway.crypto.strict_json import loads as strict_loads
-from gateway.stores.base import PinState, SeenTool, StoreUnavailable, UiSessionRecord
+from gateway.stores.base import OidcFlowRecord, PinState, SeenTool, StoreUnavailable, UiSessionRecord
 from gateway.stores.memory import BreakerState, check
 
 T = TypeVar("T")
@@ -228,13 +228,15 @@ class RedisIdempotencyStore:
 
 class RedisUiSessionStore:
     """`/ui` sessions shared by every replica: JSON under `<prefix>ui:<SHA-256 of the session id>`
-    (the id is the cookie's bearer secret, so Redis never holds it), expiring with the session."""
+    (the id is the cookie's bearer secret, so Redis never holds it), expiring with the session.
+    SSO logins under way likewise under `<prefix>ui-oidc:<SHA-256 of the flow id>`, expiring with
+    the flow and taken with GETDEL, so a callback completes on whichever replica it reaches, once."""
 
     def __init__(self, link: RedisLink) -> None:
         self.link = link
 
-    def _key(self, session_id: str) -> str:
-        return self.link.key("ui", hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest())
+    def _key(self, session_id: str, kind: str = "ui") -> str:
+        return self.link.key(kind, hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest())
 
     async def put(self, session_id: str, record: UiSessionRecord) -> None:
         at_ms = max(1, int(record.expires_at * 1000))
@@ -252,6 +254,20 @@ class RedisUiSessionStore:
 
     async def end(self, session_id: str) -> None:
         await _run(self.link, self.link.client.delete(self._key(session_id)))
+
+    async def put_flow(self, flow_id: str, record: OidcFlowRecord) -> None:
+        at_ms = max(1, int(record.expires_at * 1000))
+        await _run(self.link, self.link.client.set(self._key(flow_id, "ui-oidc"), record.model_dump_json(), pxat=at_ms))
+
+    async def take_flow(self, flow_id: str, now: float) -> OidcFlowRecord | None:
+        raw = await _run(self.link, self.link.client.getdel(self._key(flow_id, "ui-oidc")))
+        if raw is None:
+            return None
+        try:
+            record = OidcFlowRecord.model_validate_json(raw)
+        except ValueError as exc:  # someone else's bytes under our key: never a login
+            raise StoreUnavailable(f"Redis at {self.link.where} holds a damaged SSO login under way: {exc}") from None
+        return record if record.expires_at > now else None
 
 
 # ---- session history and karma -----------------------------------------------------------

@@ -10,6 +10,7 @@ import html
 import re
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,32 +44,38 @@ class Sso:
         return (self.served.directory / "gw.log").read_text(encoding="utf-8", errors="replace")
 
 
-@pytest.fixture(scope="module")
-def sso(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sso]:
+@contextmanager
+def oidc_provider(d: Path, redirect: str) -> Iterator[dict[str, Any]]:
+    """The test provider, running with one client whose callback is `redirect`; the `ui.oidc` block
+    of a gateway in `d` that logs in through it (its secret in `d/client-secret`)."""
     node = npm_install(OIDC_PROVIDER, "the test OpenID Connect provider")
     script = CACHE / PROVIDER_SCRIPT.name  # beside node_modules, where an ES module finds its imports
     shutil.copyfile(PROVIDER_SCRIPT, script)
-    d = tmp_path_factory.mktemp("ui-oidc")
-    port, idp_port = free_port(), free_port()
-    redirect = f"http://127.0.0.1:{port}{CALLBACK}"
     (d / "client-secret").write_text(CLIENT_SECRET + "\n")
-    with spawn([str(node), str(script), str(idp_port), redirect, CLIENT_SECRET, str(d / "idp.url")], d / "idp.url",
+    with spawn([str(node), str(script), str(free_port()), redirect, CLIENT_SECRET, str(d / "idp.url")], d / "idp.url",
                timeout=90) as (issuer, _):
-        oidc = {"issuer": issuer, "client_id": "dharma-ui", "client_secret_file": "client-secret", "redirect_url": redirect,
-                "scopes": ["openid"]}
-        with serve_dharma(d, server={"host": "127.0.0.1", "port": port}, ui={"oidc": oidc}) as served:
-            yield Sso(served, issuer)
+        yield {"issuer": issuer, "client_id": "dharma-ui", "client_secret_file": str(d / "client-secret"),
+               "redirect_url": redirect, "scopes": ["openid"]}
 
 
-def to_callback(http: httpx.Client, sso: Sso, user: str) -> str:
+@pytest.fixture(scope="module")
+def sso(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sso]:
+    d = tmp_path_factory.mktemp("ui-oidc")
+    port = free_port()
+    with oidc_provider(d, f"http://127.0.0.1:{port}{CALLBACK}") as oidc, \
+            serve_dharma(d, server={"host": "127.0.0.1", "port": port}, ui={"oidc": oidc}) as served:
+        yield Sso(served, oidc["issuer"])
+
+
+def to_callback(http: httpx.Client, sso: Sso, user: str, back_to: str | None = None) -> str:
     """Begin an SSO login in `http`'s cookie jar and sign in at the provider as `user`; the callback
-    URL the provider sends the browser back to (not yet visited)."""
+    URL the provider sends the browser back to (not yet visited; at `back_to`, else this gateway)."""
     url = sso.base + "/ui/oidc/login"
     for _ in range(10):
         r = http.get(url)
         if r.status_code in (302, 303):
             url = urljoin(url, r.headers["location"])
-            if url.startswith(sso.base + CALLBACK):
+            if url.startswith(back_to or sso.base + CALLBACK):
                 return url
             continue
         action = re.search(r'<form method="post" action="([^"]+)"', r.text)

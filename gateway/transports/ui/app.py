@@ -160,8 +160,8 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
     """The `/ui` routes over `gateway`; `guard` (the HTTP front's `HttpAuth`) checks logins when given,
     `oidc` adds `Log in with SSO`."""
     env = templates()
-    sso = OidcLogin(oidc) if oidc is not None else None
     sessions = sessions or UiSessions()
+    sso = OidcLogin(oidc, sessions.store) if oidc is not None else None
     authenticate = guard_login(guard) if guard is not None else api_key_login(gateway)
     view = LedgerView(gateway)
     trusted_origins = frozenset(allowed_origins)

@@ -2,9 +2,10 @@
 
 - Discovery: `{issuer}/.well-known/openid-configuration`, read on the first login (a provider that is
   down does not stop the gateway) and kept for an hour; its `issuer` must be the configured one.
-- `begin`: a fresh `state`, `nonce` and PKCE verifier, kept here under a random flow id that the
-  browser holds in a short-lived cookie (so a callback only completes the login this browser began).
-- `finish`: the flow is taken out (one use only), `state` compared in constant time, the code sent
+- `begin`: a fresh `state`, `nonce` and PKCE verifier, kept in the `/ui` session store (this process,
+  or Redis shared by every replica) under a random flow id that the browser holds in a short-lived
+  cookie (so a callback only completes the login this browser began, on whichever replica it reaches).
+- `finish`: the flow is taken out of the store in one step (one use only, on any replica), `state` compared in constant time, the code sent
   once to the token endpoint with the verifier (httpx), and the ID token checked by the gateway's
   `JwtVerifier` (signature against the provider's JWKS, `iss`, `aud` = client_id, `exp`), then
   `nonce` and `azp`; its claims are mapped to a principal exactly as bearer JWTs are.
@@ -20,7 +21,6 @@ import hmac
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -32,13 +32,14 @@ from gateway.config import OidcSettings
 from gateway.core.call import VerifiedJwt
 from gateway.core.errors import ConfigError
 from gateway.crypto.jwt import Jwks, JwksUnavailable, JwtVerifier, TokenInvalid, is_loopback
+from gateway.stores.base import OidcFlowRecord, UiSessionStore
+from gateway.stores.memory import MemoryUiSessionStore
 from gateway.transports.http_auth import verified_jwt
 
 log = structlog.get_logger()
 
 FLOW_SECONDS = 600.0
 """How long a begun login may take at the provider before its callback is refused."""
-MAX_FLOWS = 10_000
 DISCOVERY_SECONDS = 3600.0
 HTTP_TIMEOUT = 10.0
 MAX_RESPONSE_BYTES = 1_048_576
@@ -74,16 +75,6 @@ class TokenResponse(BaseModel):
 
     id_token: str
     token_type: str
-
-
-@dataclass(frozen=True, slots=True)
-class Flow:
-    """One begun login: what its callback must present and prove."""
-
-    state: str
-    nonce: str
-    verifier: str
-    expires_at: float
 
 
 def s256(verifier: str) -> str:
@@ -125,11 +116,13 @@ def id_token_verifier(settings: OidcSettings, jwks: Jwks, algorithms: list[str])
 class OidcLogin:
     """The OpenID Connect client of the approvals page (see the module docstring)."""
 
-    def __init__(self, settings: OidcSettings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, settings: OidcSettings, flows: UiSessionStore | None = None, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        """`flows`: where logins under way are kept (the `/ui` session store; this process's memory unless given)."""
         self.settings = settings
         self.secret = read_secret(settings)
         self.clock = clock
-        self._flows: dict[str, Flow] = {}
+        self.flows: UiSessionStore = flows if flows is not None else MemoryUiSessionStore(clock=clock)
         self._metadata: ProviderMetadata | None = None
         self._verifier: JwtVerifier | None = None
         self._fetched_at = float("-inf")
@@ -181,14 +174,10 @@ class OidcLogin:
     async def begin(self) -> tuple[str, str]:
         """(flow id for the browser's cookie, the provider's authorization URL to send it to)."""
         doc, _ = await self.metadata()
-        now = self.clock()
-        if len(self._flows) >= MAX_FLOWS:
-            self._flows = {k: f for k, f in self._flows.items() if f.expires_at > now}
-            while len(self._flows) >= MAX_FLOWS:
-                self._flows.pop(next(iter(self._flows)))
-        flow = Flow(secrets.token_urlsafe(32), secrets.token_urlsafe(32), secrets.token_urlsafe(48), now + FLOW_SECONDS)
+        flow = OidcFlowRecord(state=secrets.token_urlsafe(32), nonce=secrets.token_urlsafe(32),
+                              verifier=secrets.token_urlsafe(48), expires_at=self.clock() + FLOW_SECONDS)
         flow_id = secrets.token_urlsafe(32)
-        self._flows[flow_id] = flow
+        await self.flows.put_flow(flow_id, flow)
         query = {
             "response_type": "code", "client_id": self.settings.client_id, "redirect_uri": self.settings.redirect_url,
             "scope": " ".join(self.settings.scopes), "state": flow.state, "nonce": flow.nonce,
@@ -200,11 +189,11 @@ class OidcLogin:
     async def finish(self, flow_id: str | None, params: dict[str, str]) -> VerifiedJwt:
         """The callback: check what came back against the flow this browser began, redeem the code
         once, verify the ID token; the flow is used up whatever the outcome."""
-        flow = self._flows.pop(flow_id, None) if flow_id else None
+        flow = await self.flows.take_flow(flow_id, self.clock()) if flow_id else None
         if "error" in params:
             described = f" ({params['error_description'][:200]})" if params.get("error_description") else ""
             raise OidcRefused(401, f"the identity provider did not log you in: {params['error'][:100]}{described}")
-        if flow is None or flow.expires_at <= self.clock():
+        if flow is None:
             raise OidcRefused(400, "no SSO login is under way in this browser (it was already completed, took over "
                                    f"{int(FLOW_SECONDS // 60)} minutes, or began in another browser); log in again")
         state, code = params.get("state"), params.get("code")
@@ -241,7 +230,7 @@ class OidcLogin:
             raise OidcRefused(401, f"the ID token has no `{self.settings.principal_claim}` to name a principal by")
         return verified
 
-    async def _redeem(self, doc: ProviderMetadata, code: str, flow: Flow) -> str:
+    async def _redeem(self, doc: ProviderMetadata, code: str, flow: OidcFlowRecord) -> str:
         """Exchange the code at the token endpoint (client_secret_basic, or _post, or a public client)."""
         form = {"grant_type": "authorization_code", "code": code, "redirect_uri": self.settings.redirect_url,
                 "code_verifier": flow.verifier}
@@ -269,4 +258,4 @@ class OidcLogin:
             raise OidcRefused(502, "the token endpoint's answer has no `id_token` (is `openid` among the scopes?)") from None
 
 
-__all__ = ["FLOW_SECONDS", "Flow", "OidcLogin", "OidcRefused", "ProviderMetadata", "TokenResponse", "id_token_verifier", "read_secret", "s256"]
+__all__ = ["FLOW_SECONDS", "OidcLogin", "OidcRefused", "ProviderMetadata", "TokenResponse", "id_token_verifier", "read_secret", "s256"]
