@@ -17,7 +17,6 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from gateway.core.errors import ConfigError
-from gateway.crypto.jwt import is_loopback
 from gateway.policy.load import YamlProblem, compose_yaml, construct_yaml, find_scalar, line_of, node_lines
 
 ENV_PREFIX = "DHARMA_"
@@ -184,6 +183,8 @@ def _web_url(value: str, what: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.fragment:
         raise ValueError(f"{what} {value!r}: must be an absolute https:// URL without fragment")
+    from gateway.crypto.jwt import is_loopback  # here: the JWT module brings httpx, which `dharma stdio` never needs
+
     if parts.scheme == "http" and not is_loopback(parts.hostname):
         raise ValueError(f"{what} {value!r}: plain http is allowed only on a loopback host")
     return value
