@@ -29,6 +29,7 @@ from gateway.stores.base import OidcFlowRecord, PinState, SeenTool, StoreUnavail
 from gateway.stores.memory import BreakerState, check
 
 T = TypeVar("T")
+_Expiring = TypeVar("_Expiring", UiSessionRecord, OidcFlowRecord)
 
 #: What a failed Redis command may raise besides RedisError (timeouts and refused connections
 #: surface as OSError subclasses from the socket layer on some paths).
@@ -244,13 +245,7 @@ class RedisUiSessionStore:
 
     async def get(self, session_id: str, now: float) -> UiSessionRecord | None:
         raw = await _run(self.link, self.link.client.get(self._key(session_id)))
-        if raw is None:
-            return None
-        try:
-            record = UiSessionRecord.model_validate_json(raw)
-        except ValueError as exc:  # someone else's bytes under our key: never a login
-            raise StoreUnavailable(f"Redis at {self.link.where} holds a damaged /ui session: {exc}") from None
-        return record if record.expires_at > now else None
+        return self._live(raw, UiSessionRecord, "a damaged /ui session", now)
 
     async def end(self, session_id: str) -> None:
         await _run(self.link, self.link.client.delete(self._key(session_id)))
@@ -261,12 +256,17 @@ class RedisUiSessionStore:
 
     async def take_flow(self, flow_id: str, now: float) -> OidcFlowRecord | None:
         raw = await _run(self.link, self.link.client.getdel(self._key(flow_id, "ui-oidc")))
+        return self._live(raw, OidcFlowRecord, "a damaged SSO login under way", now)
+
+    def _live(self, raw: bytes | None, model: type[_Expiring], what: str, now: float) -> _Expiring | None:
+        """The record stored as `raw` if it has not expired; someone else's bytes under our key are
+        never a login (StoreUnavailable naming `what`)."""
         if raw is None:
             return None
         try:
-            record = OidcFlowRecord.model_validate_json(raw)
-        except ValueError as exc:  # someone else's bytes under our key: never a login
-            raise StoreUnavailable(f"Redis at {self.link.where} holds a damaged SSO login under way: {exc}") from None
+            record = model.model_validate_json(raw)
+        except ValueError as exc:
+            raise StoreUnavailable(f"Redis at {self.link.where} holds {what}: {exc}") from None
         return record if record.expires_at > now else None
 
 
