@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.policy.cel.celpython import celpy_compile, celpy_context
+from gateway.policy.cel.fast import Fast, compile_fast
 from gateway.policy.cel.rust import rust_compile, rust_context
 from gateway.policy.cel.helpers import (
     HELPERS,
@@ -134,9 +135,20 @@ def _describe(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- values
 
 
-def _normalise(value: Any) -> Any:
-    """Copy JSON-like input into the one shape both engines read identically."""
-    if value is None or isinstance(value, (bool, str)):
+class _NotUtf8(Exception):
+    """A string the Rust engine cannot hold (a lone surrogate): `make_activation` converts eagerly then."""
+
+
+def _normalise(value: Any, utf8: bool = True) -> Any:
+    """Copy JSON-like input into the one shape both engines read identically.
+
+    With `utf8`, a string that is not UTF-8 encodable raises `_NotUtf8` (see `make_activation`).
+    """
+    if isinstance(value, str):
+        if utf8 and not value.isascii():
+            _utf8(value)
+        return value
+    if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
         return value if _INT64_MIN <= value <= _INT64_MAX else float(value)
@@ -149,10 +161,12 @@ def _normalise(value: Any) -> Any:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise TypeError(f"activation map keys must be strings, got {type(k).__name__}")
-            out[k] = _normalise(v)
+            if utf8 and not k.isascii():
+                _utf8(k)
+            out[k] = _normalise(v, utf8)
         return out
     if isinstance(value, (list, tuple)):
-        return [_normalise(v) for v in value]
+        return [_normalise(v, utf8) for v in value]
     if isinstance(value, dt.datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValueError("activation datetimes must be timezone-aware")
@@ -160,6 +174,13 @@ def _normalise(value: Any) -> Any:
     if isinstance(value, dt.timedelta):
         return value
     raise TypeError(f"activation values must be JSON-like, got {type(value).__name__}")
+
+
+def _utf8(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _NotUtf8 from None
 
 
 _CELPY_TYPE_NAMES = {
@@ -204,12 +225,19 @@ def _plain(value: Any) -> Any:
 
 
 class Activation:
-    """The variables of one call, converted for an engine once and reused by every rule."""
+    """The variables of one call, normalised once and shared by every rule.
 
-    __slots__ = ("_plain", "_converted")
+    `plain` is what the fast path reads (`gateway.policy.cel.fast`); the engine's own form is
+    built on first use (an expression the fast path does not answer) and then reused. `fast` is
+    False when a string is not UTF-8 encodable (the engine refuses it): only the engine runs then.
+    """
 
-    def __init__(self, plain: dict[str, Any]) -> None:
-        self._plain = plain
+    __slots__ = ("plain", "engine", "fast", "_converted")
+
+    def __init__(self, plain: dict[str, Any], engine: str = _RUST, fast: bool = True) -> None:
+        self.plain = plain
+        self.engine = engine
+        self.fast = fast and engine == _RUST
         self._converted: dict[str, Any] = {}
 
     def for_engine(self, engine: str) -> Any:
@@ -217,17 +245,24 @@ class Activation:
         try:
             return self._converted[engine]
         except KeyError:
-            native = celpy_context(self._plain) if engine == _CELPY else rust_context(self._plain)
+            native = celpy_context(self.plain) if engine == _CELPY else rust_context(self.plain)
             self._converted[engine] = native
             return native
 
     def extend(self, variables: Mapping[str, Any]) -> Activation:
         """Add variables (e.g. `response` for the response phase) without converting the rest again.
 
-        Names already present keep their value. Returns self.
+        Names already present keep their value. Returns self. Converts only for engines already
+        converted for, except when a new string is not UTF-8 encodable: then the engine's form is
+        built now, so the engine raises exactly where it did when activations converted eagerly.
         """
-        added = {name: _normalise(v) for name, v in variables.items() if name not in self._plain}
-        self._plain.update(added)
+        try:
+            added = {name: _normalise(v) for name, v in variables.items() if name not in self.plain}
+        except _NotUtf8:
+            added = {name: _normalise(v, False) for name, v in variables.items() if name not in self.plain}
+            self.fast = False
+            self.for_engine(self.engine)
+        self.plain.update(added)
         for engine, native in self._converted.items():
             if engine == _CELPY:
                 native.update(celpy_context(added))
@@ -238,13 +273,23 @@ class Activation:
 
 
 def make_activation(variables: Mapping[str, Any], engine: str | None = None) -> Activation:
-    """Build the activation for one call; converts eagerly for ``engine``.
+    """Build the activation for one call.
+
+    For the Rust engine the engine's form is built lazily, when an expression first needs it
+    (the fast path reads the plain values); for cel-python, or when a string is not UTF-8
+    encodable, it is built now, so a conversion error is raised here as it always was.
 
     Raises:
-        TypeError, ValueError: a value is not JSON-like or a datetime is naive.
+        TypeError, ValueError: a value is not JSON-like or a datetime is naive (or the engine
+            refuses a value).
     """
-    act = Activation({name: _normalise(v) for name, v in variables.items()})
-    act.for_engine(_resolve(engine))
+    engine = _resolve(engine)
+    try:
+        act = Activation({name: _normalise(v) for name, v in variables.items()}, engine)
+    except _NotUtf8:
+        act = Activation({name: _normalise(v, False) for name, v in variables.items()}, engine, fast=False)
+    if not act.fast:
+        act.for_engine(engine)
     return act
 
 
@@ -259,9 +304,27 @@ class Expression:
     engine: str
     references: frozenset[str]
     _run: Callable[[Any], Any] = field(repr=False, compare=False)
+    _fast: Fast | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def fast(self) -> bool:
+        """Whether the fast path compiled this expression (it may still defer at run time)."""
+        return self._fast is not None
 
     def evaluate(self, activation: Activation) -> Any:
-        """Evaluate against ``activation``; return plain Python or raise CelEvalError."""
+        """Evaluate against ``activation``; return plain Python or raise CelEvalError.
+
+        The fast path answers when it is sure of the engine's answer; otherwise the engine runs.
+        """
+        if self._fast is not None and activation.fast:
+            try:
+                return self._fast(activation.plain)
+            except Exception:  # noqa: BLE001 - not sure: the engine decides, with its own errors
+                pass
+        return self.evaluate_engine(activation)
+
+    def evaluate_engine(self, activation: Activation) -> Any:
+        """The engine's own answer, without the fast path (tests compare the two)."""
         try:
             raw = self._run(activation.for_engine(self.engine))
             if raw is True or raw is False:
@@ -299,7 +362,8 @@ def compile_expression(
     if missing:
         first = min(missing.values())
         raise CelUndeclared(missing, line=first[0], column=first[1])
-    return Expression(source=source, engine=engine, references=frozenset(refs), _run=run)
+    fast = compile_fast(source) if engine == _RUST else None
+    return Expression(source=source, engine=engine, references=frozenset(refs), _run=run, _fast=fast)
 
 
 __all__ = [

@@ -23,6 +23,20 @@ TYPE_NAMES = frozenset(
     {"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"}
 )
 
+#: One CEL token (whitespace and comments, string, number, identifier, operator): the Rust
+#: engine's reference scan and the fast evaluator's parser both read source through it.
+TOKEN = re.compile(
+    r"""(?P<ws>\s+|//[^\n]*)
+    |(?P<str>[bB]?[rR][bB]?(?:\"\"\"[\s\S]*?\"\"\"|'''[\s\S]*?'''|"[^"\n]*"|'[^'\n]*')
+       |[bB]?(?:\"\"\"(?:\\[\s\S]|[^\\])*?\"\"\"|'''(?:\\[\s\S]|[^\\])*?'''
+                |"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'))
+    |(?P<num>(?:0[xX][0-9a-fA-F]+|\d+\.\d+(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?
+       |\d+[eE][+-]?\d+|\d+)[uU]?)
+    |(?P<id>[_a-zA-Z][_a-zA-Z0-9]*)
+    |(?P<op>&&|\|\||==|!=|<=|>=|[\s\S])""",
+    re.X,
+)
+
 
 # --------------------------------------------------------------------------- errors
 

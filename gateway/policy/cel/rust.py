@@ -18,6 +18,7 @@ from typing import Any
 from gateway.policy.cel.helpers import (
     HELPERS,
     MACROS,
+    TOKEN,
     TYPE_NAMES,
     CelSyntaxError,
     bad_macro,
@@ -28,17 +29,6 @@ from gateway.policy.cel.helpers import (
     shorten,
 )
 
-_TOKEN = re.compile(
-    r"""(?P<ws>\s+|//[^\n]*)
-    |(?P<str>[bB]?[rR][bB]?(?:\"\"\"[\s\S]*?\"\"\"|'''[\s\S]*?'''|"[^"\n]*"|'[^'\n]*')
-       |[bB]?(?:\"\"\"(?:\\[\s\S]|[^\\])*?\"\"\"|'''(?:\\[\s\S]|[^\\])*?'''
-                |"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'))
-    |(?P<num>(?:0[xX][0-9a-fA-F]+|\d+\.\d+(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?
-       |\d+[eE][+-]?\d+|\d+)[uU]?)
-    |(?P<id>[_a-zA-Z][_a-zA-Z0-9]*)
-    |(?P<op>&&|\|\||==|!=|<=|>=|[\s\S])""",
-    re.X,
-)
 _NOT_NAMES = frozenset({"true", "false", "null", "in"}) | TYPE_NAMES
 
 
@@ -49,7 +39,7 @@ def _scan(source: str) -> tuple[Refs, Funcs]:
     """
     toks: list[tuple[str, str, int]] = [
         (m.lastgroup or "op", m.group(), m.start())
-        for m in _TOKEN.finditer(source)
+        for m in TOKEN.finditer(source)
         if m.lastgroup != "ws"
     ]
 
@@ -162,7 +152,7 @@ def _rewrite_overrides(source: str) -> str:
     """Route calls (method or function form) of built-ins a helper overrides to that helper."""
     overridden = {name for name, helper in HELPERS.items() if helper.overrides_builtin}
     out, last = [], 0
-    for m in _TOKEN.finditer(source):
+    for m in TOKEN.finditer(source):
         if m.lastgroup == "id" and m.group() in overridden and source[m.end():].lstrip().startswith("("):
             out.append(source[last:m.start()])
             out.append(_OVERRIDE_PREFIX + m.group())
