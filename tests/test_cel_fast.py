@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gateway.policy import cel
-from gateway.policy.cel.fast import compile_fast
+from gateway.policy.cel.fast import FAST_RESULTS, compile_fast
 from gateway.policy.testing import run_tests
 
 RUST = "common-expression-language"
@@ -51,9 +51,10 @@ def _fast(source: str, act: cel.Activation) -> Any:
     if run is None:
         return _DEFERRED
     try:
-        return run(act.plain)
+        value = run(act.plain)
     except Exception:  # noqa: BLE001 - any exception is a deferral
         return _DEFERRED
+    return value if type(value) in FAST_RESULTS else _DEFERRED  # what Expression.evaluate takes
 
 
 def _engine(expr: cel.Expression, act: cel.Activation) -> tuple[str, Any]:
@@ -93,6 +94,8 @@ def _check(source: str, variables: dict[str, Any], declared: frozenset[str]) -> 
         ("size('h\u00e9llo')", 6),  # UTF-8 bytes
         ("'\u00e9' > 'z' && '\U0001f600' > '\uffff'", True),  # code point order
         ("-9223372036854775808 < 0", True),
+        ("'a' == 1 || null == 'a' || true == 1 || [] == m || 'x' == null", False),  # two kinds: unequal
+        ("'a' in [1, 'a'] && !(1 in ['1'])", True),
         ("type(1) == int && type('a') == string && type([]) == list && type(m) == map", True),
         ("type(1.5) == double && type(null) == null_type && type(true) == bool", True),
         ("session.seen('x', '30m') == seen(session, 'x', '30m')", True),  # a helper's method form passes the receiver first
@@ -113,8 +116,9 @@ def test_engine_facts_the_fast_path_relies_on(source: str, expected: Any) -> Non
         "[2, 1].exists(v, v == 1 ? true : v.foo)",  # the engine raises: the error is not absorbed
         "m.missing && false",  # the engine absorbs the error here: the fast path must not guess
         "m.missing || true",
-        "1 == 1.0",  # heterogeneous
-        "'a' in [1, 'a']",
+        "1 == 1.0",  # an int and a double
+        "1 in [1.0]",
+        "[1] == [1.0]",  # lists and maps compare element-wise in the engine
         "9223372036854775807 + 1",  # overflow
         "m.filter(k, true)",  # a map's key order is the engine's
         "m.a.b",
@@ -186,6 +190,23 @@ def test_activation_converts_for_the_engine_only_when_an_expression_defers(monke
     assert converted == [RUST]
     extra = cel.compile_expression("response.text == 'hi' && 2 - 1 == 1", declared={"response"}, engine=RUST)
     assert extra.evaluate(act) is True  # the engine sees variables added before it converted
+
+
+_KINDS = {"s": "a", "s1": "1", "i": 1, "i0": 0, "f": 1.5, "f1": 1.0001, "t": True, "f0": False, "z": None,
+          "l": [1], "l0": [], "m": {"a": 1}, "m0": {}}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", ["==", "!=", "in"])
+def test_every_pair_of_kinds_compares_as_the_engine_does(op: str) -> None:
+    answered = 0
+    for a in _KINDS:
+        for b in _KINDS:
+            right = f"[v.{b}]" if op == "in" else f"v.{b}"
+            for source in (f"v.{a} {op} {right}", f"v.{a} {op} {json.dumps(_KINDS[b]) if op != 'in' else right}"):
+                if "{" in source:
+                    continue  # map literals are left to the engine
+                answered += _check(source, {"v": _KINDS}, frozenset({"v"})) is not _DEFERRED
+    assert answered > 250
 
 
 # --------------------------------------------------------------------------- common shapes answer

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.policy.cel.celpython import celpy_compile, celpy_context
-from gateway.policy.cel.fast import Fast, compile_fast
+from gateway.policy.cel.fast import FAST_RESULTS, Fast, compile_fast
 from gateway.policy.cel.rust import rust_compile, rust_context
 from gateway.policy.cel.helpers import (
     HELPERS,
@@ -135,6 +135,9 @@ def _describe(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- values
 
 
+_LEAF_TYPES = frozenset({str, int, float, bool, type(None), list, tuple})
+
+
 class _NotUtf8(Exception):
     """A string the Rust engine cannot hold (a lone surrogate): `make_activation` converts eagerly then."""
 
@@ -143,7 +146,29 @@ def _normalise(value: Any, utf8: bool = True) -> Any:
     """Copy JSON-like input into the one shape both engines read identically.
 
     With `utf8`, a string that is not UTF-8 encodable raises `_NotUtf8` (see `make_activation`).
+    Maps and lists are tested first by exact type, and a map's string, bool and null values are
+    copied in its own loop: most of a call's variables are those.
     """
+    kind = type(value)
+    if kind is dict or (kind not in _LEAF_TYPES and isinstance(value, Mapping)):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"activation map keys must be strings, got {type(k).__name__}")
+            if utf8 and not k.isascii():
+                _utf8(k)
+            kind = type(v)
+            if kind is str:
+                if utf8 and not v.isascii():
+                    _utf8(v)
+                out[k] = v
+            elif kind is bool or v is None:
+                out[k] = v
+            else:
+                out[k] = _normalise(v, utf8)
+        return out
+    if kind is list or kind is tuple:
+        return [_normalise(v, utf8) for v in value]
     if isinstance(value, str):
         if utf8 and not value.isascii():
             _utf8(value)
@@ -156,15 +181,6 @@ def _normalise(value: Any, utf8: bool = True) -> Any:
         if value.is_integer() and abs(value) <= _EXACT_FLOAT_INT:
             return int(value)
         return value
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise TypeError(f"activation map keys must be strings, got {type(k).__name__}")
-            if utf8 and not k.isascii():
-                _utf8(k)
-            out[k] = _normalise(v, utf8)
-        return out
     if isinstance(value, (list, tuple)):
         return [_normalise(v, utf8) for v in value]
     if isinstance(value, dt.datetime):
@@ -318,9 +334,12 @@ class Expression:
         """
         if self._fast is not None and activation.fast:
             try:
-                return self._fast(activation.plain)
+                value = self._fast(activation.plain)
             except Exception:  # noqa: BLE001 - not sure: the engine decides, with its own errors
                 pass
+            else:
+                if value is True or value is False or type(value) in FAST_RESULTS:
+                    return value
         return self.evaluate_engine(activation)
 
     def evaluate_engine(self, activation: Activation) -> Any:

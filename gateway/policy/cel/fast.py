@@ -8,8 +8,8 @@ turns such an expression into a closure over the activation's plain (normalised)
 Exact by construction: the closure returns a value only when it is sure the engine would
 return the same one. Anything it is not sure of raises (`Defer`, or any Python error on the
 way), and the adapter then asks the engine, whose result and error message stand. So it
-defers on a missing key or field, a type an operator does not expect, heterogeneous equality
-or ordering (``1 == 1.0``, ``'a' == 1``), int overflow, a non-bool operand of ``!``/``&&``/
+defers on a missing key or field, a type an operator does not expect, equality of an int and a
+double (``1 == 1.0``), ordering of two kinds, int overflow, a non-bool operand of ``!``/``&&``/
 ``||``/``?:`` (where the engine may absorb an error), a helper that raises, a comprehension
 over a map whose result depends on the engine's iteration order. Source it does not know
 (map literals, ``-``/``*``/``/``/``%``, uint and bytes literals, conversions, timestamps,
@@ -21,7 +21,8 @@ Supported: literals (string, int, double, bool, null, lists), identifiers, ``a.b
 ``size()``, ``type()``, the string methods ``startsWith``/``endsWith``/``contains``, every
 registered helper (`HELPERS`, function or method form: ``matches`` is the same RE2 helper the
 engine calls) and the macros ``exists``/``all``/``exists_one``/``filter``/``map``.
-Engine facts it relies on (checked by tests/test_cel_fast.py against the engine): ``&&``,
+Engine facts it relies on (checked by tests/test_cel_fast.py against the engine): values of
+two kinds other than int and double are unequal (``'a' == 1``, ``null == 'a'`` are false); ``&&``,
 ``||``, ``?:`` and ``exists``/``all`` over a list evaluate left to right and stop at the
 first deciding value; ``size`` of a string counts UTF-8 bytes; string order is code point order.
 """
@@ -62,7 +63,9 @@ _TYPE_OF = {
     str: _TYPE_VALUES["string"], list: _TYPE_VALUES["list"], dict: _TYPE_VALUES["map"],
     type(None): _TYPE_VALUES["null_type"],
 }  # fmt: skip
-_RESULTS = frozenset({bool, int, float, str, type(None)})
+#: The result types the adapter takes from the fast path; any other result (a list, a map, a
+#: type value) is left to the engine, whose conversion of it back to Python stands.
+FAST_RESULTS = frozenset({bool, int, float, str, type(None)})
 _SCALARS = frozenset({bool, int, float, str, type(None)})
 
 
@@ -283,11 +286,18 @@ def _number(text: str, *, negative: bool) -> int | float:
 # --------------------------------------------------------------------------- run-time checks
 
 
+_NUMBERS = frozenset({int, float})
+
+
 def _eq(a: Any, b: Any) -> bool:
-    """CEL equality of two values of one kind; anything else defers."""
+    """CEL equality: values of one scalar kind compare, values of two kinds are unequal (the engine's
+    ``'a' == 1``, ``null == 'a'``, ``true == 1`` are false); an int and a double, two lists or
+    maps, or a type value against anything else defer."""
     t = type(a)
     if t is not type(b):
-        raise Defer
+        if (t in _NUMBERS and type(b) in _NUMBERS) or t is CelType or type(b) is CelType:
+            raise Defer
+        return False
     if t is str or t is int or t is bool or a is None:
         return bool(a == b)
     if t is float and a == a and b == b:
@@ -377,6 +387,8 @@ def _compile(node: Node) -> Fast:
             return lambda env: type_value
         return lambda env: env[name]
     if kind == "sel":
+        if node[1][0] == "id" and node[1][1] not in TYPE_NAMES:
+            return _select_variable(node[1][1], node[2])
         return _select(_compile(node[1]), node[2])
     if kind == "idx":
         return _index(_compile(node[1]), _compile(node[2]))
@@ -391,7 +403,7 @@ def _compile(node: Node) -> Fast:
     if kind == "cond":
         return _cond(_compile(node[1]), _compile(node[2]), _compile(node[3]))
     if kind == "rel":
-        return _relation(node[1], _compile(node[2]), _compile(node[3]))
+        return _relation(node[1], node[2], node[3])
     if kind == "add":
         left, right = _compile(node[1]), _compile(node[2])
         return lambda env: _add(left(env), right(env))
@@ -403,6 +415,18 @@ def _compile(node: Node) -> Fast:
 def _select(operand: Fast, name: str) -> Fast:
     def select(env: dict[str, Any]) -> Any:
         value = operand(env)
+        if type(value) is dict:
+            return value[name]
+        raise Defer
+
+    return select
+
+
+def _select_variable(variable: str, name: str) -> Fast:
+    """`v.name` for a variable `v`: the commonest shape, one frame instead of two."""
+
+    def select(env: dict[str, Any]) -> Any:
+        value = env[variable]
         if type(value) is dict:
             return value[name]
         raise Defer
@@ -486,7 +510,11 @@ def _cond(test: Fast, then: Fast, other: Fast) -> Fast:
     return cond
 
 
-def _relation(op: str, left: Fast, right: Fast) -> Fast:
+def _relation(op: str, left_node: Node, right_node: Node) -> Fast:
+    special = _literal_relation(op, left_node, right_node)
+    if special is not None:
+        return special
+    left, right = _compile(left_node), _compile(right_node)
     if op == "==":
         return lambda env: _eq(left(env), right(env))
     if op == "!=":
@@ -506,6 +534,55 @@ def _relation(op: str, left: Fast, right: Fast) -> Fast:
         return bool(a >= b)
 
     return compare
+
+
+def _literal_relation(op: str, left_node: Node, right_node: Node) -> Fast | None:
+    """`e == "lit"` / `e != lit` (string, int or bool), `e in ["a", "b"]` and `"a" in e`: the same
+    answers as `_eq`/`_in`, without a call per operand."""
+    if op in ("==", "!=") and left_node[0] == "lit" and right_node[0] != "lit":
+        left_node, right_node = right_node, left_node  # equality is symmetric, and so is deferring
+    literal = right_node[1] if right_node[0] == "lit" else None
+    if op in ("==", "!=") and right_node[0] == "lit" and type(literal) in (str, int, bool):
+        operand, want, negate = _compile(left_node), type(literal), op == "!="
+
+        def equals(env: dict[str, Any]) -> bool:
+            value = operand(env)
+            if type(value) is want:
+                return (value == literal) is not negate
+            return _eq(value, literal) is not negate
+
+        return equals
+    if op == "in" and right_node[0] == "list" and right_node[1] and all(
+        n[0] == "lit" and type(n[1]) is str for n in right_node[1]
+    ):
+        member, options = _compile(left_node), frozenset(n[1] for n in right_node[1])
+
+        def in_strings(env: dict[str, Any]) -> bool:
+            value = member(env)
+            if type(value) is str:
+                return value in options
+            return any(_eq(value, option) for option in options)  # unequal, or defers (a type value)
+
+        return in_strings
+    if op == "in" and left_node[0] == "lit" and type(left_node[1]) is str:
+        item, container = left_node[1], _compile(right_node)
+
+        def string_in(env: dict[str, Any]) -> bool:
+            found = container(env)
+            if type(found) is dict:
+                return item in found
+            if type(found) is list:
+                for element in found:
+                    if type(element) is str:
+                        if element == item:
+                            return True
+                    elif type(element) is CelType:
+                        raise Defer
+                return False
+            raise Defer
+
+        return string_in
+    return None
 
 
 _STRING_METHODS = {"startsWith": str.startswith, "endsWith": str.endswith, "contains": str.__contains__}
@@ -675,18 +752,10 @@ def compile_fast(source: str) -> Fast | None:
     """Compile `source` (already accepted by the Rust engine) to a closure over the plain
     activation, or None when it uses CEL the fast path leaves to the engine.
 
-    The closure returns a bool, int, float, string or null the engine would return too, or
-    raises (`Defer` or another error) when the engine must evaluate.
+    The closure returns the value the engine would return, or raises (`Defer` or another
+    error) when the engine must evaluate; only results of a type in `FAST_RESULTS` are final.
     """
     try:
-        root = _compile(_Parser(source).parse())
+        return _compile(_Parser(source).parse())
     except (_Unsupported, RecursionError, IndexError, ValueError):
         return None
-
-    def run(env: dict[str, Any]) -> Any:
-        value = root(env)
-        if type(value) in _RESULTS:
-            return value
-        raise Defer
-
-    return run
