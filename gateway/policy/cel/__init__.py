@@ -23,8 +23,10 @@ What the adapter guarantees, whichever engine runs:
 * `Expression.evaluate` returns plain Python (bool/int/float/str/list/dict/None/aware UTC
   datetime) and raises `CelEvalError` only. Durations, bytes and type values are not
   JSON-like and become `CelEvalError`; a non-boolean result is not an error here.
-* `make_activation` converts the call's variables once; the same `Activation` serves every
-  rule of the call. Integral floats become ints (JSON ``5.0`` is ``5``: cel-python has no
+* `make_activation` normalises the call's variables once; the same `Activation` serves every
+  rule of the call. On the Rust engine an expression is first tried on the fast path
+  (`gateway.policy.cel.fast`, plain Python over the normalised values, exact or deferring),
+  and the engine's own form of the variables is built only when an expression needs it. Integral floats become ints (JSON ``5.0`` is ``5``: cel-python has no
   heterogeneous equality, so ``args.n == 5`` with ``5.0`` would raise there, and ``5.0 + 1``
   is a no-overload error in both engines); ints outside int64 become floats.
 
