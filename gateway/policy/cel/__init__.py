@@ -337,7 +337,7 @@ class Expression:
         if self._fast is not None and activation.fast:
             try:
                 value = self._fast(activation.plain)
-            except Exception:  # noqa: BLE001 - not sure: the engine decides, with its own errors
+            except Exception:  # not sure: the engine decides, with its own errors
                 pass
             else:
                 if value is True or value is False or type(value) in FAST_RESULTS:
