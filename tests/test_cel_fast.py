@@ -305,6 +305,64 @@ def test_generated_expressions_agree_with_the_engine(source: str, variables: dic
     _check(source, variables, GEN_DECLARED)
 
 
+# Typed generation: mostly well-typed expressions, so the fast path answers and is compared often
+# (the untyped grammar above mostly probes deferral). `y` is a string variable and the variable of
+# the comprehensions over `ls`, a list of strings; `args.b` is sometimes missing.
+_TEXT = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=6) | st.sampled_from(["", "a", "/etc", "Aé"])
+_STR_ATOMS = _string_literal() | st.sampled_from(["s", "y", "args.a", "args.b", 'args["a"]', "ls[0]"])
+_INT_ATOMS = (st.integers(INT64_MIN + 1, INT64_MAX).map(str) | st.sampled_from(["n", "0", "1", "-1", "9223372036854775807"]))
+
+
+def _typed(str_e: st.SearchStrategy[str], int_e: st.SearchStrategy[str]) -> tuple[st.SearchStrategy[str], ...]:
+    strs = st.recursive(str_e, lambda i: st.builds(lambda a, b: f"({a} + {b})", i, i)
+                        | st.builds(lambda f, a: f"{f}({a})", st.sampled_from(["lower", "upper", "path_normalize"]), i),
+                        max_leaves=3)
+    ints = st.recursive(int_e, lambda i: st.builds(lambda a, b: f"({a} + {b})", i, i) | st.builds(lambda a: f"-({a})", i)
+                        | st.builds(lambda a: f"size({a})", strs) | st.just("size(ls)"), max_leaves=3)
+    lists = st.sampled_from(["ls", "[]", "args.c"]) | st.builds(lambda a, b: f"[{a}, {b}]", strs, strs)
+    atoms = (
+        st.sampled_from(["true", "false", "has(args.b)", "type(x) == string", "type(x) == int", "x == null"])
+        | st.builds(lambda a, op, b: f"{a} {op} {b}", strs, st.sampled_from(["==", "!=", "<", ">=", "in"]).map(
+            lambda op: op), strs).filter(lambda e: " in " not in e)
+        | st.builds(lambda a, op, b: f"{a} {op} {b}", ints, st.sampled_from(["==", "!=", "<", "<=", ">", ">="]), ints)
+        | st.builds(lambda a, b: f"{a} in {b}", strs, lists)
+        | st.builds(lambda a, m, b: f"{a}.{m}({b})", strs, st.sampled_from(["startsWith", "endsWith", "contains", "matches", "glob"]), strs)
+        | st.builds(lambda a, b: f"path_within({a}, {b})", strs, strs)
+        | st.builds(lambda a: f"x == {a}", strs | ints)
+    )  # fmt: skip
+
+    def extend(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        return (
+            st.builds(lambda a: f"!({a})", inner)
+            | st.builds(lambda a, op, b: f"({a}) {op} ({b})", inner, st.sampled_from(["&&", "||", "==", "!="]), inner)
+            | st.builds(lambda c, a, b: f"({c}) ? ({a}) : ({b})", inner, inner, inner)
+            | st.builds(lambda lst, m, b: f"{lst}.{m}(y, {b})", lists, st.sampled_from(["exists", "all", "exists_one"]), inner)
+            | st.builds(lambda lst, b: f"size({lst}.filter(y, {b})) > 0", lists, inner)
+            | st.builds(lambda lst, a, b: f"{lst}.map(y, {a})[0] == {b}", lists, strs, strs)
+        )
+
+    return strs, ints, st.recursive(atoms, extend, max_leaves=6)
+
+
+_BOOLS = _typed(_STR_ATOMS, _INT_ATOMS)[2]
+_TYPED_ACTIVATIONS = st.fixed_dictionaries({
+    "args": st.fixed_dictionaries({"a": _TEXT}, optional={"b": _TEXT, "c": st.lists(_TEXT, max_size=3)}),
+    "s": _TEXT, "y": _TEXT, "n": st.integers(INT64_MIN, INT64_MAX) | st.integers(-3, 3),
+    "ls": st.lists(_TEXT, min_size=1, max_size=4), "x": _VALUES,
+})  # fmt: skip
+TYPED_DECLARED = frozenset({"args", "s", "y", "n", "ls", "x"})
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(source=_BOOLS, variables=_TYPED_ACTIVATIONS)
+def test_generated_typed_expressions_agree_with_the_engine(source: str, variables: dict[str, Any]) -> None:
+    try:
+        cel.compile_expression(source, declared=TYPED_DECLARED, engine=RUST)
+    except cel.CelError:
+        assume(False)
+    _check(source, variables, TYPED_DECLARED)
+
+
 def test_generated_expressions_are_mostly_answered() -> None:
     """Over a fixed sample, most compiled expressions answer fast (the path is not a no-op)."""
     answered = total = 0
