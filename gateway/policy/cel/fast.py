@@ -29,6 +29,7 @@ first deciding value; ``size`` of a string counts UTF-8 bytes; string order is c
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -522,18 +523,17 @@ def _relation(op: str, left_node: Node, right_node: Node) -> Fast:
     if op == "in":
         return lambda env: _in(left(env), right(env))
 
+    ordered = _ORDERINGS[op]
+
     def compare(env: dict[str, Any]) -> bool:
         a, b = left(env), right(env)
         _order(a, b)
-        if op == "<":
-            return bool(a < b)
-        if op == "<=":
-            return bool(a <= b)
-        if op == ">":
-            return bool(a > b)
-        return bool(a >= b)
+        return bool(ordered(a, b))
 
     return compare
+
+
+_ORDERINGS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
 def _literal_relation(op: str, left_node: Node, right_node: Node) -> Fast | None:
@@ -599,7 +599,10 @@ def _call(name: str, target: Node | None, args: list[Node]) -> Fast:
     if helper is not None:
         raise _Unsupported(f"helper {name} shadows a built-in")
     if name == "has" and target is None and len(args) == 1 and args[0][0] == "sel":
-        return _has(_compile(args[0][1]), args[0][2])
+        field = args[0]
+        if field[1][0] == "id" and field[1][1] not in TYPE_NAMES:
+            return _has_variable(field[1][1], field[2])
+        return _has(_compile(field[1]), field[2])
     if name == "size" and len(args) + (target is not None) == 1:
         operand = _compile(target if target is not None else args[0])
         return lambda env: _size(operand(env))
@@ -614,6 +617,8 @@ def _call(name: str, target: Node | None, args: list[Node]) -> Fast:
 
         return type_of
     if name in _STRING_METHODS and target is not None and len(args) == 1:
+        if args[0][0] == "lit" and type(args[0][1]) is str:
+            return _string_method_literal(_STRING_METHODS[name], _compile(target), args[0][1])
         return _string_method(_STRING_METHODS[name], _compile(target), _compile(args[0]))
     raise _Unsupported(f"function {name}")
 
@@ -636,6 +641,26 @@ def _has(operand: Fast, name: str) -> Fast:
         raise Defer
 
     return has
+
+
+def _has_variable(variable: str, name: str) -> Fast:
+    def has(env: dict[str, Any]) -> bool:
+        value = env[variable]
+        if type(value) is dict:
+            return name in value
+        raise Defer
+
+    return has
+
+
+def _string_method_literal(method: Callable[[str, str], bool], target: Fast, literal: str) -> Fast:
+    def call(env: dict[str, Any]) -> bool:
+        s = target(env)
+        if type(s) is str:
+            return method(s, literal)
+        raise Defer
+
+    return call
 
 
 def _string_method(method: Callable[[str, str], bool], target: Fast, arg: Fast) -> Fast:
