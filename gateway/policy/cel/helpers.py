@@ -259,6 +259,10 @@ _HELPER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def register_helper(name: str, fn: Callable[..., Any], result: type, *, overrides_builtin: bool = False) -> Helper:
     """Make `fn` callable from CEL as `name(...)` on both engines; `result` is its declared result type.
 
+    `fn` must be a pure function of its arguments: the Rust engine's fast path
+    (`gateway.policy.cel.fast`) calls it too, and may then leave the expression to the engine,
+    which calls it again.
+
     Raises:
         ValueError: the name is not an identifier, is taken, or the result type is not supported.
     """
