@@ -238,7 +238,8 @@ class McpHttpApp:
             except OSError:
                 pass
             if not reply.detached:
-                handler.cancel()
+                if not runner.done():  # a done handler has nothing to cancel (and anyio formats a reason)
+                    handler.cancel()
                 watcher.cancel()
             await asyncio.wait((runner, watcher))
             runner.result()
