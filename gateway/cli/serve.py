@@ -69,13 +69,16 @@ def loop_factory() -> Callable[[], Any] | None:
     return uvloop.new_event_loop  # type: ignore[no-any-return]
 
 
-def http_protocol() -> str:
-    """uvicorn's HTTP/1.1 parser: httptools (llhttp, C) when installed, else h11 (pure Python)."""
+def http_protocol() -> Any:
+    """uvicorn's HTTP/1.1 parser: httptools (llhttp, C) when installed, in the protocol that writes a
+    fixed-length response in one write (`gateway.transports.http_protocol`), else h11 (pure Python)."""
     try:
         import httptools  # noqa: F401
     except ImportError:
         return "h11"
-    return "httptools"
+    from gateway.transports.http_protocol import OneWriteHttpToolsProtocol
+
+    return OneWriteHttpToolsProtocol
 
 
 def add_parsers(sub: Any) -> None:

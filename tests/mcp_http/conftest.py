@@ -186,6 +186,7 @@ async def serve_gateway(tmp: Path, upstreams: list[dict[str, Any]], policy: Path
 
     Yields an object with `.url` (the /mcp endpoint), `.base` and `.gateway`.
     """
+    from gateway.cli.serve import http_protocol
     from gateway.config import load_settings
     from gateway.runtime import open_gateway
     from gateway.transports.http_api.app import build_app
@@ -203,7 +204,7 @@ async def serve_gateway(tmp: Path, upstreams: list[dict[str, Any]], policy: Path
     served = Served()
     served.gateway = gateway  # type: ignore[attr-defined]
     try:
-        async with serve_asgi(app) as base:
+        async with serve_asgi(app, http=http_protocol()) as base:  # the HTTP protocol `dharma serve` runs
             served.base = base  # type: ignore[attr-defined]
             served.url = base + "/mcp"  # type: ignore[attr-defined]
             yield served
@@ -212,14 +213,16 @@ async def serve_gateway(tmp: Path, upstreams: list[dict[str, Any]], policy: Path
 
 
 @contextlib.asynccontextmanager
-async def serve_asgi(app: Any) -> AsyncIterator[str]:
-    """Serve an ASGI app under uvicorn on a free loopback port while the block runs; yields its base URL."""
+async def serve_asgi(app: Any, http: Any = "auto", **config: Any) -> AsyncIterator[str]:
+    """Serve an ASGI app under uvicorn (`http`: its HTTP protocol, `config`: more of uvicorn's
+    settings) on a free loopback port while the block runs; yields its base URL."""
     import uvicorn
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1,
+                                           http=http, **config))
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: server.serve(sockets=[sock]))
         while not server.started:

@@ -9,7 +9,6 @@ from typing import Any
 import anyio
 
 from gateway.core.backends import BackendResult
-from gateway.core.call import ToolInfo
 from gateway.core.errors import CallError, ErrorCode
 from gateway.core.gateway import CallTracer
 from gateway.mcp import governance as gov
@@ -26,9 +25,10 @@ class HttpForwarder(gov.AnswerRecorder):
     intermediate messages (progress, logs, server requests) stream to the client as they come."""
 
     def __init__(self, relay: Relay, ctx: Ctx, reply: Reply, req: Request, upstream: Upstream, upstream_name: str,
-                 info: ToolInfo | None, tracer: CallTracer | None) -> None:
+                 schema: dict[str, Any] | None, tracer: CallTracer | None) -> None:
         self.relay, self.ctx, self.reply, self.req = relay, ctx, reply, req
-        self.upstream, self.upstream_name, self.info = upstream, upstream_name, info
+        self.upstream, self.upstream_name = upstream, upstream_name
+        self.schema = schema  # the tool's input schema, for the 2026 `Mcp-Param-*` headers
         self.tracer = tracer
         self.id = upstream.id
         super().__init__()
@@ -41,8 +41,7 @@ class HttpForwarder(gov.AnswerRecorder):
         if "arguments" in params or arguments:
             params["arguments"] = arguments
         message = gov.with_trace_context({**req.message, "params": params}, self.tracer)
-        schema = self.info.input_schema if self.info is not None else None
-        headers = relay.up_headers(ctx, self.upstream, message, schema)
+        headers = relay.up_headers(ctx, self.upstream, message, self.schema)
         response: dict[str, Any] | None = None
         # asyncio.timeout, not anyio.fail_after: `dharma serve` runs on asyncio only, and an anyio
         # cancel scope per call cost ~4 % of its CPU.

@@ -7,9 +7,8 @@ No routing, relaying or governance here (`mcp_http` and the modules it is built 
 
 from __future__ import annotations
 
-import asyncio
 import re
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,50 +50,80 @@ class _Final:
     headers: dict[str, str] | None = None
 
 
-class _Channel:
-    """The items of one Reply, from its handler to its ASGI writer: unbounded, one reader, ends once
-    closed and drained. Plain asyncio (the server's loop): anyio's memory streams look up the
-    current task on every send and receive, a measurable share of a relayed call's CPU."""
+class AsgiWriter:
+    """Where a Reply's items go: straight to the ASGI `send` of its request, as a JSON answer or an
+    event stream (no channel, no writer task: each hop through the event loop cost CPU per request).
 
-    __slots__ = ("_items", "_waiter", "_closed")
+    A failing `send` (the connection broke) ends the writing and calls `on_broken`.
+    """
 
-    def __init__(self) -> None:
-        self._items: deque[object] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._closed = False
+    __slots__ = ("_send", "started", "ended", "on_broken")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.ended = False
+        self.on_broken: Callable[[], None] | None = None
 
     async def send(self, item: object) -> None:
-        self._items.append(item)
-        self._wake()
+        if self.ended:
+            return
+        try:
+            await self._write(item)
+        except OSError:
+            self.ended = True
+            if self.on_broken is not None:
+                self.on_broken()
+
+    async def _write(self, item: object) -> None:
+        send = self._send
+        if isinstance(item, _Head):
+            self.started = True
+            await send({"type": "http.response.start", "status": item.status,
+                        "headers": [(k.encode(), v.encode()) for k, v in item.headers.items()]})
+        elif isinstance(item, _Event):
+            if not self.started:
+                self.started = True
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [(k.encode(), v.encode()) for k, v in SSE_HEADERS.items()]})
+            await send({"type": "http.response.body", "body": _sse_bytes(item), "more_body": True})
+        elif isinstance(item, _Final):
+            self.ended = True
+            if self.started:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            data = item.body or b""
+            headers = dict(item.headers or {})
+            headers["content-length"] = str(len(data))
+            await send({"type": "http.response.start", "status": item.status,
+                        "headers": [(k.encode(), v.encode()) for k, v in headers.items()]})
+            await send({"type": "http.response.body", "body": data})
 
     def close(self) -> None:
-        self._closed = True
-        self._wake()
+        """The Reply is done; what is left to send is `finish`'s (the request's own task sends it)."""
 
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+    async def finish(self) -> None:
+        """End the response if the Reply did not: an event stream's end, or a 500 when nothing was answered."""
+        if self.ended:
+            return
+        self.ended = True
+        try:
+            if self.started:
+                await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                await plain_reply(self._send, 500, jsonrpc.error(None, jsonrpc.INTERNAL_ERROR, "Dharma Gateway produced no answer"))
+        except OSError:
+            pass
 
-    async def __aenter__(self) -> _Channel:
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        self._closed = True
+class _Discard:
+    """The sink of a Reply whose items nobody writes (a batch element: only its final message counts)."""
 
-    def __aiter__(self) -> _Channel:
-        return self
+    async def send(self, item: object) -> None:
+        return None
 
-    async def __anext__(self) -> object:
-        while not self._items:
-            if self._closed:
-                raise StopAsyncIteration
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        return self._items.popleft()
+    def close(self) -> None:
+        return None
 
 
 class Reply:
@@ -108,8 +137,8 @@ class Reply:
     fetch with GET + `Last-Event-ID`.
     """
 
-    def __init__(self, base_headers: dict[str, str] | None = None) -> None:
-        self._send = self.stream = _Channel()
+    def __init__(self, base_headers: dict[str, str] | None = None, sink: AsgiWriter | _Discard | None = None) -> None:
+        self._send = sink if sink is not None else _Discard()
         self.sse = False
         self.done = False
         self.detached = False
@@ -247,38 +276,6 @@ async def plain_reply(send: Send, status: int, body: dict[str, Any] | None, head
     hdrs.append((b"content-length", str(len(data)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": hdrs})
     await send({"type": "http.response.body", "body": data})
-
-
-async def write_reply(reply: Reply, send: Send) -> None:
-    """Turn the Reply's items into ASGI messages: a JSON answer, or an event stream (no ids)."""
-    started = False
-    async with reply.stream:
-        async for item in reply.stream:
-            if isinstance(item, _Head):
-                await send({"type": "http.response.start", "status": item.status,
-                            "headers": [(k.encode(), v.encode()) for k, v in item.headers.items()]})
-                started = True
-            elif isinstance(item, _Event):
-                if not started:
-                    await send({"type": "http.response.start", "status": 200,
-                                "headers": [(k.encode(), v.encode()) for k, v in SSE_HEADERS.items()]})
-                    started = True
-                await send({"type": "http.response.body", "body": _sse_bytes(item), "more_body": True})
-            elif isinstance(item, _Final):
-                if started:
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-                    return
-                data = item.body or b""
-                headers = dict(item.headers or {})
-                headers["content-length"] = str(len(data))
-                await send({"type": "http.response.start", "status": item.status,
-                            "headers": [(k.encode(), v.encode()) for k, v in headers.items()]})
-                await send({"type": "http.response.body", "body": data})
-                return
-    if started:
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    else:
-        await plain_reply(send, 500, jsonrpc.error(None, jsonrpc.INTERNAL_ERROR, "Dharma Gateway produced no answer"))
 
 
 def _sse_bytes(event: _Event) -> bytes:

@@ -44,11 +44,13 @@ class Waiter:
 
 @dataclass(slots=True)
 class Catalog:
-    """Tool definitions seen, by the name the client sees: (upstream, definition as the upstream sent it)."""
+    """Tool definitions seen, by the name the client sees: (upstream, definition as the upstream sent it),
+    and each definition's `definition_digest` once a call took it (dropped when the name is recorded again)."""
 
     tools: dict[str, tuple[Any, dict[str, Any]]] = field(default_factory=dict)
     stale: set[str] = field(default_factory=set)
     loaded: set[str] = field(default_factory=set)
+    digests: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -67,6 +67,7 @@ class HttpTools:
     def record(self, catalog: Catalog, upstream: Upstream, tools: list[dict[str, Any]], *, first_page: bool) -> list[tuple[str, dict[str, Any]]]:
         if first_page:
             catalog.tools = {k: v for k, v in catalog.tools.items() if v[0] is not upstream}
+            catalog.digests = {k: d for k, d in catalog.digests.items() if k in catalog.tools}
             catalog.stale.discard(upstream.id)
             catalog.loaded.add(upstream.id)
         named = []
@@ -75,6 +76,7 @@ class HttpTools:
             if cname is None:
                 continue
             catalog.tools[cname] = (upstream, tool)
+            catalog.digests.pop(cname, None)
             named.append((cname, tool))
         return named
 
@@ -190,7 +192,12 @@ class _HttpCallPort:
         if route is not None and (route[0].id in catalog.stale or route[0].id not in catalog.loaded or name not in catalog.tools):
             await self.tools.refresh(self.ctx, route[0])
         entry = catalog.tools.get(name)
-        return ToolEntry(name, entry[1], entry[0].id) if entry is not None else None
+        if entry is None:
+            return None
+        digest = catalog.digests.get(name)
+        if digest is None:  # taken once per recorded definition, not on every call (pins, tool_info)
+            digest = catalog.digests[name] = gov.definition_digest(entry[1])
+        return ToolEntry(name, entry[1], entry[0].id, digest)
 
     def known_names(self) -> Iterable[str]:
         return self.relay.catalog(self.ctx).tools
@@ -213,8 +220,9 @@ class _HttpCallPort:
 
     def forwarder(self, request: Request, entry: ToolEntry) -> HttpForwarder:
         upstream, upstream_name = self.relay.by_id[entry.backend], entry.definition["name"]
-        info = gov.tool_info({**entry.definition, "name": entry.name}, entry.backend)
-        return HttpForwarder(self.relay, self.ctx, self.reply, request, upstream, upstream_name, info, self.tools.gateway.tracer)
+        schema = entry.definition.get("inputSchema")
+        return HttpForwarder(self.relay, self.ctx, self.reply, request, upstream, upstream_name,
+                             schema if isinstance(schema, dict) else None, self.tools.gateway.tracer)
 
     async def notify(self, message: dict[str, Any]) -> None:
         await self.reply.event(jsonrpc.dumps(message))

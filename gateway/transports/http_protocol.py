@@ -1,0 +1,69 @@
+"""uvicorn's httptools protocol with one write per fixed-length response instead of two.
+
+uvicorn writes a response's status line and headers as soon as the app sends
+`http.response.start`, then the body in a second `transport.write`: two system calls (and two
+segments the client reads) for every JSON answer of `/mcp` and `/v1`. Here the head of a response
+that announces its `content-length` waits for the body's bytes and leaves with them in one write.
+Streamed responses (chunked: event streams) and answers to HEAD, which have no body to wait for,
+go out as before; closing the connection first sends what waits.
+
+Only the transport uvicorn writes to is wrapped; parsing, flow control, keep-alive and the ASGI
+cycle are uvicorn's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+_HEAD_START = b"HTTP/1.1 "
+_HEAD_END = b"\r\n\r\n"
+_LENGTH = b"\r\ncontent-length:"
+
+
+class _HeldHead:
+    """A connection's transport whose `write` holds a fixed-length response's head until its body."""
+
+    __slots__ = ("_transport", "_protocol", "_head")
+
+    def __init__(self, transport: asyncio.Transport, protocol: OneWriteHttpToolsProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.write(head + data)
+            return
+        if data.endswith(_HEAD_END) and data.startswith(_HEAD_START) and _LENGTH in data and self._body_follows():
+            self._head = bytes(data)
+            return
+        self._transport.write(data)
+
+    def _body_follows(self) -> bool:
+        """uvicorn writes a body (possibly empty) after a content-length head, except for HEAD."""
+        scope = self._protocol.scope
+        return scope is not None and scope.get("method") != "HEAD"
+
+    def flush(self) -> None:
+        head, self._head = self._head, None
+        if head is not None:
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class OneWriteHttpToolsProtocol(HttpToolsProtocol):
+    """`HttpToolsProtocol` writing through `_HeldHead` (see the module docstring)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_HeldHead(transport, self))  # type: ignore[arg-type]

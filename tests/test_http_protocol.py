@@ -1,0 +1,128 @@
+"""`dharma serve`'s HTTP protocol (gateway.transports.http_protocol): a fixed-length response leaves
+in one write, and everything else behaves as uvicorn's own httptools protocol (streams, HEAD,
+keep-alive, a failing app)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import anyio
+import pytest
+
+from gateway.cli.serve import http_protocol
+from gateway.transports.http_protocol import OneWriteHttpToolsProtocol
+from tests.mcp_http.conftest import serve_asgi
+
+class _Counting:
+    """A real transport, counting its writes."""
+
+    writes: list[bytes] = []
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    def write(self, data: bytes) -> None:
+        _Counting.writes.append(bytes(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _CountingProtocol(OneWriteHttpToolsProtocol):
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_Counting(transport))  # type: ignore[arg-type]
+
+
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    path = scope["path"]
+    if path == "/json":
+        body = b'{"ok":true}'
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+    elif path == "/stream":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await scope["state"]["go"].wait()
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    elif path == "/fail":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
+        raise RuntimeError("the app failed after its head")
+
+
+async def _read_until(reader: asyncio.StreamReader, marker: bytes, timeout: float = 30.0) -> bytes:
+    async with asyncio.timeout(timeout):
+        return await reader.readuntil(marker)
+
+
+async def test_dharma_serve_uses_the_one_write_protocol() -> None:
+    pytest.importorskip("httptools")
+    assert http_protocol() is OneWriteHttpToolsProtocol
+
+
+async def test_fixed_length_response_is_one_write_and_keep_alive_works() -> None:
+    _Counting.writes = []
+    async with serve_asgi(app, http=_CountingProtocol) as base:
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            for _ in range(3):  # one keep-alive connection, three requests
+                writer.write(b"GET /json HTTP/1.1\r\nhost: x\r\n\r\n")
+                head = await _read_until(reader, b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200 ")
+                assert b"content-length: 11" in head
+                async with asyncio.timeout(30):
+                    assert await reader.readexactly(11) == b'{"ok":true}'
+        finally:
+            writer.close()
+    responses = [w for w in _Counting.writes if w.startswith(b"HTTP/1.1 ")]
+    assert len(responses) == 3
+    assert all(w.endswith(b'{"ok":true}') for w in responses), "head and body must leave in one write"
+    assert len(_Counting.writes) == 3
+
+
+async def test_streamed_head_is_not_held_and_head_request_completes() -> None:
+    go = anyio.Event()
+
+    async def with_state(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope["state"] = {"go": go}
+        await app(scope, receive, send)
+
+    # keep-alive longer than the reads' deadline: closing an idle connection would send a held head anyway
+    async with serve_asgi(with_state, http=OneWriteHttpToolsProtocol, timeout_keep_alive=600) as base:
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+            head = await _read_until(reader, b"\r\n\r\n")  # arrives while the app still waits for `go`
+            assert b"transfer-encoding: chunked" in head
+            assert not go.is_set()
+            go.set()
+            assert b"data: 1" in await _read_until(reader, b"0\r\n\r\n")
+            writer.write(b"HEAD /json HTTP/1.1\r\nhost: x\r\n\r\n")
+            head = await _read_until(reader, b"\r\n\r\n")  # a HEAD answer has no body to wait for
+            assert head.startswith(b"HTTP/1.1 200 ") and b"content-length: 11" in head
+        finally:
+            writer.close()
+
+
+async def test_app_failing_after_its_head_closes_the_connection() -> None:
+    async with serve_asgi(app, http=OneWriteHttpToolsProtocol) as base:
+        host, port = base.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)), timeout=30)
+        try:
+            sock.sendall(b"GET /fail HTTP/1.1\r\nhost: x\r\n\r\n")
+            got = b""
+            while chunk := await anyio.to_thread.run_sync(sock.recv, 4096):
+                got += chunk
+            assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"\r\n\r\n")  # the head, then the close
+        finally:
+            sock.close()
