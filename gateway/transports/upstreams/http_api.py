@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import httpx
@@ -16,7 +17,9 @@ class HttpBackend:
     """A plain HTTP tool API: `POST {url}/{tool}` with `{"arguments": {...}}`, answering JSON.
 
     A 2xx answer's JSON body is the result (a `{"result": ...}` envelope is unwrapped); 4xx/5xx
-    become `backend_error` (or `backend_unavailable` for 502/503/504).
+    become `backend_error` (or `backend_unavailable` for 502/503/504). Cookies the API sets are
+    neither kept nor sent back: one client serves every caller, so a kept cookie would carry one
+    caller's server-side state into the next caller's calls.
     """
 
     def __init__(
@@ -32,7 +35,8 @@ class HttpBackend:
         self.url = url.rstrip("/")
         self._specs = {t.name: t for t in tools}
         self._infos = [t.info(id) for t in tools]
-        self._client = httpx.AsyncClient(headers=dict(headers or {}), transport=transport)
+        refuse_all = CookieJar(DefaultCookiePolicy(allowed_domains=[]))
+        self._client = httpx.AsyncClient(headers=dict(headers or {}), transport=transport, cookies=refuse_all)
 
     def tools(self) -> list[ToolInfo]:
         return list(self._infos)

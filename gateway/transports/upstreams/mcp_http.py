@@ -98,7 +98,7 @@ class McpHttpUpstream:
         self._draining: set[asyncio.Task[None]] = set()
 
     def _client(self) -> aiohttp.ClientSession:
-        """The pooled session (keep-alive, up to 512 connections), opened on first use.
+        """The pooled session (keep-alive, up to 512 connections, no cookies kept), opened on first use.
 
         An idle connection is dropped after KEEPALIVE_SECONDS, well inside the idle timeouts of
         common servers (uvicorn's and Node's are 5 s; aiohttp's own default is 15 s): reusing a
@@ -107,7 +107,10 @@ class McpHttpUpstream:
         if self._session is None or self._session.closed:
             timeout = aiohttp.ClientTimeout(total=None, connect=30.0, sock_connect=10.0, sock_read=None)
             connector = aiohttp.TCPConnector(limit=512, limit_per_host=0, keepalive_timeout=KEEPALIVE_SECONDS)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",))
+            # No cookie jar: a cookie the upstream sets while answering one client would otherwise
+            # go out with every other client's requests through this shared session.
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",),
+                                                  cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 
     async def aclose(self) -> None:
