@@ -7,8 +7,10 @@ chunks) and the server's, and does the I/O that `McpSession` (pure) asks for:
 - messages it does not govern pass through as the original bytes, in both directions; a request
   for a method MCP does not define is recorded in the ledger as it passes;
 - `tools/list` answers are filtered per principal, and `tools/call` goes through the one shared
-  flow (`gateway.mcp.calls.ToolsCall`), this module being its `CallPort`: the server is asked
-  with gateway-originated ids, the client is notified or elicited on the same pipe;
+  flow (`gateway.mcp.calls.ToolsCall`), `governed.StdioCallPort` being its `CallPort`: the server
+  is asked with gateway-originated ids, the client is notified or elicited on the same pipe;
+- the handshake is relayed while the gateway loads (`serve_stdio`); the governed half
+  (`governed.py`, which imports the pipeline) is used once it has;
 - the server's stderr goes to the log (structlog on stderr); stdout carries only MCP;
 - a server that exits is restarted (the client's `initialize` is replayed to it), calls in
   flight get an error and count against the circuit breaker.
