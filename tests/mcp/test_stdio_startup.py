@@ -60,3 +60,22 @@ async def test_a_policy_that_does_not_load_lets_no_call_through(raw_gateway: Any
     assert code == 2
     assert backend_calls(tmp_path) == []
     assert "broken.yaml" in (tmp_path / "gateway0.log").read_text()
+
+
+async def test_loading_while_the_server_boots_runs_at_a_lower_priority_and_reports_failures() -> None:
+    """A polite step runs in a thread of its own at LOADER_NICENESS (the pooled threads, which the
+    ledger and later work use, keep their priority); its exception reaches the caller."""
+    import threading
+
+    import pytest
+
+    from gateway.transports.mcp_stdio.proxy import LOADER_NICENESS, run_off_loop
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    base = await run_off_loop(niceness, polite=False)
+    assert await run_off_loop(niceness, polite=True) == min(base + LOADER_NICENESS, 19)
+    assert await run_off_loop(niceness, polite=False) == base
+    with pytest.raises(ZeroDivisionError):
+        await run_off_loop(lambda: 1 / 0, polite=True)
