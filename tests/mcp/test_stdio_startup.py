@@ -36,11 +36,13 @@ async def test_initialize_is_answered_before_the_policy_is_read_and_a_call_waits
     gw = await raw_gateway("--config", str(config), policy=fifo)
     hello = await gw.initialize()  # the policy has not been read: nobody has written the FIFO
     assert hello["result"]["serverInfo"]["name"], hello
+    await gw.send(b"[" * 20_000 + b"]" * 20_000)  # too deep for any JSON parser: refused once loaded
     await gw.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "early"}}})
     assert backend_calls(tmp_path) == [] and not (state / "ledger.db").exists()
     async with anyio.create_task_group() as tg:
         tg.start_soon(anyio.to_thread.run_sync, feed, fifo, text)
         answer = await gw.response(2, timeout=60)
+    assert any(isinstance(m, dict) and m.get("error", {}).get("code") == -32700 for m in gw.seen), gw.seen
     result = answer["result"]
     assert result["content"][0]["text"] == "echo: early" and RECEIPT_META_KEY in result["_meta"], answer
     assert backend_calls(tmp_path) == ["echo"]

@@ -104,11 +104,18 @@ def default_backend_id(command: Sequence[str]) -> str:
 EARLY_METHODS = frozenset({"initialize", "notifications/initialized", "ping"})
 
 
+#: A handshake line is small; anything longer is not read before the gateway has loaded.
+EARLY_LINE_BYTES = 64 * 1024
+
+
 def _early(line: bytes) -> bool:
-    """Whether `line` is a message of `EARLY_METHODS` (read only until the gateway is loaded)."""
+    """Whether `line` is a message of `EARLY_METHODS` (read only until the gateway is loaded; any
+    line it cannot read, too deep or not JSON, is not: it waits for the strict parser)."""
+    if len(line) > EARLY_LINE_BYTES:
+        return False
     try:
         message = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(message, dict) and message.get("method") in EARLY_METHODS
 
