@@ -108,6 +108,11 @@ def open_approval_signals(settings: Settings) -> ApprovalSignals:
     return RedisApprovalSignals(connect(settings.redis), subscribe_wait=settings.redis.operation_timeout_seconds)
 
 
+def policy_loader(settings: Settings) -> Any:
+    """Load, compile and check the policy the settings name (what a reload calls again)."""
+    return functools.partial(load_policy, settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
+
+
 async def open_gateway(
     settings: Settings | None = None,
     *,
@@ -115,11 +120,14 @@ async def open_gateway(
     policy: str | Path | None = None,
     backends: Sequence[Backend] = (),
     state_root: str | Path | None = None,
+    compiled: Any = None,
 ) -> Gateway:
     """Open a Gateway: from `settings`, or from a dharma.yaml and/or a policy path plus backends.
 
     Keys, the karma ledger and approvals live under the state root (default
-    `$DHARMA_STATE_ROOT` or ~/.dharma). Raises ConfigError/PolicyErrors on bad input.
+    `$DHARMA_STATE_ROOT` or ~/.dharma). `compiled` is the policy `policy_loader(settings)()`
+    already built (`dharma stdio` builds it off the event loop). Raises ConfigError/PolicyErrors
+    on bad input.
     """
     ensure_logging()
     if settings is None:
@@ -129,8 +137,8 @@ async def open_gateway(
         if state_root is not None:
             overrides["state_root"] = str(state_root)
         settings = load_settings(Path(config) if config else None, os.environ, overrides)
-    loader = functools.partial(load_policy, settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
-    compiled = loader()
+    loader = policy_loader(settings)
+    compiled = loader() if compiled is None else compiled
     keys = KeyStore.open(settings.state_dir)
     tracer = open_tracer() if settings.tracing.otel else None  # before anything needs closing
     # MCP upstreams are not catalog backends: their tools are listed live, per session, at /mcp

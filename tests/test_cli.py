@@ -155,6 +155,20 @@ def test_stdio_loads_no_http_client() -> None:
     assert out.strip() == "[]", out
 
 
+def test_stdio_relays_the_handshake_before_loading_pydantic_or_the_pipeline() -> None:
+    """What `dharma stdio` imports before it relays `initialize` (the command, the proxy, logging)
+    brings in neither pydantic nor the pipeline: those (~200 ms) load in a worker thread while the
+    server boots (tests/mcp/test_stdio_startup.py checks that calls wait for them)."""
+    probe = ("import sys\n"
+             "from gateway.cli.main import import_structlog_without_rich\n"
+             "import_structlog_without_rich()\n"
+             "import gateway.cli.mcp, gateway.logging, gateway.transports.mcp_stdio.proxy\n"
+             "heavy = ('pydantic', 'yaml', 'gateway.core.gateway', 'gateway.policy.compile', 'gateway.mcp.calls', 'audit.sqlite')\n"
+             "print(sorted(m for m in heavy if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    assert out.strip() == "[]", out
+
+
 def test_stdio_start_up_defers_schema_and_detection_modules() -> None:
     """Until the first tool schema or call, `dharma stdio` has not imported jsonschema (~60 ms with
     referencing and attrs) nor compiled the instruction and shell scanners' patterns (~50 ms); the

@@ -105,13 +105,25 @@ def import_structlog_without_rich() -> None:
         del sys.modules["rich"]
 
 
+#: The errors a command reports as one line and exit 2, by module: LedgerError (a ledger that cannot
+#: be opened or read), StoreUnavailable (a store that is down, named). Looked up only in modules
+#: already imported (one that was not cannot have raised): `dharma stdio` starts relaying before
+#: pydantic, which gateway.stores.base needs, is loaded.
+USAGE_ERRORS = (("gateway.core.errors", "ConfigError"), ("gateway.core.errors", "GatewayError"),
+                ("audit.errors", "LedgerError"), ("gateway.stores.base", "StoreUnavailable"))
+
+
+def _usage_error(exc: Exception) -> bool:
+    """Whether `exc` is one of `USAGE_ERRORS` (or a UsageError)."""
+    loaded = (getattr(sys.modules[m], name) for m, name in USAGE_ERRORS if m in sys.modules)
+    return isinstance(exc, (UsageError, *loaded))
+
+
 def _run(args: argparse.Namespace) -> int:
     """Run the chosen command; map its errors to exit codes."""
     import_structlog_without_rich()
-    from audit.errors import LedgerError
-    from gateway.core.errors import ConfigError, GatewayError, PolicyErrors
+    from gateway.core.errors import PolicyErrors
     from gateway.logging import configure_logging
-    from gateway.stores.base import StoreUnavailable
 
     configure_logging("warning")  # on stderr: stdout carries the command's output (JSON, JWKS, ...)
     try:
@@ -120,8 +132,9 @@ def _run(args: argparse.Namespace) -> int:
         for item in exc.problems:
             sys.stderr.write(f"{item}\n")
         return EXIT_USAGE
-    # LedgerError: a ledger that cannot be opened or read; StoreUnavailable: a store that is down (names which)
-    except (ConfigError, UsageError, GatewayError, LedgerError, StoreUnavailable) as exc:
+    except Exception as exc:
+        if not _usage_error(exc):
+            raise
         sys.stderr.write(f"dharma: {exc}\n")
         return EXIT_USAGE
 

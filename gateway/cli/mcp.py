@@ -41,7 +41,6 @@ def cmd_stdio(args: argparse.Namespace) -> int:
     import anyio
 
     from gateway.core.errors import ConfigError
-    from gateway.logging import configure_logging
     from gateway.transports.mcp_stdio.proxy import serve_stdio
 
     command = list(args.server)
@@ -49,12 +48,10 @@ def cmd_stdio(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ConfigError("dharma stdio needs the server command after --, e.g. dharma stdio -- npx some-mcp-server")
-    settings = settings_of(args)
-    configure_logging(settings.log_level)
 
     async def main() -> int:
         return await serve_stdio(
-            settings,
+            lambda: settings_of(args),  # read (with the policy) while the server boots
             command,
             backend_id=args.backend_id,
             max_message_bytes=args.max_message_bytes,

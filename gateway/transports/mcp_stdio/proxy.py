@@ -7,8 +7,10 @@ chunks) and the server's, and does the I/O that `McpSession` (pure) asks for:
 - messages it does not govern pass through as the original bytes, in both directions; a request
   for a method MCP does not define is recorded in the ledger as it passes;
 - `tools/list` answers are filtered per principal, and `tools/call` goes through the one shared
-  flow (`gateway.mcp.calls.ToolsCall`), this module being its `CallPort`: the server is asked
-  with gateway-originated ids, the client is notified or elicited on the same pipe;
+  flow (`gateway.mcp.calls.ToolsCall`), `governed.StdioCallPort` being its `CallPort`: the server
+  is asked with gateway-originated ids, the client is notified or elicited on the same pipe;
+- the handshake is relayed while the gateway loads (`serve_stdio`); the governed half
+  (`governed.py`, which imports the pipeline) is used once it has;
 - the server's stderr goes to the log (structlog on stderr); stdout carries only MCP;
 - a server that exits is restarted (the client's `initialize` is replayed to it), calls in
   flight get an error and count against the circuit breaker.
@@ -18,27 +20,22 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
-import secrets
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
 import structlog
 
-from gateway.core.backends import BackendResult
-from gateway.core.call import Credentials
-from gateway.core.errors import CallError, ErrorCode
-from gateway.core.gateway import Gateway
-from gateway.mcp import approval as ap
-from gateway.mcp import calls, jsonrpc
-from gateway.mcp import governance as gov
-from gateway.mcp.calls import CallSite, Refusal, ToolEntry
+from gateway.mcp import jsonrpc
 from gateway.mcp.framing import DEFAULT_MAX_MESSAGE_BYTES, LineSplitter, Oversize
-from gateway.mcp.jsonrpc import Request
-from gateway.mcp.pins import PinStore
 from gateway.mcp.session import (
     CancelHeld,
     GovernCall,
@@ -50,15 +47,21 @@ from gateway.mcp.session import (
     ToClient,
     ToServer,
 )
-from gateway.mcp.versions import MODERN_VERSIONS
 from gateway.transports.mcp_stdio.pipes import ClientPipes
 from gateway.transports.mcp_stdio.supervisor import RESTART_GRACE, Supervisor, spawn_server
 from gateway.transports.upstreams.mcp_stdio import stop_process
 
+if TYPE_CHECKING:
+    from gateway.core.call import Credentials
+    from gateway.core.gateway import Gateway
+    from gateway.mcp.calls import ToolsCall
+    from gateway.mcp.pins import PinStore
+    from gateway.transports.mcp_stdio.governed import Governance
+
 log = structlog.get_logger()
 
 
-class _Waiter:
+class Waiter:
     """An answer awaited from the server or the client (to a gateway-originated or governed request)."""
 
     __slots__ = ("event", "value", "error", "side")
@@ -95,13 +98,41 @@ def default_backend_id(command: Sequence[str]) -> str:
     return f"stdio:{Path(command[0]).name}:{digest}"
 
 
+#: What the agent may send before the gateway has loaded: the handshake, relayed as it is (the
+#: server's answer too). Anything else (tools/call, tools/list, any other request, a batch, a line
+#: that is not JSON) waits until the policy is compiled and checked and the ledger is open.
+EARLY_METHODS = frozenset({"initialize", "notifications/initialized", "ping"})
+
+
+#: A handshake line is small; anything longer is not read before the gateway has loaded.
+EARLY_LINE_BYTES = 64 * 1024
+
+
+def _early(line: bytes) -> bool:
+    """Whether `line` is a message of `EARLY_METHODS` (read only until the gateway is loaded; any
+    line it cannot read, too deep or not JSON, is not: it waits for the strict parser)."""
+    if len(line) > EARLY_LINE_BYTES:
+        return False
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(message, dict) and message.get("method") in EARLY_METHODS
+
+
 class StdioProxy:
+    """One agent's stdio session in front of one MCP server (see the module docstring).
+
+    Built with a gateway, it governs from the start; built with None, it relays the handshake
+    (`EARLY_METHODS`) and holds everything else until `attach` gives it the loaded gateway.
+    """
+
     def __init__(
         self,
-        gateway: Gateway,
+        gateway: Gateway | None,
         command: Sequence[str],
         *,
-        pins: PinStore,
+        pins: PinStore | None = None,
         backend_id: str | None = None,
         local_user: str | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
@@ -109,21 +140,54 @@ class StdioProxy:
         progress_interval: float = 5.0,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.gateway = gateway
-        self.pins = pins
         self.backend_id = backend_id or default_backend_id(list(command))
-        self.credentials = Credentials(local_user=local_user if local_user is not None else _login())
+        self.local_user = local_user if local_user is not None else _login()
         self.max_message_bytes = max_message_bytes
+        self.hold_seconds, self.progress_interval = hold_seconds, progress_interval
         self.session = McpSession()
-        self.calls = calls.ToolsCall(gateway, pins, ap.StateSealer(secrets.token_bytes(32)),
-                                     hold_seconds=hold_seconds, progress_interval=progress_interval)
         self.server = Supervisor(command, self.backend_id, on_line=self._from_server, on_exit=self._fail_in_flight,
                                  on_restart=self._replay_handshake, env=env)
-        self.waiters: dict[jsonrpc.RpcId, _Waiter] = {}
+        self.waiters: dict[jsonrpc.RpcId, Waiter] = {}
         self.holds: dict[object, anyio.CancelScope] = {}
-        self._cancelled: set[object] = set()
+        self.cancelled: set[object] = set()
+        self.loaded = anyio.Event()
+        self.governance: Governance | None = None
+        self.governed: Any = None  # the module gateway.transports.mcp_stdio.governed, once loaded
         self._client: ClientPipes | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        if gateway is not None:
+            assert pins is not None, "a proxy built with a gateway needs its pin store"
+            self.attach(gateway, pins)
+
+    def attach(self, gateway: Gateway, pins: PinStore) -> None:
+        """Govern with `gateway` from now on; the messages held for it go on."""
+        from gateway.transports.mcp_stdio import governed
+
+        self.governance = governed.Governance(gateway, pins, local_user=self.local_user, hold_seconds=self.hold_seconds,
+                                              progress_interval=self.progress_interval)
+        self.governed = governed
+        self.loaded.set()
+
+    def _loaded(self) -> Governance:
+        if self.governance is None:
+            raise RuntimeError("the stdio proxy governed a message before its gateway was loaded")
+        return self.governance
+
+    @property
+    def gateway(self) -> Gateway:
+        return self._loaded().gateway
+
+    @property
+    def pins(self) -> PinStore:
+        return self._loaded().pins
+
+    @property
+    def credentials(self) -> Credentials:
+        return self._loaded().credentials
+
+    @property
+    def calls(self) -> ToolsCall:
+        return self._loaded().calls
 
     @property
     def restarts(self) -> int:
@@ -131,17 +195,37 @@ class StdioProxy:
 
     # ---- lifecycle ---------------------------------------------------------------------
 
-    async def run(self, client: ClientPipes, first: anyio.abc.Process | None = None) -> int:
-        """Proxy until the client closes stdin; `first` is the server when it was already started."""
+    async def run(self, client: ClientPipes, first: anyio.abc.Process | None = None, *,
+                  load: Callable[[], Awaitable[None]] | None = None) -> int:
+        """Proxy until the client closes stdin; `first` is the server when it was already started.
+        `load` opens the gateway and `attach`es it while the handshake is relayed; if it fails, the
+        proxy ends, the server is stopped and its error is raised."""
         self._client = client
         first = first or await self.server.spawn()
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            tg.start_soon(self.server.run, first)
-            await self._client_pump()
+        failed: list[Exception] = []
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self.server.run, first)
+                if load is not None:
+                    tg.start_soon(self._load, load, failed)
+                await self._client_pump()
+                await self.loaded.wait()  # a client that only said hello still gets its policy checked
+                await self.server.stop()
+                tg.cancel_scope.cancel()
+        finally:
             await self.server.stop()
-            tg.cancel_scope.cancel()
+        if failed:
+            raise failed[0]
         return 0
+
+    async def _load(self, load: Callable[[], Awaitable[None]], failed: list[Exception]) -> None:
+        try:
+            await load()
+        except Exception as exc:
+            failed.append(exc)
+            assert self._tg is not None
+            self._tg.cancel_scope.cancel()
 
     async def _replay_handshake(self) -> None:
         """A restarted server knows nothing: give it the client's initialize again (legacy era)."""
@@ -163,7 +247,7 @@ class StdioProxy:
         for key, rid, method in self.session.server_gone():
             message = jsonrpc.error(rid, jsonrpc.BACKEND_FAILED,
                                     f"the MCP server exited before answering {method}; Dharma Gateway restarted it")
-            await self._do(self.session.answer(key, message))
+            await self.do(self.session.answer(key, message))
 
     # ---- pumps -------------------------------------------------------------------------
 
@@ -175,14 +259,16 @@ class StdioProxy:
             if not chunk:
                 return
             for line in splitter.feed(chunk):
+                if not self.loaded.is_set() and (isinstance(line, Oversize) or not _early(line)):
+                    await self.loaded.wait()
                 if isinstance(line, Oversize):
                     reject = self.session.oversized(jsonrpc.sniff_id(line.prefix), line.size, self.max_message_bytes)
-                    await self._do([reject])
+                    await self.do([reject])
                 elif line.strip():
                     await self._safely(self._from_client, line, answer_to=line)
 
     async def _from_client(self, line: bytes) -> None:
-        await self._do(self.session.from_client(line))
+        await self.do(self.session.from_client(line))
 
     async def _from_server(self, line: bytes) -> None:
         await self._safely(self._server_line, line)
@@ -191,7 +277,7 @@ class StdioProxy:
         actions = self.session.from_server(line)
         if not actions:
             log.warning("backend.not_jsonrpc", backend=self.backend_id, line=line[:200].decode("utf-8", "replace"))
-        await self._do(actions)
+        await self.do(actions)
 
     async def _safely(self, handle: Callable[..., Awaitable[None]], *args: Any, answer_to: bytes | None = None) -> None:
         """Handle one message; a failure is logged (and a client request answered -32603), and the
@@ -207,21 +293,23 @@ class StdioProxy:
 
     # ---- actions -----------------------------------------------------------------------
 
-    async def _do(self, actions: list[Any]) -> None:
+    async def do(self, actions: list[Any]) -> None:
         assert self._tg is not None
         for action in actions:
             if isinstance(action, ToServer):
-                # While the server restarts, client traffic waits for it (written to the dead one,
-                # a request would never be answered); after the timeout it is sent regardless.
-                with anyio.move_on_after(max(self.gateway.policy.backend_timeout_seconds, RESTART_GRACE)):
-                    await self.server.ready.wait()
+                if not self.server.ready.is_set():
+                    # While the server restarts, client traffic waits for it (written to the dead one,
+                    # a request would never be answered); after the timeout it is sent regardless.
+                    timeout = self.gateway.policy.backend_timeout_seconds if self.loaded.is_set() else 0.0
+                    with anyio.move_on_after(max(timeout, RESTART_GRACE)):
+                        await self.server.ready.wait()
                 await self.server.send(action.data)
             elif isinstance(action, ToClient):
                 await self.send_client(action.data)
             elif isinstance(action, GovernCall):
-                self._tg.start_soon(self._safely, self._govern_call, action)
+                self._tg.start_soon(self._safely, self.governed.govern_call, self, action)
             elif isinstance(action, ListAnswer):
-                await self._list_answer(action)
+                await self.governed.list_answer(self, action)
             elif isinstance(action, Resolve):
                 waiter = self.waiters.pop(action.id, None)
                 if waiter is not None:
@@ -231,12 +319,17 @@ class StdioProxy:
                 if scope is not None:
                     scope.cancel()
                 else:  # still being decided: its answer will be dropped
-                    self._cancelled.add(action.key)
+                    self.cancelled.add(action.key)
             elif isinstance(action, Reject):
                 self._tg.start_soon(self._safely, self._reject, action)
             elif isinstance(action, Passed):
-                self._tg.start_soon(self._safely, calls.record_passthrough, self.gateway, self._site(None), self.backend_id,
-                                    action.method)
+                self._tg.start_soon(self._safely, self.governed.record_passed, self, action.method)
+
+    async def _reject(self, action: Reject) -> None:
+        """A refused message is recorded in the ledger: a handshake line refused before the
+        gateway has loaded waits for it."""
+        await self.loaded.wait()
+        await self.governed.reject(self, action)
 
     async def send_client(self, data: bytes) -> None:
         assert self._client is not None
@@ -247,7 +340,7 @@ class StdioProxy:
 
     async def server_request(self, method: str, params: Any, *, timeout: float) -> dict[str, Any]:
         rid, data = self.session.originate("server", method, params)
-        waiter = self.waiters[rid] = _Waiter("server")
+        waiter = self.waiters[rid] = Waiter("server")
         try:
             await self.server.send(data)
             with anyio.fail_after(self.server.grace(timeout)):
@@ -255,177 +348,6 @@ class StdioProxy:
         finally:
             self.waiters.pop(rid, None)
             self.session.forget(rid)
-
-    def _site(self, action: GovernCall | None) -> CallSite:
-        principal = self.gateway.principal_for(self.credentials)
-        version = action.protocol_version if action is not None else self.session.protocol_version
-        return CallSite(
-            credentials=self.credentials,
-            principal=principal.id if principal is not None else "",
-            protocol_version=version,
-            modern=version in MODERN_VERSIONS,
-            session_id=self.session.nonce,
-            capabilities=dict(action.capabilities or {}) if action is not None else {},
-        )
-
-    # ---- tools/list --------------------------------------------------------------------
-
-    async def _list_answer(self, action: ListAnswer) -> None:
-        response = action.response
-        result = response.get("result")
-        if not isinstance(result, dict):
-            await self._do(self.session.answer(action.key, response))
-            return
-        tools = calls.listed_tools(result)
-        self.session.record_tools(tools, first_page=False)
-        self.session.tools_stale = False
-        visible = await calls.visible_names(self.gateway, self.pins, self.credentials, self.backend_id, [(t["name"], t) for t in tools],
-                                            names=self.session.tools)
-        filtered = gov.filter_list_result(result, visible, modern=action.protocol_version in MODERN_VERSIONS)
-        await self._do(self.session.answer(action.key, {**response, "result": filtered}))
-
-    async def refresh_catalog(self, meta: dict[str, Any] | None) -> None:
-        timeout = self.gateway.policy.backend_timeout_seconds
-
-        async def ask_page(params: dict[str, Any] | None) -> dict[str, Any] | None:
-            try:
-                await self.server.wait_ready(timeout)
-                response = await self.server_request("tools/list", params, timeout=timeout)
-            except (TimeoutError, BackendGone) as exc:
-                log.warning("catalog.refresh_failed", backend=self.backend_id, error=type(exc).__name__)
-                return None
-            return response.get("result") if isinstance(response.get("result"), dict) else None
-
-        await calls.refresh_catalog(ask_page, lambda tools, first: self.session.record_tools(tools, first_page=first),
-                                    self.pins, self.backend_id, meta)
-
-    # ---- tools/call --------------------------------------------------------------------
-
-    async def _govern_call(self, action: GovernCall) -> None:
-        try:
-            answer = await self.calls(_StdioCallPort(self, action), self._site(action), action.request)
-        except Exception:
-            log.exception("mcp.call_failed", request_id=action.request.id)
-            message = jsonrpc.error(action.request.id, jsonrpc.INTERNAL_ERROR, "Dharma Gateway failed to handle this call")
-            await self._do(self.session.answer(action.key, message))
-            return
-        if answer is None or action.key in self._cancelled:
-            self._cancelled.discard(action.key)
-            with anyio.CancelScope(shield=True):
-                await self._do(self.session.drop(action.key))
-            return
-        await self._do(self.session.answer(action.key, answer.message))
-
-    async def _reject(self, reject: Reject) -> None:
-        log.warning("mcp.message_rejected", code=reject.code, reason=reject.reason, method=reject.method)
-        site = self._site(None)
-        error = jsonrpc.error(reject.id, reject.code, reject.reason)
-        await calls.record_refusal(self.gateway, calls.tool_call(site, "", None, None, method=reject.method or "jsonrpc"), error["error"])
-        if reject.key is not None:
-            await self._do(self.session.answer(reject.key, error))
-
-
-class _StdioCallPort:
-    """The stdio proxy as the `CallPort` of one `tools/call` (see `gateway.mcp.calls`)."""
-
-    def __init__(self, proxy: StdioProxy, action: GovernCall) -> None:
-        self.proxy = proxy
-        self.action = action
-
-    def precheck(self, request: Request) -> Refusal | None:
-        return None
-
-    async def lookup(self, name: str) -> ToolEntry | None:
-        session = self.proxy.session
-        if session.tools_stale or name not in session.tools:
-            params = self.action.request.params if isinstance(self.action.request.params, dict) else {}
-            meta = params.get("_meta")
-            modern = self.action.protocol_version in MODERN_VERSIONS
-            await self.proxy.refresh_catalog(meta if modern and isinstance(meta, dict) else None)
-        definition = session.tools.get(name)
-        if definition is None:
-            return None
-        return ToolEntry(name, definition, self.proxy.backend_id, session.tool_digest(name, gov.definition_digest))
-
-    def known_names(self) -> Iterable[str]:
-        return self.proxy.session.tools
-
-    def check(self, request: Request, entry: ToolEntry | None) -> Refusal | None:
-        return None
-
-    async def probe(self, request: Request, params: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:
-        timeout = self.proxy.gateway.policy.backend_timeout_seconds
-        try:
-            await self.proxy.server.wait_ready(timeout)
-            return await self.proxy.server_request("tools/call", params, timeout=timeout), 200
-        except (TimeoutError, BackendGone):
-            return None, 200
-
-    def forwarder(self, request: Request, entry: ToolEntry) -> _Forwarder:
-        return _Forwarder(self.proxy, request, self.action.key)
-
-    async def notify(self, message: dict[str, Any]) -> None:
-        await self.proxy.send_client(jsonrpc.dumps(message))
-
-    async def ask_client(self, method: str, params: dict[str, Any], *, timeout: float) -> tuple[jsonrpc.RpcId, dict[str, Any] | None]:
-        proxy = self.proxy
-        rid, data = proxy.session.originate("client", method, params)
-        waiter = proxy.waiters[rid] = _Waiter("client")
-        try:
-            await proxy.send_client(data)
-            with anyio.move_on_after(timeout):
-                return rid, await waiter.wait()
-            return rid, None
-        finally:
-            proxy.waiters.pop(rid, None)
-            proxy.session.forget(rid)
-
-    @contextlib.contextmanager
-    def holding(self, scope: anyio.CancelScope) -> Iterator[None]:
-        with calls.registered(self.proxy.holds, self.action.key, scope):
-            yield
-
-
-class _Forwarder(gov.AnswerRecorder):
-    """The Backend an allowed call is forwarded through: this session's server, the client's own id."""
-
-    def __init__(self, proxy: StdioProxy, request: Request, key: object) -> None:
-        self.proxy = proxy
-        self.id = proxy.backend_id
-        self.request = request
-        self.key = key
-        self.status = 200
-        super().__init__()
-
-    async def send(self, tool: str, arguments: dict[str, Any], *, timeout: float) -> BackendResult:
-        proxy, req = self.proxy, self.request
-        params = req.params if isinstance(req.params, dict) else {}
-        message = req.message
-        if (params.get("arguments") or {}) != arguments:
-            message = {**message, "params": {**params, "arguments": arguments}}
-        message = gov.with_trace_context(message, proxy.gateway.tracer)
-        waiter = proxy.waiters[req.id] = _Waiter("server")
-        try:
-            try:
-                await proxy.server.wait_ready(timeout)
-            except TimeoutError:
-                raise CallError(ErrorCode.BACKEND_UNAVAILABLE, "the MCP server is restarting; retry shortly") from None
-            await proxy.server.send(proxy.session.forward_call(self.key, message))
-            with anyio.fail_after(proxy.server.grace(timeout)):
-                response = await waiter.wait()
-        except TimeoutError:
-            note = jsonrpc.notification("notifications/cancelled", {
-                "requestId": req.id, "reason": f"Dharma Gateway: no answer within {timeout:g}s"})
-            await proxy.server.send(jsonrpc.dumps(note))
-            raise CallError(ErrorCode.TIMEOUT, f"the MCP server did not answer within {timeout:g}s") from None
-        except BackendGone:
-            raise CallError(ErrorCode.BACKEND_UNAVAILABLE,
-                            "the MCP server exited while handling this call; Dharma Gateway restarted it") from None
-        finally:
-            if proxy.waiters.get(req.id) is waiter:
-                del proxy.waiters[req.id]
-        return self.record(response)
-
 
 def _login() -> str:
     try:
@@ -437,7 +359,7 @@ def _login() -> str:
 
 
 async def serve_stdio(
-    settings: Any,
+    load_settings: Callable[[], Any],
     command: Sequence[str],
     *,
     backend_id: str | None = None,
@@ -445,40 +367,93 @@ async def serve_stdio(
     hold_seconds: float = 50.0,
     progress_interval: float = 5.0,
 ) -> int:
-    """Open the gateway (no configured upstreams: the one backend is CMD) and proxy until stdin closes.
+    """Start the server, relay the agent's handshake, open the gateway meanwhile (no configured
+    upstreams: the one backend is CMD), and proxy until stdin closes.
 
-    The server is started first and boots while the gateway loads (start-up is the slower of the
-    two, not their sum); it hears nothing until the gateway is ready, and is stopped unheard if
-    the gateway cannot be opened.
+    The server boots and the agent's `initialize` is answered while the gateway loads (start-up
+    is the slower of the two, not their sum). The settings are read, the pipeline imported and
+    the policy compiled and checked in a worker thread, so relaying the handshake never waits for
+    them; every other message waits until the policy is loaded and the ledger open (see
+    `EARLY_METHODS`). A gateway that cannot be opened ends the command with its error, the
+    server stopped.
     """
-    from gateway.core.errors import ConfigError
-    from gateway.runtime import open_gateway, pin_store_for
-    from gateway.watch import live_reload
-
     try:
         first = await spawn_server(command)
     except OSError as exc:
+        from gateway.core.errors import ConfigError
+
         raise ConfigError(f"cannot start the MCP server {command[0]!r}: {exc.strerror or exc}") from None
-    running = False  # once the proxy runs, its supervisor stops the server
     try:
-        gateway = await open_gateway(settings.model_copy(update={"upstreams": []}))
+        proxy = StdioProxy(None, command, backend_id=backend_id, max_message_bytes=max_message_bytes,
+                           hold_seconds=hold_seconds, progress_interval=progress_interval)
+        client = ClientPipes()
+        await client.open()
+    except BaseException:
+        await stop_process(first)
+        raise
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def load() -> None:
+            settings, compiled = await _prepare(proxy.server, load_settings)
+            from gateway.logging import configure_logging
+            from gateway.runtime import open_gateway, pin_store_for
+            from gateway.watch import live_reload
+
+            configure_logging(settings.log_level)
+            gateway = await open_gateway(settings.model_copy(update={"upstreams": []}), compiled=compiled)
+            stack.push_async_callback(gateway.aclose)
+            await stack.enter_async_context(live_reload(gateway, settings))  # SIGHUP and file changes reload
+            proxy.attach(gateway, pin_store_for(gateway, settings))
+
+        return await proxy.run(client, first, load=load)
+
+
+#: How much nicer than the process the loading thread is while the server has not said anything
+#: yet (is booting): where the two compete for a core, the server the agent is waiting on gets
+#: about ten times the loader's share; on an idle core the loader runs at full speed. Once the
+#: server has answered, the remaining steps run at normal priority.
+LOADER_NICENESS = 10
+
+
+async def _prepare(server: Supervisor, load_settings: Callable[[], Any]) -> tuple[Any, Any]:
+    """Off the event loop, in steps: import the settings' and the pipeline's modules (pydantic,
+    the CEL engine, the stages, the ledger), read the settings, load, compile and check the
+    policy. Each step runs at `LOADER_NICENESS` if the server is still booting when it starts."""
+    import importlib
+
+    for module in ("gateway.config", "gateway.runtime"):
+        await run_off_loop(importlib.import_module, module, polite=not server.heard)
+    from gateway.runtime import policy_loader
+
+    settings = await run_off_loop(load_settings, polite=not server.heard)
+    return settings, await run_off_loop(policy_loader(settings), polite=not server.heard)
+
+
+async def run_off_loop(func: Callable[..., Any], *args: Any, polite: bool) -> Any:
+    """`func(*args)` in a worker thread; `polite`: in a thread of its own, `LOADER_NICENESS`
+    nicer (Linux: a thread's own priority; its own because an unprivileged thread cannot raise
+    its priority again, so a pooled one would stay low)."""
+    if not polite:
+        return await anyio.to_thread.run_sync(func, *args)
+    outcome: list[tuple[bool, Any]] = []
+    done = anyio.Event()
+    token = anyio.lowlevel.current_token()
+
+    def body() -> None:
+        with contextlib.suppress(AttributeError, OSError):
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(os.getpriority(os.PRIO_PROCESS, tid) + LOADER_NICENESS, 19))
         try:
-            proxy = StdioProxy(
-                gateway,
-                command,
-                pins=pin_store_for(gateway, settings),
-                backend_id=backend_id,
-                max_message_bytes=max_message_bytes,
-                hold_seconds=hold_seconds,
-                progress_interval=progress_interval,
-            )
-            client = ClientPipes()
-            await client.open()
-            running = True
-            async with live_reload(gateway, settings):  # SIGHUP and file changes reload the policy
-                return await proxy.run(client, first)
+            outcome.append((True, func(*args)))
+        except BaseException as exc:  # handed to the awaiting task, which raises it
+            outcome.append((False, exc))
         finally:
-            await gateway.aclose()
-    finally:
-        if not running:
-            await stop_process(first)
+            with contextlib.suppress(Exception):  # the loop is gone: nobody waits any more
+                anyio.from_thread.run_sync(done.set, token=token)
+
+    threading.Thread(target=body, name="dharma-stdio-load", daemon=True).start()
+    await done.wait()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value

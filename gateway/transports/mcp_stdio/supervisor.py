@@ -64,6 +64,11 @@ class Supervisor:
         self._proc = await spawn_server(self.command, self.env)
         return self._proc
 
+    @property
+    def heard(self) -> bool:
+        """Whether the server has written anything since it was (re)started: it has booted."""
+        return self._heard
+
     def grace(self, timeout: float) -> float:
         """The time to allow a request: `timeout`, or the restart grace while the server is new."""
         return timeout if self._heard and self.ready.is_set() else max(timeout, RESTART_GRACE)

@@ -1,0 +1,83 @@
+"""`dharma stdio` answers the agent's handshake while the gateway loads, and governs everything
+else only once it has: the policy is read from a FIFO here, so the load stays blocked until the
+test writes it (no timing involved)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from gateway.crypto.receipts import RECEIPT_META_KEY
+from tests.mcp.conftest import REPO, TEST_PROFILE, backend_calls, ledger_records
+
+NO_WATCH = "reload: {watch: false}\n"  # the watcher would read the FIFO again
+
+
+def fifo_policy(mcp_policy: Path) -> tuple[Path, str]:
+    """A FIFO next to the test profile (its rule files resolve the same way), and the text to write into it."""
+    fifo = mcp_policy.parent / "slow-profile.yaml"
+    os.mkfifo(fifo)
+    return fifo, TEST_PROFILE % {"timeout": 10, "mcp_rules": REPO / "rules" / "mcp.yaml"}
+
+
+def feed(fifo: Path, text: str) -> None:
+    with open(fifo, "w", encoding="utf-8") as out:  # blocks until the gateway opens it
+        out.write(text)
+
+
+async def test_initialize_is_answered_before_the_policy_is_read_and_a_call_waits_for_it(
+        raw_gateway: Any, mcp_policy: Path, tmp_path: Path, state: Path) -> None:
+    fifo, text = fifo_policy(mcp_policy)
+    config = tmp_path / "dharma.yaml"
+    config.write_text(NO_WATCH)
+    gw = await raw_gateway("--config", str(config), policy=fifo)
+    hello = await gw.initialize()  # the policy has not been read: nobody has written the FIFO
+    assert hello["result"]["serverInfo"]["name"], hello
+    await gw.send(b"[" * 20_000 + b"]" * 20_000)  # too deep for any JSON parser: refused once loaded
+    await gw.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "early"}}})
+    assert backend_calls(tmp_path) == [] and not (state / "ledger.db").exists()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.to_thread.run_sync, feed, fifo, text)
+        answer = await gw.response(2, timeout=60)
+    assert any(isinstance(m, dict) and m.get("error", {}).get("code") == -32700 for m in gw.seen), gw.seen
+    result = answer["result"]
+    assert result["content"][0]["text"] == "echo: early" and RECEIPT_META_KEY in result["_meta"], answer
+    assert backend_calls(tmp_path) == ["echo"]
+    decided = [r for r in ledger_records(state) if r["tool"] == "echo" and r.get("kind") == "decision"]
+    assert len(decided) == 1 and decided[0]["decision"] == "allow", decided
+
+
+async def test_a_policy_that_does_not_load_lets_no_call_through(raw_gateway: Any, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("apiVersion: dharma/v1\nkind: Policy\nmetadata: {name: x\n", encoding="utf-8")
+    gw = await raw_gateway(policy=broken)
+    await gw.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw-test", "version": "0"}}})
+    await gw.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "x"}}})
+    with anyio.fail_after(60):
+        code = await gw.proc.wait()
+    assert code == 2
+    assert backend_calls(tmp_path) == []
+    assert "broken.yaml" in (tmp_path / "gateway0.log").read_text()
+
+
+async def test_loading_while_the_server_boots_runs_at_a_lower_priority_and_reports_failures() -> None:
+    """A polite step runs in a thread of its own at LOADER_NICENESS (the pooled threads, which the
+    ledger and later work use, keep their priority); its exception reaches the caller."""
+    import threading
+
+    import pytest
+
+    from gateway.transports.mcp_stdio.proxy import LOADER_NICENESS, run_off_loop
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    base = await run_off_loop(niceness, polite=False)
+    assert await run_off_loop(niceness, polite=True) == min(base + LOADER_NICENESS, 19)
+    assert await run_off_loop(niceness, polite=False) == base
+    with pytest.raises(ZeroDivisionError):
+        await run_off_loop(lambda: 1 / 0, polite=True)
