@@ -26,7 +26,8 @@ What the adapter guarantees, whichever engine runs:
 * `make_activation` normalises the call's variables once; the same `Activation` serves every
   rule of the call. On the Rust engine an expression is first tried on the fast path
   (`gateway.policy.cel.fast`, plain Python over the normalised values, exact or deferring),
-  and the engine's own form of the variables is built only when an expression needs it. Integral floats become ints (JSON ``5.0`` is ``5``: cel-python has no
+  and the engine's own form of the variables is built only when an expression needs it.
+  Integral floats become ints (JSON ``5.0`` is ``5``: cel-python has no
   heterogeneous equality, so ``args.n == 5`` with ``5.0`` would raise there, and ``5.0 + 1``
   is a no-overload error in both engines); ints outside int64 become floats.
 

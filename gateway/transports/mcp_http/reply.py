@@ -27,6 +27,14 @@ _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache, no-transform", "x-accel-buffering": "no"}
 
 
+def _asgi_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """Headers as ASGI carries them (byte pairs)."""
+    return [(k.encode(), v.encode()) for k, v in headers.items()]
+
+
+_SSE_HEAD = _asgi_headers(SSE_HEADERS)
+
+
 # ---- what a handler produces for the ASGI writer -----------------------------------------
 
 
@@ -80,12 +88,12 @@ class AsgiWriter:
         if isinstance(item, _Head):
             self.started = True
             await send({"type": "http.response.start", "status": item.status,
-                        "headers": [(k.encode(), v.encode()) for k, v in item.headers.items()]})
+                        "headers": _asgi_headers(item.headers)})
         elif isinstance(item, _Event):
             if not self.started:
                 self.started = True
                 await send({"type": "http.response.start", "status": 200,
-                            "headers": [(k.encode(), v.encode()) for k, v in SSE_HEADERS.items()]})
+                            "headers": list(_SSE_HEAD)})
             await send({"type": "http.response.body", "body": _sse_bytes(item), "more_body": True})
         elif isinstance(item, _Final):
             self.ended = True
@@ -96,7 +104,7 @@ class AsgiWriter:
             headers = dict(item.headers or {})
             headers["content-length"] = str(len(data))
             await send({"type": "http.response.start", "status": item.status,
-                        "headers": [(k.encode(), v.encode()) for k, v in headers.items()]})
+                        "headers": _asgi_headers(headers)})
             await send({"type": "http.response.body", "body": data})
 
     def close(self) -> None:
@@ -272,7 +280,7 @@ async def read_body(receive: Receive, limit: int) -> tuple[bytes, int | None]:
 async def plain_reply(send: Send, status: int, body: dict[str, Any] | None, headers: dict[str, str] | None = None) -> None:
     data = jsonrpc.dumps(body) if body is not None else b""
     hdrs = [(b"content-type", b"application/json")] if data else []
-    hdrs += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    hdrs += _asgi_headers(headers or {})
     hdrs.append((b"content-length", str(len(data)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": hdrs})
     await send({"type": "http.response.body", "body": data})
