@@ -85,11 +85,25 @@ INSERT_CHECKPOINT = (
 )
 
 
-@dataclass(frozen=True, slots=True)
 class _Head:
-    size: int
-    hash: str
-    root: bytes
+    """The committed head: size, last record hash and the frontier behind it (never mutated).
+
+    The Merkle root is computed on first read and kept: only a checkpoint or a head read needs it,
+    not each commit. Safe to read from any thread (a race computes the same bytes twice).
+    """
+
+    __slots__ = ("size", "hash", "frontier", "_root")
+
+    def __init__(self, size: int, hash: str, frontier: CompactRange) -> None:
+        self.size, self.hash, self.frontier = size, hash, frontier
+        self._root: bytes | None = None
+
+    @property
+    def root(self) -> bytes:
+        root = self._root
+        if root is None:
+            root = self._root = self.frontier.root()
+        return root
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +150,7 @@ class SqliteLedger:
         self._path = path
         self._conn = conn
         self._lock = lock
-        self._frontier = frontier
-        self._head = _Head(frontier.size, head_hash, frontier.root())
+        self._head = _Head(frontier.size, head_hash, frontier)
         self._batch_max = batch_max
         self.stats = AppendStats()  # append lag and batch sizes, for /metrics
         self._batch_wait = batch_wait_ms / 1000.0
@@ -372,7 +385,7 @@ class SqliteLedger:
                          f.request_id, f.policy_version))
             hashes.append(digest)
             results.append(Appended(seq, prev))
-        grown = self._frontier.copy()
+        grown = head.frontier.copy()
         subtrees = grown.extend_collecting(hashes)
         try:
             self._write(rows, subtrees)
@@ -384,8 +397,7 @@ class SqliteLedger:
             _settle([item.future for item in batch], [LedgerError(message) for _ in batch])
             return
         self.stats.committed(time.perf_counter(), [item.queued for item in batch])
-        self._frontier = grown
-        self._head = _Head(seq, prev, grown.root())
+        self._head = _Head(seq, prev, grown)
         log.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
                   ms=round((time.perf_counter() - started) * 1000, 3))
         _settle([item.future for item in batch], results)
