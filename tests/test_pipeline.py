@@ -708,3 +708,55 @@ async def test_the_decision_record_names_the_rules_that_matched_by_error(tmp_pat
     assert decided["kind"] == "decision" and decided["enforced"] is False
     assert decided["matched_rules"] == ["audit-unguarded", "audit-queries"]
     assert decided["matched_by_error"] == ["audit-unguarded"]  # its condition errored: a match by error
+
+
+async def test_records_built_from_the_shared_part_match_records_built_afresh(setup):
+    """A call's decision and outcome records share the fields built once (`call_part`, kept on the
+    context). Each stored record must hold exactly the canonical bytes of its entry built from
+    scratch after the call: allowed, blocked, audit-mode, redacted arguments, disclosure REDACT and
+    WITHHOLD, an idempotent replay, a tool that does not exist, a held call."""
+    from audit.canon import canonical_bytes
+    from audit.records import parse_record
+    from gateway.stages.record import call_part, decision_entry, ledger_entry
+
+    gateway, _, tmp = setup
+    seen = []
+
+    class Capture:
+        name = "receipt"
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def __call__(self, ctx, policy):
+            await self.inner(ctx, policy)
+            seen.append((ctx, policy))
+
+    *rest, receipt = gateway.after_decision
+    gateway.after_decision = (*rest, Capture(receipt))
+    await gateway.call("read_file", {"path": "a"}, api_key="alice-key")
+    await gateway.call("read_file", {"path": "../a"}, api_key="alice-key")
+    await gateway.call("read_file", {"path": "x.big"}, api_key="alice-key")
+    await gateway.call("write_file", {"path": "tmp/x", "content": "card 4111 1111 1111 1111"}, api_key="bob-key")
+    await gateway.call("write_file", {"path": "important/x"}, api_key="bob-key")
+    await gateway.call("leaky", {}, api_key="bob-key")
+    await gateway.call("health_records", {"patient_id": "p"}, api_key="bob-key", purpose="x")
+    for _ in range(2):
+        await gateway.call("search", {"query": "q"}, api_key="alice-key", idempotency_key="k-1")
+    await gateway.call("nothing", {}, api_key="alice-key")
+    with SqliteLedgerReader(tmp / "ledger.db") as reader:
+        stored = {r.seq: parse_record(r.body).entry for r in map(reader.get, range(1, reader.size() + 1)) if r}
+    assert len(seen) == 10
+    for ctx, policy in seen:
+        shared = ctx.record_part
+        ctx.record_part = None  # build everything again, from the context as the call left it
+        assert call_part(ctx, policy) == shared
+        ctx.record_part = None
+        outcome = ctx.outcome
+        entry = ledger_entry(ctx, policy, outcome, response_digest=ctx.response_digest, latency_us=ctx.latency_us)
+        if ctx.decision_committed:
+            ctx.record_part = None
+            assert stored[ctx.decision_record.seq] == canonical_bytes(decision_entry(ctx, policy))
+            entry.update(kind="outcome", decision_seq=ctx.decision_record.seq, decision_hash=ctx.decision_record.hash)
+        assert stored[ctx.appended.seq] == canonical_bytes(entry)
+    assert sum(ctx.decision_committed for ctx, _ in seen) >= 6

@@ -288,6 +288,7 @@ class CallContext:
     approval_id: str | None = None
     argument_digest: str = ""
     stored_arguments: Any = None  # `arguments` with secrets redacted, as the ledger stores them
+    record_part: dict[str, Any] | None = None  # the ledger fields a call's records share (stages.record.call_part)
     # what the transport asked for: where to forward, how to render, what the receipt covers
     backend: Backend | None = None
     render: Callable[[Outcome], dict[str, Any]] | None = None

@@ -107,33 +107,47 @@ def stored_arguments(ctx: CallContext) -> Any:
     return ctx.stored_arguments
 
 
+def call_part(ctx: CallContext, policy: CompiledPolicy) -> dict[str, Any]:
+    """The fields of `call_fields` that do not depend on the decision: who, what, with which arguments.
+
+    Built once per call (kept on `ctx`) and shared by its decision record and outcome record: nothing
+    they read changes once the call is decided.
+    """
+    part = ctx.record_part
+    if part is None:
+        call, principal, tool = ctx.call, ctx.principal, ctx.tool
+        part = ctx.record_part = {
+            "time": rfc3339(ctx.clock),
+            "request_id": call.request_id,
+            "principal": principal.id if principal else None,
+            "tier": principal.tier if principal else None,
+            "backend": tool.backend if tool else None,
+            "tool": call.tool,
+            "method": call.method,
+            "session_id": call.session_id,
+            "args_digest": ctx.argument_digest,
+            "args": stored_arguments(ctx),  # sanitized arguments: canonical JSON by construction
+            "findings": [f.kind + "@" + f.path for f in ctx.findings],
+            "sensitivity": ctx.sensitivity.value,
+            "purpose": call.purpose,
+            "policy_version": policy.version,
+            "approval_id": ctx.approval_id,
+            "idempotency_key": call.idempotency_key,
+            "tool_digest": tool.digest if tool else None,
+            "dry_run": call.dry_run,
+        }
+    return part
+
+
 def call_fields(ctx: CallContext, policy: CompiledPolicy, decision: Decision, matched: list[RuleMatch]) -> dict[str, Any]:
     """The fields the decision record and the outcome (or single) record share: who, what, decided how."""
-    call = ctx.call
     return {
-        "time": rfc3339(ctx.clock),
-        "request_id": call.request_id,
-        "principal": ctx.principal.id if ctx.principal else None,
-        "tier": ctx.principal.tier if ctx.principal else None,
-        "backend": ctx.tool.backend if ctx.tool else None,
-        "tool": call.tool,
-        "method": call.method,
-        "session_id": call.session_id,
-        "args_digest": ctx.argument_digest,
-        "args": stored_arguments(ctx),  # sanitized arguments: canonical JSON by construction
-        "findings": [f.kind + "@" + f.path for f in ctx.findings],
+        **call_part(ctx, policy),
         "decision": decision_name(decision),
         "enforced": decision.enforced,
         "matched_rules": list(dict.fromkeys(m.rule_id for m in matched)),
         "block_class": decision.block_class.value if decision.block_class else None,
         "stage": decision.stage or None,
-        "sensitivity": ctx.sensitivity.value,
-        "purpose": call.purpose,
-        "policy_version": policy.version,
-        "approval_id": ctx.approval_id,
-        "idempotency_key": call.idempotency_key,
-        "tool_digest": ctx.tool.digest if ctx.tool else None,
-        "dry_run": call.dry_run,
     }
 
 
