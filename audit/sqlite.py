@@ -404,8 +404,17 @@ class SqliteLedger:
 
     def _write(self, rows: Sequence[tuple[Any, ...]], subtrees: list[CompletedSubtree]) -> None:
         """Insert a batch and the subtree hashes it completes in one transaction, as multi-row
-        INSERTs; the rule index fills by trigger."""
+        INSERTs; the rule index fills by trigger.
+
+        A batch that is one INSERT and completes no stored subtree (nearly every batch) runs as
+        that single statement: SQLite makes it a transaction of its own (the connection is in
+        autocommit mode, never left inside a transaction), committed as durably as `synchronous`
+        says and rolled back whole if it fails, without the round trips of BEGIN and COMMIT.
+        """
         conn = self._conn
+        if len(rows) <= INSERT_CHUNK and not subtrees and not conn.in_transaction:
+            conn.execute(_insert_sql(len(rows)), [value for row in rows for value in row])
+            return
         try:
             conn.execute("BEGIN IMMEDIATE")
             for start in range(0, len(rows), INSERT_CHUNK):

@@ -418,3 +418,30 @@ async def test_the_lazily_computed_root_is_right_for_checkpoints_and_verify(ledg
             assert again.root() == root_hash([d for _, d, _ in reader.iter_records()])
     finally:
         await again.aclose()
+
+
+async def test_a_one_statement_batch_that_fails_leaves_nothing_and_no_open_transaction(ledger_path: Path) -> None:
+    """Most batches are one INSERT run as its own (autocommit) transaction, without BEGIN/COMMIT:
+    when it fails (a full disk) nothing of it is stored, the head stays, no transaction is left open,
+    and the next append lands at the next seq once there is space again."""
+    ledger = await SqliteLedger.open(ledger_path)
+    try:
+        await fill(ledger, 3)
+        head = (ledger.size, ledger.head_hash, ledger.root())
+        ledger.limit_pages(1)  # the file may not grow: the disk is "full"
+        big = {**make_entry(99), "blob": os.urandom(60_000).hex()}
+        for _ in range(2):
+            with pytest.raises(LedgerError, match="were not committed"):
+                await ledger.append(big)
+        assert (ledger.size, ledger.head_hash, ledger.root()) == head
+        with sqlite3.connect(ledger_path) as raw:
+            assert raw.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 3
+        ledger.limit_pages(None)
+        appended = await ledger.append(big)
+        assert appended.seq == 4
+    finally:
+        await ledger.aclose()
+    with open_reader(ledger_path) as reader:
+        from audit.verify import verify_ledger
+
+        assert reader.size() == 4 and verify_ledger(reader).ok
