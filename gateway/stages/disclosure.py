@@ -18,14 +18,39 @@ from gateway.policy.evaluate import DisclosureVerdict, evaluate_disclosure, resp
 from gateway.stages.sanitizer.walk import detect_secrets, redact_paths, redact_secrets
 
 
+def reads_instruction_findings(policy: CompiledPolicy, tool: str) -> bool:
+    """Whether a disclosure rule for `tool` may read a finding of the instruction scan.
+
+    False only when every rule's condition provably depends on `response.findings` through
+    `exists` tests of finding kinds the scan never produces (`cel.kinds_read`): leaving the scan
+    out then cannot change any verdict, and it is a third of the step's cost. Worked out once per
+    policy and tool.
+    """
+
+    def build() -> tuple[bool]:
+        from gateway.stages.sanitizer.instructions import KINDS
+
+        for rule in policy.disclosure_rules_for(tool):
+            if rule.when is None:
+                continue
+            kinds = cel.kinds_read(rule.when.source, "response", "findings")
+            if kinds is None or not kinds.isdisjoint(KINDS):
+                return (True,)
+        return (False,)
+
+    return policy.memoised("disclosure-reads-instruction-findings", tool, build)[0]  # type: ignore[no-any-return]
+
+
 def disclose(ctx: CallContext, policy: CompiledPolicy, result: Any, is_error: bool) -> tuple[Any, DisclosureVerdict | None]:
     """Apply the disclosure rules for this tool to `result`; returns what may be returned."""
     assert ctx.tool is not None
     if not policy.disclosure_rules_for(ctx.tool.name):
         return result, None
-    from gateway.stages.sanitizer.instructions import scan_result  # its ~100 patterns compile on first use, not at start-up
+    findings = detect_secrets(result)
+    if reads_instruction_findings(policy, ctx.tool.name):
+        from gateway.stages.sanitizer.instructions import scan_result  # its ~100 patterns compile on first use, not at start-up
 
-    findings = detect_secrets(result) + scan_result(result)
+        findings += scan_result(result)
     variables = response_variables(variables_for(ctx), result, is_error, findings)
     needed = {k: variables[k] for k in policy.disclosure_references(ctx.tool.name)}
     if ctx.activation is not None:  # the call phase converted most of them already

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.policy.cel.celpython import celpy_compile, celpy_context
-from gateway.policy.cel.fast import FAST_RESULTS, Fast, compile_fast
+from gateway.policy.cel.fast import FAST_RESULTS, Fast, compile_fast, kinds_read
 from gateway.policy.cel.rust import rust_compile, rust_context
 from gateway.policy.cel.helpers import (
     HELPERS,
@@ -403,6 +403,7 @@ __all__ = [
     "compile_expression",
     "default_engine",
     "glob",
+    "kinds_read",
     "lower",
     "make_activation",
     "path_normalize",

@@ -784,3 +784,91 @@ def compile_fast(source: str) -> Fast | None:
         return _compile(_Parser(source).parse())
     except (_Unsupported, RecursionError, IndexError, ValueError):
         return None
+
+
+class _NotSure(Exception):
+    """`kinds_read` cannot bound what the expression reads."""
+
+
+def kinds_read(source: str, variable: str, field: str) -> frozenset[str] | None:
+    """The `kind` values of the items of `variable.field` that `source` can depend on, or None when unsure.
+
+    Sure only when every use of `variable` selects a field by name and `variable.field` is used only
+    as the target of `exists(v, P)` where P holds only for an item whose `v.kind` is one of the
+    string literals P tests: `v.kind == "x"`, `v.kind in ["x", ...]`, `||` of such tests, `&&` with
+    one. An item of any other kind makes P false without an error, and `exists` over a list does
+    not change when such items are left out: a scan that can only produce them cannot change the
+    result. Used to skip response scans whose findings no disclosure rule reads.
+    """
+    try:
+        kinds: set[str] = set()
+        _kinds_in(_Parser(source).parse(), variable, field, kinds)
+        return frozenset(kinds)
+    except (_NotSure, _Unsupported, RecursionError, IndexError, ValueError):
+        return None
+
+
+def _kinds_in(node: Node, variable: str, field: str, kinds: set[str]) -> None:
+    """Add to `kinds` what `node` reads of `variable.field` (see `kinds_read`); raise _NotSure if unbounded."""
+    kind = node[0]
+    target = ("sel", ("id", variable), field)
+    if kind == "call" and node[1] == "exists" and node[2] == target:
+        args = node[3]
+        if len(args) != 2 or args[0][0] != "id":
+            raise _NotSure
+        bound = _kind_bound(args[1], args[0][1])
+        if bound is None:
+            raise _NotSure
+        kinds |= bound
+        _kinds_in(args[1], variable, field, kinds)
+        return
+    if kind == "sel" and node[1] == ("id", variable):
+        if node[2] == field:
+            raise _NotSure
+        return
+    if kind == "id":
+        if node[1] == variable:
+            raise _NotSure
+        return
+    if kind == "lit":
+        return
+    if kind == "list":
+        children: list[Node] = list(node[1])
+    elif kind == "rel":
+        children = [node[2], node[3]]
+    elif kind == "call":
+        children = ([node[2]] if node[2] is not None else []) + list(node[3])
+    elif kind in ("sel", "not", "neg"):
+        children = [node[1]]
+    elif kind in ("idx", "and", "or", "add"):
+        children = [node[1], node[2]]
+    elif kind == "cond":
+        children = [node[1], node[2], node[3]]
+    else:
+        raise _NotSure
+    for child in children:
+        _kinds_in(child, variable, field, kinds)
+
+
+def _kind_bound(node: Node, item: str) -> set[str] | None:
+    """The kinds an item must have for `node` to hold (None: not bounded by its kind)."""
+    kind_of = ("sel", ("id", item), "kind")
+    if node[0] == "rel" and node[1] == "==":
+        for left, right in ((node[2], node[3]), (node[3], node[2])):
+            if left == kind_of and right[0] == "lit" and type(right[1]) is str:
+                return {right[1]}
+        return None
+    if node[0] == "rel" and node[1] == "in" and node[2] == kind_of and node[3][0] == "list":
+        items = node[3][1]
+        if all(n[0] == "lit" and type(n[1]) is str for n in items):
+            return {n[1] for n in items}
+        return None
+    if node[0] == "or":
+        left, right = _kind_bound(node[1], item), _kind_bound(node[2], item)
+        return None if left is None or right is None else left | right
+    if node[0] == "and":
+        left, right = _kind_bound(node[1], item), _kind_bound(node[2], item)
+        if left is None or right is None:
+            return left if right is None else right
+        return left & right
+    return None
