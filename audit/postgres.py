@@ -302,7 +302,7 @@ class PostgresLedger:
         self._frontier = frontier
         self._size = frontier.size
         self._hash = head_hash
-        self._root = frontier.root()
+        self._root: tuple[int, bytes] | None = None  # (size, Merkle root), computed when read
         self._batch_max = batch_max
         self.stats = AppendStats()  # append lag and batch sizes, for /metrics
         self._schedule = schedule
@@ -365,7 +365,11 @@ class PostgresLedger:
         return self._hash
 
     def root(self) -> bytes:
-        return self._root
+        """Merkle root over the committed records, computed on first read after they grew (not per commit)."""
+        frontier, cached = self._frontier, self._root
+        if cached is None or cached[0] != frontier.size:
+            cached = self._root = (frontier.size, frontier.root())
+        return cached[1]
 
     async def append(self, entry: Mapping[str, Any]) -> Appended:
         """Record one entry; return its seq and hash once it is committed.
@@ -494,7 +498,7 @@ class PostgresLedger:
             if len(hashes) != size - self._frontier.size:
                 raise LedgerError(f"{self._name}: records {self._frontier.size + 1}..{size} are missing")
             self._frontier.extend(hashes)
-            self._size, self._hash, self._root = size, bytes(digest).hex(), self._frontier.root()
+            self._size, self._hash = size, bytes(digest).hex()
         return size, bytes(digest).hex() if size else GENESIS_PREV
 
     async def _commit(self, batch: list[_Pending]) -> list[Appended]:
@@ -540,7 +544,7 @@ class PostgresLedger:
             raise LedgerError(f"{self._name}: {len(batch)} record(s) were not committed ({_first_line(exc)})") from None
         self.stats.committed(time.perf_counter(), [item.queued for item in batch])
         self._frontier = grown
-        self._size, self._hash, self._root = seq, prev, grown.root()
+        self._size, self._hash = seq, prev
         log.debug("ledger.batch_committed", url=self._name, first_seq=first, count=len(batch))
         return results
 

@@ -378,15 +378,15 @@ async def test_a_corrupt_sqlite_file_is_not_a_ledger(tmp_path: Path) -> None:
         await SqliteLedger.open(path)
 
 
-async def test_the_lazily_computed_root_is_right_for_checkpoints_and_verify(ledger_path: Path, key: Ed25519PrivateKey) -> None:
-    """The writer no longer computes the Merkle root on each commit, only when a checkpoint or a head
+async def test_the_lazily_computed_root_is_right_for_checkpoints_and_verify(ledger_backend: Location, key: Ed25519PrivateKey) -> None:
+    """The writers no longer compute the Merkle root on each commit, only when a checkpoint or a head
     read needs it: after many commits of every batch size (crossing a stored-subtree boundary at 256),
     each checkpoint, `root()` and `verify_ledger` still agree with the root recomputed from the leaves."""
     from audit.checkpoint import CheckpointSigner
     from audit.verify import verify_ledger
 
     signer = CheckpointSigner(key, "log", "example.com/karma")
-    ledger = await SqliteLedger.open(ledger_path, checkpoint_signer=signer, checkpoint_interval=3600)
+    ledger = await open_ledger(ledger_backend, checkpoint_signer=signer, checkpoint_interval=3600)
     notes: list[str] = []
     n = 0
     for round_ in range(12):
@@ -398,23 +398,23 @@ async def test_the_lazily_computed_root_is_right_for_checkpoints_and_verify(ledg
         if round_ % 3 == 1:
             notes.append(await ledger.checkpoint(key, "log", "example.com/karma"))
     assert ledger.size == n > 256
-    with open_reader(ledger_path) as reader:
+    with open_reader(ledger_backend) as reader:
         leaves = [d for _, d, _ in reader.iter_records()]
     assert ledger.root() == root_hash(leaves)
     for note in notes:
         cp = verify_checkpoint(note, key.public_key(), "log")
         assert cp.root == root_hash(leaves[: cp.size])
     await ledger.aclose()  # signs the final checkpoint on close
-    with open_reader(ledger_path) as reader:
+    with open_reader(ledger_backend) as reader:
         final = verify_checkpoint(reader.latest_checkpoint(), key.public_key(), "log")
         assert (final.size, final.root) == (n, root_hash(leaves))
         report = verify_ledger(reader, final)
     assert report.ok and report.size == n and report.root == root_hash(leaves)
-    again = await SqliteLedger.open(ledger_path)  # reopened: the head rebuilt from the file agrees
+    again = await open_ledger(ledger_backend)  # reopened: the head rebuilt from the file agrees
     try:
         assert (again.size, again.root()) == (n, root_hash(leaves))
         await again.append(make_entry(n))
-        with open_reader(ledger_path) as reader:
+        with open_reader(ledger_backend) as reader:
             assert again.root() == root_hash([d for _, d, _ in reader.iter_records()])
     finally:
         await again.aclose()
