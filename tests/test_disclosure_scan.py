@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import gateway.stages.disclosure as disclosure
 from audit.query import query_records
@@ -178,3 +180,53 @@ async def test_answers_are_disclosed_as_with_the_scan_run(tmp_path: Path, monkey
     verdicts = {tool: note for tool, note, _, _ in got[len(ANSWERS):]}
     assert {tool for tool, note in verdicts.items() if note == "REDACT"} == redacted
     assert {tool for tool, note in verdicts.items() if note == "PERMIT"} == set(ANSWERS) - redacted
+
+
+_KINDS = ("api_key", "ssn", "url", "exfiltration", "hidden_instruction")
+_TESTS = st.sampled_from([
+    'f.kind == "{a}"', '"{a}" == f.kind', 'f.kind in ["{a}", "{b}"]', 'f.kind != "{a}"', 'f.path.startsWith("$.c")',
+    'f.excerpt.contains("x")', 'f.kind.startsWith("{a}")', "f.nope == 1",
+])
+
+
+@st.composite
+def _predicates(draw: st.DrawFn, depth: int = 2) -> str:
+    if depth == 0 or draw(st.booleans()):
+        return draw(_TESTS).format(a=draw(st.sampled_from(_KINDS)), b=draw(st.sampled_from(_KINDS)))
+    op = draw(st.sampled_from(["&&", "||"]))
+    return f"({draw(_predicates(depth - 1))} {op} {draw(_predicates(depth - 1))})"
+
+
+@st.composite
+def _conditions(draw: st.DrawFn) -> str:
+    macro = draw(st.sampled_from(["exists", "exists", "all", "exists_one"]))
+    shape = draw(st.sampled_from(["{m}", "!{m}", '{m} && request.mode == "x"', "{m} || response.is_error",
+                                  "size(response.findings) > 1 || {m}"]))
+    return shape.format(m=f"response.findings.{macro}(f, {draw(_predicates())})")
+
+
+_FINDINGS = st.lists(st.fixed_dictionaries({
+    "kind": st.sampled_from(_KINDS), "path": st.sampled_from(["$.a", "$.c.d"]), "detail": st.just(""),
+    "excerpt": st.sampled_from(["x", "y"]), "via": st.just(""),
+}), max_size=5)
+
+
+def _outcome(expression: cel.Expression, findings: list[dict[str, str]], mode: str) -> Any:
+    activation = cel.make_activation({"request": {"mode": mode},
+                                      "response": {"findings": findings, "is_error": False, "text": "", "result": {}}})
+    try:
+        return ("value", expression.evaluate(activation))
+    except cel.CelEvalError:
+        return ("error", None)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(source=_conditions(), findings=_FINDINGS, mode=st.sampled_from(["x", "y"]))
+def test_findings_of_other_kinds_never_change_a_bounded_condition(source: str, findings: list[dict[str, str]], mode: str) -> None:
+    """Whenever `kinds_read` bounds a condition, the engine gives the same value (or error) with the
+    findings of every other kind left out: what leaving out a scan that only produces them does."""
+    kinds = cel.kinds_read(source, "response", "findings")
+    assume(kinds is not None)
+    expression = cel.compile_expression(source, declared={"request", "response"})
+    kept = [f for f in findings if f["kind"] in kinds]
+    assert _outcome(expression, findings, mode) == _outcome(expression, kept, mode)
