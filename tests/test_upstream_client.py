@@ -300,9 +300,9 @@ async def test_reading_pauses_while_the_reader_lags_behind() -> None:
         writer.write(b"x" * size)
         await writer.drain()
         sent.set()
-        await reader.read()
+        await answering(reader, writer, seen)
 
-    async with server(big) as (url, _seen):
+    async with server(big) as (url, seen):
         pool = HttpPool("t", url)
         try:
             response = await pool.request("POST", HEADERS, b"{}")
@@ -314,8 +314,48 @@ async def test_reading_pauses_while_the_reader_lags_behind() -> None:
                 total += len(chunk)
             assert total == size and sent.is_set()
             response.release()
+            assert (await post(pool))[2] == JSON  # the same connection, reading again
         finally:
             pool.close()
+    assert seen.accepted == 1
+
+
+async def test_a_body_read_whole_is_not_paused() -> None:
+    size = 8 * 1024 * 1024
+
+    async def big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Seen) -> None:
+        while True:
+            await read_request(reader, seen)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size + b"x" * size)
+            await writer.drain()
+
+    async with server(big) as (url, seen):
+        pool = HttpPool("t", url)
+        try:
+            for _ in range(2):
+                status, _headers, body = await asyncio.wait_for(post(pool), DEADLINE)
+                assert status == 200 and len(body) == size
+        finally:
+            pool.close()
+    assert seen.accepted == 1
+
+
+async def test_an_interim_answer_is_skipped() -> None:
+    async def early_hints(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Seen) -> None:
+        while True:
+            await read_request(reader, seen)
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </a>; rel=preload\r\n\r\n" + json_answer())
+            await writer.drain()
+
+    async with server(early_hints) as (url, seen):
+        pool = HttpPool("t", url)
+        try:
+            for _ in range(2):
+                status, headers, body = await post(pool)
+                assert (status, body) == (200, JSON) and "link" not in headers
+        finally:
+            pool.close()
+    assert seen.accepted == 1
 
 
 # ---- failures --------------------------------------------------------------------------------

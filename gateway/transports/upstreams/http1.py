@@ -57,7 +57,7 @@ class Response:
     (`chunk`). `release()` returns the connection to the pool, or closes it unless read to the end."""
 
     __slots__ = ("_conn", "status", "headers", "_chunks", "_size", "_waiter", "_head", "complete", "_error",
-                 "_reusable", "_released", "_until_close")
+                 "_reusable", "_released", "_until_close", "_whole")
 
     def __init__(self, conn: _Conn, head: asyncio.Future[None]) -> None:
         self._conn = conn
@@ -72,9 +72,12 @@ class Response:
         self._reusable = False
         self._released = False
         self._until_close = False
+        self._whole = False  # read whole: no pausing
 
     async def read(self) -> bytes:
         """The whole body."""
+        self._whole = True
+        self._conn.resume()
         while not self.complete:
             await self._wait()
         if self._error is not None:
@@ -95,10 +98,7 @@ class Response:
         data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
         self._chunks.clear()
         self._size = 0
-        conn = self._conn
-        if conn.paused:
-            conn.paused = False
-            conn.transport.resume_reading()
+        self._conn.resume()
         return data
 
     async def _wait(self) -> None:
@@ -165,7 +165,7 @@ class _Conn(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             response._fail(UpstreamError("unavailable", f"upstream {self.pool.name} sent a malformed answer: {exc}"))
             self.close()
 
@@ -227,7 +227,7 @@ class _Conn(asyncio.Protocol):
             return
         response._chunks.append(body)
         response._size += len(body)
-        if response._size > HIGH_WATER and not self.paused:
+        if response._size > HIGH_WATER and not self.paused and not response._whole:
             self.paused = True
             self.transport.pause_reading()
         response._wake()
@@ -242,6 +242,11 @@ class _Conn(asyncio.Protocol):
         response._wake()
 
     # ---- pool side ---------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
 
     def stale(self) -> bool:
         """The peer closed this idle connection, or said something unasked: do not write to it."""
@@ -287,7 +292,6 @@ class HttpPool:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._heads: dict[tuple[object, ...], bytes] = {}
         self._sweeper: asyncio.TimerHandle | None = None
-        self._closed = False
 
     @property
     def connections(self) -> int:
@@ -402,9 +406,9 @@ class HttpPool:
 
     def _put(self, conn: _Conn) -> None:
         conn.response = None
-        if self._closed or conn.closed:
-            conn.close()
+        if conn.closed:
             return
+        conn.resume()  # its answer may have ended while reading was paused
         conn.idle_since = conn.loop.time()
         self._idle.append(conn)
         if self._sweeper is None:
@@ -439,8 +443,7 @@ class HttpPool:
                 return
 
     def close(self) -> None:
-        """Close every connection (an answer being read fails as broken off)."""
-        self._closed = True
+        """Close every connection (an answer being read fails as broken off); later requests open new ones."""
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
