@@ -1,7 +1,8 @@
 """The /mcp upstream HTTP/1.1 client (gateway/transports/upstreams/http1.py) against real servers on
 loopback sockets: keep-alive reuse counted by the server, idle connections dropped, `Connection:
 close` and HTTP/1.0 honoured, chunked and streamed bodies, backpressure, every way an upstream can
-fail (reset mid-body, malformed answer, closing before answering, closing while idle), https with a
+fail (reset mid-body, malformed answer, closing before answering, closing while idle, a connect that
+hangs), https with a
 self-signed certificate, and what it never does (retry a POST, follow a redirect, send
 Accept-Encoding or a User-Agent, decode a Content-Encoding).
 
@@ -531,3 +532,33 @@ async def test_uvicorn_keep_alive_is_reused_and_streams_pass_through() -> None:
         await serving
         sock.close()
     assert len(connections) == 1, f"{len(connections)} connections for 4 calls"
+
+
+async def test_a_connect_that_hangs_is_a_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listener whose accept queue is full drops new SYNs, so connecting hangs: each attempt is
+    cut at SOCK_CONNECT_SECONDS (10 s; shortened here) and the call fails as a timeout."""
+    from gateway.transports.upstreams import http1
+
+    monkeypatch.setattr(http1, "SOCK_CONNECT_SECONDS", 0.3)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    try:
+        for _ in range(8):  # fill the accept queue (never accepted)
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(listener.getsockname())
+            fillers.append(filler)
+        upstream = McpHttpUpstream("stuck", f"http://127.0.0.1:{listener.getsockname()[1]}/mcp")
+        started = time.monotonic()
+        with pytest.raises(UpstreamError) as caught:
+            async with upstream.post(b"{}", HEADERS):
+                pass
+        await upstream.aclose()
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+    assert caught.value.kind == "timeout" and "upstream stuck did not answer" in caught.value.message, caught.value.message
+    assert 0.25 <= time.monotonic() - started < DEADLINE
