@@ -2,9 +2,8 @@
 loopback sockets: keep-alive reuse counted by the server, idle connections dropped, `Connection:
 close` and HTTP/1.0 honoured, chunked and streamed bodies, backpressure, every way an upstream can
 fail (reset mid-body, malformed answer, closing before answering, closing while idle, a connect that
-hangs), https with a
-self-signed certificate, and what it never does (retry a POST, follow a redirect, send
-Accept-Encoding or a User-Agent, decode a Content-Encoding).
+hangs), https with a self-signed certificate, and what it never does (retry a POST, follow a
+redirect, send Accept-Encoding or a User-Agent, decode a Content-Encoding).
 
 Most servers are plain asyncio servers writing the bytes each case needs; one is uvicorn.
 """
