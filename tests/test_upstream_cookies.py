@@ -47,7 +47,7 @@ async def cookie_setting_server() -> AsyncIterator[tuple[str, list[str | None]]]
     server = await asyncio.start_server(serve, "127.0.0.1", 0)  # localhost's IPv4 address
     port = server.sockets[0].getsockname()[1]
     try:
-        yield f"http://localhost:{port}", seen  # a host name: aiohttp's jar ignores cookies from IP hosts
+        yield f"http://localhost:{port}", seen  # a host name: cookie jars (aiohttp's was one) ignore cookies from IP hosts
     finally:
         server.close()
 

@@ -17,6 +17,7 @@ from gateway.mcp.jsonrpc import Request
 from gateway.transports.mcp_http.relay import Relay
 from gateway.transports.mcp_http.reply import Reply
 from gateway.transports.mcp_http.state import Ctx, Upstream
+from gateway.transports.upstreams.mcp_http import Exchange
 from gateway.transports.upstreams.replies import UpstreamError
 
 
@@ -44,36 +45,34 @@ class HttpForwarder(gov.AnswerRecorder):
         headers = relay.up_headers(ctx, self.upstream, message, self.schema)
         response: dict[str, Any] | None = None
         # asyncio.timeout, not anyio.fail_after: `dharma serve` runs on asyncio only, and an anyio
-        # cancel scope per call cost ~4 % of its CPU.
+        # cancel scope per call cost ~4 % of its CPU. One timeout covers the request and a JSON
+        # answer (read whole before the head is handed back); an event stream gets one per message.
         try:
             async with asyncio.timeout(timeout):
                 cm = self.upstream.post(jsonrpc.dumps(message), headers, expect_id=req.id)
                 up = await cm.__aenter__()
             try:
                 self.status = up.status
-                if up.sse:
+                if not up.sse:
+                    if up.body.strip():
+                        response = await self._take(up.body)
+                else:
                     await self.reply.open_sse(200, relay.session_header(ctx))
                     up.on_pause = self.reply.detach
-                stream = up.messages().__aiter__()
-                while response is None:
-                    async with asyncio.timeout(timeout):
-                        try:
-                            chunk = await stream.__anext__()
-                        except StopAsyncIteration:
-                            break
-                    try:
-                        msg = jsonrpc.loads(chunk)
-                    except ValueError:
-                        continue
-                    if isinstance(msg, dict) and msg.get("id") == req.id and ("result" in msg or "error" in msg) and "method" not in msg:
-                        response = msg
-                        break
-                    out = await relay.from_upstream(ctx, self.upstream, chunk, None, None)
-                    if out is not None:
-                        await self.reply.event(out)
+                    stream = up.messages().__aiter__()
+                    while response is None:
+                        async with asyncio.timeout(timeout):
+                            try:
+                                chunk = await stream.__anext__()
+                            except StopAsyncIteration:
+                                break
+                        response = await self._take(chunk)
             finally:
-                with anyio.CancelScope(shield=True):
-                    await cm.__aexit__(None, None, None)
+                if isinstance(cm, Exchange):
+                    cm.close()  # synchronous: a cancellation cannot cut it short
+                else:
+                    with anyio.CancelScope(shield=True):
+                        await cm.__aexit__(None, None, None)
         except TimeoutError:
             raise CallError(ErrorCode.TIMEOUT, f"the MCP server {self.upstream.id} did not answer within {timeout:g}s") from None
         except UpstreamError as exc:
@@ -82,3 +81,17 @@ class HttpForwarder(gov.AnswerRecorder):
         if response is None:
             raise CallError(ErrorCode.BACKEND_ERROR, f"the MCP server {self.upstream.id} answered HTTP {self.status} without a result")
         return self.record(response)
+
+    async def _take(self, chunk: bytes) -> dict[str, Any] | None:
+        """The upstream's answer to this call if `chunk` is it; any other message is relayed to the
+        client (a progress note, a log, a server request), and what is not JSON is skipped."""
+        try:
+            msg = jsonrpc.loads(chunk)
+        except ValueError:
+            return None
+        if isinstance(msg, dict) and msg.get("id") == self.req.id and ("result" in msg or "error" in msg) and "method" not in msg:
+            return msg
+        out = await self.relay.from_upstream(self.ctx, self.upstream, chunk, None, None)
+        if out is not None:
+            await self.reply.event(out)
+        return None

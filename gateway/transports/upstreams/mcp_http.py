@@ -1,4 +1,4 @@
-"""A client for an upstream MCP server over Streamable HTTP (aiohttp, streaming, pooled keep-alive).
+"""A client for an upstream MCP server over Streamable HTTP (streaming, pooled keep-alive).
 
 One `McpHttpUpstream` per configured `mcp_http` upstream. It does HTTP only: it sends the bytes
 and headers it is given and hands back an `UpstreamReply` whose SSE messages are yielded as
@@ -9,27 +9,29 @@ close its own client's stream the same way. The gateway's clients never see an u
 and can never ask the upstream to replay an event the gateway did not govern (the replay hole,
 notes §2.4); the gateway numbers and replays its own events (`mcp_events`).
 
-aiohttp, not httpx: its C parser and connection pool cost about a third of httpx's CPU per
-request, and every governed call makes one (bench/README.md, mcp_http). One session per upstream,
-opened on first use (it belongs to the running event loop), reused across calls.
+The HTTP itself is `http1.HttpPool`: one pool of keep-alive connections per upstream, shared by
+every call (no cookies, no redirects, no retries; see that module). Every governed call makes one
+POST, so its cost per request is the gateway's (bench/README.md, mcp_http).
 
-Failures leave as `UpstreamError` (`timeout` / `unavailable`), never as aiohttp exceptions.
+Failures leave as `UpstreamError` (`timeout` / `unavailable`), never as raw exceptions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
-import contextlib
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from types import TracebackType
 
-import aiohttp
-import anyio
 import structlog
 
 from gateway.mcp import jsonrpc
+from gateway.transports.upstreams.http1 import KEEPALIVE_SECONDS, HttpPool, Response
 from gateway.transports.upstreams.replies import UpstreamError, UpstreamReply
+
+__all__ = ["DRAIN_BYTES", "DRAIN_SECONDS", "KEEPALIVE_SECONDS", "MAX_RESUMES", "McpHttpUpstream", "sse_events"]
 
 log = structlog.get_logger()
 
@@ -38,10 +40,6 @@ MAX_RESUMES = 5
 #: so its connection goes back to the pool (an upstream closes the stream right after the answer).
 DRAIN_SECONDS = 2.0
 DRAIN_BYTES = 65_536
-
-
-KEEPALIVE_SECONDS = 2.0
-"""How long an idle pooled upstream connection is kept (see `McpHttpUpstream._client`)."""
 
 
 @dataclass(slots=True)
@@ -76,7 +74,9 @@ async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[_Event]:
 
 
 class McpHttpUpstream:
-    """An MCP server behind Streamable HTTP, shared by every client session the gateway serves."""
+    """An MCP server behind Streamable HTTP, shared by every client session the gateway serves.
+
+    `ssl_context` replaces the default (system trust store) context for an https upstream."""
 
     kind = "mcp_http"
 
@@ -88,113 +88,61 @@ class McpHttpUpstream:
         prefix: str = "",
         headers: Mapping[str, str] | None = None,
         forward_host: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.id = id
         self.url = url
         self.prefix = prefix
         self.forward_host = forward_host
         self.static_headers = {k.lower(): v for k, v in (headers or {}).items()}
-        self._session: aiohttp.ClientSession | None = None
+        self.pool = HttpPool(id, url, ssl_context=ssl_context)
         self._draining: set[asyncio.Task[None]] = set()
-
-    def _client(self) -> aiohttp.ClientSession:
-        """The pooled session (keep-alive, up to 512 connections, no cookies kept), opened on first use.
-
-        An idle connection is dropped after KEEPALIVE_SECONDS, well inside the idle timeouts of
-        common servers (uvicorn's and Node's are 5 s; aiohttp's own default is 15 s): reusing a
-        connection the upstream is closing fails the POST, and a POST is never retried.
-        """
-        if self._session is None or self._session.closed:
-            timeout = aiohttp.ClientTimeout(total=None, connect=30.0, sock_connect=10.0, sock_read=None)
-            connector = aiohttp.TCPConnector(limit=512, limit_per_host=0, keepalive_timeout=KEEPALIVE_SECONDS)
-            # No cookie jar: a cookie the upstream sets while answering one client would otherwise
-            # go out with every other client's requests through this shared session.
-            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",),
-                                                  cookie_jar=aiohttp.DummyCookieJar())
-        return self._session
 
     async def aclose(self) -> None:
         for task in list(self._draining):
             task.cancel()
         if self._draining:
             await asyncio.gather(*self._draining, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        self.pool.close()
 
-    def _headers(self, headers: Mapping[str, str]) -> dict[str, str]:
+    def _headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        if not self.static_headers:
+            return headers
         out = dict(headers)
         out.update(self.static_headers)
         return out
 
-    @contextlib.asynccontextmanager
-    async def post(self, body: bytes, headers: Mapping[str, str], *, expect_id: jsonrpc.RpcId | None = None) -> AsyncIterator[UpstreamReply]:
+    def post(self, body: bytes, headers: Mapping[str, str], *, expect_id: jsonrpc.RpcId | None = None) -> Exchange:
         """POST one message; with `expect_id`, an event stream closed early is resumed until that answer."""
-        async with self._send("POST", body, headers) as (response, reply):
-            if reply.sse:
-                reply._events = self._stream(response, headers, expect_id, reply)
-            yield reply
+        return Exchange(self, "POST", body, headers, expect_id)
 
-    @contextlib.asynccontextmanager
-    async def get(self, headers: Mapping[str, str]) -> AsyncIterator[UpstreamReply]:
+    def get(self, headers: Mapping[str, str]) -> Exchange:
         """Open the standalone GET stream (never with `Last-Event-ID`: the gateway does not resume it)."""
-        async with self._send("GET", None, headers) as (response, reply):
-            if reply.sse:
-                reply._events = self._stream(response, headers, None, reply)
-            yield reply
+        return Exchange(self, "GET", None, headers, None)
 
     async def delete(self, headers: Mapping[str, str]) -> UpstreamReply:
-        async with self._send("DELETE", None, headers) as (_response, reply):
+        async with Exchange(self, "DELETE", None, headers, None) as reply:
             return reply
 
-    async def _request(self, method: str, body: bytes | None, headers: Mapping[str, str]) -> aiohttp.ClientResponse:
-        try:
-            return await self._client().request(method, self.url, data=body, headers=self._headers(headers),
-                                                allow_redirects=False)
-        except TimeoutError as exc:  # aiohttp's timeouts (ServerTimeoutError, ConnectionTimeoutError) are TimeoutErrors
-            raise UpstreamError("timeout", f"upstream {self.id} did not answer: {type(exc).__name__}") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError("unavailable", f"upstream {self.id} is unreachable: {type(exc).__name__}") from None
-
-    @contextlib.asynccontextmanager
-    async def _send(self, method: str, body: bytes | None, headers: Mapping[str, str]) -> AsyncIterator[tuple[aiohttp.ClientResponse, UpstreamReply]]:
-        response = await self._request(method, body, headers)
-        try:
-            ctype = response.headers.get("content-type", "")
-            sse = response.status == 200 and ctype.startswith("text/event-stream")
-            reply = UpstreamReply(
-                status=response.status,
-                headers={k.lower(): v for k, v in response.headers.items()},
-                sse=sse,
-                session_id=response.headers.get("mcp-session-id"),
-            )
-            if not sse:
-                try:
-                    reply.body = await response.read()
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    raise UpstreamError("unavailable", f"upstream {self.id} broke off its answer: {type(exc).__name__}") from None
-            yield response, reply
-        finally:
-            if reply.answered and not response.content.is_eof():
-                self._finish_later(response)
-            else:
-                response.release()  # back to the pool when read to the end, else the connection is closed
+    async def _request(self, method: str, body: bytes | None, headers: Mapping[str, str]) -> Response:
+        return await self.pool.request(method, self._headers(headers), body)
 
     @property
     def draining(self) -> int:
         """How many answered event streams are still being read to their end."""
         return len(self._draining)
 
-    def _finish_later(self, response: aiohttp.ClientResponse) -> None:
+    def _finish_later(self, response: Response) -> None:
         """Read the end of an answered event stream in the background, then release it: read to its
         end, the connection goes back to the pool instead of being closed (a new TCP connection per
         call otherwise). The answer is not held up; a stream that does not end soon is closed."""
         async def drain() -> None:
             left = DRAIN_BYTES
             try:
-                with anyio.move_on_after(DRAIN_SECONDS):
-                    while left > 0 and (chunk := await response.content.readany()):
+                async with asyncio.timeout(DRAIN_SECONDS):
+                    while left > 0 and (chunk := await response.chunk()):
                         left -= len(chunk)
-            except (aiohttp.ClientError, OSError):
+            except (UpstreamError, TimeoutError):
                 pass
             finally:
                 response.release()
@@ -203,16 +151,65 @@ class McpHttpUpstream:
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
 
-    async def _stream(self, response: aiohttp.ClientResponse, headers: Mapping[str, str], expect_id: jsonrpc.RpcId | None,
-                      reply: UpstreamReply) -> AsyncIterator[bytes]:
+
+class Exchange:
+    """One request and its answer, as an async context manager yielding the `UpstreamReply`.
+
+    Leaving it never waits (`close` is synchronous), so a caller being cancelled cannot be stopped
+    half-way: the connection is back in the pool (answer read to its end), left to a background
+    drain (an answered event stream), or closed."""
+
+    __slots__ = ("upstream", "method", "body", "headers", "expect_id", "response", "reply", "resumed")
+
+    def __init__(self, upstream: McpHttpUpstream, method: str, body: bytes | None, headers: Mapping[str, str],
+                 expect_id: jsonrpc.RpcId | None) -> None:
+        self.upstream, self.method, self.body, self.headers, self.expect_id = upstream, method, body, headers, expect_id
+        self.response: Response | None = None
+        self.reply: UpstreamReply | None = None
+        self.resumed: Response | None = None  # the current resumed (GET) stream, if any
+
+    async def __aenter__(self) -> UpstreamReply:
+        response = self.response = await self.upstream._request(self.method, self.body, self.headers)
+        headers = response.headers
+        sse = response.status == 200 and headers.get("content-type", "").startswith("text/event-stream")
+        reply = self.reply = UpstreamReply(status=response.status, headers=headers, sse=sse,
+                                           session_id=headers.get("mcp-session-id"))
+        if sse:
+            reply._events = self._stream(response, reply)
+        else:
+            try:
+                reply.body = await response.read()
+            except BaseException:
+                response.release()
+                raise
+        return reply
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the connection(s): see the class docstring."""
+        response, reply = self.response, self.reply
+        if self.resumed is not None:
+            self.resumed.release()
+            self.resumed = None
+        if response is None:
+            return
+        self.response = None
+        if reply is not None and reply.answered and not response.complete:
+            self.upstream._finish_later(response)
+        else:
+            response.release()
+
+    async def _stream(self, response: Response, reply: UpstreamReply) -> AsyncIterator[bytes]:
+        upstream, expect_id = self.upstream, self.expect_id
         last_id: str | None = None
         retry_ms = 1000
         answered = expect_id is None
-        current: aiohttp.ClientResponse | None = response
+        current = response
         resumes = 0
         try:
             while True:
-                assert current is not None
                 clean = True
                 try:
                     async for event in sse_events(_lines(current)):
@@ -227,40 +224,42 @@ class McpHttpUpstream:
                             answered = True
                             reply.answered = current is response
                         yield data
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                except UpstreamError:
                     clean = False
                     if answered or last_id is None:
-                        raise UpstreamError("unavailable", f"upstream {self.id} broke off its event stream: {type(exc).__name__}") from None
+                        raise UpstreamError("unavailable", f"upstream {upstream.id} broke off its event stream") from None
                 if answered or last_id is None or resumes >= MAX_RESUMES:
                     if not answered:
-                        raise UpstreamError("unavailable", f"upstream {self.id} closed the event stream before answering")
+                        raise UpstreamError("unavailable", f"upstream {upstream.id} closed the event stream before answering")
                     return
                 resumes += 1
                 if resumes == 1 and clean and reply.on_pause is not None:
                     await reply.on_pause()
-                await anyio.sleep(min(retry_ms, 5000) / 1000)
-                if current is not response:
-                    current.release()
-                resume_headers = {k: v for k, v in headers.items() if k.lower() not in ("content-type", "mcp-method", "mcp-name")}
+                await asyncio.sleep(min(retry_ms, 5000) / 1000)
+                if self.resumed is not None:
+                    self.resumed.release()
+                    self.resumed = None
+                resume_headers = {k: v for k, v in self.headers.items() if k.lower() not in ("content-type", "mcp-method", "mcp-name")}
                 resume_headers["last-event-id"] = last_id
                 resume_headers["accept"] = "text/event-stream"
                 try:
-                    current = await self._request("GET", None, resume_headers)
+                    current = self.resumed = await upstream._request("GET", None, resume_headers)
                 except UpstreamError as exc:
-                    raise UpstreamError("unavailable", f"upstream {self.id}: resuming its event stream failed: {exc.message}") from None
-                log.debug("upstream.stream_resumed", upstream=self.id, status=current.status)
+                    raise UpstreamError("unavailable", f"upstream {upstream.id}: resuming its event stream failed: {exc.message}") from None
+                log.debug("upstream.stream_resumed", upstream=upstream.id, status=current.status)
                 if current.status != 200:
-                    raise UpstreamError("unavailable", f"upstream {self.id}: resuming its event stream got HTTP {current.status}")
+                    raise UpstreamError("unavailable", f"upstream {upstream.id}: resuming its event stream got HTTP {current.status}")
         finally:
-            if current is not None and current is not response:
-                current.release()
+            if self.resumed is not None:
+                self.resumed.release()
+                self.resumed = None
 
 
-async def _lines(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
+async def _lines(response: Response) -> AsyncIterator[str]:
     """The body's lines as text, split at CRLF, LF or CR (each ends an SSE line), decoded as UTF-8."""
     decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
     buf = ""
-    async for chunk in response.content.iter_any():
+    while chunk := await response.chunk():
         buf += decode(chunk)
         held = buf.endswith("\r")  # may be the first half of a CRLF split across chunks
         parts = (buf[:-1] if held else buf).replace("\r\n", "\n").replace("\r", "\n").split("\n")
