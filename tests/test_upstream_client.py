@@ -139,6 +139,36 @@ async def test_the_request_is_what_it_was_given_and_nothing_more() -> None:
     assert names == ["host", "accept", "content-type", "x-extra", "content-length"], names  # no UA, no Accept-Encoding
 
 
+@pytest.mark.parametrize("name, value", [("x-a", "1\r\nx-injected: 1"), ("x-a", "1\nx-injected: 1"), ("x-a", "1\x00"),
+                                         ("x a", "1"), ("x-a:b", "1")])
+async def test_a_header_that_could_split_the_request_is_refused_before_anything_is_sent(name: str, value: str) -> None:
+    async with server(answering) as (url, seen):
+        pool = HttpPool("t", url)
+        try:
+            with pytest.raises(UpstreamError) as caught:
+                await post(pool, b"{}", {**HEADERS, name: value})
+            assert caught.value.kind == "unavailable" and "upstream t" in caught.value.message
+            assert await post(pool) == (200, {"content-type": "application/json", "content-length": str(len(JSON))}, JSON)
+        finally:
+            pool.close()
+    assert len(seen.heads) == 1 and b"injected" not in seen.heads[0]
+
+
+async def test_only_short_request_heads_are_cached() -> None:
+    """A head is cached per (method, headers) to skip rebuilding it; one carrying a large value (an
+    `Mcp-Param-*` header of a big argument) is built each time, so the cache stays small."""
+    async with server(answering) as (url, seen):
+        pool = HttpPool("t", url)
+        try:
+            big = {**HEADERS, "mcp-param-text": "x" * 10_000}
+            for headers in (HEADERS, big, big):
+                await post(pool, b"{}", headers)
+            assert len(pool._heads) == 1
+            assert seen.heads[1] == seen.heads[2] and b"x" * 10_000 in seen.heads[2]
+        finally:
+            pool.close()
+
+
 async def test_an_idle_connection_is_dropped_after_the_keep_alive_time() -> None:
     async with server(answering) as (url, seen):
         pool = HttpPool("t", url, keepalive=0.3)

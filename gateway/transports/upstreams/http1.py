@@ -44,6 +44,7 @@ CONNECT_SECONDS = 30.0  # getting a connection: waiting for a free slot, resolvi
 SOCK_CONNECT_SECONDS = 10.0  # one TCP connect attempt
 HIGH_WATER = 256 * 1024  # unread body bytes at which reading pauses (until the reader takes them)
 HEAD_CACHE = 1024
+HEAD_CACHE_BYTES = 4096  # a longer head (large Mcp-Param-* values) is built each time: the cache stays < 4 MiB
 
 #: Headers this client owns (framing, connection management) or never sends (it does not decode).
 _DROPPED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "proxy-connection", "te",
@@ -333,9 +334,10 @@ class HttpPool:
                 if name.lower() not in _DROPPED:
                     lines.append(f"{name}: {value}")
             head = ("\r\n".join(lines) + "\r\n").encode("utf-8")
-            if len(self._heads) >= HEAD_CACHE:
-                self._heads.clear()
-            self._heads[key] = head
+            if len(head) <= HEAD_CACHE_BYTES:
+                if len(self._heads) >= HEAD_CACHE:
+                    self._heads.clear()
+                self._heads[key] = head
         return head
 
     def _reuse(self) -> _Conn | None:
