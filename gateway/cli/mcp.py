@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-from gateway.cli.common import COMMANDS, EXIT_FAILED, EXIT_OK, add_command, add_group, out, settings_of
+from gateway.cli.common import COMMANDS, EXIT_FAILED, EXIT_OK, add_command, add_group, loop_factory, out, settings_of
 
 
 
@@ -59,7 +59,7 @@ def cmd_stdio(args: argparse.Namespace) -> int:
             progress_interval=args.progress_interval,
         )
 
-    return anyio.run(main)
+    return anyio.run(main, backend_options={"loop_factory": loop_factory()})
 
 
 def cmd_tools_pins(args: argparse.Namespace) -> int:

@@ -81,3 +81,24 @@ async def test_loading_while_the_server_boots_runs_at_a_lower_priority_and_repor
     assert await run_off_loop(niceness, polite=False) == base
     with pytest.raises(ZeroDivisionError):
         await run_off_loop(lambda: 1 / 0, polite=True)
+
+
+def test_dharma_stdio_runs_on_uvloop_when_installed(monkeypatch: Any) -> None:
+    """`dharma stdio` moves every message through its event loop: it uses uvloop's (C) loop, as
+    `dharma serve` does, not asyncio's pure-Python selector loop."""
+    import asyncio
+
+    import uvloop
+
+    from gateway.cli.main import main
+    from gateway.transports.mcp_stdio import proxy
+
+    seen: list[asyncio.AbstractEventLoop] = []
+
+    async def fake_serve_stdio(load_settings: Any, command: Any, **options: Any) -> int:
+        seen.append(asyncio.get_running_loop())
+        return 0
+
+    monkeypatch.setattr(proxy, "serve_stdio", fake_serve_stdio)
+    assert main(["stdio", "--", "true"]) == 0
+    assert len(seen) == 1 and isinstance(seen[0], uvloop.Loop)

@@ -30,13 +30,13 @@ class ClientPipes:
         if _pollable(self._in):
             try:
                 reader = asyncio.StreamReader(limit=CHUNK * 4)
-                await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), self._in)
+                await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), _own(self._in, "rb"))
                 self._reader = reader
             except (ValueError, OSError):
                 self._reader = None
         if _pollable(self._out):
             try:
-                transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, self._out)
+                transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, _own(self._out, "wb"))
                 self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
             except (ValueError, OSError):
                 self._writer = None
@@ -57,6 +57,13 @@ class ClientPipes:
     def _blocking_write(self, data: bytes) -> None:
         self._out.write(data)
         self._out.flush()
+
+
+def _own(stream: Any, mode: str) -> Any:
+    """A file object of our own on `stream`'s descriptor (a duplicate): the event loop closes the
+    pipe object it was given when its transport goes (uvloop's does at exit), and closing
+    `sys.stdout` itself would make the command's final flush fail."""
+    return open(os.dup(stream.fileno()), mode, buffering=0)  # noqa: SIM115 - the transport closes it
 
 
 def _pollable(stream: Any) -> bool:
