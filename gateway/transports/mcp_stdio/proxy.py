@@ -298,6 +298,8 @@ class StdioProxy:
     # ---- actions -----------------------------------------------------------------------
 
     async def do(self, actions: list[Any]) -> None:
+        """Carry out `actions` in order. Tasks are started with a `name`: without one anyio builds
+        it from the callable (half of `start_soon`'s cost, on every governed call)."""
         assert self._tg is not None
         for action in actions:
             if isinstance(action, ToServer):
@@ -311,7 +313,7 @@ class StdioProxy:
             elif isinstance(action, ToClient):
                 await self.send_client(action.data)
             elif isinstance(action, GovernCall):
-                self._tg.start_soon(self._safely, self.governed.govern_call, self, action)
+                self._tg.start_soon(self._safely, self.governed.govern_call, self, action, name="mcp.tools_call")
             elif isinstance(action, ListAnswer):
                 await self.governed.list_answer(self, action)
             elif isinstance(action, Resolve):
@@ -325,9 +327,9 @@ class StdioProxy:
                 else:  # still being decided: its answer will be dropped
                     self.cancelled.add(action.key)
             elif isinstance(action, Reject):
-                self._tg.start_soon(self._safely, self._reject, action)
+                self._tg.start_soon(self._safely, self._reject, action, name="mcp.reject")
             elif isinstance(action, Passed):
-                self._tg.start_soon(self._safely, self.governed.record_passed, self, action.method)
+                self._tg.start_soon(self._safely, self.governed.record_passed, self, action.method, name="mcp.passed")
 
     async def _reject(self, action: Reject) -> None:
         """A refused message is recorded in the ledger: a handshake line refused before the
