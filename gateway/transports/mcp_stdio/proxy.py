@@ -36,7 +36,7 @@ import anyio.to_thread
 import structlog
 
 from gateway.mcp import jsonrpc
-from gateway.mcp.framing import DEFAULT_MAX_MESSAGE_BYTES, LineSplitter, Oversize
+from gateway.mcp.framing import DEFAULT_MAX_MESSAGE_BYTES, LineSplitter, Oversize, blank
 from gateway.mcp.session import (
     CancelHeld,
     GovernCall,
@@ -268,7 +268,7 @@ class StdioProxy:
                 if isinstance(line, Oversize):
                     reject = self.session.oversized(jsonrpc.sniff_id(line.prefix), line.size, self.max_message_bytes)
                     await self.do([reject])
-                elif line.strip():
+                elif not blank(line):
                     await self._safely(self._from_client, line, answer_to=line)
 
     async def _from_client(self, line: bytes) -> None:
