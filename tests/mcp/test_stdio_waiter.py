@@ -49,3 +49,22 @@ async def test_a_cancelled_caller_abandons_the_wait_and_a_later_answer_is_harmle
     # the timer was cancelled with the wait: nothing fires later
     await anyio.sleep(0)
     assert waiter.future.cancelled()
+
+
+async def test_a_failure_nobody_awaits_is_not_reported_as_never_retrieved() -> None:
+    """The server can exit while a call still waits for it to be ready, before the call waits for
+    its answer: that failure is dropped with the waiter, not logged by asyncio at collection."""
+    import gc
+
+    reported: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        waiter = Waiter("server")
+        waiter.fail(BackendGone())
+        del waiter
+        gc.collect()
+    finally:
+        loop.set_exception_handler(previous)
+    assert reported == []

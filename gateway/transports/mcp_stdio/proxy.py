@@ -66,12 +66,15 @@ class Waiter:
     """An answer awaited from the server or the client (to a gateway-originated or governed request).
 
     A bare asyncio future with a timer rather than an anyio Event under `fail_after`: this is on
-    every governed call's path, and an anyio cancel scope costs several times the rest of it."""
+    every governed call's path, and an anyio cancel scope costs several times the rest of it. A
+    failure resolves the future too (with None; the error is kept apart), so one that nobody
+    awaits any more is not reported as an exception never retrieved."""
 
-    __slots__ = ("future", "side")
+    __slots__ = ("future", "error", "side")
 
     def __init__(self, side: str) -> None:
-        self.future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.future: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
+        self.error: BaseException | None = None
         self.side = side
 
     def set(self, value: dict[str, Any]) -> None:
@@ -80,16 +83,21 @@ class Waiter:
 
     def fail(self, error: BaseException) -> None:
         if not self.future.done():
-            self.future.set_exception(error)
+            self.error = error
+            self.future.set_result(None)
 
     async def wait(self, timeout: float) -> dict[str, Any]:
         """The answer; TimeoutError when none came within `timeout` seconds (the error `fail`ed
         with, if any). Cancelling the waiting task cancels only the wait."""
         timer = asyncio.get_running_loop().call_later(timeout, self.fail, TimeoutError())
         try:
-            return await self.future
+            value = await self.future
         finally:
             timer.cancel()
+        if value is None:
+            assert self.error is not None
+            raise self.error
+        return value
 
 
 class BackendGone(Exception):
