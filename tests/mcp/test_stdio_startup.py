@@ -102,3 +102,50 @@ def test_dharma_stdio_runs_on_uvloop_when_installed(monkeypatch: Any) -> None:
     monkeypatch.setattr(proxy, "serve_stdio", fake_serve_stdio)
     assert main(["stdio", "--", "true"]) == 0
     assert len(seen) == 1 and isinstance(seen[0], uvloop.Loop)
+
+
+def test_dharma_stdio_on_a_terminal_answers_and_exits_cleanly(tmp_path: Path, state: Path, mcp_policy: Path) -> None:
+    """Run by hand in a terminal, stdin and stdout are one tty: on uvloop its read and write
+    transports must both work on it (a duplicated descriptor for each did not: the write side
+    swallowed the input), and at end of input (^D) the command exits 0 without a traceback
+    (the loop closing its transports must not close `sys.stdout`, which the exit flushes)."""
+    import json
+    import os
+    import pty
+    import select
+    import subprocess
+    import termios
+    import time
+
+    from tests.mcp.conftest import gateway_command, gateway_env, test_server_command
+
+    master, slave = pty.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.OPOST  # no \r\n on output
+    attrs[3] &= ~termios.ECHO  # the input is not echoed back to us
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    env = {**os.environ, **gateway_env(tmp_path)}
+    proc = subprocess.Popen(gateway_command(state, mcp_policy, test_server_command()), stdin=slave, stdout=slave,
+                            stderr=subprocess.PIPE, env=env, cwd=REPO)
+    os.close(slave)
+    try:
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                 "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+        os.write(master, json.dumps(hello).encode() + b"\n")
+        received = b""
+        deadline = time.monotonic() + 60
+        while b"\n" not in received:
+            assert time.monotonic() < deadline, f"no answer on the terminal; got {received!r}"
+            if select.select([master], [], [], 1)[0]:
+                received += os.read(master, 65536)
+        answer = json.loads(received.split(b"\n")[0])
+        assert answer["id"] == 1 and "protocolVersion" in answer["result"]
+        os.write(master, b"\x04")  # ^D at the start of a line: end of input
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    assert proc.returncode == 0, err.decode(errors="replace")
+    assert b"Traceback" not in err

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
 import stat
 import sys
 from typing import Any
@@ -60,30 +59,19 @@ class ClientPipes:
 
 
 def _own(stream: Any, mode: str) -> Any:
-    """A file object of our own on `stream`'s descriptor (a duplicate): the event loop closes the
-    pipe object it was given when its transport goes (uvloop's does at exit), and closing
+    """A file object of our own on `stream`'s descriptor (not closing it): the event loop closes
+    the pipe object it was given when its transport goes (uvloop's does at exit), and closing
     `sys.stdout` itself would make the command's final flush fail."""
-    return open(os.dup(stream.fileno()), mode, buffering=0)  # noqa: SIM115 - the transport closes it
+    return open(stream.fileno(), mode, buffering=0, closefd=False)  # noqa: SIM115 - the transport closes it
 
 
 def _pollable(stream: Any) -> bool:
-    """Whether the event loop can watch `stream`'s descriptor: a pipe, a socket, or a character
-    device epoll accepts (a terminal does, /dev/null does not: asyncio would accept it and then
-    fail in a callback, never seeing its end). Anything else is read and written in threads."""
+    """Whether the event loop watches `stream`'s descriptor: a pipe or a socket (how an agent
+    runs the command). Anything else is read and written in threads: a terminal (on uvloop a
+    terminal's ^D never reaches the read transport as the end of input), /dev/null (asyncio
+    accepts it, then fails in a callback and never sees its end), a regular file."""
     try:
-        fd = stream.fileno()
-        mode = os.fstat(fd).st_mode
+        mode = os.fstat(stream.fileno()).st_mode
     except (AttributeError, OSError, ValueError):
         return False
-    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-        return True
-    if not stat.S_ISCHR(mode) or not hasattr(select, "epoll"):
-        return False
-    probe = select.epoll()
-    try:
-        probe.register(fd, select.EPOLLIN)
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
