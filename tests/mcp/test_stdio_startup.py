@@ -83,10 +83,12 @@ async def test_loading_while_the_server_boots_runs_at_a_lower_priority_and_repor
         await run_off_loop(lambda: 1 / 0, polite=True)
 
 
-def test_dharma_stdio_runs_on_uvloop_when_installed(monkeypatch: Any) -> None:
-    """`dharma stdio` moves every message through its event loop: it uses uvloop's (C) loop, as
-    `dharma serve` does, not asyncio's pure-Python selector loop."""
+def test_dharma_stdio_runs_on_uvloop_when_piped(monkeypatch: Any, tmp_path: Path) -> None:
+    """`dharma stdio` moves every message through its event loop: on an agent's pipes it uses
+    uvloop's (C) loop, as `dharma serve` does, not asyncio's pure-Python selector loop; on
+    anything else (a terminal, a file) asyncio's, which sees a terminal's end of input."""
     import asyncio
+    import sys
 
     import uvloop
 
@@ -100,8 +102,16 @@ def test_dharma_stdio_runs_on_uvloop_when_installed(monkeypatch: Any) -> None:
         return 0
 
     monkeypatch.setattr(proxy, "serve_stdio", fake_serve_stdio)
-    assert main(["stdio", "--", "true"]) == 0
-    assert len(seen) == 1 and isinstance(seen[0], uvloop.Loop)
+    read_end, write_end = os.pipe()
+    with open(read_end, "rb") as stdin, open(write_end, "wb") as stdout:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        monkeypatch.setattr(sys, "stdout", stdout)
+        assert main(["stdio", "--", "true"]) == 0
+    with open(tmp_path / "in", "wb+") as stdin, open(tmp_path / "out", "wb") as stdout:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        monkeypatch.setattr(sys, "stdout", stdout)
+        assert main(["stdio", "--", "true"]) == 0
+    assert len(seen) == 2 and isinstance(seen[0], uvloop.Loop) and not isinstance(seen[1], uvloop.Loop)
 
 
 def test_dharma_stdio_on_a_terminal_answers_and_exits_cleanly(tmp_path: Path, state: Path, mcp_policy: Path) -> None:

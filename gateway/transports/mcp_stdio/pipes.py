@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import stat
 import sys
 from typing import Any
@@ -61,17 +62,39 @@ class ClientPipes:
 def _own(stream: Any, mode: str) -> Any:
     """A file object of our own on `stream`'s descriptor (not closing it): the event loop closes
     the pipe object it was given when its transport goes (uvloop's does at exit), and closing
-    `sys.stdout` itself would make the command's final flush fail."""
+    `sys.stdout` itself would make the command's final flush fail. (Not a duplicated descriptor:
+    with one for each transport on a terminal, uvloop's write side swallowed the input.)"""
     return open(stream.fileno(), mode, buffering=0, closefd=False)  # noqa: SIM115 - the transport closes it
 
 
-def _pollable(stream: Any) -> bool:
-    """Whether the event loop watches `stream`'s descriptor: a pipe or a socket (how an agent
-    runs the command). Anything else is read and written in threads: a terminal (on uvloop a
-    terminal's ^D never reaches the read transport as the end of input), /dev/null (asyncio
-    accepts it, then fails in a callback and never sees its end), a regular file."""
+def piped(stream: Any) -> bool:
+    """Whether `stream` is a pipe or a socket (how an agent runs the command; a person at a
+    terminal is not): `dharma stdio` runs on uvloop only then (on uvloop a terminal's ^D never
+    reaches the read transport as the end of input)."""
     try:
         mode = os.fstat(stream.fileno()).st_mode
     except (AttributeError, OSError, ValueError):
         return False
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _pollable(stream: Any) -> bool:
+    """Whether the event loop can watch `stream`'s descriptor: a pipe, a socket, or a character
+    device epoll accepts (a terminal does, /dev/null does not: asyncio would accept it and then
+    fail in a callback, never seeing its end). Anything else is read and written in threads."""
+    if piped(stream):
+        return True
+    try:
+        fd = stream.fileno()
+        if not stat.S_ISCHR(os.fstat(fd).st_mode) or not hasattr(select, "epoll"):
+            return False
+    except (AttributeError, OSError, ValueError):
+        return False
+    probe = select.epoll()
+    try:
+        probe.register(fd, select.EPOLLIN)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
