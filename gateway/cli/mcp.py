@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
-from gateway.cli.common import COMMANDS, EXIT_FAILED, EXIT_OK, add_command, add_group, out, settings_of
+from gateway.cli.common import COMMANDS, EXIT_FAILED, EXIT_OK, add_command, add_group, loop_factory, out, settings_of
 
 
 
@@ -41,6 +42,7 @@ def cmd_stdio(args: argparse.Namespace) -> int:
     import anyio
 
     from gateway.core.errors import ConfigError
+    from gateway.transports.mcp_stdio.pipes import piped
     from gateway.transports.mcp_stdio.proxy import serve_stdio
 
     command = list(args.server)
@@ -59,7 +61,8 @@ def cmd_stdio(args: argparse.Namespace) -> int:
             progress_interval=args.progress_interval,
         )
 
-    return anyio.run(main)
+    piped_io = piped(sys.stdin) and piped(sys.stdout)  # an agent's pipes: uvloop; a terminal: asyncio's loop
+    return anyio.run(main, backend_options={"loop_factory": loop_factory() if piped_io else None})
 
 
 def cmd_tools_pins(args: argparse.Namespace) -> int:

@@ -7,10 +7,10 @@ Only the command line lives here; what is served is `gateway.runtime` and
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.cli.common import COMMANDS, EXIT_OK, add_command, settings_of
+from gateway.cli.common import COMMANDS, EXIT_OK, add_command, loop_factory, settings_of
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -57,16 +57,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(main())
     return EXIT_OK
-
-
-def loop_factory() -> Callable[[], Any] | None:
-    """uvloop's event loop (libuv, C) when it is installed, else asyncio's default: every byte
-    `dharma serve` moves goes through the loop, and uvloop's transports cost a fraction of the CPU."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop  # type: ignore[no-any-return]
 
 
 def http_protocol() -> Any:

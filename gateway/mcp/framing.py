@@ -14,6 +14,12 @@ SERVER_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 CHUNK = 1 << 16
 
 
+def blank(line: bytes) -> bool:
+    """Whether `line` holds nothing but ASCII whitespace (what `line.strip()` would empty),
+    without copying it: a server's line may be hundreds of megabytes."""
+    return not line or line.isspace()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Oversize:
     """A line over the limit: its first bytes (to find its id) and its full size."""

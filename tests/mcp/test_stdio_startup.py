@@ -81,3 +81,81 @@ async def test_loading_while_the_server_boots_runs_at_a_lower_priority_and_repor
     assert await run_off_loop(niceness, polite=False) == base
     with pytest.raises(ZeroDivisionError):
         await run_off_loop(lambda: 1 / 0, polite=True)
+
+
+def test_dharma_stdio_runs_on_uvloop_when_piped(monkeypatch: Any, tmp_path: Path) -> None:
+    """`dharma stdio` moves every message through its event loop: on an agent's pipes it uses
+    uvloop's (C) loop, as `dharma serve` does, not asyncio's pure-Python selector loop; on
+    anything else (a terminal, a file) asyncio's, which sees a terminal's end of input."""
+    import asyncio
+    import sys
+
+    import uvloop
+
+    from gateway.cli.main import main
+    from gateway.transports.mcp_stdio import proxy
+
+    seen: list[asyncio.AbstractEventLoop] = []
+
+    async def fake_serve_stdio(load_settings: Any, command: Any, **options: Any) -> int:
+        seen.append(asyncio.get_running_loop())
+        return 0
+
+    monkeypatch.setattr(proxy, "serve_stdio", fake_serve_stdio)
+    read_end, write_end = os.pipe()
+    with open(read_end, "rb") as stdin, open(write_end, "wb") as stdout:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        monkeypatch.setattr(sys, "stdout", stdout)
+        assert main(["stdio", "--", "true"]) == 0
+    with open(tmp_path / "in", "wb+") as stdin, open(tmp_path / "out", "wb") as stdout:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        monkeypatch.setattr(sys, "stdout", stdout)
+        assert main(["stdio", "--", "true"]) == 0
+    assert len(seen) == 2 and isinstance(seen[0], uvloop.Loop) and not isinstance(seen[1], uvloop.Loop)
+
+
+def test_dharma_stdio_on_a_terminal_answers_and_exits_cleanly(tmp_path: Path, state: Path, mcp_policy: Path) -> None:
+    """Run by hand in a terminal, stdin and stdout are one tty: on uvloop its read and write
+    transports must both work on it (a duplicated descriptor for each did not: the write side
+    swallowed the input), and at end of input (^D) the command exits 0 without a traceback
+    (the loop closing its transports must not close `sys.stdout`, which the exit flushes)."""
+    import json
+    import os
+    import pty
+    import select
+    import subprocess
+    import termios
+    import time
+
+    from tests.mcp.conftest import gateway_command, gateway_env, test_server_command
+
+    master, slave = pty.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.OPOST  # no \r\n on output
+    attrs[3] &= ~termios.ECHO  # the input is not echoed back to us
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    env = {**os.environ, **gateway_env(tmp_path)}
+    proc = subprocess.Popen(gateway_command(state, mcp_policy, test_server_command()), stdin=slave, stdout=slave,
+                            stderr=subprocess.PIPE, env=env, cwd=REPO)
+    os.close(slave)
+    try:
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                 "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+        os.write(master, json.dumps(hello).encode() + b"\n")
+        received = b""
+        deadline = time.monotonic() + 60
+        while b"\n" not in received:
+            assert time.monotonic() < deadline, f"no answer on the terminal; got {received!r}"
+            if select.select([master], [], [], 1)[0]:
+                received += os.read(master, 65536)
+        answer = json.loads(received.split(b"\n")[0])
+        assert answer["id"] == 1 and "protocolVersion" in answer["result"]
+        os.write(master, b"\x04")  # ^D at the start of a line: end of input
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    assert proc.returncode == 0, err.decode(errors="replace")
+    assert b"Traceback" not in err

@@ -175,9 +175,10 @@ class StdioCallPort:
         waiter = proxy.waiters[rid] = Waiter("client")
         try:
             await proxy.send_client(data)
-            with anyio.move_on_after(timeout):
-                return rid, await waiter.wait()
-            return rid, None
+            try:
+                return rid, await waiter.wait(timeout)
+            except TimeoutError:
+                return rid, None
         finally:
             proxy.waiters.pop(rid, None)
             proxy.session.forget(rid)
@@ -213,8 +214,7 @@ class Forwarder(gov.AnswerRecorder):
             except TimeoutError:
                 raise CallError(ErrorCode.BACKEND_UNAVAILABLE, "the MCP server is restarting; retry shortly") from None
             await proxy.server.send(proxy.session.forward_call(self.key, message))
-            with anyio.fail_after(proxy.server.grace(timeout)):
-                response = await waiter.wait()
+            response = await waiter.wait(proxy.server.grace(timeout))
         except TimeoutError:
             note = jsonrpc.notification("notifications/cancelled", {
                 "requestId": req.id, "reason": f"Dharma Gateway: no answer within {timeout:g}s"})

@@ -30,13 +30,13 @@ class ClientPipes:
         if _pollable(self._in):
             try:
                 reader = asyncio.StreamReader(limit=CHUNK * 4)
-                await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), self._in)
+                await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), _own(self._in, "rb"))
                 self._reader = reader
             except (ValueError, OSError):
                 self._reader = None
         if _pollable(self._out):
             try:
-                transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, self._out)
+                transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, _own(self._out, "wb"))
                 self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
             except (ValueError, OSError):
                 self._writer = None
@@ -59,18 +59,36 @@ class ClientPipes:
         self._out.flush()
 
 
+def _own(stream: Any, mode: str) -> Any:
+    """A file object of our own on `stream`'s descriptor (not closing it): the event loop closes
+    the pipe object it was given when its transport goes (uvloop's does at exit), and closing
+    `sys.stdout` itself would make the command's final flush fail. (Not a duplicated descriptor:
+    with one for each transport on a terminal, uvloop's write side swallowed the input.)"""
+    return open(stream.fileno(), mode, buffering=0, closefd=False)  # noqa: SIM115 - the transport closes it
+
+
+def piped(stream: Any) -> bool:
+    """Whether `stream` is a pipe or a socket (how an agent runs the command; a person at a
+    terminal is not): `dharma stdio` runs on uvloop only then (on uvloop a terminal's ^D never
+    reaches the read transport as the end of input)."""
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
 def _pollable(stream: Any) -> bool:
     """Whether the event loop can watch `stream`'s descriptor: a pipe, a socket, or a character
     device epoll accepts (a terminal does, /dev/null does not: asyncio would accept it and then
     fail in a callback, never seeing its end). Anything else is read and written in threads."""
+    if piped(stream):
+        return True
     try:
         fd = stream.fileno()
-        mode = os.fstat(fd).st_mode
+        if not stat.S_ISCHR(os.fstat(fd).st_mode) or not hasattr(select, "epoll"):
+            return False
     except (AttributeError, OSError, ValueError):
-        return False
-    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-        return True
-    if not stat.S_ISCHR(mode) or not hasattr(select, "epoll"):
         return False
     probe = select.epoll()
     try:

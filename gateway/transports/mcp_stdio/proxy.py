@@ -18,6 +18,7 @@ chunks) and the server's, and does the I/O that `McpSession` (pure) asks for:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -35,7 +36,7 @@ import anyio.to_thread
 import structlog
 
 from gateway.mcp import jsonrpc
-from gateway.mcp.framing import DEFAULT_MAX_MESSAGE_BYTES, LineSplitter, Oversize
+from gateway.mcp.framing import DEFAULT_MAX_MESSAGE_BYTES, LineSplitter, Oversize, blank
 from gateway.mcp.session import (
     CancelHeld,
     GovernCall,
@@ -62,30 +63,41 @@ log = structlog.get_logger()
 
 
 class Waiter:
-    """An answer awaited from the server or the client (to a gateway-originated or governed request)."""
+    """An answer awaited from the server or the client (to a gateway-originated or governed request).
 
-    __slots__ = ("event", "value", "error", "side")
+    A bare asyncio future with a timer rather than an anyio Event under `fail_after`: this is on
+    every governed call's path, and an anyio cancel scope costs several times the rest of it. A
+    failure resolves the future too (with None; the error is kept apart), so one that nobody
+    awaits any more is not reported as an exception never retrieved."""
+
+    __slots__ = ("future", "error", "side")
 
     def __init__(self, side: str) -> None:
-        self.event = anyio.Event()
-        self.value: dict[str, Any] | None = None
+        self.future: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
         self.error: BaseException | None = None
         self.side = side
 
     def set(self, value: dict[str, Any]) -> None:
-        self.value = value
-        self.event.set()
+        if not self.future.done():
+            self.future.set_result(value)
 
     def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.event.set()
+        if not self.future.done():
+            self.error = error
+            self.future.set_result(None)
 
-    async def wait(self) -> dict[str, Any]:
-        await self.event.wait()
-        if self.error is not None:
+    async def wait(self, timeout: float) -> dict[str, Any]:
+        """The answer; TimeoutError when none came within `timeout` seconds (the error `fail`ed
+        with, if any). Cancelling the waiting task cancels only the wait."""
+        timer = asyncio.get_running_loop().call_later(timeout, self.fail, TimeoutError())
+        try:
+            value = await self.future
+        finally:
+            timer.cancel()
+        if value is None:
+            assert self.error is not None
             raise self.error
-        assert self.value is not None
-        return self.value
+        return value
 
 
 class BackendGone(Exception):
@@ -264,7 +276,7 @@ class StdioProxy:
                 if isinstance(line, Oversize):
                     reject = self.session.oversized(jsonrpc.sniff_id(line.prefix), line.size, self.max_message_bytes)
                     await self.do([reject])
-                elif line.strip():
+                elif not blank(line):
                     await self._safely(self._from_client, line, answer_to=line)
 
     async def _from_client(self, line: bytes) -> None:
@@ -294,6 +306,8 @@ class StdioProxy:
     # ---- actions -----------------------------------------------------------------------
 
     async def do(self, actions: list[Any]) -> None:
+        """Carry out `actions` in order. Tasks are started with a `name`: without one anyio builds
+        it from the callable (half of `start_soon`'s cost, on every governed call)."""
         assert self._tg is not None
         for action in actions:
             if isinstance(action, ToServer):
@@ -307,7 +321,7 @@ class StdioProxy:
             elif isinstance(action, ToClient):
                 await self.send_client(action.data)
             elif isinstance(action, GovernCall):
-                self._tg.start_soon(self._safely, self.governed.govern_call, self, action)
+                self._tg.start_soon(self._safely, self.governed.govern_call, self, action, name="mcp.tools_call")
             elif isinstance(action, ListAnswer):
                 await self.governed.list_answer(self, action)
             elif isinstance(action, Resolve):
@@ -321,9 +335,9 @@ class StdioProxy:
                 else:  # still being decided: its answer will be dropped
                     self.cancelled.add(action.key)
             elif isinstance(action, Reject):
-                self._tg.start_soon(self._safely, self._reject, action)
+                self._tg.start_soon(self._safely, self._reject, action, name="mcp.reject")
             elif isinstance(action, Passed):
-                self._tg.start_soon(self._safely, self.governed.record_passed, self, action.method)
+                self._tg.start_soon(self._safely, self.governed.record_passed, self, action.method, name="mcp.passed")
 
     async def _reject(self, action: Reject) -> None:
         """A refused message is recorded in the ledger: a handshake line refused before the
@@ -343,8 +357,7 @@ class StdioProxy:
         waiter = self.waiters[rid] = Waiter("server")
         try:
             await self.server.send(data)
-            with anyio.fail_after(self.server.grace(timeout)):
-                return await waiter.wait()
+            return await waiter.wait(self.server.grace(timeout))
         finally:
             self.waiters.pop(rid, None)
             self.session.forget(rid)

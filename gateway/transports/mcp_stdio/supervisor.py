@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 import structlog
 
-from gateway.mcp.framing import CHUNK, SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize
+from gateway.mcp.framing import CHUNK, SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize, blank
 from gateway.transports.upstreams.mcp_stdio import stop_process
 
 #: Seconds a request waits for a server that was just (re)started and has not answered yet.
@@ -140,7 +140,7 @@ class Supervisor:
             for line in splitter.feed(chunk):
                 if isinstance(line, Oversize):
                     log.error("backend.message_too_large", backend=self.backend_id, size=line.size)
-                elif line.strip():
+                elif not blank(line):
                     await self._on_line(line)
 
     async def _stderr_pump(self, stderr: anyio.abc.ByteReceiveStream) -> None:
