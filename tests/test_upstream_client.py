@@ -112,6 +112,26 @@ async def post(pool: HttpPool, body: bytes = b"{}", headers: dict[str, str] | No
         response.release()
 
 
+async def posts(url: str, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """`count` POSTs one after the other through one pool, closed after."""
+    pool = HttpPool("t", url)
+    try:
+        return [await post(pool) for _ in range(count)]
+    finally:
+        pool.close()
+
+
+async def refused(upstream: McpHttpUpstream) -> UpstreamError:
+    """The error one POST through `upstream` raises (closed after)."""
+    try:
+        with pytest.raises(UpstreamError) as caught:
+            async with upstream.post(b"{}", HEADERS):
+                pass
+    finally:
+        await upstream.aclose()
+    return caught.value
+
+
 # ---- the pool --------------------------------------------------------------------------------
 
 
@@ -199,13 +219,8 @@ async def test_an_answer_that_ends_its_connection_is_not_reused(answer: bytes) -
         await writer.drain()
 
     async with server(once) as (url, seen):
-        pool = HttpPool("t", url)
-        try:
-            for _ in range(2):
-                status, _headers, body = await post(pool)
-                assert (status, body) == (200, JSON)
-        finally:
-            pool.close()
+        answers = await posts(url, 2)
+    assert [(status, body) for status, _, body in answers] == [(200, JSON)] * 2
     assert seen.accepted == 2
 
 
@@ -378,13 +393,9 @@ async def test_an_interim_answer_is_skipped() -> None:
             await writer.drain()
 
     async with server(early_hints) as (url, seen):
-        pool = HttpPool("t", url)
-        try:
-            for _ in range(2):
-                status, headers, body = await post(pool)
-                assert (status, body) == (200, JSON) and "link" not in headers
-        finally:
-            pool.close()
+        answers = await posts(url, 2)
+    assert [(status, body) for status, _, body in answers] == [(200, JSON)] * 2
+    assert all("link" not in headers for _, headers, _ in answers)
     assert seen.accepted == 1
 
 
@@ -411,15 +422,9 @@ async def test_every_failure_is_an_upstream_error_naming_the_upstream(answer: by
         reset(writer)
 
     async with server(broken) as (url, seen):
-        upstream = McpHttpUpstream("flaky", url)
-        try:
-            with pytest.raises(UpstreamError) as caught:
-                async with upstream.post(b"{}", HEADERS):
-                    pass
-        finally:
-            await upstream.aclose()
-    assert caught.value.kind == "unavailable"
-    assert "upstream flaky" in caught.value.message and words in caught.value.message, caught.value.message
+        error = await refused(McpHttpUpstream("flaky", url))
+    assert error.kind == "unavailable"
+    assert "upstream flaky" in error.message and words in error.message, error.message
     assert len(seen.heads) == 1, "a POST was sent twice"
 
 
@@ -427,12 +432,8 @@ async def test_an_unreachable_upstream_is_an_upstream_error() -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     listener.close()  # nothing listens there now
-    upstream = McpHttpUpstream("gone", f"http://127.0.0.1:{port}/mcp")
-    with pytest.raises(UpstreamError) as caught:
-        async with upstream.post(b"{}", HEADERS):
-            pass
-    await upstream.aclose()
-    assert caught.value.kind == "unavailable" and "upstream gone is unreachable" in caught.value.message
+    error = await refused(McpHttpUpstream("gone", f"http://127.0.0.1:{port}/mcp"))
+    assert error.kind == "unavailable" and "upstream gone is unreachable" in error.message
 
 
 async def test_a_redirect_is_not_followed() -> None:
@@ -509,14 +510,8 @@ async def test_https_upstream_with_a_trusted_certificate_keeps_its_connection(tm
 async def test_https_upstream_with_an_untrusted_certificate_is_refused(tmp_path: Path) -> None:
     server_context, _ = self_signed(tmp_path)
     async with server(answering, ssl_context=server_context) as (url, seen):
-        upstream = McpHttpUpstream("tls", url)  # the default context: the system's trust store
-        try:
-            with pytest.raises(UpstreamError) as caught:
-                async with upstream.post(b"{}", HEADERS):
-                    pass
-        finally:
-            await upstream.aclose()
-    assert caught.value.kind == "unavailable" and "SSLCertVerificationError" in caught.value.message
+        error = await refused(McpHttpUpstream("tls", url))  # the default context: the system's trust store
+    assert error.kind == "unavailable" and "SSLCertVerificationError" in error.message
     assert seen.heads == []
 
 
@@ -579,15 +574,11 @@ async def test_a_connect_that_hangs_is_a_timeout(monkeypatch: pytest.MonkeyPatch
             filler.setblocking(False)
             filler.connect_ex(listener.getsockname())
             fillers.append(filler)
-        upstream = McpHttpUpstream("stuck", f"http://127.0.0.1:{listener.getsockname()[1]}/mcp")
         started = time.monotonic()
-        with pytest.raises(UpstreamError) as caught:
-            async with upstream.post(b"{}", HEADERS):
-                pass
-        await upstream.aclose()
+        error = await refused(McpHttpUpstream("stuck", f"http://127.0.0.1:{listener.getsockname()[1]}/mcp"))
     finally:
         for filler in fillers:
             filler.close()
         listener.close()
-    assert caught.value.kind == "timeout" and "upstream stuck did not answer" in caught.value.message, caught.value.message
+    assert error.kind == "timeout" and "upstream stuck did not answer" in error.message, error.message
     assert 0.25 <= time.monotonic() - started < DEADLINE
