@@ -48,6 +48,30 @@ async def test_facts_round_trip_and_end_forgets_them(store: SessionStore) -> Non
     assert await store.load("dgs_a") is None and await store.events("dgs_a").find(kept) is None
 
 
+async def test_what_a_store_hands_out_or_takes_shares_nothing_with_what_it_keeps(store: SessionStore) -> None:
+    """Changing loaded (or created, or saved) facts in place changes nothing kept until `save`,
+    on the in-memory form as on Redis (where every load is decoded afresh)."""
+    created = SessionFacts(id="dgs_c", principal="alice", nonce="n1",
+                           capabilities={"elicitation": {"form": {}}, "roots": {"names": ["a"]}},
+                           upstream_sids={"toy": "up-1"}, upstream_versions={"toy": "2025-06-18"})
+    await store.create(created)
+    created.capabilities["elicitation"]["form"]["x"] = 1
+    loaded = await store.load("dgs_c")
+    assert loaded is not None and loaded.capabilities == {"elicitation": {"form": {}}, "roots": {"names": ["a"]}}
+    loaded.capabilities["roots"]["names"].append("b")
+    loaded.upstream_sids["toy"] = "up-2"
+    loaded.upstream_versions["other"] = "2025-11-25"
+    again = await store.load("dgs_c")
+    assert again is not None and again.model_dump() == {
+        "id": "dgs_c", "principal": "alice", "nonce": "n1", "version": None,
+        "capabilities": {"elicitation": {"form": {}}, "roots": {"names": ["a"]}},
+        "upstream_sids": {"toy": "up-1"}, "upstream_versions": {"toy": "2025-06-18"}}
+    await store.save(loaded)
+    loaded.capabilities["roots"]["names"].append("c")
+    kept = await store.load("dgs_c")
+    assert kept is not None and kept.capabilities["roots"]["names"] == ["a", "b"] and kept.upstream_sids == {"toy": "up-2"}
+
+
 async def test_idle_sessions_expire_and_use_keeps_them(store: SessionStore) -> None:
     await store.create(_facts("dgs_used"))
     await store.create(_facts("dgs_idle"))
