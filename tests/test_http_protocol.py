@@ -5,6 +5,7 @@ keep-alive, a failing app)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from typing import Any
 
@@ -126,3 +127,47 @@ async def test_app_failing_after_its_head_closes_the_connection() -> None:
             assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"\r\n\r\n")  # the head, then the close
         finally:
             sock.close()
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+async def _get_json(base: str) -> None:
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(b"GET /json?q=1 HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert (await _read_until(reader, b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
+    finally:
+        writer.close()
+
+
+async def test_access_lines_are_built_only_when_the_access_log_writes_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At uvicorn's `warning` level (what `dharma serve` uses) a connection builds no access line;
+    at `info` each response still gets its line, as uvicorn writes it."""
+    pytest.importorskip("httptools")
+    built: list[object] = []
+    import uvicorn.protocols.http.httptools_impl as impl
+
+    real = impl.get_client_addr
+    monkeypatch.setattr(impl, "get_client_addr", lambda scope: built.append(scope) or real(scope))
+    lines = _Lines()
+    access = logging.getLogger("uvicorn.access")
+    async with serve_asgi(app, http=OneWriteHttpToolsProtocol) as base:
+        level = access.level
+        access.addHandler(lines)
+        try:
+            await _get_json(base)
+            assert built == [] and lines.lines == []
+            access.setLevel(logging.INFO)  # a connection opened from now on writes its lines
+            await _get_json(base)
+        finally:
+            access.removeHandler(lines)
+            access.setLevel(level)
+    assert len(built) == 1 and len(lines.lines) == 1 and '"GET /json?q=1 HTTP/1.1" 200' in lines.lines[0]

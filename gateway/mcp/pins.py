@@ -31,9 +31,17 @@ DISTRUSTED = PinState(changed=True, accepted=False)
 log = structlog.get_logger()
 
 
+_last_stamp: tuple[int, str] = (-1, "")
+
+
 def now_stamp() -> str:
-    """The time a pin or a sighting is stamped with (UTC, seconds)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    """The time a pin or a sighting is stamped with (UTC, seconds). Formatted once per second:
+    every `tools/call` observes its tool's pin, and `strftime` cost more than the rest of a hit."""
+    global _last_stamp
+    second = int(time.time())
+    if _last_stamp[0] != second:
+        _last_stamp = (second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second)))
+    return _last_stamp[1]
 
 
 def diff_definitions(old: Any, new: Any) -> list[str]:

@@ -7,11 +7,13 @@ signal: `publish` does nothing and `signals` ends at once.
 
 from __future__ import annotations
 
+import copy
 import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 
@@ -99,6 +101,30 @@ class MemoryEventStore:
         self.size -= size
 
 
+def detached(facts: SessionFacts) -> SessionFacts:
+    """A copy of `facts` that shares no mutable value with them, as a shared store's would be.
+
+    Every legacy request loads its session: `model_copy(deep=True)` (a generic deepcopy) cost
+    ~12 µs of it; the fields' own shapes (strings, flat dicts of strings, JSON capabilities) copy
+    in ~4 µs."""
+    out = facts.model_copy()
+    out.capabilities = _json_copy(facts.capabilities)
+    out.upstream_sids = dict(facts.upstream_sids)
+    out.upstream_versions = dict(facts.upstream_versions)
+    return out
+
+
+def _json_copy(value: Any) -> Any:
+    """A deep copy of a decoded JSON value (anything else is deep-copied the generic way)."""
+    if isinstance(value, dict):
+        return {k: _json_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_copy(v) for v in value]
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    return copy.deepcopy(value)
+
+
 class MemorySessionStore:
     """Legacy sessions of this process (`gateway.stores.base.SessionStore`), with idle expiry."""
 
@@ -114,7 +140,7 @@ class MemorySessionStore:
         now = self._clock()
         for sid in [s for s, used in self._used.items() if now - used >= self.idle_seconds]:
             self._drop(sid)
-        self._sessions[facts.id] = facts.model_copy(deep=True)
+        self._sessions[facts.id] = detached(facts)
         self._used[facts.id] = now
 
     async def load(self, session_id: str) -> SessionFacts | None:
@@ -126,18 +152,21 @@ class MemorySessionStore:
             self._drop(session_id)
             return None
         self._used[session_id] = now
-        return self._sessions[session_id].model_copy(deep=True)
+        return detached(self._sessions[session_id])
 
     async def save(self, facts: SessionFacts) -> None:
         if facts.id in self._sessions:
-            self._sessions[facts.id] = facts.model_copy(deep=True)
+            self._sessions[facts.id] = detached(facts)
 
     async def end(self, session_id: str) -> None:
         self._drop(session_id)
 
     def events(self, session_id: str) -> MemoryEventStore:
         """The session's store (made for a session being opened; `end` forgets it if it never opens)."""
-        return self._events.setdefault(session_id, MemoryEventStore())
+        store = self._events.get(session_id)
+        if store is None:
+            store = self._events[session_id] = MemoryEventStore()
+        return store
 
     async def publish(self, signal: SessionSignal) -> None:
         return None

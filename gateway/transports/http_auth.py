@@ -54,6 +54,8 @@ log = structlog.get_logger()
 
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 STATE_CREDENTIALS, STATE_PRINCIPAL, STATE_AUTH = "dharma.credentials", "dharma.principal", "dharma.auth"
+#: How many paths `HttpAuth` remembers its routing answers for (the table starts over when full).
+_MAX_ROUTES = 256
 STRIPPED_HEADERS = frozenset({b"authorization", b"proxy-authorization", b"x-api-key"})
 
 
@@ -218,6 +220,7 @@ class HttpAuth:
         self._prefixes(self.anonymous)
         self.required_scopes = tuple(required_scopes)
         self.error_body = error_body
+        self._routes: dict[str, tuple[bool, str | None, bool]] = {}  # `_route`'s answers by path
 
     @staticmethod
     def _prefixes(paths: Iterable[str]) -> tuple[str, ...]:
@@ -235,7 +238,8 @@ class HttpAuth:
             await self.app(scope, receive, send)
             return
         path = route_path(scope)
-        if not self._under(path, self.protect):
+        protected, anonymous_user, deferred = self._route(path)
+        if not protected:
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
@@ -247,8 +251,7 @@ class HttpAuth:
             log.info("auth.origin_refused", path=path, origin=origin[:200])
             await self._answer(send, 403, None, ErrorCode.FORBIDDEN, "this Origin may not call the gateway")
             return
-        result = await self.authenticate(headers, self._anonymous_user(path))
-        deferred = self._under(path, self.defer)
+        result = await self.authenticate(headers, anonymous_user)
         if not result.ok:
             log.info("auth.refused", path=path, status=result.status, error=result.error, reason=result.message, deferred=deferred and result.status == 401)
             if not (deferred and result.status == 401):
@@ -278,6 +281,16 @@ class HttpAuth:
 
     def _anonymous_user(self, path: str) -> str | None:
         return next((user for prefix, user in self.anonymous.items() if self._under(path, (prefix,))), None)
+
+    def _route(self, path: str) -> tuple[bool, str | None, bool]:
+        """(protected, anonymous user, deferred) for `path`, worked out once per path: every `/mcp`
+        request asked the same three prefix questions (~2 µs). A bounded table: paths are the client's."""
+        known = self._routes.get(path)
+        if known is None:
+            if len(self._routes) >= _MAX_ROUTES:
+                self._routes.clear()
+            known = self._routes[path] = (self._under(path, self.protect), self._anonymous_user(path), self._under(path, self.defer))
+        return known
 
     async def authenticate(self, headers: Headers, anonymous_user: str | None = None) -> AuthResult:
         """Read and check the caller's credentials (never raises; failures are in the result)."""

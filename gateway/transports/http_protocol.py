@@ -14,6 +14,7 @@ cycle are uvicorn's own.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -63,7 +64,15 @@ class _HeldHead:
 
 
 class OneWriteHttpToolsProtocol(HttpToolsProtocol):
-    """`HttpToolsProtocol` writing through `_HeldHead` (see the module docstring)."""
+    """`HttpToolsProtocol` writing through `_HeldHead` (see the module docstring).
+
+    uvicorn builds every response's access line (client address, quoted path) whenever its access
+    logger has a handler, even at a level that drops the line (`dharma serve` runs it at warning):
+    here the line is built only when the logger would write it, judged per connection."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.access_log = self.access_log and self.access_logger.isEnabledFor(logging.INFO)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_HeldHead(transport, self))  # type: ignore[arg-type]

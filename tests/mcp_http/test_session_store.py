@@ -48,6 +48,30 @@ async def test_facts_round_trip_and_end_forgets_them(store: SessionStore) -> Non
     assert await store.load("dgs_a") is None and await store.events("dgs_a").find(kept) is None
 
 
+async def test_what_a_store_hands_out_or_takes_shares_nothing_with_what_it_keeps(store: SessionStore) -> None:
+    """Changing loaded (or created, or saved) facts in place changes nothing kept until `save`,
+    on the in-memory form as on Redis (where every load is decoded afresh)."""
+    created = SessionFacts(id="dgs_c", principal="alice", nonce="n1",
+                           capabilities={"elicitation": {"form": {}}, "roots": {"names": ["a"]}},
+                           upstream_sids={"toy": "up-1"}, upstream_versions={"toy": "2025-06-18"})
+    await store.create(created)
+    created.capabilities["elicitation"]["form"]["x"] = 1
+    loaded = await store.load("dgs_c")
+    assert loaded is not None and loaded.capabilities == {"elicitation": {"form": {}}, "roots": {"names": ["a"]}}
+    loaded.capabilities["roots"]["names"].append("b")
+    loaded.upstream_sids["toy"] = "up-2"
+    loaded.upstream_versions["other"] = "2025-11-25"
+    again = await store.load("dgs_c")
+    assert again is not None and again.model_dump() == {
+        "id": "dgs_c", "principal": "alice", "nonce": "n1", "version": None,
+        "capabilities": {"elicitation": {"form": {}}, "roots": {"names": ["a"]}},
+        "upstream_sids": {"toy": "up-1"}, "upstream_versions": {"toy": "2025-06-18"}}
+    await store.save(loaded)
+    loaded.capabilities["roots"]["names"].append("c")
+    kept = await store.load("dgs_c")
+    assert kept is not None and kept.capabilities["roots"]["names"] == ["a", "b"] and kept.upstream_sids == {"toy": "up-2"}
+
+
 async def test_idle_sessions_expire_and_use_keeps_them(store: SessionStore) -> None:
     await store.create(_facts("dgs_used"))
     await store.create(_facts("dgs_idle"))
@@ -81,3 +105,32 @@ async def test_signals_reach_the_other_replicas_only(redis_url: str) -> None:
     finally:
         await link.aclose()
     assert [(s.kind, s.session, s.key, s.origin) for s in got] == [("cancel", "dgs_a", 7, a.replica)]
+
+
+async def test_an_idle_local_part_is_renewed_on_its_next_use_and_the_others_swept(demo_gateway: Any) -> None:
+    """This replica's `Local` part of a session (its catalog, waiters, holds) idle for the store's
+    limit is replaced on the session's next request, as before; the idle parts of other sessions
+    go with a sweep that runs at most once per `SWEEP_SECONDS` (it used to scan every session on
+    every request). A part with a held call is kept."""
+    from gateway.transports.mcp_http import sessions as legacy
+    from gateway.transports.mcp_http.relay import Relay
+    from gateway.transports.upstreams.mcp_http import McpHttpUpstream
+
+    store = MemorySessionStore(3600.0)
+    parts = legacy.LegacySessions(demo_gateway, Relay([McpHttpUpstream("toy", "http://127.0.0.1:9/mcp")], store), store)
+    for sid in ("dgs_a", "dgs_b", "dgs_held", "dgs_c"):
+        await store.create(_facts(sid))
+        assert await parts.find(sid, "alice") is not None
+    first = parts.local["dgs_a"]
+    again = await parts.find("dgs_a", "alice")
+    assert again is not None and again.local is first  # in use: the same part
+    parts.local["dgs_held"].holds["c"] = anyio.CancelScope()
+    for sid in ("dgs_a", "dgs_b", "dgs_held"):  # unused here for the limit (another replica served them)
+        parts.local[sid].used -= store.idle_seconds
+    parts._swept = time.monotonic()  # a sweep just ran: the next request does not scan
+    renewed = await parts.find("dgs_a", "alice")
+    assert renewed is not None and renewed.local is not first and parts.local["dgs_a"] is renewed.local
+    assert "dgs_b" in parts.local
+    parts._swept -= legacy.SWEEP_SECONDS
+    assert await parts.find("dgs_c", "alice") is not None
+    assert set(parts.local) == {"dgs_a", "dgs_held", "dgs_c"}

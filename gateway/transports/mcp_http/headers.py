@@ -53,9 +53,30 @@ def decode_value(value: str | None) -> str | None:
         return None
 
 
+#: `header_map` results by schema object (kept alive with them, so an id is never reused while
+#: cached): a 2026 `tools/call` asked it three times per call (check, forward, params) of the same
+#: catalog definition, which the gateway never changes in place (its digest is cached the same way).
+_MAPS: dict[int, tuple[Any, dict[tuple[str, ...], tuple[str, Any]] | None]] = {}
+_MAX_MAPS = 1024
+
+
 def header_map(schema: Any) -> dict[tuple[str, ...], tuple[str, Any]] | None:
     """{property path: (header token, property type)} for `x-mcp-header` annotations reachable by a
-    chain of `properties`; None when an annotation is invalid (clients then drop the tool)."""
+    chain of `properties`; None when an annotation is invalid (clients then drop the tool).
+    The result is shared: read it, never change it."""
+    if not isinstance(schema, dict):
+        return {}
+    hit = _MAPS.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    found = _header_map(schema)
+    if len(_MAPS) >= _MAX_MAPS:
+        _MAPS.clear()
+    _MAPS[id(schema)] = (schema, found)
+    return found
+
+
+def _header_map(schema: dict[str, Any]) -> dict[tuple[str, ...], tuple[str, Any]] | None:
     out: dict[tuple[str, ...], tuple[str, Any]] = {}
     seen: set[str] = set()
     stack: list[tuple[tuple[str, ...], Any]] = [((), schema)]

@@ -37,6 +37,11 @@ from gateway.transports.upstreams.replies import UpstreamError, UpstreamReply
 log = structlog.get_logger()
 
 
+#: How often a request sweeps the idle `Local` parts of other sessions (memory only: the session a
+#: request names is checked on the spot). A sweep on every request cost O(sessions) each.
+SWEEP_SECONDS = 1.0
+
+
 class LegacySessions:
     """`initialize`, GET and DELETE of legacy sessions (see the module docstring)."""
 
@@ -45,6 +50,7 @@ class LegacySessions:
         self.relay = relay
         self.store = store
         self.local: dict[str, Local] = {}
+        self._swept = time.monotonic()  # when idle `Local` parts were last dropped
 
     async def find(self, sid: str, principal: str) -> HttpSession | None:
         """The session `sid` if `principal` opened it (another principal's id is as good as unknown).
@@ -55,9 +61,14 @@ class LegacySessions:
         if facts is None or facts.principal != principal:
             return None
         now = time.monotonic()
-        for old in [k for k, v in self.local.items() if now - v.used >= self.store.idle_seconds and not v.busy()]:
-            del self.local[old]
-        local = self.local.setdefault(sid, Local())
+        idle = self.store.idle_seconds
+        if now - self._swept >= SWEEP_SECONDS:
+            self._swept = now
+            for old in [k for k, v in self.local.items() if now - v.used >= idle and not v.busy()]:
+                del self.local[old]
+        local = self.local.get(sid)
+        if local is None or (now - local.used >= idle and not local.busy()):  # this one: exactly at its limit
+            local = self.local[sid] = Local()
         local.used = now
         return HttpSession.of(facts, local, self.store.events(sid), self.store.replica)
 

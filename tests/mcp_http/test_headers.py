@@ -1,0 +1,34 @@
+"""The 2026 routing-header codec's `header_map`, now remembered per schema object: each
+definition still gets its own map, a changed definition (a new object) its new one."""
+
+from __future__ import annotations
+
+import copy
+
+from gateway.transports.mcp_http import headers as mh
+
+
+def _schema(token: object, kind: str = "string") -> dict[str, object]:
+    return {"type": "object", "properties": {"text": {"type": "string"}, "region": {"type": kind, "x-mcp-header": token}}}
+
+
+def test_each_schema_object_gets_its_own_map_and_a_new_definition_its_new_one() -> None:
+    first = _schema("Region")
+    assert mh.header_map(first) == {("region",): ("Region", "string")}
+    assert mh.header_map(first) is mh.header_map(first)  # remembered, not walked again
+    renamed = copy.deepcopy(first)
+    renamed["properties"]["region"]["x-mcp-header"] = "Zone"  # type: ignore[index]
+    assert mh.header_map(renamed) == {("region",): ("Zone", "string")}
+    assert mh.header_map(first) == {("region",): ("Region", "string")}
+    assert mh.header_map(_schema("Bad Token")) is None and mh.header_map(_schema("Region", "object")) is None
+    assert mh.header_map(None) == {} and mh.header_map(["not", "a", "schema"]) == {}
+    body = {"method": "tools/call", "params": {"name": "t", "arguments": {"text": "x", "region": "eu"}}}
+    assert mh.forwarded({}, body, renamed)["Mcp-Param-Zone"] == "eu"
+    assert mh.check([("mcp-method", "tools/call"), ("mcp-name", "t"), ("mcp-param-region", "eu")], body, first) is None
+    assert mh.check([("mcp-method", "tools/call"), ("mcp-name", "t"), ("mcp-param-region", "eu")], body, renamed) is not None
+
+
+def test_the_remembered_maps_stay_bounded() -> None:
+    for _ in range(mh._MAX_MAPS + 10):
+        mh.header_map(_schema("Region"))
+    assert len(mh._MAPS) <= mh._MAX_MAPS
