@@ -49,8 +49,7 @@ from gateway.mcp.session import (
     ToServer,
 )
 from gateway.transports.mcp_stdio.pipes import ClientPipes
-from gateway.transports.mcp_stdio.supervisor import RESTART_GRACE, Supervisor, spawn_server
-from gateway.transports.upstreams.mcp_stdio import stop_process
+from gateway.transports.mcp_stdio.supervisor import RESTART_GRACE, ServerProcess, Supervisor, spawn_server
 
 if TYPE_CHECKING:
     from gateway.core.call import Credentials
@@ -207,7 +206,7 @@ class StdioProxy:
 
     # ---- lifecycle ---------------------------------------------------------------------
 
-    async def run(self, client: ClientPipes, first: anyio.abc.Process | None = None, *,
+    async def run(self, client: ClientPipes, first: ServerProcess | None = None, *,
                   load: Callable[[], Awaitable[None]] | None = None) -> int:
         """Proxy until the client closes stdin; `first` is the server when it was already started.
         `load` opens the gateway and `attach`es it while the handshake is relayed; if it fails, the
@@ -402,7 +401,7 @@ async def serve_stdio(
         client = ClientPipes()
         await client.open()
     except BaseException:
-        await stop_process(first)
+        await first.stop()
         raise
     async with contextlib.AsyncExitStack() as stack:
 

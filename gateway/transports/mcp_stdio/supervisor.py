@@ -12,12 +12,14 @@ The proxy decides what the lines mean; this module only keeps a live process beh
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import structlog
 
 from gateway.mcp.framing import CHUNK, SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize, blank
@@ -28,11 +30,50 @@ RESTART_GRACE = 15.0
 log = structlog.get_logger()
 
 
-async def spawn_server(command: Sequence[str], env: dict[str, str] | None = None) -> anyio.abc.Process:
-    """Start the MCP server with its three pipes (raises OSError when it cannot be started)."""
-    return await anyio.open_process(
-        list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, **(env or {})})
+class ServerProcess:
+    """A running server: the anyio process (its stdout, stderr and exit) and an asyncio writer of
+    our own on its stdin. Not anyio's stdin stream: its `send` ends with a shielded checkpoint (a
+    cancel scope and a trip round the event loop) for every message, on every governed call."""
+
+    __slots__ = ("proc", "stdin")
+
+    def __init__(self, proc: anyio.abc.Process, stdin: asyncio.StreamWriter) -> None:
+        self.proc = proc
+        self.stdin = stdin
+
+    async def send(self, data: bytes) -> None:
+        """Write one message line (a cancelled caller writes nothing, as with anyio's stream)."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        self.stdin.write(data + b"\n")
+        await self.stdin.drain()
+
+    async def stop(self) -> None:
+        """Close stdin, then wait, terminate, kill (`stop_process`; shielded from cancellation)."""
+        await stop_process(self.proc, self.stdin)
+
+
+async def spawn_server(command: Sequence[str], env: dict[str, str] | None = None) -> ServerProcess:
+    """Start the MCP server with its three pipes (raises OSError when it cannot be started); its
+    stdin is a pipe of our own, written through `ServerProcess.send`."""
+    read_end, write_end = os.pipe()
+    pipe = open(write_end, "wb", buffering=0)  # noqa: SIM115 - the write transport closes it
+    try:
+        proc = await anyio.open_process(
+            list(command), stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, **(env or {})})
+    except BaseException:
+        pipe.close()
+        raise
+    finally:
+        os.close(read_end)
+    loop = asyncio.get_running_loop()
+    try:
+        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, pipe)
+    except BaseException:
+        pipe.close()
+        await stop_process(proc)
+        raise
+    return ServerProcess(proc, asyncio.StreamWriter(transport, protocol, None, loop))
 
 
 class Supervisor:
@@ -55,10 +96,10 @@ class Supervisor:
         self.ready = anyio.Event()
         self.closing = False
         self._on_line, self._on_exit, self._on_restart = on_line, on_exit, on_restart
-        self._proc: anyio.abc.Process | None = None
+        self._proc: ServerProcess | None = None
         self._heard = False
 
-    async def spawn(self) -> anyio.abc.Process:
+    async def spawn(self) -> ServerProcess:
         """Start the server (raises OSError when it cannot be started)."""
         self._heard = False
         self._proc = await spawn_server(self.command, self.env)
@@ -81,18 +122,18 @@ class Supervisor:
 
     async def send(self, data: bytes) -> None:
         """Write one message line to the server (a dead server's pipe is logged, not raised)."""
-        proc = self._proc
+        server = self._proc
         try:
-            assert proc is not None and proc.stdin is not None
-            await proc.stdin.send(data + b"\n")
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, AssertionError) as exc:
+            assert server is not None
+            await server.send(data)
+        except (OSError, RuntimeError, AssertionError) as exc:  # RuntimeError: uvloop's closed transport
             log.warning("backend.write_failed", backend=self.backend_id, error=type(exc).__name__)
 
-    async def run(self, first: anyio.abc.Process) -> None:
+    async def run(self, first: ServerProcess) -> None:
         """Pump the server until the proxy closes, restarting it whenever it exits."""
-        proc, attempt = first, 0
+        server, attempt = first, 0
         while True:
-            self._proc = proc
+            self._proc, proc = server, server.proc
             async with anyio.create_task_group() as inner:
                 assert proc.stderr is not None and proc.stdout is not None
                 inner.start_soon(self._stderr_pump, proc.stderr)
@@ -106,6 +147,7 @@ class Supervisor:
                 await proc.wait()
             if self.closing:
                 return
+            server.stdin.close()
             log.error("backend.exited", backend=self.backend_id, returncode=proc.returncode)
             self.ready = anyio.Event()
             await self._on_exit()
@@ -115,14 +157,14 @@ class Supervisor:
             if self.closing:
                 return
             try:
-                proc = await self.spawn()
+                server = await self.spawn()
             except OSError as exc:
                 log.error("backend.restart_failed", backend=self.backend_id, error=str(exc))
 
     async def stop(self) -> None:
         self.closing = True
         if self._proc is not None:
-            await stop_process(self._proc)
+            await self._proc.stop()
 
     async def _reinitialize(self) -> None:
         await self._on_restart()
