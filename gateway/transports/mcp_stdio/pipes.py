@@ -54,6 +54,15 @@ class ClientPipes:
         async with self._lock:
             await anyio.to_thread.run_sync(self._blocking_write, data + b"\n")
 
+    def write_now(self, data: bytes) -> bool:
+        """Write `data` (and its newline) at once if that needs no waiting: an asyncio pipe with
+        nothing buffered. False (nothing written) leaves it to `write`, which waits its turn."""
+        writer = self._writer
+        if writer is None or writer.transport.is_closing() or writer.transport.get_write_buffer_size():
+            return False
+        writer.write(data + b"\n")
+        return True
+
     def _blocking_write(self, data: bytes) -> None:
         self._out.write(data)
         self._out.flush()

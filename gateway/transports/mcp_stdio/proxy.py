@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,8 +49,7 @@ from gateway.mcp.session import (
     ToServer,
 )
 from gateway.transports.mcp_stdio.pipes import ClientPipes
-from gateway.transports.mcp_stdio.supervisor import RESTART_GRACE, Supervisor, spawn_server
-from gateway.transports.upstreams.mcp_stdio import stop_process
+from gateway.transports.mcp_stdio.supervisor import RESTART_GRACE, ServerProcess, Supervisor, spawn_server
 
 if TYPE_CHECKING:
     from gateway.core.call import Credentials
@@ -207,7 +206,7 @@ class StdioProxy:
 
     # ---- lifecycle ---------------------------------------------------------------------
 
-    async def run(self, client: ClientPipes, first: anyio.abc.Process | None = None, *,
+    async def run(self, client: ClientPipes, first: ServerProcess | None = None, *,
                   load: Callable[[], Awaitable[None]] | None = None) -> int:
         """Proxy until the client closes stdin; `first` is the server when it was already started.
         `load` opens the gateway and `attach`es it while the handshake is relayed; if it fails, the
@@ -282,14 +281,40 @@ class StdioProxy:
     async def _from_client(self, line: bytes) -> None:
         await self.do(self.session.from_client(line))
 
-    async def _from_server(self, line: bytes) -> None:
-        await self._safely(self._server_line, line)
-
-    async def _server_line(self, line: bytes) -> None:
-        actions = self.session.from_server(line)
+    def _from_server(self, line: bytes) -> Coroutine[Any, Any, None] | None:
+        """A server line, in the event loop's read callback (`ServerOutput`): an answer awaited
+        here is resolved and a relay to a client pipe with room is written on the spot; anything
+        else is returned for the server's pump to await before the next line."""
+        try:
+            actions = self.session.from_server(line)
+        except Exception:
+            log.exception("mcp.message_failed", handler="_from_server", request_id=None)
+            return None
         if not actions:
             log.warning("backend.not_jsonrpc", backend=self.backend_id, line=line[:200].decode("utf-8", "replace"))
-        await self.do(actions)
+            return None
+        if len(actions) == 1:
+            action = actions[0]
+            if type(action) is Resolve:
+                self._resolve(action)
+                return None
+            if type(action) is ToClient and self._write_now(action.data):
+                return None
+        return self._safely(self.do, actions)
+
+    def _write_now(self, data: bytes) -> bool:
+        """Write to the client at once if that needs no waiting (see `ClientPipes.write_now`)."""
+        assert self._client is not None
+        try:
+            return self._client.write_now(data)
+        except (BrokenPipeError, ConnectionResetError, OSError, RuntimeError) as exc:
+            log.warning("client.write_failed", error=type(exc).__name__)
+            return True
+
+    def _resolve(self, action: Resolve) -> None:
+        waiter = self.waiters.pop(action.id, None)
+        if waiter is not None:
+            waiter.set(action.response)
 
     async def _safely(self, handle: Callable[..., Awaitable[None]], *args: Any, answer_to: bytes | None = None) -> None:
         """Handle one message; a failure is logged (and a client request answered -32603), and the
@@ -325,9 +350,7 @@ class StdioProxy:
             elif isinstance(action, ListAnswer):
                 await self.governed.list_answer(self, action)
             elif isinstance(action, Resolve):
-                waiter = self.waiters.pop(action.id, None)
-                if waiter is not None:
-                    waiter.set(action.response)
+                self._resolve(action)
             elif isinstance(action, CancelHeld):
                 scope = self.holds.get(action.key)
                 if scope is not None:
@@ -402,7 +425,7 @@ async def serve_stdio(
         client = ClientPipes()
         await client.open()
     except BaseException:
-        await stop_process(first)
+        await first.stop()
         raise
     async with contextlib.AsyncExitStack() as stack:
 

@@ -12,12 +12,17 @@ The proxy decides what the lines mean; this module only keeps a live process beh
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import os
 import subprocess
-from collections.abc import Awaitable, Callable, Sequence
+import typing
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import structlog
 
 from gateway.mcp.framing import CHUNK, SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize, blank
@@ -28,11 +33,150 @@ RESTART_GRACE = 15.0
 log = structlog.get_logger()
 
 
-async def spawn_server(command: Sequence[str], env: dict[str, str] | None = None) -> anyio.abc.Process:
-    """Start the MCP server with its three pipes (raises OSError when it cannot be started)."""
-    return await anyio.open_process(
-        list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, **(env or {})})
+#: What the proxy does with one line of the server's: None when it is done with it (in the read
+#: callback), else a coroutine to await before the next line is handled.
+LineHandler = Callable[[bytes], Coroutine[Any, Any, None] | None]
+
+#: Lines queued behind one being awaited before the server's pipe stops being read.
+QUEUED_LINES = 64
+
+
+class ServerOutput(asyncio.Protocol):
+    """The server's stdout, split into lines in the event loop's read callback and handed to the
+    proxy there: an answer that only resolves an awaited future (most of them) is dealt with
+    without waking a pump task. A line whose handling must await (a write to the client under
+    back-pressure, a tools/list to filter) is awaited by `pump`, and the lines after it wait for
+    it: every line is handled in order, one at a time, as a pump task reading them would."""
+
+    def __init__(self) -> None:
+        self.heard = False
+        self._splitter = LineSplitter(SERVER_MAX_MESSAGE_BYTES)
+        self._lines: collections.deque[bytes | Oversize] = collections.deque()
+        self._handle: Callable[[bytes | Oversize], Coroutine[Any, Any, None] | None] | None = None
+        self._pending: Coroutine[Any, Any, None] | None = None
+        self._wakeup: asyncio.Future[None] | None = None
+        self._transport: asyncio.ReadTransport | None = None
+        self._paused = False
+        self._eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = typing.cast(asyncio.ReadTransport, transport)  # uvloop's does not subclass it
+
+    def data_received(self, data: bytes) -> None:
+        self.heard = True
+        self._lines.extend(self._splitter.feed(data))
+        self._run()
+        if len(self._lines) > QUEUED_LINES and not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        self._end()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def _end(self) -> None:
+        self._eof = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    def _run(self) -> None:
+        """Handle queued lines while nothing is being awaited; the first one that needs awaiting
+        is left to `pump`."""
+        while self._lines and self._pending is None and self._handle is not None:
+            self._pending = self._handle(self._lines.popleft())
+        if self._pending is not None:
+            self._wake()
+        elif self._paused and not self._lines and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+
+    async def pump(self, handle: Callable[[bytes | Oversize], Coroutine[Any, Any, None] | None]) -> None:
+        """Handle the server's lines with `handle` until its stdout ends."""
+        self._handle = handle
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                self._run()
+                if self._pending is not None:  # set while it is awaited: the lines after it wait
+                    try:
+                        await self._pending
+                    finally:
+                        self._pending = None
+                    continue
+                if self._eof and not self._lines:
+                    return
+                self._wakeup = loop.create_future()
+                await self._wakeup
+        finally:
+            self._handle = self._wakeup = None
+            if self._pending is not None:  # cancelled before it was awaited
+                self._pending.close()
+                self._pending = None
+
+
+class ServerProcess:
+    """A running server: the anyio process (its stderr and exit), an asyncio writer of our own on
+    its stdin and `ServerOutput` on its stdout. Not anyio's streams: its `send` ends with a
+    shielded checkpoint (a cancel scope and a trip round the event loop) for every message, and
+    its reads wake a pump task for every answer, on every governed call."""
+
+    __slots__ = ("proc", "stdin", "out")
+
+    def __init__(self, proc: anyio.abc.Process, stdin: asyncio.StreamWriter, out: ServerOutput) -> None:
+        self.proc = proc
+        self.stdin = stdin
+        self.out = out
+
+    async def send(self, data: bytes) -> None:
+        """Write one message line (a cancelled caller writes nothing, as with anyio's stream)."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        self.stdin.write(data + b"\n")
+        await self.stdin.drain()
+
+    async def stop(self) -> None:
+        """Close stdin, then wait, terminate, kill (`stop_process`; shielded from cancellation)."""
+        await stop_process(self.proc, self.stdin)
+        self.out.close()
+
+
+async def spawn_server(command: Sequence[str], env: dict[str, str] | None = None) -> ServerProcess:
+    """Start the MCP server with its three pipes (raises OSError when it cannot be started); its
+    stdin and stdout are pipes of our own (see `ServerProcess`)."""
+    in_read, in_write = os.pipe()
+    out_read, out_write = os.pipe()
+    to_server = open(in_write, "wb", buffering=0)  # noqa: SIM115 - the write transport closes it
+    from_server = open(out_read, "rb", buffering=0)  # noqa: SIM115 - the read transport closes it
+    try:
+        proc = await anyio.open_process(
+            list(command), stdin=in_read, stdout=out_write, stderr=subprocess.PIPE,
+            env={**os.environ, **(env or {})})
+    except BaseException:
+        to_server.close()
+        from_server.close()
+        raise
+    finally:
+        os.close(in_read)
+        os.close(out_write)
+    loop = asyncio.get_running_loop()
+    try:
+        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, to_server)
+        _, out = await loop.connect_read_pipe(ServerOutput, from_server)
+    except BaseException:
+        to_server.close()
+        from_server.close()
+        await stop_process(proc)
+        raise
+    return ServerProcess(proc, asyncio.StreamWriter(transport, protocol, None, loop), out)
 
 
 class Supervisor:
@@ -43,7 +187,7 @@ class Supervisor:
         command: Sequence[str],
         backend_id: str,
         *,
-        on_line: Callable[[bytes], Awaitable[None]],
+        on_line: LineHandler,
         on_exit: Callable[[], Awaitable[None]],
         on_restart: Callable[[], Awaitable[None]],
         env: dict[str, str] | None = None,
@@ -55,23 +199,21 @@ class Supervisor:
         self.ready = anyio.Event()
         self.closing = False
         self._on_line, self._on_exit, self._on_restart = on_line, on_exit, on_restart
-        self._proc: anyio.abc.Process | None = None
-        self._heard = False
+        self._proc: ServerProcess | None = None
 
-    async def spawn(self) -> anyio.abc.Process:
+    async def spawn(self) -> ServerProcess:
         """Start the server (raises OSError when it cannot be started)."""
-        self._heard = False
         self._proc = await spawn_server(self.command, self.env)
         return self._proc
 
     @property
     def heard(self) -> bool:
         """Whether the server has written anything since it was (re)started: it has booted."""
-        return self._heard
+        return self._proc is not None and self._proc.out.heard
 
     def grace(self, timeout: float) -> float:
         """The time to allow a request: `timeout`, or the restart grace while the server is new."""
-        return timeout if self._heard and self.ready.is_set() else max(timeout, RESTART_GRACE)
+        return timeout if self.heard and self.ready.is_set() else max(timeout, RESTART_GRACE)
 
     async def wait_ready(self, timeout: float) -> None:
         """Wait for a restarting server (raises TimeoutError after the grace)."""
@@ -81,31 +223,32 @@ class Supervisor:
 
     async def send(self, data: bytes) -> None:
         """Write one message line to the server (a dead server's pipe is logged, not raised)."""
-        proc = self._proc
+        server = self._proc
         try:
-            assert proc is not None and proc.stdin is not None
-            await proc.stdin.send(data + b"\n")
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, AssertionError) as exc:
+            assert server is not None
+            await server.send(data)
+        except (OSError, RuntimeError, AssertionError) as exc:  # RuntimeError: uvloop's closed transport
             log.warning("backend.write_failed", backend=self.backend_id, error=type(exc).__name__)
 
-    async def run(self, first: anyio.abc.Process) -> None:
+    async def run(self, first: ServerProcess) -> None:
         """Pump the server until the proxy closes, restarting it whenever it exits."""
-        proc, attempt = first, 0
+        server, attempt = first, 0
         while True:
-            self._proc = proc
+            self._proc, proc = server, server.proc
             async with anyio.create_task_group() as inner:
-                assert proc.stderr is not None and proc.stdout is not None
+                assert proc.stderr is not None
                 inner.start_soon(self._stderr_pump, proc.stderr)
                 if attempt:
                     inner.start_soon(self._reinitialize)
                 else:
                     self.ready.set()
-                await self._stdout_pump(proc.stdout)
+                await server.out.pump(self._line)
                 inner.cancel_scope.cancel()
             with anyio.move_on_after(2):
                 await proc.wait()
             if self.closing:
                 return
+            server.stdin.close()
             log.error("backend.exited", backend=self.backend_id, returncode=proc.returncode)
             self.ready = anyio.Event()
             await self._on_exit()
@@ -115,33 +258,25 @@ class Supervisor:
             if self.closing:
                 return
             try:
-                proc = await self.spawn()
+                server = await self.spawn()
             except OSError as exc:
                 log.error("backend.restart_failed", backend=self.backend_id, error=str(exc))
 
     async def stop(self) -> None:
         self.closing = True
         if self._proc is not None:
-            await stop_process(self._proc)
+            await self._proc.stop()
 
     async def _reinitialize(self) -> None:
         await self._on_restart()
         log.warning("backend.restarted", backend=self.backend_id, restarts=self.restarts)
         self.ready.set()
 
-    async def _stdout_pump(self, stdout: anyio.abc.ByteReceiveStream) -> None:
-        splitter = LineSplitter(SERVER_MAX_MESSAGE_BYTES)
-        while True:
-            try:
-                chunk = await stdout.receive(CHUNK)
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return
-            self._heard = True
-            for line in splitter.feed(chunk):
-                if isinstance(line, Oversize):
-                    log.error("backend.message_too_large", backend=self.backend_id, size=line.size)
-                elif not blank(line):
-                    await self._on_line(line)
+    def _line(self, line: bytes | Oversize) -> Coroutine[Any, Any, None] | None:
+        if isinstance(line, Oversize):
+            log.error("backend.message_too_large", backend=self.backend_id, size=line.size)
+            return None
+        return None if blank(line) else self._on_line(line)
 
     async def _stderr_pump(self, stderr: anyio.abc.ByteReceiveStream) -> None:
         splitter = LineSplitter(64 * 1024)

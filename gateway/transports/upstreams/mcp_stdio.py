@@ -19,14 +19,14 @@ import os
 import secrets
 import subprocess
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 import structlog
 
 from gateway.mcp import jsonrpc
-from gateway.mcp.framing import SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize
+from gateway.mcp.framing import SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize, blank
 from gateway.transports.upstreams.replies import UpstreamError, UpstreamReply
 
 log = structlog.get_logger()
@@ -60,7 +60,7 @@ class _Process:
         try:
             async for chunk in self.proc.stdout:
                 for line in splitter.feed(chunk):
-                    if isinstance(line, Oversize) or not line.strip():
+                    if isinstance(line, Oversize) or blank(line):
                         continue
                     await self.route(line)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
@@ -243,11 +243,19 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return None
 
 
-async def stop_process(proc: anyio.abc.Process) -> None:
-    """Close stdin, wait, then terminate, then kill (the stdio shutdown sequence); shielded from cancellation."""
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+async def stop_process(proc: anyio.abc.Process, stdin: Closable | None = None) -> None:
+    """Close stdin, wait, then terminate, then kill (the stdio shutdown sequence); shielded from
+    cancellation. `stdin`: the writer of a process spawned with a stdin pipe of the caller's own
+    (`dharma stdio` writes to its server without anyio's wrapper), closed instead of `proc.stdin`."""
     with anyio.CancelScope(shield=True):
         with contextlib.suppress(Exception):
-            if proc.stdin is not None:
+            if stdin is not None:
+                stdin.close()
+            elif proc.stdin is not None:
                 await proc.stdin.aclose()
         with anyio.move_on_after(2):
             await proc.wait()
