@@ -35,7 +35,7 @@ log = structlog.get_logger()
 
 #: What the proxy does with one line of the server's: None when it is done with it (in the read
 #: callback), else a coroutine to await before the next line is handled.
-LineHandler = Callable[[bytes], Coroutine[Any, Any, None] | None]
+LineHandler = Callable[[bytes | Oversize], Coroutine[Any, Any, None] | None]
 
 #: Lines queued behind one being awaited before the server's pipe stops being read.
 QUEUED_LINES = 64
@@ -52,7 +52,7 @@ class ServerOutput(asyncio.Protocol):
         self.heard = False
         self._splitter = LineSplitter(SERVER_MAX_MESSAGE_BYTES)
         self._lines: collections.deque[bytes | Oversize] = collections.deque()
-        self._handle: Callable[[bytes | Oversize], Coroutine[Any, Any, None] | None] | None = None
+        self._handle: LineHandler | None = None
         self._pending: Coroutine[Any, Any, None] | None = None
         self._wakeup: asyncio.Future[None] | None = None
         self._transport: asyncio.ReadTransport | None = None
@@ -100,7 +100,7 @@ class ServerOutput(asyncio.Protocol):
             self._paused = False
             self._transport.resume_reading()
 
-    async def pump(self, handle: Callable[[bytes | Oversize], Coroutine[Any, Any, None] | None]) -> None:
+    async def pump(self, handle: LineHandler) -> None:
         """Handle the server's lines with `handle` until its stdout ends."""
         self._handle = handle
         loop = asyncio.get_running_loop()
