@@ -133,7 +133,9 @@ async def start_cluster(directory: Path, *, replicas: int, ledger: dict[str, str
         "log_level": "warning",
     }
     if redis_url is not None:
-        settings["redis"] = {"url": redis_url, "operation_timeout_seconds": 0.5, "connect_timeout_seconds": 0.5}
+        # the product's default is 1 s; 2 s here so a replica starved of CPU on a busy 2-core machine
+        # is not refused for a slow answer (a stopped Redis still refuses at once: connection refused)
+        settings["redis"] = {"url": redis_url, "operation_timeout_seconds": 2.0, "connect_timeout_seconds": 2.0}
     config = directory / "dharma.yaml"
     config.write_text(yaml.safe_dump(settings), encoding="utf-8")
     c = Cluster(config, state_root, ledger.get("url") or ledger["path"])

@@ -98,7 +98,7 @@ async def test_ten_thousand_calls_one_ledger(cluster: MakeCluster) -> None:
                     tally.add(held)
                     await approve(http, c.urls[(i + offset + 1) % 3], held["approval_id"])
                     done = await call(http, c.urls[(i + offset + 2) % 3], "delete_note", f"n{i}", approval_id=held["approval_id"])
-                    assert done["status"] == "ok", done
+                    assert done["status"] == "ok", (done.get("error_code"), done.get("message"))
                     tally.add(done)
                 elif i % 5 == 3:
                     denied = await call(http, url, "write_note", f"../n{i}")
@@ -106,7 +106,7 @@ async def test_ten_thousand_calls_one_ledger(cluster: MakeCluster) -> None:
                     tally.add(denied)
                 else:
                     ok = await call(http, url, "write_note", f"n{i}")
-                    assert ok["status"] == "ok", ok
+                    assert ok["status"] == "ok", (ok.get("error_code"), ok.get("message"))
                     tally.add(ok)
 
         await asyncio.wait_for(asyncio.gather(*(client(k) for k in range(12))), DEADLINE_S)
@@ -196,7 +196,7 @@ async def test_kill_9_one_replica_mid_load(cluster: MakeCluster) -> None:
                 except httpx.TransportError:
                     tally.transport_errors += 1  # the killed replica, mid-call: not acknowledged
                     continue
-                assert envelope["status"] == "ok", envelope
+                assert envelope["status"] == "ok", (envelope.get("error_code"), envelope.get("message"))
                 tally.add(envelope)
                 if killed.is_set():
                     after_kill += 1
