@@ -156,6 +156,8 @@ _UNKNOWN: Final = re.compile(f"{_UNK_OPEN}[^{_UNK_CLOSE}]*{_UNK_CLOSE}")
 _BRACE: Final = re.compile(r"\{([^{}]*)\}")
 _SEQ: Final = re.compile(r"^(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.(-?\d+))?$")
 _META: Final = frozenset(" \t\n;&|()<>")
+_PLAIN_RUN: Final = re.compile("[^" + re.escape(" \t\n;&|()<>\\'\"`$" + _UNK_OPEN) + "]+")
+"""A run of word characters that stand for themselves: `read_word` takes it in one step."""
 
 
 def fold(text: str) -> str:
@@ -493,7 +495,14 @@ class _Lexer:
                 parts.append(Part("lit", "".join(buf)))
                 buf.clear()
 
+        plain = _PLAIN_RUN.match
         while self.i < n:
+            run = plain(s, self.i)
+            if run is not None:
+                buf.append(run.group())
+                self.i = run.end()
+                if self.i >= n:
+                    break
             c = s[self.i]
             if c in _META:
                 if c in "<>" and self.peek(1) == "(" and not parts and not buf:
@@ -501,7 +510,7 @@ class _Lexer:
                     self.i += 2
                     parts.append(Part("procsub", c, body=self.parse_list(")")))
                     continue
-                if c == "(" and self.case_depth == 0 and buf and "=" in buf and "".join(buf).endswith("="):
+                if c == "(" and self.case_depth == 0 and buf and buf[-1].endswith("="):
                     # an array assignment a=(x y): keep its text as a literal
                     end = s.find(")", self.i)
                     if end < 0:
