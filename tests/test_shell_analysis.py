@@ -403,3 +403,11 @@ async def test_obfuscated_commands_are_refused_before_the_backend(tmp_path: Path
         assert recorder.calls == [("run_command", {"command": "rm -rf build/ && git status"})]
     finally:
         await gateway.aclose()
+
+
+def test_an_array_assignment_runs_nothing_and_a_stray_parenthesis_is_unparsed() -> None:
+    """`a=(…)` is a literal (its words run nothing); `(` inside any other word is a syntax error."""
+    assert argv("a=(rm -rf /) && ls") == [["ls"]]
+    assert argv("a=b c=(x y); make") == [["make"]]
+    stray = analyse("x=y(z)")
+    assert stray.unparsed and "unexpected '('" in stray.reason
