@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from gateway.mcp.framing import Oversize
-from gateway.transports.mcp_stdio import supervisor
+from gateway.transports.mcp_stdio import lines
 from gateway.transports.mcp_stdio.supervisor import ServerOutput, Supervisor, spawn_server
 
 async def _pipe() -> tuple[int, ServerOutput]:
@@ -70,7 +70,7 @@ async def test_reading_pauses_behind_a_slow_line_and_resumes_with_nothing_lost()
     write_end, out = await _pipe()
     handled: list[bytes] = []
     release = asyncio.Event()
-    count = supervisor.QUEUED_LINES * 4
+    count = lines.QUEUED_LINES * 4
 
     async def slow(line: bytes) -> None:
         await release.wait()
