@@ -79,7 +79,7 @@ class _ThreadedRead:
     read in worker threads; standing in for its transport, it stops reading while paused."""
 
     def __init__(self, file: Any, reader: LineReader) -> None:
-        self._file = file
+        self._read = getattr(file, "read1", file.read)  # read1: what is there; a raw file's read is one read(2)
         self._reader = reader
         self._resumed = anyio.Event()
         self._resumed.set()
@@ -97,7 +97,7 @@ class _ThreadedRead:
         self._reader.connection_made(self)  # type: ignore[arg-type]  # a transport's reading half
         while True:
             await self._resumed.wait()
-            chunk = await anyio.to_thread.run_sync(self._file.read1, CHUNK)
+            chunk = await anyio.to_thread.run_sync(self._read, CHUNK)
             if not chunk:
                 self._reader.eof_received()
                 return
