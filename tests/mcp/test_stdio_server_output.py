@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from gateway.mcp.framing import Oversize
-from gateway.transports.mcp_stdio import supervisor
+from gateway.transports.mcp_stdio import lines
 from gateway.transports.mcp_stdio.supervisor import ServerOutput, Supervisor, spawn_server
 
 async def _pipe() -> tuple[int, ServerOutput]:
@@ -70,7 +70,7 @@ async def test_reading_pauses_behind_a_slow_line_and_resumes_with_nothing_lost()
     write_end, out = await _pipe()
     handled: list[bytes] = []
     release = asyncio.Event()
-    count = supervisor.QUEUED_LINES * 4
+    count = lines.QUEUED_LINES * 4
 
     async def slow(line: bytes) -> None:
         await release.wait()
@@ -180,4 +180,80 @@ async def test_a_client_write_is_done_at_once_only_with_nothing_buffered_before_
                 received += await anyio.to_thread.run_sync(os.read, out_read, 1 << 16)
         assert bytes(received) == big + b"\n"
     os.close(in_write)
+    os.close(out_read)
+
+
+async def test_the_agents_lines_are_handled_in_the_read_callback_in_order_behind_an_awaited_one() -> None:
+    from gateway.transports.mcp_stdio.pipes import ClientPipes
+
+    in_read, in_write = os.pipe()
+    out_read, out_write = os.pipe()
+    handled: list[bytes | Oversize] = []
+    in_task: list[bool] = []
+    release = asyncio.Event()
+
+    async def slow(line: bytes) -> None:
+        await release.wait()
+        handled.append(line)
+
+    def handle(line: bytes | Oversize) -> Coroutine[Any, Any, None] | None:
+        if isinstance(line, bytes) and line.startswith(b"slow"):
+            return slow(line)
+        in_task.append(asyncio.current_task() is not None)
+        handled.append(line)
+        return None
+
+    with open(in_read, "rb", buffering=0) as stdin, open(out_write, "wb", buffering=0) as stdout:
+        pipes = ClientPipes(stdin, stdout)
+        await pipes.open()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pipes.pump, handle, 100)
+            os.write(in_write, b"a\n" + b"x" * 150 + b"\nslow\nb\n")
+            with anyio.fail_after(10):
+                while len(handled) < 2:
+                    await asyncio.sleep(0.01)
+            for _ in range(20):  # several loop rounds: "b" must still wait for "slow"
+                await asyncio.sleep(0)
+            assert handled == [b"a", Oversize(b"x" * 150, 150)]  # over the limit: its size and first bytes (up to 4 KiB)
+            release.set()
+            os.close(in_write)  # end of input: the pump returns
+        assert handled == [b"a", Oversize(b"x" * 150, 150), b"slow", b"b"]
+        assert in_task == [False, False, True]  # in the read callback; the line after an awaited one by the pump
+    os.close(out_read)
+
+
+async def test_stdin_the_loop_cannot_watch_is_read_in_threads_up_to_its_end(tmp_path: Any) -> None:
+    from gateway.transports.mcp_stdio.pipes import ClientPipes
+
+    source = tmp_path / "input.jsonl"  # a regular file: epoll refuses it
+    expected = [b"%d" % i for i in range(lines.QUEUED_LINES * 8)]
+    source.write_bytes(b"\n".join(expected) + b"\nunterminated")
+    handled: list[bytes | Oversize] = []
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(line: bytes) -> None:
+        started.set()
+        await release.wait()
+        handled.append(line)
+
+    def handle(line: bytes | Oversize) -> Coroutine[Any, Any, None] | None:
+        if line == b"0":
+            return slow(line)
+        handled.append(line)
+        return None
+
+    out_read, out_write = os.pipe()
+    with open(source, "rb", buffering=0) as stdin, open(out_write, "wb", buffering=0) as stdout:
+        pipes = ClientPipes(stdin, stdout)
+        await pipes.open()
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pipes.pump, handle, 1 << 20)
+                await started.wait()
+                for _ in range(20):
+                    await asyncio.sleep(0)
+                assert handled == []  # the lines after the first wait for it
+                release.set()
+        assert handled == expected  # in order, up to the end; the unterminated tail is no message
     os.close(out_read)

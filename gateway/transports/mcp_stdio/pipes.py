@@ -12,28 +12,24 @@ from typing import Any
 import anyio
 
 from gateway.mcp.framing import CHUNK
+from gateway.transports.mcp_stdio.lines import LineHandler, LineReader, write_now
 
 
 class ClientPipes:
-    """Our stdin/stdout as async byte streams (asyncio pipes; threads when they are not pipes)."""
+    """Our stdin, read as lines by a `LineReader` (an asyncio pipe; worker threads when the event
+    loop cannot watch it), and our stdout as an async byte stream (likewise)."""
 
     def __init__(self, stdin: Any = None, stdout: Any = None) -> None:
         self._in: Any = stdin or sys.stdin.buffer
         self._out = stdout or sys.stdout.buffer
-        self._reader: asyncio.StreamReader | None = None
+        self._pollable_in = False
         self._writer: asyncio.StreamWriter | None = None
         self._lock = anyio.Lock()
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
-        self._reader = self._writer = None
-        if _pollable(self._in):
-            try:
-                reader = asyncio.StreamReader(limit=CHUNK * 4)
-                await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), _own(self._in, "rb"))
-                self._reader = reader
-            except (ValueError, OSError):
-                self._reader = None
+        self._writer = None
+        self._pollable_in = _pollable(self._in)
         if _pollable(self._out):
             try:
                 transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, _own(self._out, "wb"))
@@ -41,10 +37,24 @@ class ClientPipes:
             except (ValueError, OSError):
                 self._writer = None
 
-    async def read(self) -> bytes:
-        if self._reader is not None:
-            return await self._reader.read(CHUNK)
-        return await anyio.to_thread.run_sync(self._in.read1, CHUNK)
+    async def pump(self, handle: LineHandler, limit: int) -> None:
+        """Hand stdin's lines (up to `limit` bytes) to `handle` until it ends (see `LineReader`)."""
+        reader = LineReader(limit)
+        if self._pollable_in:
+            try:
+                await asyncio.get_running_loop().connect_read_pipe(lambda: reader, _own(self._in, "rb"))
+            except (ValueError, OSError):
+                self._pollable_in = False
+            else:
+                try:
+                    await reader.pump(handle)
+                finally:
+                    reader.close()
+                return
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_ThreadedRead(self._in, reader).run)
+            await reader.pump(handle)
+            tg.cancel_scope.cancel()
 
     async def write(self, data: bytes) -> None:
         if self._writer is not None:
@@ -55,17 +65,43 @@ class ClientPipes:
             await anyio.to_thread.run_sync(self._blocking_write, data + b"\n")
 
     def write_now(self, data: bytes) -> bool:
-        """Write `data` (and its newline) at once if that needs no waiting: an asyncio pipe with
-        nothing buffered. False (nothing written) leaves it to `write`, which waits its turn."""
-        writer = self._writer
-        if writer is None or writer.transport.is_closing() or writer.transport.get_write_buffer_size():
-            return False
-        writer.write(data + b"\n")
-        return True
+        """Write `data` (and its newline) at once if that needs no waiting (see `lines.write_now`;
+        never on a stdout written in threads)."""
+        return write_now(self._writer, data)
 
     def _blocking_write(self, data: bytes) -> None:
         self._out.write(data)
         self._out.flush()
+
+
+class _ThreadedRead:
+    """Feeds a `LineReader` from a file the event loop cannot watch (/dev/null, a regular file),
+    read in worker threads; standing in for its transport, it stops reading while paused."""
+
+    def __init__(self, file: Any, reader: LineReader) -> None:
+        self._read = getattr(file, "read1", file.read)  # read1: what is there; a raw file's read is one read(2)
+        self._reader = reader
+        self._resumed = anyio.Event()
+        self._resumed.set()
+
+    def pause_reading(self) -> None:
+        self._resumed = anyio.Event()
+
+    def resume_reading(self) -> None:
+        self._resumed.set()
+
+    def close(self) -> None:
+        """Nothing to release: the file is the caller's."""
+
+    async def run(self) -> None:
+        self._reader.connection_made(self)  # type: ignore[arg-type]  # a transport's reading half
+        while True:
+            await self._resumed.wait()
+            chunk = await anyio.to_thread.run_sync(self._read, CHUNK)
+            if not chunk:
+                self._reader.eof_received()
+                return
+            self._reader.data_received(chunk)
 
 
 def _own(stream: Any, mode: str) -> Any:

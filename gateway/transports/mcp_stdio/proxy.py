@@ -33,10 +33,11 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
+import sniffio
 import structlog
 
 from gateway.mcp import jsonrpc
-from gateway.mcp.framing import DEFAULT_MAX_MESSAGE_BYTES, LineSplitter, Oversize, blank
+from gateway.mcp.framing import DEFAULT_MAX_MESSAGE_BYTES, Oversize, blank
 from gateway.mcp.session import (
     CancelHeld,
     GovernCall,
@@ -220,7 +221,7 @@ class StdioProxy:
                 tg.start_soon(self.server.run, first)
                 if load is not None:
                     tg.start_soon(self._load, load, failed)
-                await self._client_pump()
+                await client.pump(self._from_client, self.max_message_bytes)
                 await self.loaded.wait()  # a client that only said hello still gets its policy checked
                 await self.server.stop()
                 tg.cancel_scope.cancel()
@@ -262,24 +263,32 @@ class StdioProxy:
 
     # ---- pumps -------------------------------------------------------------------------
 
-    async def _client_pump(self) -> None:
-        assert self._client is not None
-        splitter = LineSplitter(self.max_message_bytes)
-        while True:
-            chunk = await self._client.read()
-            if not chunk:
-                return
-            for line in splitter.feed(chunk):
-                if not self.loaded.is_set() and (isinstance(line, Oversize) or not _early(line)):
-                    await self.loaded.wait()
-                if isinstance(line, Oversize):
-                    reject = self.session.oversized(jsonrpc.sniff_id(line.prefix), line.size, self.max_message_bytes)
-                    await self.do([reject])
-                elif not blank(line):
-                    await self._safely(self._from_client, line, answer_to=line)
+    def _from_client(self, line: bytes | Oversize) -> Coroutine[Any, Any, None] | None:
+        """An agent's line, in the event loop's read callback (`LineReader`): what can be done at
+        once is done there (a tools/call handed to a task of its own, a message relayed to a
+        server pipe with room); anything else is returned for the client's pump to await before
+        the next line. Before the gateway has loaded, only the handshake is handled."""
+        if not self.loaded.is_set() and (isinstance(line, Oversize) or not _early(line)):
+            return self._after_load(line)
+        try:
+            if isinstance(line, Oversize):
+                actions: list[Any] = [self.session.oversized(jsonrpc.sniff_id(line.prefix), line.size, self.max_message_bytes)]
+            elif blank(line):
+                return None
+            else:
+                actions = self.session.from_client(line)
+            done = self._do_now(actions)
+        except Exception:
+            return self._failed("_from_client", line if isinstance(line, bytes) else None)
+        if done == len(actions):
+            return None
+        return self._safely(self.do, actions[done:], answer_to=line if isinstance(line, bytes) else None)
 
-    async def _from_client(self, line: bytes) -> None:
-        await self.do(self.session.from_client(line))
+    async def _after_load(self, line: bytes | Oversize) -> None:
+        await self.loaded.wait()
+        pending = self._from_client(line)
+        if pending is not None:
+            await pending
 
     def _from_server(self, line: bytes) -> Coroutine[Any, Any, None] | None:
         """A server line, in the event loop's read callback (`ServerOutput`): an answer awaited
@@ -287,20 +296,30 @@ class StdioProxy:
         else is returned for the server's pump to await before the next line."""
         try:
             actions = self.session.from_server(line)
+            if not actions:
+                log.warning("backend.not_jsonrpc", backend=self.backend_id, line=line[:200].decode("utf-8", "replace"))
+                return None
+            done = self._do_now(actions)
         except Exception:
-            log.exception("mcp.message_failed", handler="_from_server", request_id=None)
-            return None
-        if not actions:
-            log.warning("backend.not_jsonrpc", backend=self.backend_id, line=line[:200].decode("utf-8", "replace"))
-            return None
-        if len(actions) == 1:
-            action = actions[0]
-            if type(action) is Resolve:
-                self._resolve(action)
-                return None
-            if type(action) is ToClient and self._write_now(action.data):
-                return None
-        return self._safely(self.do, actions)
+            return self._failed("_from_server", None)
+        return None if done == len(actions) else self._safely(self.do, actions[done:])
+
+    def _do_now(self, actions: list[Any]) -> int:
+        """Carry out the leading `actions` that need no waiting, as `do` would; how many were
+        done (the rest are left to `do`, in order)."""
+        for done, action in enumerate(actions):
+            kind = type(action)
+            if kind is ToServer:
+                if not self.server.send_now(action.data):
+                    return done
+            elif kind is ToClient:
+                if not self._write_now(action.data):
+                    return done
+            elif kind is ListAnswer:
+                return done
+            else:
+                self._act(action)
+        return len(actions)
 
     def _write_now(self, data: bytes) -> bool:
         """Write to the client at once if that needs no waiting (see `ClientPipes.write_now`)."""
@@ -322,18 +341,24 @@ class StdioProxy:
         try:
             await handle(*args)
         except Exception:
-            rpc_id = jsonrpc.recover_id(answer_to) if answer_to is not None else None
-            log.exception("mcp.message_failed", handler=getattr(handle, "__name__", "?"), request_id=rpc_id)
-            if answer_to is not None and rpc_id is not None:
-                await self.send_client(jsonrpc.dumps(
-                    jsonrpc.error(rpc_id, jsonrpc.INTERNAL_ERROR, "Dharma Gateway failed to handle this message")))
+            answer = self._failed(getattr(handle, "__name__", "?"), answer_to)
+            if answer is not None:
+                await answer
+
+    def _failed(self, handler: str, answer_to: bytes | None) -> Coroutine[Any, Any, None] | None:
+        """Log the exception being handled; the -32603 answer to the client's request `answer_to`
+        (if its id can be read) is returned to be awaited."""
+        rpc_id = jsonrpc.recover_id(answer_to) if answer_to is not None else None
+        log.exception("mcp.message_failed", handler=handler, request_id=rpc_id)
+        if answer_to is None or rpc_id is None:
+            return None
+        return self.send_client(jsonrpc.dumps(
+            jsonrpc.error(rpc_id, jsonrpc.INTERNAL_ERROR, "Dharma Gateway failed to handle this message")))
 
     # ---- actions -----------------------------------------------------------------------
 
     async def do(self, actions: list[Any]) -> None:
-        """Carry out `actions` in order. Tasks are started with a `name`: without one anyio builds
-        it from the callable (half of `start_soon`'s cost, on every governed call)."""
-        assert self._tg is not None
+        """Carry out `actions` in order."""
         for action in actions:
             if isinstance(action, ToServer):
                 if not self.server.ready.is_set():
@@ -345,22 +370,38 @@ class StdioProxy:
                 await self.server.send(action.data)
             elif isinstance(action, ToClient):
                 await self.send_client(action.data)
-            elif isinstance(action, GovernCall):
-                self._tg.start_soon(self._safely, self.governed.govern_call, self, action, name="mcp.tools_call")
             elif isinstance(action, ListAnswer):
                 await self.governed.list_answer(self, action)
-            elif isinstance(action, Resolve):
-                self._resolve(action)
-            elif isinstance(action, CancelHeld):
-                scope = self.holds.get(action.key)
-                if scope is not None:
-                    scope.cancel()
-                else:  # still being decided: its answer will be dropped
-                    self.cancelled.add(action.key)
-            elif isinstance(action, Reject):
-                self._tg.start_soon(self._safely, self._reject, action, name="mcp.reject")
-            elif isinstance(action, Passed):
-                self._tg.start_soon(self._safely, self.governed.record_passed, self, action.method, name="mcp.passed")
+            else:
+                self._act(action)
+
+    def _act(self, action: Any) -> None:
+        """Carry out an action that never waits (in a task or in a read callback)."""
+        if isinstance(action, GovernCall):
+            self._spawn("mcp.tools_call", self.governed.govern_call, self, action)
+        elif isinstance(action, Resolve):
+            self._resolve(action)
+        elif isinstance(action, CancelHeld):
+            scope = self.holds.get(action.key)
+            if scope is not None:
+                scope.cancel()
+            else:  # still being decided: its answer will be dropped
+                self.cancelled.add(action.key)
+        elif isinstance(action, Reject):
+            self._spawn("mcp.reject", self._reject, action)
+        elif isinstance(action, Passed):
+            self._spawn("mcp.passed", self.governed.record_passed, self, action.method)
+
+    def _spawn(self, name: str, handle: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Handle a message in a task of the proxy's own (`_safely`). The library is named for
+        anyio: in a read callback no task is running for it to find asyncio by. The task has a
+        `name`: without one anyio builds it from the callable (half of `start_soon`'s cost)."""
+        assert self._tg is not None
+        token = sniffio.current_async_library_cvar.set("asyncio")
+        try:
+            self._tg.start_soon(self._safely, handle, *args, name=name)
+        finally:
+            sniffio.current_async_library_cvar.reset(token)
 
     async def _reject(self, action: Reject) -> None:
         """A refused message is recorded in the ledger: a handshake line refused before the

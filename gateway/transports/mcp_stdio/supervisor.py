@@ -13,10 +13,8 @@ The proxy decides what the lines mean; this module only keeps a live process beh
 from __future__ import annotations
 
 import asyncio
-import collections
 import os
 import subprocess
-import typing
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -26,6 +24,7 @@ import anyio.lowlevel
 import structlog
 
 from gateway.mcp.framing import CHUNK, SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize, blank
+from gateway.transports.mcp_stdio.lines import LineHandler, LineReader, write_now
 from gateway.transports.upstreams.mcp_stdio import stop_process
 
 #: Seconds a request waits for a server that was just (re)started and has not answered yet.
@@ -33,95 +32,12 @@ RESTART_GRACE = 15.0
 log = structlog.get_logger()
 
 
-#: What the proxy does with one line of the server's: None when it is done with it (in the read
-#: callback), else a coroutine to await before the next line is handled.
-LineHandler = Callable[[bytes | Oversize], Coroutine[Any, Any, None] | None]
-
-#: Lines queued behind one being awaited before the server's pipe stops being read.
-QUEUED_LINES = 64
-
-
-class ServerOutput(asyncio.Protocol):
-    """The server's stdout, split into lines in the event loop's read callback and handed to the
-    proxy there: an answer that only resolves an awaited future (most of them) is dealt with
-    without waking a pump task. A line whose handling must await (a write to the client under
-    back-pressure, a tools/list to filter) is awaited by `pump`, and the lines after it wait for
-    it: every line is handled in order, one at a time, as a pump task reading them would."""
+class ServerOutput(LineReader):
+    """The server's stdout (`LineReader`): its answers are handled in the read callback, most of
+    them by resolving a future a governed call awaits, without waking a pump task."""
 
     def __init__(self) -> None:
-        self.heard = False
-        self._splitter = LineSplitter(SERVER_MAX_MESSAGE_BYTES)
-        self._lines: collections.deque[bytes | Oversize] = collections.deque()
-        self._handle: LineHandler | None = None
-        self._pending: Coroutine[Any, Any, None] | None = None
-        self._wakeup: asyncio.Future[None] | None = None
-        self._transport: asyncio.ReadTransport | None = None
-        self._paused = False
-        self._eof = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = typing.cast(asyncio.ReadTransport, transport)  # uvloop's does not subclass it
-
-    def data_received(self, data: bytes) -> None:
-        self.heard = True
-        self._lines.extend(self._splitter.feed(data))
-        self._run()
-        if len(self._lines) > QUEUED_LINES and not self._paused and self._transport is not None:
-            self._paused = True
-            self._transport.pause_reading()
-
-    def eof_received(self) -> bool:
-        self._end()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._end()
-
-    def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-
-    def _end(self) -> None:
-        self._eof = True
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._wakeup is not None and not self._wakeup.done():
-            self._wakeup.set_result(None)
-
-    def _run(self) -> None:
-        """Handle queued lines while nothing is being awaited; the first one that needs awaiting
-        is left to `pump`."""
-        while self._lines and self._pending is None and self._handle is not None:
-            self._pending = self._handle(self._lines.popleft())
-        if self._pending is not None:
-            self._wake()
-        elif self._paused and not self._lines and self._transport is not None:
-            self._paused = False
-            self._transport.resume_reading()
-
-    async def pump(self, handle: LineHandler) -> None:
-        """Handle the server's lines with `handle` until its stdout ends."""
-        self._handle = handle
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                self._run()
-                if self._pending is not None:  # set while it is awaited: the lines after it wait
-                    try:
-                        await self._pending
-                    finally:
-                        self._pending = None
-                    continue
-                if self._eof and not self._lines:
-                    return
-                self._wakeup = loop.create_future()
-                await self._wakeup
-        finally:
-            self._handle = self._wakeup = None
-            if self._pending is not None:  # cancelled before it was awaited
-                self._pending.close()
-                self._pending = None
+        super().__init__(SERVER_MAX_MESSAGE_BYTES)
 
 
 class ServerProcess:
@@ -142,6 +58,10 @@ class ServerProcess:
         await anyio.lowlevel.checkpoint_if_cancelled()
         self.stdin.write(data + b"\n")
         await self.stdin.drain()
+
+    def send_now(self, data: bytes) -> bool:
+        """Write one message line at once if that needs no waiting (see `lines.write_now`)."""
+        return write_now(self.stdin, data)
 
     async def stop(self) -> None:
         """Close stdin, then wait, terminate, kill (`stop_process`; shielded from cancellation)."""
@@ -229,6 +149,18 @@ class Supervisor:
             await server.send(data)
         except (OSError, RuntimeError, AssertionError) as exc:  # RuntimeError: uvloop's closed transport
             log.warning("backend.write_failed", backend=self.backend_id, error=type(exc).__name__)
+
+    def send_now(self, data: bytes) -> bool:
+        """Write one message line to a ready server at once if that needs no waiting; False leaves
+        it to `send` (a restarting server, a busy pipe). A dead server's pipe is logged."""
+        server = self._proc
+        if server is None or not self.ready.is_set():
+            return False
+        try:
+            return server.send_now(data)
+        except (OSError, RuntimeError) as exc:  # RuntimeError: uvloop's closed transport
+            log.warning("backend.write_failed", backend=self.backend_id, error=type(exc).__name__)
+            return True
 
     async def run(self, first: ServerProcess) -> None:
         """Pump the server until the proxy closes, restarting it whenever it exits."""
