@@ -67,6 +67,7 @@ from gateway.mcp.versions import (
     META_VERSION,
     MODERN_VERSIONS,
 )
+from gateway.transports.http_auth import STATE_PRINCIPAL
 from gateway.transports.http_protocol import WatchedEvent
 from gateway.transports.mcp_http import headers as mh
 from gateway.stores.base import EventStore, SessionStore, StoreUnavailable
@@ -163,8 +164,8 @@ class McpHttpApp:
         method = scope["method"]
         raw_headers = [(k.decode("latin-1").lower(), v.decode("latin-1").strip(" \t")) for k, v in scope.get("headers", [])]
         headers = dict(raw_headers)
-        credentials = self._credentials(scope, headers)
-        principal = self.gateway.principal_for(credentials)
+        credentials, resolved = self._credentials(scope, headers)
+        principal = resolved if resolved is not None else self.gateway.principal_for(credentials)
         if principal is None:
             await plain_reply(send, 401, jsonrpc.error(None, UNAUTHORIZED, "Unauthorized: present an API key (Authorization: Bearer <key> or X-API-Key)"),
                          {"www-authenticate": 'Bearer realm="dharma-gateway"'})
@@ -184,22 +185,28 @@ class McpHttpApp:
         else:
             await plain_reply(send, 405, jsonrpc.error(None, jsonrpc.INVALID_REQUEST, f"Method Not Allowed: {method}"), {"allow": "GET, POST, DELETE"})
 
-    def _credentials(self, scope: Scope, headers: dict[str, str]) -> Credentials:
+    def _credentials(self, scope: Scope, headers: dict[str, str]) -> tuple[Credentials, Principal | None]:
         """The seam for the authentication middleware: `scope["state"]["dharma.credentials"]` (set by
-        `gateway.transports.http_auth`, which also strips the credential headers) wins over the headers."""
+        `gateway.transports.http_auth`, which also strips the credential headers) wins over the headers.
+
+        With them comes the principal the middleware resolved from them (`dharma.principal`, through
+        this gateway's `principal_for` a moment ago, nothing awaited since): reused rather than
+        resolved again, which for an API key is a digest compared with every key of the policy.
+        None when the principal is still to be resolved."""
         state = scope.get("state") or {}
         given = state.get(STATE_CREDENTIALS, state.get("credentials")) if isinstance(state, dict) else None
         if isinstance(given, Credentials) and given != Credentials():
-            return given
+            resolved = state.get(STATE_PRINCIPAL)
+            return given, resolved if isinstance(resolved, Principal) else None
         key = headers.get("x-api-key")
         auth = headers.get("authorization", "")
         if not key and auth[:7].lower() == "bearer ":
             key = auth[7:].strip()
         if key:
-            return Credentials(api_key=key)
+            return Credentials(api_key=key), None
         if self.anonymous_user is not None:
-            return Credentials(local_user=self.anonymous_user)
-        return Credentials()
+            return Credentials(local_user=self.anonymous_user), None
+        return Credentials(), None
 
     async def _run(self, receive: Receive, send: Send, work: Callable[[Reply], Awaitable[None]], base: dict[str, str],
                    store: EventStore | None = None) -> None:
