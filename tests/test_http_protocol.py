@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from gateway.cli.serve import http_protocol
-from gateway.transports.http_protocol import OneWriteHttpToolsProtocol
+from gateway.transports.http_protocol import OneWriteHttpToolsProtocol, WatchedEvent
 from tests.mcp_http.conftest import serve_asgi
 
 class _Counting:
@@ -171,3 +171,52 @@ async def test_access_lines_are_built_only_when_the_access_log_writes_them(monke
             access.removeHandler(lines)
             access.setLevel(level)
     assert len(built) == 1 and len(lines.lines) == 1 and '"GET /json?q=1 HTTP/1.1" 200' in lines.lines[0]
+
+
+async def test_each_request_cycle_tells_its_watcher_when_the_client_goes_away() -> None:
+    """Every request cycle's `message_event` is a `WatchedEvent`: its watcher (what `/mcp` sets
+    instead of a task blocked in `receive()`) is called on the loop's next turn when the client
+    hangs up mid-request, with the cycle marked disconnected, as `receive()` would then report."""
+    seen: list[tuple[bool, bool]] = []
+    called = asyncio.Event()
+    release = asyncio.Event()
+    armed = asyncio.Event()
+
+    async def held(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        cycle = receive.__self__
+        assert type(cycle.message_event) is WatchedEvent
+        while (await receive())["more_body"]:
+            pass
+
+        def watcher() -> None:
+            seen.append((cycle.disconnected, cycle.message_event.is_set()))
+            called.set()
+
+        cycle.message_event.watcher = watcher
+        armed.set()
+        await release.wait()
+
+    async with serve_asgi(held, http=OneWriteHttpToolsProtocol) as base:
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        async with asyncio.timeout(30):
+            await armed.wait()
+        writer.close()
+        async with asyncio.timeout(30):
+            await called.wait()
+        release.set()
+    assert seen and seen[0] == (True, True)
+
+
+async def test_a_watcher_runs_on_the_next_turn_not_inside_set() -> None:
+    event = WatchedEvent(asyncio.get_running_loop())
+    calls: list[str] = []
+    event.watcher = lambda: calls.append("watcher")
+    event.set()
+    calls.append("after set")
+    await asyncio.sleep(0)
+    assert calls == ["after set", "watcher"] and event.is_set()

@@ -317,3 +317,34 @@ def test_a_key_split_across_array_items_of_any_length_is_found() -> None:
         pieces = [google[a:b] for a, b in zip((0, *cut), (*cut, len(google)))]
         assert ("api_key", "split") in found({"url": "https://c.example/e", "events": pieces}), pieces
     assert found({"events": ["AIzaSy", "not", "a", "key"]}) == set()
+
+
+def test_strings_found_clean_are_remembered_and_secrets_never_are() -> None:
+    """The secret scan keeps short strings it found nothing in (they repeat in every answer of a
+    tool) and answers them from that memo; a string holding a secret is never kept, so it is found
+    again every time, with or without clean strings around it, and a long clean string is not kept."""
+    from gateway.stages.sanitizer import secrets
+
+    clean = "dharma-bench-echo 0.1"
+    result = {"content": [{"type": "text", "text": clean}], "_meta": {"server": {"name": clean, "version": "1.0.0"}}}
+    assert detect_secrets(result) == ()
+    assert clean in secrets._CLEAN
+    assert detect_secrets(result) == ()
+    hit = {"content": [{"type": "text", "text": TEXT}], "_meta": {"server": {"name": clean}}}
+    for _ in range(2):
+        assert [f.kind for f in detect_secrets(hit)] == ["api_key"]
+        assert TEXT not in secrets._CLEAN
+    long_clean = "Lorem ipsum, " * 25
+    assert detect_secrets({"text": long_clean}) == () and long_clean not in secrets._CLEAN
+    assert redact_secrets(hit)[0]["content"][0]["text"] == "aws_access_key_id=[REDACTED:api_key]"
+
+
+def test_the_memo_of_clean_strings_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.stages.sanitizer import secrets
+
+    monkeypatch.setattr(secrets, "_CLEAN", set())
+    monkeypatch.setattr(secrets, "_CLEAN_MAX", 3)
+    for i in range(7):
+        assert detect_secrets({"text": f"plain words number {i}"}) == ()
+        assert len(secrets._CLEAN) <= 3
+    assert [f.kind for f in detect_secrets({"text": TEXT})] == ["api_key"]

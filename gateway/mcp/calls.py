@@ -42,7 +42,7 @@ from gateway.mcp import approval as ap
 from gateway.mcp import governance as gov
 from gateway.mcp import holding, jsonrpc
 from gateway.mcp.jsonrpc import Request
-from gateway.mcp.pins import DISTRUSTED, PinStore, observe_or_distrust
+from gateway.mcp.pins import DISTRUSTED, PinState, PinStore, observe_or_distrust
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages.tier_gate import is_visible, visible_tools
 
@@ -189,6 +189,10 @@ class _Probe:
     status: int | None = None
 
 
+#: `ToolsCall`'s `ToolInfo`s kept at most (emptied when full; keys hold only strings and flags).
+_MAX_INFOS = 1024
+
+
 class ToolsCall:
     """The `tools/call` flow of one MCP endpoint (see the module docstring)."""
 
@@ -199,6 +203,7 @@ class ToolsCall:
         self.sealer = sealer
         self.hold_seconds = hold_seconds
         self.progress_interval = progress_interval
+        self._infos: dict[tuple[Any, ...], ToolInfo] = {}
 
     async def refuse(self, site: CallSite, req: Request, name: str, refusal: Refusal) -> Answer:
         error = jsonrpc.error(req.id, refusal.code, refusal.reason, refusal.data)
@@ -236,10 +241,7 @@ class ToolsCall:
         if entry is not None:
             known = None if entry.digest is None else [entry.digest]
             pin = (await observe_or_distrust(self.pins, entry.backend, [entry.definition], known)).get(entry.definition["name"], DISTRUSTED)
-            same_name = entry.definition["name"] == name  # else the client-facing definition has its own digest
-            info = gov.tool_info({**entry.definition, "name": name}, entry.backend, changed=pin.changed,
-                                 digest=entry.digest if same_name else None, accepted=pin.accepted,
-                                 names=frozenset(port.known_names()))
+            info = self._tool_info(entry, name, pin, frozenset(port.known_names()))
         policy = self.gateway.policy
         principal = self.gateway.principal_for(site.credentials)
         visible = info is not None and principal is not None and is_visible(policy, principal, info)
@@ -269,6 +271,22 @@ class ToolsCall:
         call = dataclasses.replace(call, approval_id=outcome.approval_id, request_id=new_request_id())
         forward = port.forwarder(req, entry) if entry is not None and info is not None else None
         return (await self._govern(site, req, call, info, forward, probe, policy=policy))[1]  # the policy that held it
+
+    def _tool_info(self, entry: ToolEntry, name: str, pin: PinState, names: frozenset[str]) -> ToolInfo:
+        """`gov.tool_info` of the definition the client calls `name`, kept per definition digest,
+        name, pin state and set of listed names (everything it is made from): a call to the same
+        tool builds it, and for a prefixed name digests the renamed definition, once."""
+        key = (entry.backend, name, entry.digest, pin.changed, pin.accepted, names) if entry.digest is not None else None
+        info = self._infos.get(key) if key is not None else None
+        if info is None:
+            same_name = entry.definition["name"] == name  # else the client-facing definition has its own digest
+            info = gov.tool_info({**entry.definition, "name": name}, entry.backend, changed=pin.changed,
+                                 digest=entry.digest if same_name else None, accepted=pin.accepted, names=names)
+            if key is not None:
+                if len(self._infos) >= _MAX_INFOS:
+                    self._infos.clear()
+                self._infos[key] = info
+        return info
 
     async def _govern(self, site: CallSite, req: Request, call: ToolCall, info: ToolInfo | None, forward: Forwarder | None,
                       probe: _Probe, refusal: Decision | None = None, *, mrtr: bool = False,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -63,8 +64,29 @@ class _HeldHead:
         return getattr(self._transport, name)
 
 
+class WatchedEvent(asyncio.Event):
+    """A request cycle's `message_event` that also tells a watcher when it is set.
+
+    uvicorn sets its cycle's event when body arrives, when the response is complete and when the
+    client goes away; `receive()` reports the last two as `http.disconnect`. An app that must
+    notice a disconnect while its handler runs can set `watcher` instead of keeping a task
+    blocked in `receive()` (a task per request, its wake-ups and its cancellation). The watcher is
+    called from the event loop's next turn, as a task woken by the event would run."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.loop = loop
+        self.watcher: Callable[[], None] | None = None
+
+    def set(self) -> None:
+        super().set()
+        if self.watcher is not None:
+            self.loop.call_soon(self.watcher)
+
+
 class OneWriteHttpToolsProtocol(HttpToolsProtocol):
-    """`HttpToolsProtocol` writing through `_HeldHead` (see the module docstring).
+    """`HttpToolsProtocol` writing through `_HeldHead` (see the module docstring), each request
+    cycle's `message_event` a `WatchedEvent`.
 
     uvicorn builds every response's access line (client address, quoted path) whenever its access
     logger has a handler, even at a level that drops the line (`dharma serve` runs it at warning):
@@ -76,3 +98,10 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_HeldHead(transport, self))  # type: ignore[arg-type]
+
+    def on_headers_complete(self) -> None:
+        before = self.cycle
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle is not before:  # a new cycle, whose task has not run yet
+            cycle.message_event = WatchedEvent(self.loop)

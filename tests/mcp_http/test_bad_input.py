@@ -126,3 +126,24 @@ async def test_foreign_origin_is_refused_before_the_endpoint(toy_url: str, tmp_p
             assert refused.status_code == 403 and refused.json()["error_code"] == "forbidden", refused.text
             local = await c.post(message, {"origin": gw.base})
             assert local.status_code != 403, local.text
+
+
+async def test_the_principal_the_auth_guard_resolved_is_not_resolved_again(toy_url: str, tmp_path: Path) -> None:
+    """/mcp takes the caller's principal from the authentication guard (`dharma.principal`, resolved
+    from the same credentials a moment before) instead of resolving the API key again; the session
+    is still bound to that principal, and a wrong key is still refused before the endpoint."""
+    async with serve_gateway(tmp_path, [upstream(toy_url)]) as gw:
+        async with Raw(gw.url) as c:
+            await c.initialize()
+            real = gw.gateway.principal_for
+            asked: list[object] = []
+            gw.gateway.principal_for = lambda credentials: asked.append(credentials) or real(credentials)
+            try:
+                r = await c.post({"jsonrpc": "2.0", "id": 7, "method": "ping"})
+            finally:
+                del gw.gateway.principal_for
+            assert r.status_code == 200 and answer(r)["id"] == 7 and "result" in answer(r)
+            assert asked == []
+        async with Raw(gw.url, key="wrong") as c:
+            r = await c.post({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+            assert r.status_code == 401

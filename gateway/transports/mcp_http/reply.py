@@ -224,6 +224,11 @@ class Reply:
             await self._send.send(_Final(data, status, hdrs))
         await self.aclose()
 
+    @property
+    def settled(self) -> bool:
+        """Whether `aclose` has nothing left to await (no stored stream to mark done)."""
+        return self.store is None or self.log is None or self._finished
+
     async def aclose(self) -> None:
         """End the reply; a stored stream gets its done marker (once), so a resume of it ends too."""
         self._send.close()
