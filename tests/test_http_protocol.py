@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from gateway.cli.serve import http_protocol
-from gateway.transports.http_protocol import OneWriteHttpToolsProtocol, WatchedEvent
+from gateway.transports.http_protocol import CYCLE_STATE, OneWriteHttpToolsProtocol, WatchedEvent
 from tests.mcp_http.conftest import serve_asgi
 
 class _Counting:
@@ -220,3 +220,27 @@ async def test_a_watcher_runs_on_the_next_turn_not_inside_set() -> None:
     calls.append("after set")
     await asyncio.sleep(0)
     assert calls == ["after set", "watcher"] and event.is_set()
+
+
+async def test_a_uvicorn_cycle_without_the_state_read_keeps_its_own_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watched event relies on uvicorn internals; were one of them gone (another uvicorn), the
+    cycle keeps uvicorn's own event and requests are still answered (through /mcp's watcher task)."""
+    kinds: list[type] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        kinds.append(type(receive.__self__.message_event))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    monkeypatch.setattr("gateway.transports.http_protocol.CYCLE_STATE", (*CYCLE_STATE, "no_such_field"))
+    async with serve_asgi(app, http=OneWriteHttpToolsProtocol) as base:
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n")
+        await writer.drain()
+        async with asyncio.timeout(30):
+            head = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 200") and kinds and kinds[0] is asyncio.Event

@@ -84,6 +84,12 @@ class WatchedEvent(asyncio.Event):
             self.loop.call_soon(self.watcher)
 
 
+#: What `/mcp` reads of uvicorn's request cycle when its `message_event` is a `WatchedEvent`. These
+#: are uvicorn internals (no ASGI contract): a uvicorn whose cycle lacks one keeps its own event,
+#: and `/mcp` falls back to a task watching `receive()`.
+CYCLE_STATE: tuple[str, ...] = ("message_event", "disconnected", "response_complete", "flow", "waiting_for_100_continue")
+
+
 class OneWriteHttpToolsProtocol(HttpToolsProtocol):
     """`HttpToolsProtocol` writing through `_HeldHead` (see the module docstring), each request
     cycle's `message_event` a `WatchedEvent`.
@@ -103,5 +109,5 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         before = self.cycle
         super().on_headers_complete()
         cycle = self.cycle
-        if cycle is not None and cycle is not before:  # a new cycle, whose task has not run yet
-            cycle.message_event = WatchedEvent(self.loop)
+        if cycle is not None and cycle is not before and all(hasattr(cycle, name) for name in CYCLE_STATE):
+            cycle.message_event = WatchedEvent(self.loop)  # a new cycle, whose task has not run yet
