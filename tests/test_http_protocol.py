@@ -58,6 +58,12 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         raise RuntimeError("the app failed after its head")
 
 
+async def _connect(base: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw connection to the server at `base` (http://host:port)."""
+    host, port = base.removeprefix("http://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
 async def _read_until(reader: asyncio.StreamReader, marker: bytes, timeout: float = 30.0) -> bytes:
     async with asyncio.timeout(timeout):
         return await reader.readuntil(marker)
@@ -71,8 +77,7 @@ async def test_dharma_serve_uses_the_one_write_protocol() -> None:
 async def test_fixed_length_response_is_one_write_and_keep_alive_works() -> None:
     _Counting.writes = []
     async with serve_asgi(app, http=_CountingProtocol) as base:
-        host, port = base.removeprefix("http://").split(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
+        reader, writer = await _connect(base)
         try:
             for _ in range(3):  # one keep-alive connection, three requests
                 writer.write(b"GET /json HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -99,8 +104,7 @@ async def test_streamed_head_is_not_held_and_head_request_completes() -> None:
 
     # keep-alive longer than the reads' deadline: closing an idle connection would send a held head anyway
     async with serve_asgi(with_state, http=OneWriteHttpToolsProtocol, timeout_keep_alive=600) as base:
-        host, port = base.removeprefix("http://").split(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
+        reader, writer = await _connect(base)
         try:
             writer.write(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
             head = await _read_until(reader, b"\r\n\r\n")  # arrives while the app still waits for `go`
@@ -199,8 +203,7 @@ async def test_each_request_cycle_tells_its_watcher_when_the_client_goes_away() 
         await release.wait()
 
     async with serve_asgi(held, http=OneWriteHttpToolsProtocol) as base:
-        host, port = base.removeprefix("http://").split(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
+        reader, writer = await _connect(base)
         writer.write(b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
         await writer.drain()
         async with asyncio.timeout(30):
@@ -236,11 +239,9 @@ async def test_a_uvicorn_cycle_without_the_state_read_keeps_its_own_event(monkey
 
     monkeypatch.setattr("gateway.transports.http_protocol.CYCLE_STATE", (*CYCLE_STATE, "no_such_field"))
     async with serve_asgi(app, http=OneWriteHttpToolsProtocol) as base:
-        host, port = base.removeprefix("http://").split(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
+        reader, writer = await _connect(base)
         writer.write(b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n")
         await writer.drain()
-        async with asyncio.timeout(30):
-            head = await reader.readuntil(b"\r\n\r\n")
+        head = await _read_until(reader, b"\r\n\r\n")
         writer.close()
     assert head.startswith(b"HTTP/1.1 200") and kinds and kinds[0] is asyncio.Event
