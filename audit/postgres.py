@@ -59,6 +59,7 @@ from audit.records import (
     parse_record,
     quick_index,
     record_bytes,
+    rule_ids,
 )
 from audit.sqlite import deliver
 from audit.sqlite_read import filter_sql
@@ -137,16 +138,6 @@ def display_url(url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{parts.username or ''}@{host}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def rule_ids(entry: Mapping[str, Any]) -> list[str]:
-    """The distinct rule ids of `entry["matched_rules"]` (a string or a list's strings), as SQLite's trigger takes them."""
-    rules = entry.get("matched_rules")
-    if isinstance(rules, str):
-        return [rules]
-    if not isinstance(rules, list):
-        return []
-    return list(dict.fromkeys(r for r in rules if isinstance(r, str)))
 
 
 def _utc_now() -> str:
@@ -273,7 +264,7 @@ class LinkedRow:
 class _Pending:
     entry: bytes
     fields: IndexFields
-    rules: list[str]
+    rules: tuple[str, ...]
     future: asyncio.Future[Appended]
     linked: LinkedRow | None = None
     queued: float = field(default_factory=time.perf_counter)  # the append lag /metrics reports

@@ -88,7 +88,7 @@ class ParsedRecord:
 class IndexFields:
     """The entry fields copied into indexed columns (not hashed: the body is the truth).
 
-    `matched_rules` is not here: the SQLite schema indexes it from the record bytes.
+    `matched_rules` is not here: the rule index holds `rule_ids(entry)`, one row each.
     """
 
     time: str | None
@@ -185,15 +185,18 @@ def index_fields(entry: Mapping[str, Any]) -> IndexFields:
 
 
 def rule_ids(entry: Mapping[str, Any]) -> tuple[str, ...]:
-    """The rule ids the rule index holds for an entry: its text `matched_rules`, distinct, sorted.
+    """The rows the rule index holds for an entry, in the order the writers insert them: the text
+    items of its `matched_rules` array, each once at its first place, or its one text value.
 
-    Mirrors what the SQLite schema's trigger indexes (a list's text items, or one text value).
+    An array is whatever the canonical encoder writes as one (a list or a tuple), so the rows follow
+    the recorded bytes whether `entry` is a caller's object or `json.loads` of a record. Those that
+    compare with stored rows regardless of order sort it.
     """
     rules = entry.get("matched_rules")
     if isinstance(rules, str):
         return (rules,)
-    if isinstance(rules, list):
-        return tuple(sorted({rule for rule in rules if isinstance(rule, str)}))
+    if isinstance(rules, (list, tuple)):
+        return tuple(dict.fromkeys(rule for rule in rules if isinstance(rule, str)))
     return ()
 
 

@@ -49,8 +49,10 @@ from audit.records import (
     encode_entry,
     index_fields,
     record_bytes,
+    rule_ids,
 )
 from audit.sqlite_files import (
+    DROP_RETIRED,
     SCHEMA,
     SECONDARY_STATEMENTS,
     SUBTREES_STATEMENTS,
@@ -79,6 +81,7 @@ def _insert_sql(rows: int) -> str:
     return f"INSERT INTO records({RECORD_COLUMNS}) VALUES {','.join([row] * rows)}"
 
 
+INSERT_RULE = "INSERT INTO record_rules(seq, rule_id) VALUES (?, ?)"
 INSERT_SUBTREE = "INSERT INTO subtrees(height, idx, hash) VALUES (?, ?, ?)"
 INSERT_CHECKPOINT = (
     "INSERT INTO checkpoints(size, note, created_at) VALUES (?, ?, ?) ON CONFLICT(size) DO NOTHING"
@@ -110,6 +113,7 @@ class _Head:
 class _Pending:
     entry: bytes
     fields: IndexFields
+    rules: tuple[str, ...]  # the rule index's rows, `rule_ids(entry)`
     future: asyncio.Future[Appended]
     queued: float = 0.0  # perf_counter when appended: the append lag /metrics reports
 
@@ -263,6 +267,7 @@ class SqliteLedger:
         item = _Pending(
             encode_entry(entry, ledger=str(self._path)),
             index_fields(entry),
+            rule_ids(entry),
             asyncio.get_running_loop().create_future(),
             time.perf_counter(),
         )
@@ -372,6 +377,7 @@ class SqliteLedger:
         head = self._head
         seq, prev = head.size, head.hash
         rows: list[tuple[Any, ...]] = []
+        rules: list[tuple[int, str]] = []
         hashes: list[bytes] = []
         results: list[Appended | BaseException] = []
         sha256 = hashlib.sha256
@@ -383,12 +389,14 @@ class SqliteLedger:
             f = item.fields
             rows.append((seq, digest, body, f.time, f.principal, f.tool, f.decision, f.status,
                          f.request_id, f.policy_version))
+            if item.rules:
+                rules.extend((seq, rule) for rule in item.rules)
             hashes.append(digest)
             results.append(Appended(seq, prev))
         grown = head.frontier.copy()
         subtrees = grown.extend_collecting(hashes)
         try:
-            self._write(rows, subtrees)
+            self._write(rows, rules, subtrees)
         except sqlite3.Error as exc:
             message = f"{self._path}: records {head.size + 1}..{seq} were not committed ({exc})"
             log.error("ledger.batch_failed", path=str(self._path), first_seq=head.size + 1, count=len(batch),
@@ -402,17 +410,20 @@ class SqliteLedger:
                   ms=round((time.perf_counter() - started) * 1000, 3))
         _settle([item.future for item in batch], results)
 
-    def _write(self, rows: Sequence[tuple[Any, ...]], subtrees: list[CompletedSubtree]) -> None:
-        """Insert a batch and the subtree hashes it completes in one transaction, as multi-row
-        INSERTs; the rule index fills by trigger.
+    def _write(
+        self, rows: Sequence[tuple[Any, ...]], rules: list[tuple[int, str]], subtrees: list[CompletedSubtree]
+    ) -> None:
+        """Insert a batch, its rule index rows (seq order, each record's in `rule_ids` order: the
+        rowid order readers group by) and the subtree hashes it completes in one transaction.
 
-        A batch that is one INSERT and completes no stored subtree (nearly every batch) runs as
-        that single statement: SQLite makes it a transaction of its own (the connection is in
-        autocommit mode, never left inside a transaction), committed as durably as `synchronous`
-        says and rolled back whole if it fails, without the round trips of BEGIN and COMMIT.
+        A batch that is one INSERT, has no rule rows and completes no stored subtree (nearly every
+        batch) runs as that single statement: SQLite makes it a transaction of its own (the
+        connection is in autocommit mode, never left inside a transaction), committed as durably as
+        `synchronous` says and rolled back whole if it fails, without the round trips of BEGIN and
+        COMMIT. Either way one commit, one WAL sync.
         """
         conn = self._conn
-        if len(rows) <= INSERT_CHUNK and not subtrees and not conn.in_transaction:
+        if len(rows) <= INSERT_CHUNK and not rules and not subtrees and not conn.in_transaction:
             conn.execute(_insert_sql(len(rows)), [value for row in rows for value in row])
             return
         try:
@@ -420,6 +431,8 @@ class SqliteLedger:
             for start in range(0, len(rows), INSERT_CHUNK):
                 chunk = rows[start : start + INSERT_CHUNK]
                 conn.execute(_insert_sql(len(chunk)), [value for row in chunk for value in row])
+            if rules:
+                conn.executemany(INSERT_RULE, rules)
             if subtrees:
                 conn.executemany(INSERT_SUBTREE, subtrees)
             conn.execute("COMMIT")
@@ -459,6 +472,7 @@ def _open_writer(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
             )
             log.info("ledger.created", path=str(path))
         else:
+            conn.execute(DROP_RETIRED)
             for statement in SECONDARY_STATEMENTS:
                 conn.execute(statement)
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]

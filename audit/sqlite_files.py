@@ -44,22 +44,22 @@ SUBTREES_STATEMENTS = (
     *_append_only("subtrees"),
 )
 _TRIGGERS = "".join(f"{statement};" for table in LEDGER_TABLES if table != "subtrees" for statement in _append_only(table))
-# The query indexes and the trigger that fills the rule index: derived from the records, so a
-# writer recreates any that is missing when it opens the ledger (the bulk loader drops them for
-# the load and builds them once at the end). One statement each.
+# The query indexes: derived from the records, so a writer recreates any that is missing when it
+# opens the ledger (the bulk loader drops them for the load and builds them once at the end). One
+# statement each. The rule index's rows are inserted by the writer, in the record's transaction.
 SECONDARY_STATEMENTS = (
     "CREATE INDEX IF NOT EXISTS records_principal_time ON records(principal, time)",
     "CREATE INDEX IF NOT EXISTS records_tool_time ON records(tool, time)",
     "CREATE INDEX IF NOT EXISTS records_time ON records(time)",
     "CREATE INDEX IF NOT EXISTS record_rules_rule ON record_rules(rule_id, seq)",
-    """CREATE TRIGGER IF NOT EXISTS records_index_rules AFTER INSERT ON records BEGIN
-    INSERT INTO record_rules(seq, rule_id)
-    SELECT DISTINCT NEW.seq, value FROM json_each(CAST(NEW.body AS TEXT), '$.entry.matched_rules')
-    WHERE type = 'text' AND typeof(key) != 'text';
-END""",
 )
 SECONDARY_OBJECTS = (("INDEX", "records_principal_time"), ("INDEX", "records_tool_time"), ("INDEX", "records_time"),
-                     ("INDEX", "record_rules_rule"), ("TRIGGER", "records_index_rules"))
+                     ("INDEX", "record_rules_rule"))
+RULE_TRIGGER = "records_index_rules"
+"""The trigger that filled the rule index before the writer did (json_each over every record's
+bytes on every insert). A gateway of that time recreates it when it opens a ledger; a writer now
+drops it on open (`DROP_RETIRED`) before its first insert, so no record gets its rule rows twice."""
+DROP_RETIRED = f"DROP TRIGGER IF EXISTS {RULE_TRIGGER}"
 SCHEMA = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE records(

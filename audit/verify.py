@@ -210,7 +210,7 @@ def index_problem(record: IndexedRecord) -> str:
         stored, wanted = getattr(record.fields, name), getattr(derived, name)
         if stored != wanted or type(stored) is not type(wanted):
             return f"record {record.seq}: indexed column {name} holds {stored!r} but the record says {wanted!r}"
-    wanted_rules = rule_ids(entry)
+    wanted_rules = tuple(sorted(rule_ids(entry)))
     if record.rules == wanted_rules:
         return ""
     missing = [rule for rule in wanted_rules if rule not in record.rules]

@@ -11,10 +11,10 @@ Each chunk is committed with the head moved to its last record, so the ledger is
 commit; the empty ledger itself is created by the real ledger classes. Given a `CheckpointSigner`,
 the load ends with a signed checkpoint at the last record, as a writer's close would store.
 
-SQLite: the query indexes and the rule-index trigger are dropped for the load (the loader writes the
-rule rows itself, one per record as the trigger would: the entries hold at most one rule) and built
-once at the end with the schema's own statements, which `SqliteLedger.open` also runs, so a load cut
-short leaves a ledger its writer completes. Plain `executemany` under the ledger's writer lock.
+SQLite: the query indexes are dropped for the load (the loader writes the rule rows, one per record
+as the writer would: the entries hold at most one rule) and built once at the end with the schema's
+own statements, which `SqliteLedger.open` also runs, so a load cut short leaves a ledger its writer
+completes. Plain `executemany` under the ledger's writer lock.
 PostgreSQL: the same with its query indexes (which `PostgresLedger.open` recreates); binary `COPY`
 of prebuilt rows into `records`, `record_rules` and `subtrees`, then the `head` row, under the
 head's row lock.
@@ -137,7 +137,7 @@ class SqliteSink:
     @classmethod
     async def create(cls, path: Path) -> SqliteSink:
         """Create the empty ledger with `SqliteLedger`, take its writer lock, and drop the query
-        indexes and the rule trigger until `close` (or the writer's next open) builds them."""
+        indexes until `finish` (or the writer's next open) builds them."""
         await (await SqliteLedger.open(path, synchronous="NORMAL")).aclose()
         lock = WriterLock(path)
         lock.acquire()
@@ -168,7 +168,7 @@ class SqliteSink:
         self.seconds += time.perf_counter() - t0
 
     def finish(self, size: int, note: str | None) -> None:
-        """Build the query indexes and the rule trigger, store the checkpoint, return to WAL mode."""
+        """Build the query indexes, store the checkpoint, return to WAL mode."""
         t0 = time.perf_counter()
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")

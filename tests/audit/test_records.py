@@ -116,7 +116,7 @@ def _exact_index(body: bytes) -> tuple[object, ...] | None:
         return None
     if not isinstance(entry, dict):
         return None
-    return (*dataclasses.astuple(index_fields(entry)), list(rule_ids(entry)) or None)
+    return (*dataclasses.astuple(index_fields(entry)), sorted(rule_ids(entry)) or None)
 
 
 @settings(max_examples=400, deadline=None)
