@@ -78,6 +78,7 @@ async def test_derived_columns_and_rule_index_match_sqlite(url: str) -> None:
     await ledger.append({"matched_rules": ["a", "a", "b", 7, None], "time": "2026-11-22T02:00:00+01:00"})
     await ledger.append({"matched_rules": "a"})
     await ledger.append({"matched_rules": {"x": "a"}})
+    await ledger.append({"matched_rules": ("t2", "t1", "t2")})  # recorded as a JSON array, indexed as one
     await ledger.aclose()
     with raw(url) as conn:
         row = conn.execute("SELECT time, principal, tool, decision, status, request_id, policy_version "
@@ -86,7 +87,9 @@ async def test_derived_columns_and_rule_index_match_sqlite(url: str) -> None:
                             ("time", "principal", "tool", "decision", "status", "request_id", "policy_version"))
         assert conn.execute("SELECT time FROM records WHERE seq = 2").fetchone() == ("2026-11-22T01:00:00.000000Z",)
         rules = conn.execute("SELECT seq, rule_id FROM record_rules ORDER BY seq, rule_id").fetchall()
-    assert rules == [(1, "rule-1"), (1, "rule-all"), (2, "a"), (2, "b"), (3, "a")]
+    assert rules == [(1, "rule-1"), (1, "rule-all"), (2, "a"), (2, "b"), (3, "a"), (5, "t1"), (5, "t2")]
+    with PostgresLedgerReader(url) as reader:
+        assert verify_ledger(reader).ok
 
 
 async def test_update_delete_and_truncate_are_refused(url: str) -> None:

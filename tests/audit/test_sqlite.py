@@ -70,6 +70,7 @@ async def test_schema_meta_indexes_and_triggers(ledger: SqliteLedger, ledger_pat
     assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     names = {n for (n,) in conn.execute("SELECT name FROM sqlite_master")}
     assert {"records_principal_time", "records_tool_time", "records_time", "record_rules_rule"} <= names
+    assert "records_index_rules" not in names  # the writer fills the rule index (tests/audit/test_rule_index.py)
     for table in ("records", "record_rules", "checkpoints", "meta"):
         with pytest.raises(sqlite3.IntegrityError, match="karma ledger is append-only"):
             conn.execute(f"DELETE FROM {table}")
