@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -17,6 +17,29 @@ import pytest
 from gateway.mcp.framing import Oversize
 from gateway.transports.mcp_stdio import lines
 from gateway.transports.mcp_stdio.supervisor import ServerOutput, Supervisor, spawn_server
+
+def _handler(handled: list[Any], release: asyncio.Event, slow: Callable[[bytes | Oversize], bool], *,
+             in_task: list[bool] | None = None, started: asyncio.Event | None = None) -> lines.LineHandler:
+    """A line handler that records each line in `handled`: a line `slow` picks is awaited until
+    `release` is set (`started` set when it is reached); any other is handled at once, `in_task`
+    noting whether a task (rather than the read callback) ran it."""
+
+    async def wait(line: bytes | Oversize) -> None:
+        if started is not None:
+            started.set()
+        await release.wait()
+        handled.append(line)
+
+    def handle(line: bytes | Oversize) -> Coroutine[Any, Any, None] | None:
+        if slow(line):
+            return wait(line)
+        if in_task is not None:
+            in_task.append(asyncio.current_task() is not None)
+        handled.append(line)
+        return None
+
+    return handle
+
 
 async def _pipe() -> tuple[int, ServerOutput]:
     read_end, write_end = os.pipe()
@@ -29,18 +52,7 @@ async def test_lines_are_handled_in_order_and_a_line_being_awaited_holds_back_th
     handled: list[bytes] = []
     release = asyncio.Event()
     in_task: list[bool] = []
-
-    async def slow(line: bytes) -> None:
-        await release.wait()
-        handled.append(line)
-
-    def handle(line: bytes | Oversize) -> Coroutine[Any, Any, None] | None:
-        assert isinstance(line, bytes)
-        if line.startswith(b"slow"):
-            return slow(line)
-        in_task.append(asyncio.current_task() is not None)
-        handled.append(line)
-        return None
+    handle = _handler(handled, release, lambda line: isinstance(line, bytes) and line.startswith(b"slow"), in_task=in_task)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(out.pump, handle)
@@ -71,17 +83,7 @@ async def test_reading_pauses_behind_a_slow_line_and_resumes_with_nothing_lost()
     handled: list[bytes] = []
     release = asyncio.Event()
     count = lines.QUEUED_LINES * 4
-
-    async def slow(line: bytes) -> None:
-        await release.wait()
-        handled.append(line)
-
-    def handle(line: bytes | Oversize) -> Coroutine[Any, Any, None] | None:
-        assert isinstance(line, bytes)
-        if line == b"slow":
-            return slow(line)
-        handled.append(line)
-        return None
+    handle = _handler(handled, release, lambda line: line == b"slow")
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(out.pump, handle)
@@ -191,17 +193,7 @@ async def test_the_agents_lines_are_handled_in_the_read_callback_in_order_behind
     handled: list[bytes | Oversize] = []
     in_task: list[bool] = []
     release = asyncio.Event()
-
-    async def slow(line: bytes) -> None:
-        await release.wait()
-        handled.append(line)
-
-    def handle(line: bytes | Oversize) -> Coroutine[Any, Any, None] | None:
-        if isinstance(line, bytes) and line.startswith(b"slow"):
-            return slow(line)
-        in_task.append(asyncio.current_task() is not None)
-        handled.append(line)
-        return None
+    handle = _handler(handled, release, lambda line: isinstance(line, bytes) and line.startswith(b"slow"), in_task=in_task)
 
     with open(in_read, "rb", buffering=0) as stdin, open(out_write, "wb", buffering=0) as stdout:
         pipes = ClientPipes(stdin, stdout)
@@ -231,17 +223,7 @@ async def test_stdin_the_loop_cannot_watch_is_read_in_threads_up_to_its_end(tmp_
     handled: list[bytes | Oversize] = []
     started = asyncio.Event()
     release = asyncio.Event()
-
-    async def slow(line: bytes) -> None:
-        started.set()
-        await release.wait()
-        handled.append(line)
-
-    def handle(line: bytes | Oversize) -> Coroutine[Any, Any, None] | None:
-        if line == b"0":
-            return slow(line)
-        handled.append(line)
-        return None
+    handle = _handler(handled, release, lambda line: line == b"0", started=started)
 
     out_read, out_write = os.pipe()
     with open(source, "rb", buffering=0) as stdin, open(out_write, "wb", buffering=0) as stdout:
