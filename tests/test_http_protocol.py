@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from gateway.cli.serve import http_protocol
-from gateway.transports.http_protocol import CYCLE_STATE, OneWriteHttpToolsProtocol, WatchedEvent
+from gateway.transports.http_protocol import CYCLE_STATE, WHOLE_STATE, OneWriteHttpToolsProtocol, WatchedEvent, respond
 from tests.mcp_http.conftest import serve_asgi
 
 class _Counting:
@@ -245,3 +245,99 @@ async def test_a_uvicorn_cycle_without_the_state_read_keeps_its_own_event(monkey
         head = await _read_until(reader, b"\r\n\r\n")
         writer.close()
     assert head.startswith(b"HTTP/1.1 200") and kinds and kinds[0] is asyncio.Event
+
+
+async def _whole_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """`/whole`: the answer through `respond` (or the two messages when it declines, `declined`
+    counting); `/plain`: the same answer through uvicorn's `send`; `/wrapped`: `respond` given a
+    wrapped `send`; `/crlf` and `/framed`: headers `respond` must leave to uvicorn."""
+    if scope["type"] != "http":
+        return
+    while (await receive())["more_body"]:
+        pass
+    body = b'{"jsonrpc":"2.0","id":1,"result":{}}'
+    headers = [(b"content-type", b"application/json"), (b"Mcp-Session-Id", b"dgs_x")]
+    path = scope["path"]
+    if path == "/crlf":
+        headers.append((b"x-bad", b"a\r\nset-cookie: evil"))
+    elif path == "/framed":
+        headers.append((b"content-length", str(len(body)).encode()))
+    target = send
+    if path == "/wrapped":
+        async def target(message: Any) -> None:
+            await send(message)
+    if path != "/plain" and respond(target, 200, headers, body):
+        return
+    if path != "/plain":
+        _whole_app.declined.append(path)  # type: ignore[attr-defined]
+    if not any(k == b"content-length" for k, _ in headers):
+        headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _without_date(response: bytes) -> bytes:
+    return b"\r\n".join(line for line in response.split(b"\r\n") if not line.startswith(b"date: "))
+
+
+async def test_a_whole_answer_is_the_same_bytes_as_uvicorns_two_messages_in_one_write() -> None:
+    """`respond` writes what uvicorn's `send` writes for the same start and body (status line,
+    its default headers, the app's, content-length last), in one write, and the connection goes
+    on (keep-alive) or closes as the request asked."""
+    _Counting.writes = []
+    _whole_app.declined = []  # type: ignore[attr-defined]
+    async with serve_asgi(_whole_app, http=_CountingProtocol) as base:
+        reader, writer = await _connect(base)
+        try:
+            answers = []
+            for path in ("/whole", "/plain", "/whole"):
+                writer.write(f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{{}}".encode())
+                head = await _read_until(reader, b"\r\n\r\n")
+                length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+                async with asyncio.timeout(30):
+                    answers.append(head + await reader.readexactly(length))
+            writer.write(b"POST /whole HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}")
+            async with asyncio.timeout(30):
+                closing = await reader.read()  # to the end: the server closes after answering
+        finally:
+            writer.close()
+    assert _whole_app.declined == []  # type: ignore[attr-defined]
+    whole, plain, again = (_without_date(a) for a in answers)
+    assert whole == plain == again
+    assert whole.startswith(b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ncontent-type: application/json\r\nmcp-session-id: dgs_x\r\ncontent-length: 36\r\n\r\n")
+    assert _without_date(closing) == whole.replace(b"content-length: 36\r\n", b"content-length: 36\r\nconnection: close\r\n")
+    responses = [w for w in _Counting.writes if w.startswith(b"HTTP/1.1 ")]
+    assert len(responses) == 4 and len(_Counting.writes) == 4  # each answer in one write
+
+
+async def test_respond_declines_what_uvicorns_send_must_handle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrapped `send`, a header uvicorn refuses (CR LF in a value: uvicorn fails the request), a
+    framing header, a HEAD request, and a uvicorn cycle lacking the state `respond` sets: the answer
+    is left to uvicorn's `send`, which then behaves as it always did."""
+    _whole_app.declined = []  # type: ignore[attr-defined]
+    async with serve_asgi(_whole_app, http=OneWriteHttpToolsProtocol) as base:
+        reader, writer = await _connect(base)
+        try:
+            for path in ("/wrapped", "/framed"):
+                writer.write(f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{{}}".encode())
+                head = await _read_until(reader, b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200 ") and head.count(b"content-length") == 1
+                async with asyncio.timeout(30):
+                    await reader.readexactly(36)
+            writer.write(b"HEAD /whole HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert b"content-length: 36" in await _read_until(reader, b"\r\n\r\n")
+            writer.write(b"POST /crlf HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+            async with asyncio.timeout(30):
+                refused = await reader.read()
+        finally:
+            writer.close()
+        assert refused == b""  # uvicorn refuses the head and closes the connection: nothing of it is written
+        monkeypatch.setattr("gateway.transports.http_protocol.WHOLE_STATE", (*WHOLE_STATE, "no_such_field"))
+        monkeypatch.setattr("gateway.transports.http_protocol._WHOLE_OK", {})
+        reader, writer = await _connect(base)
+        try:
+            writer.write(b"POST /whole HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+            assert (await _read_until(reader, b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
+        finally:
+            writer.close()
+    assert _whole_app.declined == ["/wrapped", "/framed", "/whole", "/crlf", "/whole"]  # type: ignore[attr-defined]

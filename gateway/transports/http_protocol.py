@@ -8,7 +8,9 @@ Streamed responses (chunked: event streams) and answers to HEAD, which have no b
 go out as before; closing the connection first sends what waits.
 
 Only the transport uvicorn writes to is wrapped; parsing, flow control, keep-alive and the ASGI
-cycle are uvicorn's own.
+cycle are uvicorn's own. An app that has a whole fixed-length answer at hand can also hand it over
+in one step (`respond`): the head is built and written with the body at once, instead of two
+ASGI messages each validated and written separately.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 _HEAD_START = b"HTTP/1.1 "
 _HEAD_END = b"\r\n\r\n"
@@ -50,6 +58,11 @@ class _HeldHead:
         """uvicorn writes a body (possibly empty) after a content-length head, except for HEAD."""
         scope = self._protocol.scope
         return scope is not None and scope.get("method") != "HEAD"
+
+    def write_whole(self, data: bytes) -> None:
+        """Write a whole response (head and body), never held."""
+        self.flush()
+        self._transport.write(data)
 
     def flush(self) -> None:
         head, self._head = self._head, None
@@ -111,3 +124,64 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle is not before and all(hasattr(cycle, name) for name in CYCLE_STATE):
             cycle.message_event = WatchedEvent(self.loop)  # a new cycle, whose task has not run yet
+
+
+#: What `respond` reads and sets of uvicorn's request cycle: uvicorn internals again (what its own
+#: `send` does for a start and a last body message). A cycle class lacking one is answered by
+#: its own `send`, as any other response.
+WHOLE_STATE: tuple[str, ...] = (
+    "scope", "transport", "flow", "access_log", "default_headers", "message_event", "on_response", "disconnected",
+    "keep_alive", "waiting_for_100_continue", "response_started", "response_complete", "chunked_encoding",
+    "expected_content_length",
+)
+_WHOLE_OK: dict[type, bool] = {}
+#: Headers whose meaning uvicorn's `send` acts on (framing, keep-alive): an answer carrying one goes through it.
+_FRAMING = (b"content-length", b"transfer-encoding", b"connection")
+
+
+def respond(send: Callable[..., Any], status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    """Answer a request whose ASGI `send` is a request cycle of `OneWriteHttpToolsProtocol` with
+    `status`, `headers` and `body` (a `content-length` is added) in one step: the same bytes,
+    connection state and completion as `http.response.start` and one last `http.response.body`
+    through uvicorn's `send`, built at once and written in one `transport.write`.
+
+    False, with nothing done, when this cannot be done here (another server or protocol, a
+    wrapped `send`, a response already begun, a paused or closed connection, an access line to
+    write, a HEAD request, a framing header or an invalid header given): send the two messages."""
+    cycle = getattr(send, "__self__", None)
+    if type(cycle) is not RequestResponseCycle or getattr(send, "__func__", None) is not RequestResponseCycle.send:
+        return False
+    ok = _WHOLE_OK.get(type(cycle))
+    if ok is None:
+        ok = _WHOLE_OK[type(cycle)] = all(hasattr(cycle, name) for name in WHOLE_STATE)
+    transport = cycle.transport
+    if not ok or type(transport) is not _HeldHead or cycle.response_started or cycle.disconnected \
+            or cycle.flow.write_paused or cycle.access_log or cycle.scope["method"] == "HEAD":
+        return False
+    line = STATUS_LINE.get(status)
+    if line is None:
+        return False
+    content = [line]
+    for name, value in (*cycle.default_headers, *headers):
+        if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
+            return False
+        name = name.lower()
+        if name in _FRAMING:
+            return False
+        content += (name, b": ", value, b"\r\n")
+    content += (b"content-length: ", str(len(body)).encode(), b"\r\n")
+    keep_alive = cycle.keep_alive
+    if not keep_alive:
+        content.append(b"connection: close\r\n")
+    content += (b"\r\n", body)
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    cycle.chunked_encoding = False
+    cycle.expected_content_length = 0
+    transport.write_whole(b"".join(content))
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not keep_alive:
+        transport.close()
+    cycle.on_response()
+    return True

@@ -17,6 +17,7 @@ from starlette.types import Receive, Send
 
 from gateway.mcp import jsonrpc
 from gateway.stores.base import EventStore, StoreUnavailable, StreamLog
+from gateway.transports.http_protocol import respond
 
 log = structlog.get_logger()
 
@@ -101,10 +102,11 @@ class AsgiWriter:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
             data = item.body or b""
-            headers = dict(item.headers or {})
-            headers["content-length"] = str(len(data))
-            await send({"type": "http.response.start", "status": item.status,
-                        "headers": _asgi_headers(headers)})
+            headers = _asgi_headers(item.headers) if item.headers else []
+            if respond(send, item.status, headers, data):  # the whole answer in one step
+                return
+            headers.append((b"content-length", str(len(data)).encode()))
+            await send({"type": "http.response.start", "status": item.status, "headers": headers})
             await send({"type": "http.response.body", "body": data})
 
     def close(self) -> None:
@@ -286,6 +288,8 @@ async def plain_reply(send: Send, status: int, body: dict[str, Any] | None, head
     data = jsonrpc.dumps(body) if body is not None else b""
     hdrs = [(b"content-type", b"application/json")] if data else []
     hdrs += _asgi_headers(headers or {})
+    if respond(send, status, hdrs, data):
+        return
     hdrs.append((b"content-length", str(len(data)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": hdrs})
     await send({"type": "http.response.body", "body": data})
