@@ -249,6 +249,7 @@ class McpHttpApp:
                     stop()
 
             event.watcher = gone
+            reply.loop = event.loop
             if cycle.disconnected or cycle.response_complete:  # type: ignore[union-attr]
                 event.loop.call_soon(gone)
             else:

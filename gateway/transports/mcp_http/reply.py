@@ -7,6 +7,7 @@ No routing, relaying or governance here (`mcp_http` and the modules it is built 
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -157,6 +158,9 @@ class Reply:
         self.store: EventStore | None = None
         self.log: StreamLog | None = None
         self._finished = False
+        #: The event loop running the request, when known without asking (its request cycle's): saves
+        #: a running-loop lookup (a `getpid` system call on Python 3.11) where the reply's handler needs it.
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def resumable(self, store: EventStore) -> None:
         """Number and keep this reply's events in `store` if it becomes an event stream."""
