@@ -347,6 +347,19 @@ async def test_api_keys_still_work_and_are_stripped(http: httpx.AsyncClient) -> 
     assert r.status_code == 401 and r.headers["www-authenticate"] == INVALID
 
 
+async def test_credentials_sent_twice_are_refused_and_proxy_credentials_stripped(http: httpx.AsyncClient) -> None:
+    """The one pass over the headers finds every Authorization and X-API-Key (a second of either is
+    refused: which one counts would be a guess) and passes on none of the credential headers."""
+    for twice in ([("authorization", f"Bearer {KEYS['reader']}"), ("authorization", f"Bearer {KEYS['admin']}")],
+                  [("x-api-key", KEYS["reader"]), ("x-api-key", KEYS["reader"])]):
+        r = await http.post("/mcp", headers=twice)
+        assert r.status_code == 400 and "send one credential, once" in r.text
+    r = await http.post("/mcp", headers=[("x-api-key", KEYS["reader"]), ("proxy-authorization", "Basic eDp5"), ("x-other", "kept")])
+    assert r.status_code == 200
+    seen = r.json()["headers"]
+    assert "proxy-authorization" not in seen and seen["x-other"] == "kept"
+
+
 async def test_without_jwks_a_jwt_looking_bearer_is_an_api_key(resolve: Any) -> None:
     async with client(HttpAuth(INNER, resource_url=RESOURCE, resolve=resolve)) as c:
         assert (await c.post("/mcp", headers=bearer(token()))).status_code == 401
