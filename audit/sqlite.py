@@ -20,6 +20,8 @@ importable from here.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import functools
 import hashlib
 import os
@@ -109,12 +111,73 @@ class _Head:
         return root
 
 
+class _Wakeup:
+    """How the writer thread hands its answers to one event loop: it queues `(future, outcome)` pairs
+    here and bumps an eventfd the loop watches; the loop, woken, reads the eventfd once and resolves
+    every pair queued so far (one wake-up per batch, as before).
+
+    Cheaper than `loop.call_soon_threadsafe`, which allocates a handle, takes a lock and wakes the loop
+    through its self-pipe socket (a send, then two receives): about 15 µs less process CPU per wake,
+    two wakes a governed call. Where the loop cannot watch an eventfd (no `os.eventfd`, a loop without
+    `add_reader`), it falls back to `call_soon_threadsafe`.
+    """
+
+    __slots__ = ("loop", "fd", "pairs")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pairs: collections.deque[tuple[asyncio.Future[Any], Any]] = collections.deque()
+        self.fd: int | None = None
+        if hasattr(os, "eventfd"):
+            fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            try:
+                loop.add_reader(fd, self.drain)
+            except NotImplementedError:
+                os.close(fd)
+            else:
+                self.fd = fd
+
+    def post(self, pairs: list[tuple[asyncio.Future[Any], Any]]) -> None:
+        """Hand `pairs` to the loop (any thread).
+
+        Raises:
+            RuntimeError: the loop is closed: nobody is left to wait for them.
+        """
+        if self.fd is None:
+            self.loop.call_soon_threadsafe(deliver, pairs)
+            return
+        if self.loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        self.pairs.extend(pairs)
+        os.eventfd_write(self.fd, 1)  # after the pairs are queued: a drain that reads it finds them
+
+    def drain(self) -> None:
+        """Resolve every queued pair (the loop's thread). The eventfd is read before the queue is
+        emptied, so pairs queued meanwhile are either taken now or wake the loop again."""
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.fd)  # type: ignore[arg-type]
+        pairs, ready = self.pairs, []
+        while pairs:
+            ready.append(pairs.popleft())
+        deliver(ready)
+
+    def close(self) -> None:
+        """Resolve what is queued, stop watching the eventfd and close it (the loop's thread)."""
+        if self.fd is None:
+            return
+        self.drain()
+        self.loop.remove_reader(self.fd)
+        os.close(self.fd)
+        self.fd = None
+
+
 @dataclass(frozen=True, slots=True)
 class _Pending:
     entry: bytes
     fields: IndexFields
     rules: tuple[str, ...]  # the rule index's rows, `rule_ids(entry)`
     future: asyncio.Future[Appended]
+    wakeup: _Wakeup
     queued: float = 0.0  # perf_counter when appended: the append lag /metrics reports
 
 
@@ -124,6 +187,7 @@ class _CheckpointRequest:
     key_name: str
     origin: str
     future: asyncio.Future[str]
+    wakeup: _Wakeup
 
 
 class _Stop:
@@ -161,6 +225,7 @@ class SqliteLedger:
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._gate = threading.Lock()
         self._closed = False
+        self._wakeups: dict[asyncio.AbstractEventLoop, _Wakeup] = {}
         self._schedule = CheckpointSchedule(signer, checkpoint_interval, clock, checkpointed_size)
         self._thread = threading.Thread(target=self._run, name=f"karma-ledger:{path.name}", daemon=True)
 
@@ -264,11 +329,13 @@ class SqliteLedger:
             LedgerError: the entry is not canonical JSON, the ledger is closed, or the batch
                 holding it could not be committed (then nothing of that batch was written).
         """
+        loop = asyncio.get_running_loop()
         item = _Pending(
             encode_entry(entry, ledger=str(self._path)),
             index_fields(entry),
             rule_ids(entry),
-            asyncio.get_running_loop().create_future(),
+            loop.create_future(),
+            self._wakeups.get(loop) or self._wakeup(loop),
             time.perf_counter(),
         )
         self._submit(item)
@@ -276,9 +343,20 @@ class SqliteLedger:
 
     async def checkpoint(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> str:
         """Sign the current head as a C2SP checkpoint, store it and return the note."""
-        request = _CheckpointRequest(private_key, key_name, origin, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        request = _CheckpointRequest(
+            private_key, key_name, origin, loop.create_future(), self._wakeups.get(loop) or self._wakeup(loop)
+        )
         self._submit(request)
         return await request.future
+
+    def _wakeup(self, loop: asyncio.AbstractEventLoop) -> _Wakeup:
+        """The running loop's `_Wakeup`, made on its first append."""
+        with self._gate:
+            if self._closed:
+                raise LedgerError(f"{self._path}: the ledger is closed")
+            wakeup = self._wakeups[loop] = _Wakeup(loop)
+        return wakeup
 
     async def aclose(self) -> None:
         """Commit everything queued, stop the writer thread and release the writer lock."""
@@ -288,8 +366,25 @@ class SqliteLedger:
             self._closed = True
             self._queue.put(_Stop())
         await anyio.to_thread.run_sync(self._thread.join)
+        self._close_wakeups()
         self._lock.release()
         log.info("ledger.closed", path=str(self._path), size=self._head.size)
+
+    def _close_wakeups(self) -> None:
+        """Close every loop's eventfd once the writer has stopped, each in its own loop's thread
+        after it resolved the answers still queued (a closed loop's callers are gone)."""
+        running = asyncio.get_running_loop()
+        for loop, wakeup in self._wakeups.items():
+            if loop is running:
+                wakeup.close()
+                continue
+            try:
+                loop.call_soon_threadsafe(wakeup.close)
+            except RuntimeError:  # the loop is closed, and its selector with it
+                if wakeup.fd is not None:
+                    os.close(wakeup.fd)
+                    wakeup.fd = None
+        self._wakeups.clear()
 
     def _submit(self, item: _Item) -> None:
         with self._gate:
@@ -309,9 +404,9 @@ class SqliteLedger:
                     self._auto_checkpoint(final=isinstance(command, _Stop))
                 except Exception as exc:  # a bug in this thread must not leave callers waiting
                     log.exception("ledger.writer_failed", path=str(self._path))
-                    waiting = [item.future for item in batch]
+                    waiting: list[_Pending | _CheckpointRequest] = list(batch)
                     if isinstance(command, _CheckpointRequest):
-                        waiting.append(command.future)
+                        waiting.append(command)
                     _settle(waiting, [LedgerError(f"{self._path}: ledger writer failed ({exc})") for _ in waiting])
                 if isinstance(command, _Stop):
                     break
@@ -402,13 +497,13 @@ class SqliteLedger:
             log.error("ledger.batch_failed", path=str(self._path), first_seq=head.size + 1, count=len(batch),
                       error=str(exc))
             self.stats.failed()
-            _settle([item.future for item in batch], [LedgerError(message) for _ in batch])
+            _settle(batch, [LedgerError(message) for _ in batch])
             return
         self.stats.committed(time.perf_counter(), [item.queued for item in batch])
         self._head = _Head(seq, prev, grown)
         log.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
                   ms=round((time.perf_counter() - started) * 1000, 3))
-        _settle([item.future for item in batch], results)
+        _settle(batch, results)
 
     def _write(
         self, rows: Sequence[tuple[Any, ...]], rules: list[tuple[int, str]], subtrees: list[CompletedSubtree]
@@ -453,7 +548,7 @@ class SqliteLedger:
             outcome = LedgerError(f"{self._path}: {exc}")
         except sqlite3.Error as exc:
             outcome = LedgerError(f"{self._path}: checkpoint at size {head.size} was not stored ({exc})")
-        _settle([request.future], [outcome])
+        _settle([request], [outcome])
 
 
 def _open_writer(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
@@ -514,19 +609,19 @@ def _utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _settle(futures: Sequence[asyncio.Future[Any]], outcomes: Sequence[Any]) -> None:
-    """Hand each outcome to its future on the future's own loop: one wake-up per loop."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
-    for future, outcome in zip(futures, outcomes, strict=True):
-        by_loop.setdefault(future.get_loop(), []).append((future, outcome))
-    for loop, pairs in by_loop.items():
+def _settle(waiting: Sequence[_Pending | _CheckpointRequest], outcomes: Sequence[Any]) -> None:
+    """Hand each outcome to its caller's future on the future's own loop: one wake-up per loop."""
+    by_loop: dict[_Wakeup, list[tuple[asyncio.Future[Any], Any]]] = {}
+    for item, outcome in zip(waiting, outcomes, strict=True):
+        by_loop.setdefault(item.wakeup, []).append((item.future, outcome))
+    for wakeup, pairs in by_loop.items():
         try:
-            loop.call_soon_threadsafe(deliver, pairs)
+            wakeup.post(pairs)
         except RuntimeError:
             log.warning("ledger.answer_dropped", reason="event loop closed", count=len(pairs))
 
 
-def deliver(pairs: list[tuple[asyncio.Future[Any], Any]]) -> None:
+def deliver(pairs: Sequence[tuple[asyncio.Future[Any], Any]]) -> None:
     """Resolve each future with its outcome (an exception or a result), skipping those already done."""
     for future, outcome in pairs:
         if future.done():
