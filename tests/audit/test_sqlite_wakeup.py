@@ -86,6 +86,28 @@ def test_a_loop_that_cannot_watch_an_eventfd_is_answered_through_call_soon_threa
     assert eventfds() - before == set()
 
 
+def test_uvloop_keeps_its_own_thread_safe_wake(ledger_path: Path) -> None:
+    uvloop = pytest.importorskip("uvloop")
+    before = eventfds()
+
+    async def main() -> list[int]:
+        ledger = await SqliteLedger.open(ledger_path)
+        try:
+            answers = await asyncio.wait_for(asyncio.gather(*(ledger.append(make_entry(i)) for i in range(50))), 30)
+            assert not watched_by_uvloop(ledger)
+            return [a.seq for a in answers]
+        finally:
+            await ledger.aclose()
+
+    assert uvloop.run(main()) == list(range(1, 51))
+    assert eventfds() - before == set()
+
+
+def watched_by_uvloop(ledger: SqliteLedger) -> bool:
+    """Whether the ledger made an eventfd of its own for the running (uvloop) loop."""
+    return any(wakeup.fd is not None for wakeup in ledger._wakeups.values())  # type: ignore[attr-defined]
+
+
 async def test_callers_on_two_loops_are_each_answered_on_their_own(ledger_path: Path) -> None:
     before = eventfds()
     ledger = await SqliteLedger.open(ledger_path)
