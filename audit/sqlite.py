@@ -155,8 +155,9 @@ class _Wakeup:
     def drain(self) -> None:
         """Resolve every queued pair (the loop's thread). The eventfd is read before the queue is
         emptied, so pairs queued meanwhile are either taken now or wake the loop again."""
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self.fd)  # type: ignore[arg-type]
+        if self.fd is not None:  # None: closed while this callback was already queued
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_read(self.fd)
         pairs, ready = self.pairs, []
         while pairs:
             ready.append(pairs.popleft())
