@@ -163,6 +163,12 @@ class _Wakeup:
             ready.append(pairs.popleft())
         deliver(ready)
 
+    def discard(self) -> None:
+        """Close the eventfd of a loop that is closed (its selector watches nothing any more)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
     def close(self) -> None:
         """Resolve what is queued, stop watching the eventfd and close it (the loop's thread)."""
         if self.fd is None:
@@ -353,10 +359,13 @@ class SqliteLedger:
         return await request.future
 
     def _wakeup(self, loop: asyncio.AbstractEventLoop) -> _Wakeup:
-        """The running loop's `_Wakeup`, made on its first append."""
+        """The running loop's `_Wakeup`, made on its first append; those of loops closed since are
+        dropped, so a ledger that outlives many loops keeps no descriptor for the dead ones."""
         with self._gate:
             if self._closed:
                 raise LedgerError(f"{self._path}: the ledger is closed")
+            for gone in [other for other in self._wakeups if other.is_closed()]:
+                self._wakeups.pop(gone).discard()
             wakeup = self._wakeups[loop] = _Wakeup(loop)
         return wakeup
 
@@ -383,9 +392,7 @@ class SqliteLedger:
             try:
                 loop.call_soon_threadsafe(wakeup.close)
             except RuntimeError:  # the loop is closed, and its selector with it
-                if wakeup.fd is not None:
-                    os.close(wakeup.fd)
-                    wakeup.fd = None
+                wakeup.discard()
         self._wakeups.clear()
 
     def _submit(self, item: _Item) -> None:

@@ -149,3 +149,23 @@ async def test_a_loop_closed_before_the_ledger_leaves_no_descriptor_behind(ledge
     assert (await ledger.append(make_entry(8))).seq == 2
     await ledger.aclose()
     assert eventfds() - before == set()
+
+
+async def test_a_ledger_outliving_many_loops_keeps_no_descriptor_for_the_closed_ones(ledger_path: Path) -> None:
+    before = eventfds()
+    ledger = await SqliteLedger.open(ledger_path)
+
+    def one_loop(i: int) -> int:
+        loop = asyncio.new_event_loop()
+        try:
+            return loop.run_until_complete(ledger.append(make_entry(i))).seq
+        finally:
+            loop.close()
+
+    seqs = [await asyncio.to_thread(one_loop, i) for i in range(20)]
+    assert seqs == list(range(1, 21))
+    assert len(eventfds() - before) <= 1  # the last loop's: dropped when the next loop registers
+    assert (await ledger.append(make_entry(99))).seq == 21
+    assert len(eventfds() - before) == 1  # ours; every closed loop's is gone
+    await ledger.aclose()
+    assert eventfds() - before == set()
