@@ -123,10 +123,11 @@ class _Wakeup:
     and a loop that cannot watch one (no `os.eventfd`, no `add_reader`) has no other way.
     """
 
-    __slots__ = ("loop", "fd", "pairs")
+    __slots__ = ("loop", "fd", "pairs", "lock")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        self.lock = threading.Lock()  # the writer's write and a discard from a loop's thread never cross
         self.pairs: collections.deque[tuple[asyncio.Future[Any], Any]] = collections.deque()
         self.fd: int | None = None
         if hasattr(os, "eventfd") and isinstance(loop, asyncio.SelectorEventLoop):
@@ -144,13 +145,14 @@ class _Wakeup:
         Raises:
             RuntimeError: the loop is closed: nobody is left to wait for them.
         """
-        if self.fd is None:
-            self.loop.call_soon_threadsafe(deliver, pairs)
-            return
-        if self.loop.is_closed():
-            raise RuntimeError("Event loop is closed")
-        self.pairs.extend(pairs)
-        os.eventfd_write(self.fd, 1)  # after the pairs are queued: a drain that reads it finds them
+        with self.lock:
+            if self.fd is not None:
+                if self.loop.is_closed():
+                    raise RuntimeError("Event loop is closed")
+                self.pairs.extend(pairs)
+                os.eventfd_write(self.fd, 1)  # after the pairs are queued: a drain that reads it finds them
+                return
+        self.loop.call_soon_threadsafe(deliver, pairs)
 
     def drain(self) -> None:
         """Resolve every queued pair (the loop's thread). The eventfd is read before the queue is
@@ -165,9 +167,10 @@ class _Wakeup:
 
     def discard(self) -> None:
         """Close the eventfd of a loop that is closed (its selector watches nothing any more)."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        with self.lock:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
 
     def close(self) -> None:
         """Resolve what is queued, stop watching the eventfd and close it (the loop's thread)."""
@@ -175,8 +178,7 @@ class _Wakeup:
             return
         self.drain()
         self.loop.remove_reader(self.fd)
-        os.close(self.fd)
-        self.fd = None
+        self.discard()
 
 
 @dataclass(frozen=True, slots=True)
