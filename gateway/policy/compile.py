@@ -333,38 +333,46 @@ _EMPTY_GUARD = re.compile(r"\s*(findings|response\s*\.\s*findings)\s*\.\s*exists
 
 
 def empty_guard(source: str | None) -> tuple[str, ...] | None:
-    """The list variable a condition of the form `findings.exists(…) && …` (or the whole condition
-    `findings.exists(…)`; `response.findings` likewise) needs to be non-empty, as a path.
+    """The list variable (`findings` or `response.findings`, as a path) that a condition of the
+    form `… && findings.exists(…) && …` needs to be non-empty.
 
-    `exists` over an empty list is false in both engines and `&&` stops at a false left side, so
-    the rule is skipped while that list is empty (most calls have no findings). Qualifies only
-    when no `||` or `?` stands outside parentheses after the `exists(…)` and nothing but `&&`
-    follows it; a triple-quoted string anywhere disqualifies (the scan does not read those).
+    `exists` over an empty list is false in both engines, and a false conjunct makes the whole
+    `&&` chain false in both, whatever the others give (an error or a non-boolean included: CEL's
+    `&&` is commutative), so the rule is skipped while that list is empty (most calls have no
+    findings). Qualifies only when the condition is a chain of `&&` at the top level (no `||` or
+    `?` outside parentheses) with one link exactly such an `exists(…)`; a triple-quoted string
+    anywhere disqualifies (the scan does not read those).
     """
     if not source or '"""' in source or "'''" in source:
         return None
-    match = _EMPTY_GUARD.match(source)
-    if match is None:
-        return None
-    rest = _CEL_STRING.sub('""', source[match.end():])
-    depth = 1
-    for end, ch in enumerate(rest):
+    text = _CEL_STRING.sub('""', source)
+    links: list[str] = []
+    depth, start = 0, 0
+    for i, ch in enumerate(text):
         depth += ch in "([{"
         depth -= ch in ")]}"
         if depth == 0:
-            break
-    else:
-        return None
-    tail = rest[end + 1:].strip()
-    if tail and not tail.startswith("&&"):
-        return None
-    depth = 0
-    for i, ch in enumerate(tail):
-        depth += ch in "([{"
-        depth -= ch in ")]}"
-        if depth == 0 and (ch == "?" or tail.startswith("||", i)):
-            return None
-    return tuple(part.strip() for part in match.group(1).split("."))
+            if ch == "?" or text.startswith("||", i):
+                return None
+            if text.startswith("&&", i):
+                links.append(text[start:i])
+                start = i + 2
+    links.append(text[start:])
+    for link in links:
+        match = _EMPTY_GUARD.match(link)
+        if match is None:
+            continue
+        depth = 1
+        for end in range(match.end(), len(link)):
+            depth += link[end] in "([{"
+            depth -= link[end] in ")]}"
+            if depth == 0:
+                break
+        else:
+            continue
+        if not link[end + 1:].strip():
+            return tuple(part.strip() for part in match.group(1).split("."))
+    return None
 
 
 class _Compiler:
