@@ -314,3 +314,21 @@ def test_shell_analyses_are_remembered_as_copies(monkeypatch: pytest.MonkeyPatch
     assert len(shell._ANALYSED) == 3  # the argv and the string are kept apart: the key is what `_run` reads
     unparsed = shell.analyse_call({"command": "echo $(("})
     assert unparsed.unparsed and len(shell._ANALYSED) == 3  # never kept
+
+
+def test_normalising_inline_values_keeps_every_conversion() -> None:
+    """Ints, empty maps and lists and a list's strings are copied in the container's own loop now:
+    the int64 edge still turns into a float, empties are fresh copies, a lone surrogate in a list
+    still makes the activation convert for the engine at once (which refuses it)."""
+    empty_map: dict[str, Any] = {}
+    empty_list: list[Any] = []
+    value = {"big": 2**63, "edge": 2**63 - 1, "neg": -(2**63), "m": empty_map, "l": empty_list,
+             "nested": [2**64, "s", True, None, 5.0, {"k": 1.5}], "f": 2.0}
+    plain = cel.make_activation({"args": value}, ENGINES[0]).plain["args"]
+    assert plain == {"big": float(2**63), "edge": 2**63 - 1, "neg": -(2**63), "m": {}, "l": [],
+                     "nested": [float(2**64), "s", True, None, 5, {"k": 1.5}], "f": 2}
+    assert type(plain["big"]) is float and type(plain["f"]) is int and type(plain["nested"][4]) is int
+    assert plain["m"] is not empty_map and plain["l"] is not empty_list
+    if "common-expression-language" in ENGINES:  # converted for the engine at once, which refuses it
+        with pytest.raises(ValueError, match="convert"):
+            cel.make_activation({"args": {"l": ["ok", "\ud800"]}}, "common-expression-language")
