@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from gateway.core.call import CallContext, Finding, Principal, ToolCall, ToolInfo
+from gateway.core.call import CallContext, Disclosure, Finding, Principal, ToolCall, ToolInfo
 from gateway.policy import cel
 from gateway.policy.cel import helpers
 from gateway.policy.compile import compile_documents, empty_guard, load_policy, load_rule_documents
 from gateway.policy.evaluate import (
+    DisclosureVerdict,
     RuleTrace,
     activation_for,
     call_variables,
@@ -153,6 +154,8 @@ def test_guarded_disclosure_rules_give_the_full_verdict(tmp_path: Path, engine: 
     verdict = evaluate_disclosure(policy, "t", cel.make_activation(variables, engine))
     assert verdict == evaluate_disclosure(unguarded, "t", cel.make_activation(variables, engine))
     assert verdict.verdict.value == ("WITHHOLD" if findings else "PERMIT")
+    if not findings:  # what the combination of no matches gives: PERMIT, enforced, nothing to do
+        assert verdict == DisclosureVerdict(Disclosure.PERMIT, True, (), (), False, None)
 
 
 def _ctx(arguments: dict[str, Any]) -> CallContext:
@@ -332,3 +335,23 @@ def test_normalising_inline_values_keeps_every_conversion() -> None:
     if "common-expression-language" in ENGINES:  # converted for the engine at once, which refuses it
         with pytest.raises(ValueError, match="convert"):
             cel.make_activation({"args": {"l": ["ok", "\ud800"]}}, "common-expression-language")
+
+
+def test_call_classes_are_remembered_for_flat_arguments_as_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.stages import classify
+
+    monkeypatch.setattr(classify, "_CLASSIFIED", {})
+    args = {"path": "/home/u/.aws/credentials", "n": 1}
+    first = classify.classify_call("read_file", {}, args)
+    assert first == ({"credential_read"}, {"credential_read": ["/home/u/.aws/credentials"]})
+    first[0].add("tampered")
+    first[1]["credential_read"].append("x")
+    assert classify.classify_call("read_file", {}, args) == classify._classify("read_file", {}, args)
+    assert classify.classify_call("read_file", {"destructiveHint": True}, args)[0] == {"credential_read", "destructive"}
+    assert classify.classify_call("lookup", {"openWorldHint": True}, {"u": "https://x.example/a"})[0] == {"network_send"}
+    assert classify.classify_call("lookup", {}, {"u": "https://x.example/a"})[0] == set()
+    assert len(classify._CLASSIFIED) == 4
+    assert len({classify._flat_key("t", {}, {"a": v}) for v in (1, 1.0, True)}) == 3  # equal keys, different arguments
+    assert classify._flat_key("t", {}, {"a": ["x"]}) is None and classify._flat_key("t", {}, {"a": "x" * 2000}) is None
+    nested = classify.classify_call("read_file", {}, {"paths": ["/etc/passwd"]})
+    assert nested == classify._classify("read_file", {}, {"paths": ["/etc/passwd"]}) and len(classify._CLASSIFIED) == 4

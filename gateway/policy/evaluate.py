@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from gateway.policy import cel
 from gateway.policy.cel import path_normalize
@@ -345,6 +345,12 @@ class DisclosureVerdict:
     no_information_response: Any
 
 
+#: What `evaluate_disclosure` answers when no rule matched (most answers): PERMIT, enforced.
+_NOTHING_MATCHED: Final = DisclosureVerdict(
+    verdict=Disclosure.PERMIT, enforced=True, matched=(), redact=(), redact_secrets=False, no_information_response=None
+)
+
+
 def evaluate_disclosure(
     policy: CompiledPolicy, tool: str, activation: cel.Activation, trace: list[RuleTrace] | None = None
 ) -> DisclosureVerdict:
@@ -366,6 +372,8 @@ def evaluate_disclosure(
                 Effect.REDACT if rule.verdict is Disclosure.REDACT else Effect.ALLOW
             )
             matched.append((rule, RuleMatch(rule.id, effect, rule.mode, rule.verdict.value, error)))
+    if not matched:
+        return _NOTHING_MATCHED
     enforced_rules = [r for r, _ in matched if r.mode is Mode.ENFORCE]
     verdict = max((r.verdict for r, _ in matched), key=DISCLOSURE_RANK.__getitem__, default=Disclosure.PERMIT)
     enforced_verdict = max(
