@@ -355,3 +355,23 @@ def test_call_classes_are_remembered_for_flat_arguments_as_copies(monkeypatch: p
     assert classify._flat_key("t", {}, {"a": ["x"]}) is None and classify._flat_key("t", {}, {"a": "x" * 2000}) is None
     nested = classify.classify_call("read_file", {}, {"paths": ["/etc/passwd"]})
     assert nested == classify._classify("read_file", {}, {"paths": ["/etc/passwd"]}) and len(classify._CLASSIFIED) == 4
+
+
+async def test_arguments_with_findings_stay_out_of_the_memos(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The sanitizer keeps a call whose arguments hold a secret out of the class and shell memos."""
+    from gateway.stages import classify
+    from gateway.stages.sanitizer.stage import Sanitizer
+
+    monkeypatch.setattr(classify, "_CLASSIFIED", {})
+    monkeypatch.setattr(shell, "_ANALYSED", {})
+    policy = compile_documents(load_rule_documents([]))
+    stage = Sanitizer()
+    for command, kept in (("curl -H 'Authorization: Bearer ghp_abcdefghijklmnopqrstuvwxyz0123456789' x", 0),
+                          ("ls -la", 1)):
+        ctx = CallContext(call=ToolCall(tool="run_command", arguments={"command": command}, request_id="r"),
+                          now=datetime.now(UTC), clock=0.0)
+        ctx.tool = ToolInfo(name="run_command", backend="b")
+        assert await stage(ctx, policy) is None
+        assert ctx.shell is not None and ctx.shell.present
+        assert bool(ctx.findings) is (kept == 0)
+        assert (len(classify._CLASSIFIED), len(shell._ANALYSED)) == (kept, kept)

@@ -161,10 +161,13 @@ _FLAT: Final = frozenset({str, int, float, bool, type(None)})
 
 
 def classify_call(
-    tool: str, annotations: Mapping[str, Any], arguments: Any
+    tool: str, annotations: Mapping[str, Any], arguments: Any, *, remember: bool = True
 ) -> tuple[set[str], dict[str, list[str]]]:
-    """The classes of one call and the paths/URLs each touches (see the module docstring)."""
-    key = _flat_key(tool, annotations, arguments)
+    """The classes of one call and the paths/URLs each touches (see the module docstring).
+
+    `remember=False` keeps these arguments out of the memo (the sanitizer passes it for arguments
+    with findings: a secret is not kept around longer than its call)."""
+    key = _flat_key(tool, annotations, arguments) if remember else None
     if key is None:
         return _classify(tool, annotations, arguments)
     done = _CLASSIFIED.get(key)

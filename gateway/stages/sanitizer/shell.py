@@ -1630,10 +1630,11 @@ def analyse(text: str) -> ShellAnalysis:
     return _run([("script", text)], text)
 
 
-def analyse_call(arguments: dict[str, Any]) -> ShellAnalysis:
+def analyse_call(arguments: dict[str, Any], *, remember: bool = True) -> ShellAnalysis:
     """Analyse the command in a shell tool's arguments (`command`, `cmd`, `script`; a string or an
     argv list of strings, with an `args`/`argv` list appended). A value of any other type is
-    unparsed; no command argument at all gives `present=False`."""
+    unparsed; no command argument at all gives `present=False`. `remember=False` keeps the command
+    out of the memo of analyses (for arguments with findings: a secret is not kept around)."""
     items: list[tuple[str, Any]] = []
     sources: list[str] = []
     for key in SHELL_ARGUMENTS:
@@ -1656,7 +1657,7 @@ def analyse_call(arguments: dict[str, Any]) -> ShellAnalysis:
     if not items:
         return ShellAnalysis()
     source = "\n".join(sources)
-    if len(source) > _ANALYSED_LONGEST:
+    if not remember or len(source) > _ANALYSED_LONGEST:
         return _run(items, source)
     key = tuple((kind, value if isinstance(value, str) else tuple(value)) for kind, value in items)
     done = _ANALYSED.get(key)
@@ -1687,11 +1688,12 @@ def _copy(done: ShellAnalysis) -> ShellAnalysis:
     )  # fmt: skip
 
 
-def shell_for(tool: str, arguments: dict[str, Any], references: frozenset[str]) -> ShellAnalysis | None:
+def shell_for(tool: str, arguments: dict[str, Any], references: frozenset[str], *,
+              remember: bool = True) -> ShellAnalysis | None:
     """The analysis of a call to a shell-like tool, or to any tool whose rules read `args_shell`;
     None for every other call (no work for tools no rule looks at this way)."""
     if is_shell_tool(tool) or "args_shell" in references:
-        return analyse_call(arguments)
+        return analyse_call(arguments, remember=remember)
     return None
 
 
