@@ -186,22 +186,12 @@ def test_call_variables_built_on_demand_equal_the_eager_ones() -> None:
 
 def test_the_call_phase_builds_what_the_disclosure_rules_will_read(tmp_path: Path) -> None:
     """Disclosure rules see the arguments as the call-phase rules saw them, before any redaction."""
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(textwrap.dedent("""\
-        apiVersion: dharma/v1
-        kind: RuleSet
-        metadata: {name: r}
-        rules:
-          - {id: r, effect: warn, when: 'has(args.path)'}
-        ---
-        apiVersion: dharma/v1
-        kind: DisclosureRuleSet
-        metadata: {name: d}
-        no_information_response: {}
-        rules:
-          - {id: d, verdict: WITHHOLD, when: 'args.path == "secret" && response.is_error'}
-        """))
-    policy = compile_documents(load_rule_documents([rules]))
+    call_rule = "- {id: r, effect: warn, when: 'has(args.path)'}"
+    answer_rule = """- {id: d, verdict: WITHHOLD, when: 'args.path == "secret" && response.is_error'}"""
+    policy = _policy(tmp_path, cel.default_engine(), (
+        f"apiVersion: dharma/v1\nkind: RuleSet\nmetadata: {{name: r}}\nrules:\n  {call_rule}\n---\n"
+        f"apiVersion: dharma/v1\nkind: DisclosureRuleSet\nmetadata: {{name: d}}\nno_information_response: {{}}\n"
+        f"rules:\n  {answer_rule}\n"))
     ctx = _ctx({"path": "secret"})
     activation_for(ctx, policy)
     assert ctx.variables is not None and set(ctx.variables) == {"args"}
