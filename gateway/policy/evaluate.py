@@ -459,8 +459,13 @@ def activation_for(ctx: CallContext, policy: CompiledPolicy) -> cel.Activation:
     """
     if ctx.activation is None:
         assert ctx.tool is not None
-        names = policy.call_references(ctx.tool.name, frozenset(ctx.classes))
-        later = policy.disclosure_references(ctx.tool.name) - {"response"}
-        variables = variables_for(ctx, names | later)
+        tool, classes = ctx.tool.name, frozenset(ctx.classes)
+
+        def build() -> tuple[frozenset[str], frozenset[str]]:
+            names = policy.call_references(tool, classes)
+            return names, names | (policy.disclosure_references(tool) - {"response"})
+
+        names, built = policy.memoised("activation-names", (tool, classes), build)
+        variables = variables_for(ctx, built)
         ctx.activation = cel.make_activation({k: variables[k] for k in names}, policy.engine)
     return ctx.activation  # type: ignore[no-any-return]
