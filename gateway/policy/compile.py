@@ -243,6 +243,9 @@ class CompiledPolicy:
         return next((rule for rule in self.all_rules() if rule.id == rule_id), None)
 
     def cost_of(self, tool: str) -> int:
+        if not self.tool_costs:
+            return 1
+
         def build() -> int:
             return next((cost for pattern, cost in self.tool_costs if glob_match(tool, pattern)), 1)
 
@@ -251,6 +254,8 @@ class CompiledPolicy:
     def annotations_for(self, tool: str, backend_annotations: dict[str, Any]) -> dict[str, Any]:
         """The policy's own classification wins over what the (untrusted) backend claims."""
         merged = dict(backend_annotations)
+        if not self.tool_annotations:
+            return merged
         for values in self._cached("annotations", tool, lambda: tuple(
                 values for pattern, values in self.tool_annotations if glob_match(tool, pattern))):
             merged.update(values)
