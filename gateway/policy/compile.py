@@ -54,6 +54,7 @@ class CompiledRule:
     line: int
     guard: str | None = None
     class_guard: str | None = None  # `"X" in call.classes && …`: the class the rule needs (class_guard)
+    empty_guard: tuple[str, ...] | None = None  # `findings.exists(…) && …`: false when that list is empty
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,7 @@ class CompiledDisclosureRule:
     no_information_response: Any
     file: str
     line: int
+    empty_guard: tuple[str, ...] | None = None  # `response.findings.exists(…) && …` (see empty_guard)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +92,9 @@ class CompiledGrant:
     tools: tuple[str, ...]
     annotations: tuple[tuple[str, Any], ...]
 
-    def grants(self, tool: str, annotations: dict[str, Any]) -> bool:
-        if self.tools and not any(glob_match(tool, g) for g in self.tools):
-            return False
+    def admits(self, annotations: dict[str, Any]) -> bool:
+        """Whether `annotations` meet this grant's annotation conditions (its tool globs are
+        `CompiledPolicy.grants_for`'s, worked out once per tool)."""
         return all(annotations.get(k) == v for k, v in self.annotations)
 
 
@@ -241,18 +243,34 @@ class CompiledPolicy:
         return next((rule for rule in self.all_rules() if rule.id == rule_id), None)
 
     def cost_of(self, tool: str) -> int:
-        for pattern, cost in self.tool_costs:
-            if glob_match(tool, pattern):
-                return cost
-        return 1
+        if not self.tool_costs:
+            return 1
+
+        def build() -> int:
+            return next((cost for pattern, cost in self.tool_costs if glob_match(tool, pattern)), 1)
+
+        return self._cached("cost", tool, build)  # type: ignore[no-any-return]
 
     def annotations_for(self, tool: str, backend_annotations: dict[str, Any]) -> dict[str, Any]:
         """The policy's own classification wins over what the (untrusted) backend claims."""
         merged = dict(backend_annotations)
-        for pattern, values in self.tool_annotations:
-            if glob_match(tool, pattern):
-                merged.update(values)
+        if not self.tool_annotations:
+            return merged
+        for values in self._cached("annotations", tool, lambda: tuple(
+                values for pattern, values in self.tool_annotations if glob_match(tool, pattern))):
+            merged.update(values)
         return merged
+
+    def grants_for(self, tier: CompiledTier, tool: str) -> tuple[CompiledGrant, ...]:
+        """The grants of `tier` whose tool globs admit `tool` (their annotation conditions are left
+        to check per call)."""
+        return self._cached("grants", (tier.name, tool), lambda: tuple(  # type: ignore[no-any-return]
+            g for g in tier.grants if not g.tools or any(glob_match(tool, p) for p in g.tools)))
+
+    def rate_limits_for(self, tool: str) -> tuple[RateLimit, ...]:
+        """The rate limits whose tool globs match `tool`, in the profile's order."""
+        return self._cached("rate-limits", tool, lambda: tuple(  # type: ignore[no-any-return]
+            limit for limit in self.rate_limits if any(glob_match(tool, g) for g in limit.tools)))
 
     def normalise_disclosure_mode(self, mode: str | None) -> str:
         """Known modes pass; anything unknown (or absent) is the most restrictive mode."""
@@ -314,6 +332,52 @@ def class_guard(source: str | None) -> str | None:
         if depth == 0 and (ch == "?" or rest.startswith("||", i)):
             return None
     return match.group(1) or match.group(2)
+
+
+_EMPTY_GUARD = re.compile(r"\s*(findings|response\s*\.\s*findings)\s*\.\s*exists\s*\(")
+
+
+def empty_guard(source: str | None) -> tuple[str, ...] | None:
+    """The list variable (`findings` or `response.findings`, as a path) that a condition of the
+    form `… && findings.exists(…) && …` needs to be non-empty.
+
+    `exists` over an empty list is false in both engines, and a false conjunct makes the whole
+    `&&` chain false in both, whatever the others give (an error or a non-boolean included: CEL's
+    `&&` is commutative), so the rule is skipped while that list is empty (most calls have no
+    findings). Qualifies only when the condition is a chain of `&&` at the top level (no `||` or
+    `?` outside parentheses) with one link exactly such an `exists(…)`; a triple-quoted string
+    anywhere disqualifies (the scan does not read those).
+    """
+    if not source or '"""' in source or "'''" in source:
+        return None
+    text = _CEL_STRING.sub('""', source)
+    links: list[str] = []
+    depth, start = 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth == 0:
+            if ch == "?" or text.startswith("||", i):
+                return None
+            if text.startswith("&&", i):
+                links.append(text[start:i])
+                start = i + 2
+    links.append(text[start:])
+    for link in links:
+        match = _EMPTY_GUARD.match(link)
+        if match is None:
+            continue
+        depth = 1
+        for end in range(match.end(), len(link)):
+            depth += link[end] in "([{"
+            depth -= link[end] in ")]}"
+            if depth == 0:
+                break
+        else:
+            continue
+        if not link[end + 1:].strip():
+            return tuple(part.strip() for part in match.group(1).split("."))
+    return None
 
 
 class _Compiler:
@@ -483,6 +547,7 @@ def compile_documents(
                         line=doc.line_of(loc),
                         guard=leading_guard(r.when),
                         class_guard=class_guard(r.when),
+                        empty_guard=empty_guard(r.when),
                     )
                 )
         elif isinstance(model, DisclosureRuleSet):
@@ -503,6 +568,7 @@ def compile_documents(
                         no_information_response=model.no_information_response,
                         file=doc.path,
                         line=doc.line_of(loc),
+                        empty_guard=empty_guard(d.when),
                     )
                 )
     profile: dict[str, Any] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from gateway.policy import cel
 from gateway.policy.cel import path_normalize
@@ -30,6 +30,7 @@ from gateway.core.call import (
 )
 from gateway.core.errors import ErrorCode
 from gateway.policy.compile import (
+    CALL_VARIABLES,
     RESTRICTIVE,
     CompiledDisclosureRule,
     CompiledPolicy,
@@ -56,37 +57,49 @@ def call_variables(
     classes: set[str] | frozenset[str] = frozenset(),
     class_paths: dict[str, list[str]] | None = None,
     shell: dict[str, Any] | None = None,
+    names: frozenset[str] | None = None,
 ) -> dict[str, Any]:
-    """The call-phase variables, as plain JSON-like values.
+    """The call-phase variables, as plain JSON-like values (only those in `names`, if given).
 
     `call` is what this call does (its classes and, for each, the paths it touches: every class
     has a key); `session.now` is this call's time in epoch seconds, which the session helpers
     measure `within` from (gateway.policy.cel.helpers); `shell` is the shell analysis's
-    `as_cel()`, for `args_shell` (an empty map when the call had none).
+    `as_cel()`, for `args_shell` (an empty map when the call had none). A rule set reads a few of
+    them: building only those is most of what building them costs.
     """
-    return {
-        "principal": principal_variable(principal, karma),
-        "tool": tool_variable(tool, annotations, sensitivity),
-        "args": arguments,
-        "args_shell": shell if shell is not None else {},
-        "request": {
+    want = CALL_VARIABLES if names is None else names
+    out: dict[str, Any] = {}
+    if "principal" in want:
+        out["principal"] = principal_variable(principal, karma)
+    if "tool" in want:
+        out["tool"] = tool_variable(tool, annotations, sensitivity)
+    if "args" in want:
+        out["args"] = arguments
+    if "args_shell" in want:
+        out["args_shell"] = shell if shell is not None else {}
+    if "request" in want:
+        out["request"] = {
             "purpose": call.purpose,
             "disclosure_mode": disclosure_mode,
             "depth": call.depth,
             "request_id": call.request_id,
             "method": call.method,
             "protocol_version": call.protocol_version,
-        },
-        "session": {
+        }
+    if "session" in want:
+        out["session"] = {
             "id": call.session_id or "",
             "calls": session,
             "tools": [entry["tool"] for entry in session],
             "now": now.timestamp(),
-        },
-        "call": call_classes(classes, class_paths or {}),
-        "findings": [f.as_cel() for f in findings],
-        "now": now,
-    }
+        }
+    if "call" in want:
+        out["call"] = call_classes(classes, class_paths or {})
+    if "findings" in want:
+        out["findings"] = [f.as_cel() for f in findings]
+    if "now" in want:
+        out["now"] = now
+    return out
 
 
 def principal_variable(principal: Principal, karma: dict[str, int]) -> dict[str, Any]:
@@ -191,6 +204,19 @@ def _message(rule: CompiledRule, activation: cel.Activation) -> str:
     return rule.message or f"blocked by rule {rule.id}"
 
 
+def _empty(path: tuple[str, ...], activation: cel.Activation) -> bool:
+    """Whether the variable at `path` (a rule's `empty_guard`) is an empty list in `activation`.
+
+    Anything else (absent, not a list, not empty) is False: the rule is then evaluated as usual.
+    """
+    value: Any = activation.plain
+    for name in path:
+        if type(value) is not dict or name not in value:
+            return False
+        value = value[name]
+    return type(value) is list and not value
+
+
 def evaluate_rules(
     policy: CompiledPolicy,
     tool: str,
@@ -209,7 +235,7 @@ def evaluate_rules(
     for rule in policy.rules_for(tool):
         if (arguments is not None and rule.guard is not None and rule.guard not in arguments) or (
             classes is not None and rule.class_guard is not None and rule.class_guard not in classes
-        ):
+        ) or (rule.empty_guard is not None and _empty(rule.empty_guard, activation)):
             if trace is not None:
                 trace.append(RuleTrace(rule.id, rule.effect.value, rule.mode.value, False, None, False))
             continue
@@ -319,13 +345,25 @@ class DisclosureVerdict:
     no_information_response: Any
 
 
+#: What `evaluate_disclosure` answers when no rule matched (most answers): PERMIT, enforced.
+_NOTHING_MATCHED: Final = DisclosureVerdict(
+    verdict=Disclosure.PERMIT, enforced=True, matched=(), redact=(), redact_secrets=False, no_information_response=None
+)
+
+
 def evaluate_disclosure(
     policy: CompiledPolicy, tool: str, activation: cel.Activation, trace: list[RuleTrace] | None = None
 ) -> DisclosureVerdict:
-    """WITHHOLD > REDACT > PERMIT. An erroring condition counts as a match unless the verdict is PERMIT."""
+    """WITHHOLD > REDACT > PERMIT. An erroring condition counts as a match unless the verdict is PERMIT.
+
+    A rule of the form `response.findings.exists(…) && …` is not evaluated while that list is
+    empty: its condition is false then (compile.empty_guard)."""
     matched: list[tuple[CompiledDisclosureRule, RuleMatch]] = []
     for rule in policy.disclosure_rules_for(tool):
-        value, error = _condition(rule.when, activation)
+        if rule.empty_guard is not None and _empty(rule.empty_guard, activation):
+            value, error = False, None
+        else:
+            value, error = _condition(rule.when, activation)
         hit = (value is True and error is None) or (error is not None and rule.verdict is not Disclosure.PERMIT)
         if trace is not None:
             trace.append(RuleTrace(rule.id, rule.verdict.value, rule.mode.value, value, error, hit))
@@ -334,6 +372,8 @@ def evaluate_disclosure(
                 Effect.REDACT if rule.verdict is Disclosure.REDACT else Effect.ALLOW
             )
             matched.append((rule, RuleMatch(rule.id, effect, rule.mode, rule.verdict.value, error)))
+    if not matched:
+        return _NOTHING_MATCHED
     enforced_rules = [r for r, _ in matched if r.mode is Mode.ENFORCE]
     verdict = max((r.verdict for r, _ in matched), key=DISCLOSURE_RANK.__getitem__, default=Disclosure.PERMIT)
     enforced_verdict = max(
@@ -374,11 +414,18 @@ def classify(
     return level, reasons
 
 
-def variables_for(ctx: CallContext) -> dict[str, Any]:
-    """The call's variables as plain values, built once (cheap: no engine conversion)."""
-    if ctx.variables is None:
+def variables_for(ctx: CallContext, names: frozenset[str] | None = None) -> dict[str, Any]:
+    """The call's variables as plain values (cheap: no engine conversion), each built once.
+
+    With `names`, only those are built now (the others when first asked for); returns all
+    built so far.
+    """
+    built = ctx.variables
+    want = CALL_VARIABLES if names is None else names
+    if built is None or not want <= built.keys():
         assert ctx.principal is not None and ctx.tool is not None
-        ctx.variables = call_variables(
+        missing = want if built is None else want - built.keys()
+        added = call_variables(
             call=ctx.call,
             principal=ctx.principal,
             tool=ctx.tool,
@@ -392,20 +439,33 @@ def variables_for(ctx: CallContext) -> dict[str, Any]:
             now=ctx.now,
             classes=ctx.classes,
             class_paths=ctx.class_paths,
-            shell=ctx.shell.as_cel() if ctx.shell is not None else None,
+            shell=ctx.shell.as_cel() if ctx.shell is not None and "args_shell" in missing else None,
+            names=missing,
         )
-    return ctx.variables
+        if built is None:
+            ctx.variables = built = added
+        else:
+            built.update(added)
+    return built
 
 
 def activation_for(ctx: CallContext, policy: CompiledPolicy) -> cel.Activation:
     """The call's CEL activation, built once and shared by every call-phase rule.
 
     Only the variables this tool's rules read are converted for the engine: converting the
-    session history for rules that never look at it was most of a decision's cost.
+    session history for rules that never look at it was most of a decision's cost. The plain
+    variables the disclosure rules will read are built now too, so that they see the call as
+    the call-phase rules saw it (the rules may redact `ctx.arguments` afterwards).
     """
     if ctx.activation is None:
         assert ctx.tool is not None
-        variables = variables_for(ctx)
-        names = policy.call_references(ctx.tool.name, frozenset(ctx.classes))
+        tool, classes = ctx.tool.name, frozenset(ctx.classes)
+
+        def build() -> tuple[frozenset[str], frozenset[str]]:
+            names = policy.call_references(tool, classes)
+            return names, names | (policy.disclosure_references(tool) - {"response"})
+
+        names, built = policy.memoised("activation-names", (tool, classes), build)
+        variables = variables_for(ctx, built)
         ctx.activation = cel.make_activation({k: variables[k] for k in names}, policy.engine)
     return ctx.activation  # type: ignore[no-any-return]

@@ -150,10 +150,57 @@ def _add(classes: set[str], paths: dict[str, list[str]], cls: str, location: str
         bucket.append(location)
 
 
+#: `classify_call` answers for flat arguments (a dict of strings, numbers, booleans and nulls,
+#: short in all), keyed on exactly what it reads: the tool name, the two annotations it heeds and
+#: the arguments' items in order. Agents repeat calls (the same file read, the same search);
+#: bounded, emptied when full; callers get copies.
+_CLASSIFIED: dict[tuple[Any, ...], tuple[frozenset[str], tuple[tuple[str, tuple[str, ...]], ...]]] = {}
+_CLASSIFIED_MAX: Final = 2048
+_CLASSIFIED_LONGEST: Final = 1024
+_FLAT: Final = frozenset({str, int, float, bool, type(None)})
+
+
 def classify_call(
+    tool: str, annotations: Mapping[str, Any], arguments: Any, *, remember: bool = True
+) -> tuple[set[str], dict[str, list[str]]]:
+    """The classes of one call and the paths/URLs each touches (see the module docstring).
+
+    `remember=False` keeps these arguments out of the memo (the sanitizer passes it for arguments
+    with findings: a secret is not kept around longer than its call)."""
+    key = _flat_key(tool, annotations, arguments) if remember else None
+    if key is None:
+        return _classify(tool, annotations, arguments)
+    done = _CLASSIFIED.get(key)
+    if done is None:
+        classes, paths = _classify(tool, annotations, arguments)
+        if len(_CLASSIFIED) >= _CLASSIFIED_MAX:
+            _CLASSIFIED.clear()
+        _CLASSIFIED[key] = frozenset(classes), tuple((c, tuple(p)) for c, p in paths.items())
+        return classes, paths
+    return set(done[0]), {c: list(p) for c, p in done[1]}
+
+
+def _flat_key(tool: str, annotations: Mapping[str, Any], arguments: Any) -> tuple[Any, ...] | None:
+    """The memo key of a call with flat, short arguments; None for any other."""
+    if type(arguments) is not dict:
+        return None
+    size = len(tool)
+    for k, v in arguments.items():
+        kind = type(v)
+        if type(k) is not str or kind not in _FLAT:
+            return None
+        size += len(k) + (len(v) if kind is str else 8)
+    if size > _CLASSIFIED_LONGEST:
+        return None
+    # Types are part of the key: 1, 1.0 and True are equal as keys but not the same argument.
+    items = tuple((k, type(v), v) for k, v in arguments.items())
+    return tool, annotations.get("destructiveHint") is True, annotations.get("openWorldHint") is True, items
+
+
+def _classify(
     tool: str, annotations: Mapping[str, Any], arguments: Any
 ) -> tuple[set[str], dict[str, list[str]]]:
-    """The classes of one call and the paths/URLs each touches (see the module docstring)."""
+    """`classify_call` without the memo."""
     words = tool_words(tool)
     classes: set[str] = set()
     paths: dict[str, list[str]] = {}

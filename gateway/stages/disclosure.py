@@ -51,8 +51,9 @@ def disclose(ctx: CallContext, policy: CompiledPolicy, result: Any, is_error: bo
         from gateway.stages.sanitizer.instructions import scan_result  # its ~100 patterns compile on first use, not at start-up
 
         findings += scan_result(result)
-    variables = response_variables(variables_for(ctx), result, is_error, findings)
-    needed = {k: variables[k] for k in policy.disclosure_references(ctx.tool.name)}
+    references = policy.disclosure_references(ctx.tool.name)
+    variables = response_variables(variables_for(ctx, references - {"response"}), result, is_error, findings)
+    needed = {k: variables[k] for k in references}
     if ctx.activation is not None:  # the call phase converted most of them already
         activation = ctx.activation.extend(needed)
     else:

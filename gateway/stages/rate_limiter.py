@@ -12,7 +12,7 @@ import structlog
 
 from gateway.core.call import BlockClass, CallContext, Decision
 from gateway.core.errors import ErrorCode
-from gateway.policy.compile import CompiledPolicy, glob_match
+from gateway.policy.compile import CompiledPolicy
 from gateway.stages import store_down
 from gateway.stores.base import LimiterStore, StoreUnavailable
 
@@ -20,13 +20,18 @@ log = structlog.get_logger()
 
 
 def limit_key(limit_id: str, fields: list[str], ctx: CallContext) -> str:
-    values = {
-        "principal": ctx.principal.id if ctx.principal else "",
-        "tool": ctx.call.tool,
-        "tier": (ctx.principal.tier or "") if ctx.principal else "",
-        "backend": ctx.tool.backend if ctx.tool else "",
-    }
-    return "\x1f".join([limit_id, *(f"{f}={values[f]}" for f in fields)])
+    parts = [limit_id]
+    for f in fields:
+        if f == "principal":
+            value = ctx.principal.id if ctx.principal else ""
+        elif f == "tool":
+            value = ctx.call.tool
+        elif f == "tier":
+            value = (ctx.principal.tier or "") if ctx.principal else ""
+        else:
+            value = ctx.tool.backend if ctx.tool else ""
+        parts.append(f"{f}={value}")
+    return "\x1f".join(parts)
 
 
 class RateLimiter:
@@ -39,12 +44,10 @@ class RateLimiter:
         if ctx.call.dry_run:
             return None
         cost = policy.cost_of(ctx.call.tool)
-        for limit in policy.rate_limits:
-            if not any(glob_match(ctx.call.tool, g) for g in limit.tools):
-                continue
+        for limit in policy.rate_limits_for(ctx.call.tool):
             try:
                 wait = await self.store.acquire(
-                    limit_key(limit.id, list(limit.key), ctx),
+                    limit_key(limit.id, limit.key, ctx),
                     interval=limit.per_seconds / limit.rate,
                     burst=limit.burst,
                     cost=cost,

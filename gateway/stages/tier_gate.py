@@ -40,8 +40,9 @@ class TierGate:
                 session=[],
                 karma={},
                 now=ctx.now,
+                names=ESCALATION_VARIABLES,
             )
-            probe = cel.make_activation({k: variables[k] for k in ESCALATION_VARIABLES}, policy.engine)
+            probe = cel.make_activation(variables, policy.engine)
         level, reasons = classify(policy, ctx.tool.name, probe)
         ctx.sensitivity = level
         tier = policy.tiers.get(ctx.principal.tier or "")

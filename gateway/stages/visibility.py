@@ -30,7 +30,7 @@ def is_granted(policy: CompiledPolicy, principal: Principal, tool: str, annotati
     tier = policy.tiers.get(principal.tier or "")
     if tier is None:
         return False
-    return any(g.grants(tool, annotations) for g in tier.grants)
+    return any(g.admits(annotations) for g in policy.grants_for(tier, tool))
 
 
 def hidden_by(policy: CompiledPolicy, principal: Principal, tool: ToolInfo, annotations: dict[str, Any],

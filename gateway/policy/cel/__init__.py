@@ -149,8 +149,9 @@ def _normalise(value: Any, utf8: bool = True) -> Any:
     """Copy JSON-like input into the one shape both engines read identically.
 
     With `utf8`, a string that is not UTF-8 encodable raises `_NotUtf8` (see `make_activation`).
-    Maps and lists are tested first by exact type, and a map's string, bool and null values are
-    copied in its own loop: most of a call's variables are those.
+    Maps and lists are tested first by exact type, and a map's string, bool, null, int64 and
+    empty map or list values (a list's strings, bools and nulls) are copied in its own loop: most
+    of a call's variables are those.
     """
     kind = type(value)
     if kind is dict or (kind not in _LEAF_TYPES and isinstance(value, Mapping)):
@@ -167,11 +168,26 @@ def _normalise(value: Any, utf8: bool = True) -> Any:
                 out[k] = v
             elif kind is bool or v is None:
                 out[k] = v
+            elif kind is int and _INT64_MIN <= v <= _INT64_MAX:
+                out[k] = v
+            elif (kind is dict or kind is list) and not v:
+                out[k] = {} if kind is dict else []
             else:
                 out[k] = _normalise(v, utf8)
         return out
     if kind is list or kind is tuple:
-        return [_normalise(v, utf8) for v in value]
+        items = []
+        for v in value:
+            kind = type(v)
+            if kind is str:
+                if utf8 and not v.isascii():
+                    _utf8(v)
+                items.append(v)
+            elif kind is bool or v is None:
+                items.append(v)
+            else:
+                items.append(_normalise(v, utf8))
+        return items
     if isinstance(value, str):
         if utf8 and not value.isascii():
             _utf8(value)

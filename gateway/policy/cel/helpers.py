@@ -131,14 +131,32 @@ def _regex(pattern: str) -> Any:
         raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
 
 
+#: `regex_matches` answers for short strings, keyed on the exact (pattern, string): a search's
+#: answer depends on nothing else. The same path, command name or finding kind is tested by the
+#: same rules on every call, and RE2's Python wrapper costs ~2 µs a search. Bounded: emptied when full.
+_MATCHED: dict[tuple[str, str], bool] = {}
+_MATCHED_MAX = 4096
+_MATCHED_LONGEST = 256
+
+
 def regex_matches(s: str, pattern: str) -> bool:
     """`matches()` for both engines: RE2 (as the CEL spec says), each pattern compiled once.
 
     The Rust engine recompiles the pattern on every evaluation (70-900 µs a call); routing
     both engines through one cached RE2 also makes their regex dialects identical.
     """
+    key = (s, pattern)
+    try:
+        return _MATCHED[key]
+    except (KeyError, TypeError):  # TypeError: an unhashable non-string, refused just below
+        pass
     _need_str("matches", s, pattern)
-    return _regex(pattern).search(s) is not None
+    found = _regex(pattern).search(s) is not None
+    if len(s) <= _MATCHED_LONGEST:
+        if len(_MATCHED) >= _MATCHED_MAX:
+            _MATCHED.clear()
+        _MATCHED[key] = found
+    return found
 
 
 # --------------------------------------------------------------------------- session helpers

@@ -365,11 +365,28 @@ def _char_kind(ch: str) -> str:
     return "zero-width"
 
 
+#: Short strings `scan_text` found nothing in with no tool names to look for (a tool's answers:
+#: `scan_result`). Answers repeat their short strings (status lines, labels, `structuredContent`
+#: values), and a miss costs 3-10 µs. Only clean strings are kept, keyed on the exact text (`where`
+#: only names the place of a finding), so a finding is never held; the set is emptied when full.
+_CLEAN: set[str] = set()
+_CLEAN_MAX_LEN: Final = 256
+_CLEAN_MAX: Final = 8192
+
+
 def scan_text(raw: str, where: str, other_tools: Iterable[str] = (), *, own_name: str = "") -> list[Finding]:
     """Every finding in one string that reaches the model (`where` names its place)."""
     if not raw or len(raw) < 4:
         return []
-    return _scan(raw[:MAX_SCAN], where, other_tools, own_name, decode=True)[:_MAX_FINDINGS]
+    plain = not own_name and isinstance(other_tools, (list, tuple)) and not other_tools
+    if plain and raw in _CLEAN:
+        return []
+    found = _scan(raw[:MAX_SCAN], where, other_tools, own_name, decode=True)[:_MAX_FINDINGS]
+    if plain and not found and len(raw) <= _CLEAN_MAX_LEN:
+        if len(_CLEAN) >= _CLEAN_MAX:
+            _CLEAN.clear()
+        _CLEAN.add(raw)
+    return found
 
 
 def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, decode: bool) -> list[Finding]:
@@ -527,21 +544,38 @@ def _tool_references(prose: str, low: str, words: frozenset[str], where: str, ot
 # ---- tool definitions and tool results -------------------------------------------------------
 
 
+def _leaves(value: Any, path: str, depth: int = 0) -> Iterator[tuple[str, str | int | None, str]]:
+    """(container path, key, string) for every string in a JSON value, in document order (key
+    None: the string's path is the container path itself), skipping base64 payloads of media and
+    anything nested deeper than 32. A string's own path is left to the caller (`child_path`):
+    most strings of an answer are clean and never need it. Iterative: a generator per level cost
+    more than the scan of a short answer."""
+    stack: list[tuple[Any, str, str | int | None, int]] = [(value, path, None, depth)]
+    while stack:
+        value, path, key, depth = stack.pop()
+        if depth > 32:
+            continue
+        if isinstance(value, str):
+            yield path, key, value
+            continue
+        if isinstance(value, dict):
+            path = path if key is None else child_path(path, key)
+            media = value.get("type") in ("image", "audio")
+            children = [(item, path, k, depth + 1) for k, item in value.items()
+                        if isinstance(k, str) and not (media and k == "data") and k != "blob"]
+        elif isinstance(value, list):
+            path = path if key is None else child_path(path, key)
+            children = [(item, path, i, depth + 1) for i, item in enumerate(value)]
+        else:
+            continue
+        children.reverse()
+        stack.extend(children)
+
+
 def _strings(value: Any, path: str, depth: int = 0) -> Iterator[tuple[str, str]]:
     """(path, string) for every string in a JSON value, skipping base64 payloads of media."""
-    if depth > 32:
-        return
-    if isinstance(value, str):
-        yield path, value
-    elif isinstance(value, dict):
-        media = value.get("type") in ("image", "audio")
-        for key, item in value.items():
-            if not isinstance(key, str) or (media and key == "data") or key == "blob":
-                continue
-            yield from _strings(item, child_path(path, key), depth + 1)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            yield from _strings(item, child_path(path, i), depth + 1)
+    for parent, key, text in _leaves(value, path, depth):
+        yield (parent if key is None else child_path(parent, key)), text
 
 
 _SCHEMA_SKIP: Final = frozenset({"type", "$schema", "$id", "$ref", "format", "pattern", "required", "additionalProperties"})
@@ -603,7 +637,10 @@ def scan_result(result: Any, other_tools: Iterable[str] = ()) -> tuple[Finding, 
     plain JSON result), with `$`-paths like the secret findings'. `_meta` is not shown to the model."""
     others = list(other_tools)
     findings: list[Finding] = []
-    for path, text in _strings(result, "$"):
+    for parent, key, text in _leaves(result, "$"):
+        if parent.startswith("$._meta") or len(text) < 4 or (not others and text in _CLEAN):
+            continue  # under `_meta`, or nothing `scan_text` could find (its own first tests)
+        path = parent if key is None else child_path(parent, key)
         if path.startswith("$._meta") or (text in _BLOCK_TYPES and path.endswith(".type")):
             continue
         findings.extend(scan_text(text, path, others))

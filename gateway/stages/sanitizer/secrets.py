@@ -469,8 +469,11 @@ def _secret_walk(value: Any, path: str, rebuild: bool) -> tuple[Any, list[Findin
         scalar_hits: dict[int, tuple[list[_Hit], str | None]] = {}
         pieces: list[tuple[str | int, str, frozenset[str]]] = []
         piece_index: list[int] = []
+        nested: list[int] = []
         for i, (key, v) in enumerate(pairs):
-            if not isinstance(v, (dict, list, tuple)):
+            if isinstance(v, (dict, list, tuple)):
+                nested.append(i)
+            else:
                 key_kind = kind_of_key(key) if type(key) is str else None
                 hits = value_hits(v, key_kind)
                 scalar_hits[i] = (hits, key_kind)
@@ -485,6 +488,11 @@ def _secret_walk(value: Any, path: str, rebuild: bool) -> tuple[Any, list[Findin
                 findings.append(finding)
                 for piece, hit in parts:
                     extra.setdefault(piece_index[piece], []).append(hit)
+        if not rebuild:  # only the nested containers are left to walk, in the same order
+            for i in nested:
+                key, v = pairs[i]
+                stack.append((v, None, child_path(here, key) if isinstance(key, (str, int)) else here))
+            continue
         for i, (key, v) in enumerate(pairs):
             if isinstance(v, (dict, list, tuple)):
                 new: Any = {} if isinstance(v, dict) else []
@@ -492,11 +500,10 @@ def _secret_walk(value: Any, path: str, rebuild: bool) -> tuple[Any, list[Findin
             else:
                 hits, key_kind = scalar_hits[i]
                 new = leaf(v, hits, extra.get(i, []), key_kind)
-            if rebuild:
-                if type(dst) is dict:
-                    dst[key] = new
-                else:
-                    dst.append(new)
+            if type(dst) is dict:
+                dst[key] = new
+            else:
+                dst.append(new)
     return (root if rebuild else value), findings
 
 

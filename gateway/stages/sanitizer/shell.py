@@ -1630,10 +1630,11 @@ def analyse(text: str) -> ShellAnalysis:
     return _run([("script", text)], text)
 
 
-def analyse_call(arguments: dict[str, Any]) -> ShellAnalysis:
+def analyse_call(arguments: dict[str, Any], *, remember: bool = True) -> ShellAnalysis:
     """Analyse the command in a shell tool's arguments (`command`, `cmd`, `script`; a string or an
     argv list of strings, with an `args`/`argv` list appended). A value of any other type is
-    unparsed; no command argument at all gives `present=False`."""
+    unparsed; no command argument at all gives `present=False`. `remember=False` keeps the command
+    out of the memo of analyses (for arguments with findings: a secret is not kept around)."""
     items: list[tuple[str, Any]] = []
     sources: list[str] = []
     for key in SHELL_ARGUMENTS:
@@ -1655,14 +1656,44 @@ def analyse_call(arguments: dict[str, Any]) -> ShellAnalysis:
             return result
     if not items:
         return ShellAnalysis()
-    return _run(items, "\n".join(sources))
+    source = "\n".join(sources)
+    if not remember or len(source) > _ANALYSED_LONGEST:
+        return _run(items, source)
+    key = tuple((kind, value if isinstance(value, str) else tuple(value)) for kind, value in items)
+    done = _ANALYSED.get(key)
+    if done is None:
+        done = _run(items, source)
+        if done.unparsed:  # not kept: "nested too deeply" depends on the stack the analysis ran on
+            return done
+        if len(_ANALYSED) >= _ANALYSED_MAX:
+            _ANALYSED.clear()
+        _ANALYSED[key] = done
+    return _copy(done)
 
 
-def shell_for(tool: str, arguments: dict[str, Any], references: frozenset[str]) -> ShellAnalysis | None:
+#: Analyses of short commands, keyed on exactly what `_run` reads (each command string or argv):
+#: an agent runs the same commands again and again (`ls`, `git status`, `make test`), and an
+#: analysis costs 30-100 µs. Unparsed ones are not kept; bounded, emptied when full. Callers get
+#: a copy of the containers (`_copy`): the `ShellCommand`s inside are shared and never changed.
+_ANALYSED: dict[tuple[tuple[str, Any], ...], ShellAnalysis] = {}
+_ANALYSED_MAX: Final = 1024
+_ANALYSED_LONGEST: Final = 1024
+
+
+def _copy(done: ShellAnalysis) -> ShellAnalysis:
+    return ShellAnalysis(
+        present=done.present, unparsed=done.unparsed, reason=done.reason, source=done.source,
+        commands=list(done.commands), redirects=list(done.redirects), functions=list(done.functions),
+        urls=list(done.urls), classes=set(done.classes), class_paths={k: list(v) for k, v in done.class_paths.items()},
+    )  # fmt: skip
+
+
+def shell_for(tool: str, arguments: dict[str, Any], references: frozenset[str], *,
+              remember: bool = True) -> ShellAnalysis | None:
     """The analysis of a call to a shell-like tool, or to any tool whose rules read `args_shell`;
     None for every other call (no work for tools no rule looks at this way)."""
     if is_shell_tool(tool) or "args_shell" in references:
-        return analyse_call(arguments)
+        return analyse_call(arguments, remember=remember)
     return None
 
 

@@ -42,11 +42,13 @@ class Sanitizer:
         ctx.arguments = result.arguments
         ctx.argument_digest = digest(result.arguments)
         ctx.findings.extend(result.findings)
-        merge_classes(ctx.classes, ctx.class_paths, *classify_call(ctx.call.tool, ctx.tool.annotations if ctx.tool else {}, result.arguments))
+        remember = not result.findings  # arguments holding a secret stay out of the memos
+        merge_classes(ctx.classes, ctx.class_paths, *classify_call(
+            ctx.call.tool, ctx.tool.annotations if ctx.tool else {}, result.arguments, remember=remember))
         tool = ctx.tool.name if ctx.tool else ctx.call.tool
         from gateway.stages.sanitizer.shell import shell_for  # its patterns compile on the first call, not at start-up
 
-        shell = shell_for(tool, result.arguments, policy.call_references(tool))
+        shell = shell_for(tool, result.arguments, policy.call_references(tool), remember=remember)
         if shell is not None:  # a shell-like tool: what its command does, for rules and sequences
             ctx.shell = shell
             merge_classes(ctx.classes, ctx.class_paths, shell.classes, shell.class_paths)
