@@ -86,6 +86,9 @@ rules:
         ("(findings.exists(f, true))", None),
         ("findingsx.exists(f, true)", None),
         ('"""x""" == a && findings.exists(f, true)', None),
+        ("findings.exists(f, true) && x // (\n || true", None),  # a comment hiding a bracket
+        ('findings.exists(f, true) && r"\\" || true', None),  # a raw string's backslash
+        ('findings.exists(f, f.kind.matches("\\\\d")) && a', None),
         (None, None),
     ],
 )
@@ -109,6 +112,23 @@ def test_a_false_exists_link_makes_the_chain_false_in_both_engines(engine: str, 
     activation = cel.make_activation({"args": {"x": 1}}, engine)
     assert expr.evaluate(activation) is False
     assert expr.evaluate_engine(activation) is False
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(
+    "source",
+    [
+        "findings.exists(f, true) && args.x == 1 // (\n || true",  # the comment hides a bracket from a scan
+        "findings.exists(f, true) && args.x == 1 // \"\n || true",  # ... or a quote
+    ],
+)
+def test_a_condition_true_without_findings_is_never_guarded(engine: str, source: str) -> None:
+    """Conditions a scan of the text could misread as an `&&` chain: they hold with no findings,
+    so a guard would skip a rule that matches."""
+    expr = cel.compile_expression(source, declared={"args", "findings"}, engine=engine)
+    activation = cel.make_activation({"args": {"x": 1}, "findings": []}, engine)
+    assert expr.evaluate(activation) is True
+    assert empty_guard(source) is None
 
 
 def _policy(tmp_path: Path, engine: str, text: str = RULES) -> Any:

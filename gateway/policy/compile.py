@@ -334,6 +334,7 @@ def class_guard(source: str | None) -> str | None:
     return match.group(1) or match.group(2)
 
 
+_UNREAD = ('"""', "'''", "//", "\\")
 _EMPTY_GUARD = re.compile(r"\s*(findings|response\s*\.\s*findings)\s*\.\s*exists\s*\(")
 
 
@@ -345,10 +346,12 @@ def empty_guard(source: str | None) -> tuple[str, ...] | None:
     `&&` chain false in both, whatever the others give (an error or a non-boolean included: CEL's
     `&&` is commutative), so the rule is skipped while that list is empty (most calls have no
     findings). Qualifies only when the condition is a chain of `&&` at the top level (no `||` or
-    `?` outside parentheses) with one link exactly such an `exists(…)`; a triple-quoted string
-    anywhere disqualifies (the scan does not read those).
+    `?` outside parentheses) with one link exactly such an `exists(…)`. A triple-quoted string, a
+    `//` comment or a backslash anywhere disqualifies: the scan does not read those (a comment
+    can hide a bracket, a raw string's backslash does not escape its quote), and a condition it
+    cannot read is evaluated as written.
     """
-    if not source or '"""' in source or "'''" in source:
+    if not source or any(mark in source for mark in _UNREAD):
         return None
     text = _CEL_STRING.sub('""', source)
     links: list[str] = []
