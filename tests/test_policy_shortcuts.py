@@ -16,7 +16,7 @@ import pytest
 from gateway.core.call import CallContext, Disclosure, Finding, Principal, ToolCall, ToolInfo
 from gateway.policy import cel
 from gateway.policy.cel import helpers
-from gateway.policy.compile import compile_documents, empty_guard, load_policy, load_rule_documents
+from gateway.policy.compile import class_guard, compile_documents, empty_guard, load_policy, load_rule_documents
 from gateway.policy.evaluate import (
     DisclosureVerdict,
     RuleTrace,
@@ -120,15 +120,24 @@ def test_a_false_exists_link_makes_the_chain_false_in_both_engines(engine: str, 
     [
         "findings.exists(f, true) && args.x == 1 // (\n || true",  # the comment hides a bracket from a scan
         "findings.exists(f, true) && args.x == 1 // \"\n || true",  # ... or a quote
+        "findings.exists(f, true) && args.x == 1 // 'a' \n || true",
+        '"shell" in call.classes && args.x == 1 // (\n || true',  # the class guard's scan alike
     ],
 )
-def test_a_condition_true_without_findings_is_never_guarded(engine: str, source: str) -> None:
-    """Conditions a scan of the text could misread as an `&&` chain: they hold with no findings,
-    so a guard would skip a rule that matches."""
-    expr = cel.compile_expression(source, declared={"args", "findings"}, engine=engine)
-    activation = cel.make_activation({"args": {"x": 1}, "findings": []}, engine)
+def test_a_condition_true_without_the_guarded_facts_is_never_guarded(engine: str, source: str) -> None:
+    """Conditions a scan of the text could misread as an `&&` chain: they hold with no findings
+    and no call classes, so a guard would skip a rule that matches."""
+    expr = cel.compile_expression(source, declared={"args", "findings", "call"}, engine=engine)
+    activation = cel.make_activation({"args": {"x": 1}, "findings": [], "call": {"classes": []}}, engine)
     assert expr.evaluate(activation) is True
     assert empty_guard(source) is None
+    assert class_guard(source) is None
+
+
+def test_strings_holding_comment_marks_keep_their_guards() -> None:
+    """`//` inside a string literal is no comment: shipped rules test URLs and keep their guards."""
+    assert empty_guard('findings.exists(f, true) && args.url.startsWith("https://")') == ("findings",)
+    assert class_guard('"network" in call.classes && args.url == "http://x"') == "network"
 
 
 def _policy(tmp_path: Path, engine: str, text: str = RULES) -> Any:

@@ -312,20 +312,32 @@ _CLASS_GUARD = re.compile(r"""\s*(?:"([a-z_]+)"|'([a-z_]+)')\s+in\s+call\.classe
 _CEL_STRING = re.compile(r"""[rR]?(?:"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')""")
 
 
+def _code_only(source: str) -> str | None:
+    """`source` with its string literals emptied, for the guard scans below to count brackets and
+    find top-level operators in; None when that cannot be done exactly, and the condition is then
+    evaluated as written: a backslash (a raw string's does not escape its quote) or a triple quote
+    anywhere, or a `//` comment (it can hide a bracket or an operator) outside the strings.
+    Without backslashes a literal ends at the next quote of its kind, so emptying them left to
+    right reads them as the CEL lexer does; a quote inside a comment comes after its `//`."""
+    if "\\" in source or '"""' in source or "'''" in source:
+        return None
+    code = _CEL_STRING.sub('""', source)
+    return None if "//" in code else code
+
+
 def class_guard(source: str | None) -> str | None:
     """The class a condition of the form `"X" in call.classes && …` needs, if that is its shape.
 
     Such a condition is false for a call without class X, so the rule is skipped without building
     the variables it reads (the session history is the costly one). Qualifies only when no `||`
-    or `?` stands outside parentheses after the guard (so the `&&` is surely the top-level one).
+    or `?` stands outside parentheses after the guard (so the `&&` is surely the top-level one),
+    and the scan can read it (`_code_only`).
     """
-    if not source:
-        return None
-    match = _CLASS_GUARD.match(source)
-    if match is None:
+    match = _CLASS_GUARD.match(source) if source else None
+    rest = _code_only(source[match.end():]) if match else None  # the guard itself is plain code
+    if match is None or rest is None:
         return None
     depth = 0
-    rest = _CEL_STRING.sub('""', source[match.end():])
     for i, ch in enumerate(rest):
         depth += ch in "([{"
         depth -= ch in ")]}"
@@ -334,7 +346,6 @@ def class_guard(source: str | None) -> str | None:
     return match.group(1) or match.group(2)
 
 
-_UNREAD = ('"""', "'''", "//", "\\")
 _EMPTY_GUARD = re.compile(r"\s*(findings|response\s*\.\s*findings)\s*\.\s*exists\s*\(")
 
 
@@ -346,14 +357,12 @@ def empty_guard(source: str | None) -> tuple[str, ...] | None:
     `&&` chain false in both, whatever the others give (an error or a non-boolean included: CEL's
     `&&` is commutative), so the rule is skipped while that list is empty (most calls have no
     findings). Qualifies only when the condition is a chain of `&&` at the top level (no `||` or
-    `?` outside parentheses) with one link exactly such an `exists(…)`. A triple-quoted string, a
-    `//` comment or a backslash anywhere disqualifies: the scan does not read those (a comment
-    can hide a bracket, a raw string's backslash does not escape its quote), and a condition it
-    cannot read is evaluated as written.
+    `?` outside parentheses) with one link exactly such an `exists(…)`, and the scan can read it
+    (`_code_only`).
     """
-    if not source or any(mark in source for mark in _UNREAD):
+    text = _code_only(source) if source else None
+    if text is None:
         return None
-    text = _CEL_STRING.sub('""', source)
     links: list[str] = []
     depth, start = 0, 0
     for i, ch in enumerate(text):
