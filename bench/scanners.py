@@ -46,8 +46,8 @@ def _no_findings(*_args: Any, **_kwargs: Any) -> Any:
 def scanners_off() -> Iterator[None]:
     """Replace the new scanners by functions that find nothing (restored on exit)."""
     patched = [
-        (shell_scan, "shell_for", lambda *a: ShellAnalysis()),  # rules still read args_shell: an empty one (the stage imports it per call)
-        (sanitizer_stage, "classify_call", lambda *a: (set(), {})),
+        (shell_scan, "shell_for", lambda *a, **k: ShellAnalysis()),  # rules still read args_shell: an empty one (the stage imports it per call)
+        (sanitizer_stage, "classify_call", lambda *a, **k: (set(), {})),
         (secret_scan, "decoded_layers", _no_findings),
         (secret_scan, "wallet_hits", lambda *a: []),
         (secret_scan, "split_secrets", lambda *a: []),
