@@ -74,6 +74,16 @@ INSERT_CHUNK = 1000
 WAIT_SLICE = 0.0002
 SQLITE_MAX_PAGES = 4294967294
 """SQLite's own largest `max_page_count` (the default since 3.45)."""
+INLINE_MAX_MS = 2.0
+"""Default bound on the recent commit time (ms) under which an idle ledger commits a lone append in the
+caller's thread: a slower disk would stall the caller's event loop, so it goes to the writer thread."""
+INLINE_QUIET = 4
+"""Threaded appends in a row that overlapped no other append before appends may run inline again."""
+INLINE_PROBE = 32
+"""Every this many inline-eligible appends, one goes to the writer thread anyway: inline appends never
+overlap, so this is how callers that became concurrent are noticed (and grouped again)."""
+COMMIT_EWMA = 0.25
+"""Weight of the newest commit in the ledger's running commit time."""
 
 
 @functools.cache
@@ -204,7 +214,22 @@ class _Stop:
     pass
 
 
-_Item = _Pending | _CheckpointRequest | _Stop
+class _Tick:
+    """Wakes an idle writer so it recomputes when the next periodic checkpoint falls due (records were
+    committed inline while it slept with no deadline)."""
+
+
+_Item = _Pending | _CheckpointRequest | _Stop | _Tick
+
+
+@dataclass(frozen=True, slots=True)
+class _Inline:
+    """A lone append committed in its caller's thread (`_commit` reads only these fields)."""
+
+    entry: bytes
+    fields: IndexFields
+    rules: tuple[str, ...]
+    queued: float
 
 
 class SqliteLedger:
@@ -224,6 +249,7 @@ class SqliteLedger:
         signer: CheckpointSigner | None = None,
         checkpoint_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        inline_max_ms: float = INLINE_MAX_MS,
     ) -> None:
         self._path = path
         self._conn = conn
@@ -238,6 +264,14 @@ class SqliteLedger:
         self._wakeups: dict[asyncio.AbstractEventLoop, _Wakeup] = {}
         self._schedule = CheckpointSchedule(signer, checkpoint_interval, clock, checkpointed_size)
         self._thread = threading.Thread(target=self._run, name=f"karma-ledger:{path.name}", daemon=True)
+        self._writing = threading.Lock()  # held by whoever commits: the writer thread per batch, or an inline append
+        self._inline_max = inline_max_ms / 1000.0
+        self._commit_time = 0.0  # running (EWMA) seconds of a commit's write + sync, any thread
+        self._threaded = 0  # threaded appends in flight (all loops)
+        self._started = 0  # threaded appends started so far
+        self._quiet = 0  # threaded appends in a row that overlapped no other
+        self._eligible = 0  # appends that found the ledger idle (counts the probes)
+        self.inline_appends = 0  # appends committed in their caller's thread
 
     @classmethod
     async def open(
@@ -250,6 +284,7 @@ class SqliteLedger:
         checkpoint_signer: CheckpointSigner | None = None,
         checkpoint_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        inline_max_ms: float = INLINE_MAX_MS,
     ) -> SqliteLedger:
         """Open (or create) the ledger at `path`, take its writer lock and start the writer.
 
@@ -257,7 +292,9 @@ class SqliteLedger:
         corrupts). `batch_wait_ms` > 0 waits that long for more entries once one is queued:
         larger batches, more latency. With 0, batches form from whatever queued meanwhile.
         `checkpoint_signer` turns on periodic checkpoints (every `checkpoint_interval`
-        seconds of `clock` while the tree grows, and on close).
+        seconds of `clock` while the tree grows, and on close). A lone append on an idle ledger is
+        committed in the caller's thread (no hand-off to the writer thread) while the recent commit
+        time stays under `inline_max_ms` (0: never).
 
         Raises:
             LedgerLocked: another writer holds the ledger.
@@ -266,11 +303,13 @@ class SqliteLedger:
         """
         if synchronous not in ("FULL", "NORMAL"):
             raise LedgerError(f"{path}: synchronous must be FULL or NORMAL, not {synchronous!r}")
-        if batch_max < 1 or batch_wait_ms < 0 or checkpoint_interval <= 0:
-            raise LedgerError(f"{path}: batch_max must be >= 1, batch_wait_ms >= 0 and checkpoint_interval > 0")
+        if batch_max < 1 or batch_wait_ms < 0 or checkpoint_interval <= 0 or inline_max_ms < 0:
+            raise LedgerError(f"{path}: batch_max must be >= 1, batch_wait_ms >= 0, checkpoint_interval > 0"
+                              " and inline_max_ms >= 0")
         opener = functools.partial(
             cls._open_sync, Path(path), synchronous, batch_max=batch_max, batch_wait_ms=batch_wait_ms,
             signer=checkpoint_signer, checkpoint_interval=checkpoint_interval, clock=clock,
+            inline_max_ms=inline_max_ms,
         )
         ledger = await anyio.to_thread.run_sync(opener)
         ledger._thread.start()
@@ -280,6 +319,7 @@ class SqliteLedger:
     def _open_sync(
         cls, path: Path, synchronous: Synchronous, *, batch_max: int, batch_wait_ms: float,
         signer: CheckpointSigner | None, checkpoint_interval: float, clock: Callable[[], float],
+        inline_max_ms: float,
     ) -> SqliteLedger:
         inspect_file(path)  # refuse a foreign file before leaving a lock file next to it
         lock = WriterLock(path)
@@ -299,7 +339,7 @@ class SqliteLedger:
         log.info("ledger.opened", path=str(path), size=frontier.size, synchronous=synchronous)
         return cls(path, conn, lock, frontier, head_hash, batch_max=batch_max, batch_wait_ms=batch_wait_ms,
                    checkpointed_size=checkpointed, signer=signer, checkpoint_interval=checkpoint_interval,
-                   clock=clock)
+                   clock=clock, inline_max_ms=inline_max_ms)
 
     @property
     def path(self) -> Path:
@@ -340,16 +380,52 @@ class SqliteLedger:
                 holding it could not be committed (then nothing of that batch was written).
         """
         loop = asyncio.get_running_loop()
+        encoded, fields, rules = encode_entry(entry, ledger=str(self._path)), index_fields(entry), rule_ids(entry)
+        if self._threaded == 0 and self._quiet >= INLINE_QUIET and self._commit_time < self._inline_max:
+            self._eligible += 1
+            if self._eligible % INLINE_PROBE and self._queue.empty() and self._writing.acquire(blocking=False):
+                try:
+                    return self._append_inline(_Inline(encoded, fields, rules, time.perf_counter()))
+                finally:
+                    self._writing.release()
         item = _Pending(
-            encode_entry(entry, ledger=str(self._path)),
-            index_fields(entry),
-            rule_ids(entry),
-            loop.create_future(),
-            self._wakeups.get(loop) or self._wakeup(loop),
+            encoded, fields, rules, loop.create_future(), self._wakeups.get(loop) or self._wakeup(loop),
             time.perf_counter(),
         )
-        self._submit(item)
-        return await item.future
+        overlapped, started = self._threaded > 0, self._started
+        self._threaded += 1
+        self._started = started + 1
+        try:
+            self._submit(item)
+            return await item.future
+        finally:
+            self._threaded -= 1
+            if overlapped or self._started != started + 1 or self._threaded:
+                self._quiet = 0
+            else:
+                self._quiet += 1
+
+    def _append_inline(self, item: _Inline) -> Appended:
+        """Commit one record in the caller's thread, holding the writer lock (the writer thread is idle).
+
+        The same commit as a batch of one: same statements, one transaction, the same sync, head, stats
+        and failure (nothing written, `LedgerError`). The periodic checkpoint stays the writer thread's:
+        it is woken when this record is the first one not yet covered.
+        """
+        if self._closed:
+            raise LedgerError(f"{self._path}: the ledger is closed")
+        try:
+            outcome = self._commit([item])[0]
+        except Exception as exc:  # a bug here must fail this call closed, as the writer thread does
+            log.exception("ledger.writer_failed", path=str(self._path))
+            raise LedgerError(f"{self._path}: ledger writer failed ({exc})") from exc
+        if isinstance(outcome, BaseException):
+            raise outcome
+        self.inline_appends += 1
+        schedule = self._schedule
+        if schedule.signer is not None and outcome.seq == schedule.checkpointed_size + 1:
+            self._queue.put(_Tick())
+        return outcome
 
     async def checkpoint(self, private_key: Ed25519PrivateKey, key_name: str, origin: str) -> str:
         """Sign the current head as a C2SP checkpoint, store it and return the note."""
@@ -407,24 +483,26 @@ class SqliteLedger:
         try:
             while True:
                 batch, command = self._next_batch()
-                try:
-                    if batch:
-                        self._commit(batch)
-                    if isinstance(command, _CheckpointRequest):
-                        self._sign(command)
-                    self._auto_checkpoint(final=isinstance(command, _Stop))
-                except Exception as exc:  # a bug in this thread must not leave callers waiting
-                    log.exception("ledger.writer_failed", path=str(self._path))
-                    waiting: list[_Pending | _CheckpointRequest] = list(batch)
-                    if isinstance(command, _CheckpointRequest):
-                        waiting.append(command)
-                    _settle(waiting, [LedgerError(f"{self._path}: ledger writer failed ({exc})") for _ in waiting])
+                with self._writing:
+                    try:
+                        if batch:
+                            _settle(batch, self._commit(batch))
+                        if isinstance(command, _CheckpointRequest):
+                            self._sign(command)
+                        self._auto_checkpoint(final=isinstance(command, _Stop))
+                    except Exception as exc:  # a bug in this thread must not leave callers waiting
+                        log.exception("ledger.writer_failed", path=str(self._path))
+                        waiting: list[_Pending | _CheckpointRequest] = list(batch)
+                        if isinstance(command, _CheckpointRequest):
+                            waiting.append(command)
+                        _settle(waiting, [LedgerError(f"{self._path}: ledger writer failed ({exc})") for _ in waiting])
                 if isinstance(command, _Stop):
                     break
         finally:
-            self._conn.close()
+            with self._writing:
+                self._conn.close()
 
-    def _next_batch(self) -> tuple[list[_Pending], _CheckpointRequest | _Stop | None]:
+    def _next_batch(self) -> tuple[list[_Pending], _CheckpointRequest | _Stop | _Tick | None]:
         """Block for one item, let more arrive for up to batch_wait, then drain the queue.
 
         The wait polls the queue size while sleeping rather than taking items one by one,
@@ -478,7 +556,9 @@ class SqliteLedger:
         self._conn.execute(INSERT_CHECKPOINT, (head.size, note, _utc_now()))
         self._schedule.signed(head.size)
 
-    def _commit(self, batch: list[_Pending]) -> None:
+    def _commit(self, batch: Sequence[_Pending | _Inline]) -> list[Appended | BaseException]:
+        """Commit `batch` (the caller holds `_writing`); return each record's outcome, the same
+        `LedgerError` for all when nothing was written."""
         started = time.perf_counter()
         head = self._head
         seq, prev = head.size, head.hash
@@ -501,6 +581,7 @@ class SqliteLedger:
             results.append(Appended(seq, prev))
         grown = head.frontier.copy()
         subtrees = grown.extend_collecting(hashes)
+        writing = time.perf_counter()
         try:
             self._write(rows, rules, subtrees)
         except sqlite3.Error as exc:
@@ -508,13 +589,14 @@ class SqliteLedger:
             log.error("ledger.batch_failed", path=str(self._path), first_seq=head.size + 1, count=len(batch),
                       error=str(exc))
             self.stats.failed()
-            _settle(batch, [LedgerError(message) for _ in batch])
-            return
-        self.stats.committed(time.perf_counter(), [item.queued for item in batch])
+            return [LedgerError(message) for _ in batch]
+        now = time.perf_counter()
+        self._commit_time += (now - writing - self._commit_time) * COMMIT_EWMA
+        self.stats.committed(now, [item.queued for item in batch])
         self._head = _Head(seq, prev, grown)
         log.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
                   ms=round((time.perf_counter() - started) * 1000, 3))
-        _settle(batch, results)
+        return results
 
     def _write(
         self, rows: Sequence[tuple[Any, ...]], rules: list[tuple[int, str]], subtrees: list[CompletedSubtree]
