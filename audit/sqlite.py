@@ -271,7 +271,7 @@ class SqliteLedger:
         self._started = 0  # threaded appends started so far
         self._quiet = 0  # threaded appends in a row that overlapped no other
         self._eligible = 0  # appends that found the ledger idle (counts the probes)
-        self.inline_appends = 0  # appends committed in their caller's thread
+        self.inline_appends = 0  # appends committed (or tried) in their caller's thread
 
     @classmethod
     async def open(
@@ -414,6 +414,7 @@ class SqliteLedger:
         """
         if self._closed:
             raise LedgerError(f"{self._path}: the ledger is closed")
+        self.inline_appends += 1
         try:
             outcome = self._commit([item])[0]
         except Exception as exc:  # a bug here must fail this call closed, as the writer thread does
@@ -421,7 +422,6 @@ class SqliteLedger:
             raise LedgerError(f"{self._path}: ledger writer failed ({exc})") from exc
         if isinstance(outcome, BaseException):
             raise outcome
-        self.inline_appends += 1
         schedule = self._schedule
         if schedule.signer is not None and outcome.seq == schedule.checkpointed_size + 1:
             self._queue.put(_Tick())
@@ -457,7 +457,7 @@ class SqliteLedger:
         await anyio.to_thread.run_sync(self._thread.join)
         self._close_wakeups()
         self._lock.release()
-        log.info("ledger.closed", path=str(self._path), size=self._head.size)
+        log.info("ledger.closed", path=str(self._path), size=self._head.size, inline=self.inline_appends)
 
     def _close_wakeups(self) -> None:
         """Close every loop's eventfd once the writer has stopped, each in its own loop's thread
