@@ -7,6 +7,13 @@ waiting `batch_wait_ms` for more), assigns seq and prev, inserts the batch in on
 `BEGIN IMMEDIATE … COMMIT`, advances its in-memory head, and only then answers the
 callers. A failed commit fails the whole batch and leaves the head where it was.
 
+A lone append on an idle ledger skips the hand-off: when nothing is queued, no other append is in
+flight, the writer lock is free and recent commits were fast (`inline_max_ms`), the caller's thread
+commits it itself, holding the lock the writer thread holds per batch (the same statements, sync,
+head, stats and failure; two cross-thread wake-ups saved, ~120-170 µs of CPU a governed call on a
+2-core VM). Appends that overlap go to the writer thread and are grouped as before; every
+`INLINE_PROBE`-th idle append goes there too, which is how callers that became concurrent are seen.
+
 Given a `CheckpointSigner`, the writer also signs and stores checkpoints on its own: after a
 batch commits once `checkpoint_interval` seconds passed since the last one, when the queue
 stays idle that long with records not yet covered, and on close; never when the tree did not
