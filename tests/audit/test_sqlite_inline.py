@@ -1,0 +1,161 @@
+"""SqliteLedger's inline commit: a lone append on an idle ledger is committed in the caller's thread
+(no hand-off to the writer thread); concurrent appends, a slow disk and failures behave as before."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from audit.checkpoint import CheckpointSigner
+from audit.errors import LedgerError
+from audit.sqlite import INLINE_PROBE, INLINE_QUIET, SqliteLedger, SqliteLedgerReader
+from audit.verify import verify_ledger
+
+from .conftest import make_entry
+from .test_export import FakeClock, wait_for_checkpoint
+
+LONE = 100
+
+
+async def sequential(ledger: SqliteLedger, count: int, start: int = 0) -> list[int]:
+    """`count` appends one after the other (a lone caller); their seqs."""
+    return [(await ledger.append(make_entry(i))).seq for i in range(start, start + count)]
+
+
+def verified(path: Path) -> bool:
+    with SqliteLedgerReader(path) as reader:
+        return verify_ledger(reader).ok
+
+
+async def test_a_lone_caller_is_committed_inline(ledger_path: Path) -> None:
+    ledger = await SqliteLedger.open(ledger_path)
+    try:
+        assert await sequential(ledger, LONE) == list(range(1, LONE + 1))
+        # all but the first threaded ones (no overlap seen yet) and the periodic probes
+        assert ledger.inline_appends >= LONE - INLINE_QUIET - LONE // INLINE_PROBE - 1
+        assert ledger.stats.batch.count == LONE and ledger.stats.lag.count == LONE
+    finally:
+        await ledger.aclose()
+    assert verified(ledger_path)
+
+
+async def test_concurrent_callers_are_still_grouped(ledger_path: Path) -> None:
+    ledger = await SqliteLedger.open(ledger_path)
+    try:
+        await sequential(ledger, 20)
+        assert ledger.inline_appends > 0  # inline mode first: 32 callers must be noticed from there
+        inline, batches = ledger.inline_appends, ledger.stats.batch.count
+
+        async def caller(c: int) -> None:
+            for i in range(10):
+                await ledger.append(make_entry(1000 + c * 10 + i))
+                await asyncio.sleep(0)  # a caller does other work between its appends
+
+        await asyncio.gather(*(caller(c) for c in range(32)))
+        assert ledger.size == 20 + 320
+        assert ledger.inline_appends - inline < INLINE_PROBE  # at most one probe interval, then threaded
+        assert ledger.stats.batch.count - batches < 320 // 2  # group commit: batches hold > 1 record on average
+    finally:
+        await ledger.aclose()
+    assert verified(ledger_path)
+
+
+async def test_a_failed_inline_commit_fails_the_call_and_keeps_the_ledger_verifiable(ledger_path: Path) -> None:
+    ledger = await SqliteLedger.open(ledger_path)
+    try:
+        await sequential(ledger, 20)
+        before, inline = (ledger.size, ledger.head_hash, ledger.root()), ledger.inline_appends
+        ledger.limit_pages(1)  # the disk is "full": the commit itself fails (SQLITE_FULL)
+        failed = 0
+        for i in range(3):
+            try:
+                await ledger.append(make_entry(100 + i))
+            except LedgerError as exc:
+                assert "were not committed" in str(exc) and str(ledger_path) in str(exc)
+                failed += 1
+        assert failed == 3
+        assert ledger.inline_appends > inline  # at least one of them failed in the caller's thread
+        assert (ledger.size, ledger.head_hash, ledger.root()) == before
+        assert ledger.stats.failed_batches == 3
+        ledger.limit_pages(None)
+        assert (await ledger.append(make_entry(200))).seq == 21
+    finally:
+        await ledger.aclose()
+    assert verified(ledger_path)
+    with SqliteLedgerReader(ledger_path) as reader:
+        assert reader.size() == 21
+
+
+async def test_a_slow_commit_keeps_appends_on_the_writer_thread(ledger_path: Path) -> None:
+    ledger = await SqliteLedger.open(ledger_path, inline_max_ms=1e-6)  # every real commit is slower
+    try:
+        await sequential(ledger, 30)
+        assert ledger.inline_appends == 0 and ledger.stats.batch.count == 30
+    finally:
+        await ledger.aclose()
+    never = await SqliteLedger.open(ledger_path, inline_max_ms=0)
+    try:
+        await sequential(never, 30, start=30)
+        assert never.inline_appends == 0 and never.size == 60
+    finally:
+        await never.aclose()
+
+
+async def test_inline_commits_still_get_periodic_checkpoints(ledger_path: Path, key: Ed25519PrivateKey) -> None:
+    clock = FakeClock()
+    ledger = await SqliteLedger.open(ledger_path, checkpoint_signer=CheckpointSigner(key, "dharma-gateway", "test/k"),
+                                     clock=clock)
+    try:
+        await sequential(ledger, 10)
+        clock.advance(1.0)
+        await wait_for_checkpoint(ledger_path, 10)  # the idle writer signs what was committed inline
+        inline = ledger.inline_appends
+        await sequential(ledger, 10, start=10)  # the first uncovered record wakes the sleeping writer
+        assert ledger.inline_appends > inline
+        clock.advance(1.0)
+        assert await wait_for_checkpoint(ledger_path, 20) == [10, 20]
+        await sequential(ledger, 3, start=20)
+    finally:
+        await ledger.aclose()
+    with SqliteLedgerReader(ledger_path) as reader:
+        assert [s for s, _ in reader.checkpoints()] == [10, 20, 23]  # close covers the last inline ones
+    assert verified(ledger_path)
+
+
+async def test_two_event_loops_share_one_ledger(ledger_path: Path) -> None:
+    ledger = await SqliteLedger.open(ledger_path)
+    results: list[list[int]] = []
+
+    def other_loop(start: int) -> None:
+        results.append(asyncio.run(sequential(ledger, 100, start=start)))
+
+    try:
+        alone = threading.Thread(target=other_loop, args=(1000,))
+        alone.start()
+        await asyncio.to_thread(alone.join, 60)
+        assert results == [list(range(1, 101))]
+        assert ledger.inline_appends > 0  # committed in the other loop's thread
+        both = threading.Thread(target=other_loop, args=(2000,))
+        both.start()
+        mine = await sequential(ledger, 100)
+        await asyncio.to_thread(both.join, 60)
+        assert not both.is_alive()
+        assert sorted(mine + results[1]) == list(range(101, 301))
+    finally:
+        await ledger.aclose()
+    assert verified(ledger_path)
+
+
+async def test_aclose_refuses_inline_appends_after_it(ledger_path: Path) -> None:
+    ledger = await SqliteLedger.open(ledger_path)
+    await sequential(ledger, 20)
+    await ledger.aclose()
+    try:
+        await ledger.append(make_entry(99))
+    except LedgerError as exc:
+        assert "closed" in str(exc)
+    else:
+        raise AssertionError("an append after aclose was accepted")
+    assert verified(ledger_path)
