@@ -79,6 +79,11 @@ class LedgerSettings(Strict):
     path: Path | None = None
     url: str | None = None
     synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    inline_max_ms: float = Field(
+        default=2.0, ge=0, le=1000,
+        description="SQLite: a lone append on an idle ledger is committed in the caller's thread while recent"
+                    " commits took under this many ms (no hand-off to the writer thread); 0: never",
+    )
 
     @field_validator("url")
     @classmethod

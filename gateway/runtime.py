@@ -77,7 +77,7 @@ async def open_ledger(settings: Settings, *, checkpoint_signer: CheckpointSigner
     signs a checkpoint at least every second while it grows, and on close, with `checkpoint_signer`."""
     if settings.ledger.url is None:
         return await SqliteLedger.open(settings.ledger_path, synchronous=settings.ledger.synchronous,
-                                       checkpoint_signer=checkpoint_signer)
+                                       checkpoint_signer=checkpoint_signer, inline_max_ms=settings.ledger.inline_max_ms)
     try:
         from audit.postgres import PostgresLedger
     except ImportError as exc:

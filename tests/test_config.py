@@ -48,6 +48,7 @@ def test_environment_overrides_the_file_and_flags_override_both(tmp_path):
         ("server: {port: 99999}\n", {}, "server.port"),
         ("", {"DHARMA_STATEROOT": "/x"}, "DHARMA_STATEROOT"),
         ("policy: [\n", {}, "malformed YAML"),
+        ("ledger: {inline_max_ms: -1}\n", {}, "ledger.inline_max_ms"),
     ],
 )
 def test_bad_settings_name_what_and_where(tmp_path, text, env, needle):

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
+
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.checkpoint import CheckpointSigner
 from audit.errors import LedgerError
-from audit.sqlite import INLINE_PROBE, INLINE_QUIET, SqliteLedger, SqliteLedgerReader
+from audit.sqlite import INLINE_PROBE, INLINE_QUIET, WAL_CHECKPOINT_FRAMES, SqliteLedger, SqliteLedgerReader
 from audit.verify import verify_ledger
+from gateway.config import load_settings
+from gateway.runtime import open_ledger
 
 from .conftest import make_entry
 from .test_export import FakeClock, wait_for_checkpoint
@@ -159,3 +163,58 @@ async def test_aclose_refuses_inline_appends_after_it(ledger_path: Path) -> None
     else:
         raise AssertionError("an append after aclose was accepted")
     assert verified(ledger_path)
+
+
+async def test_the_wal_is_checkpointed_by_the_writer_thread_only(ledger_path: Path) -> None:
+    """Inline commits never copy the WAL back (that stalled the caller's loop for milliseconds): the
+    connection's automatic checkpoint is off and the writer thread runs every one, so the WAL stays
+    about as short as SQLite's own default keeps it."""
+    ledger = await SqliteLedger.open(ledger_path)
+    checkpoints: list[str] = []
+    writer = f"karma-ledger:{ledger_path.name}"
+
+    def traced(statement: str) -> None:
+        if "wal_checkpoint" in statement.lower():
+            checkpoints.append(threading.current_thread().name)
+
+    ledger._conn.set_trace_callback(traced)
+    try:
+        assert ledger._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        await sequential(ledger, 600)
+        assert ledger.inline_appends > 500
+        await wait_until(lambda: ledger.wal_checkpoints >= 3)
+        assert checkpoints and set(checkpoints) == {writer}
+        page = ledger._conn.execute("PRAGMA page_size").fetchone()[0]
+        # 600 lone commits write several pages each: unchecked, the WAL would be several times this
+        assert Path(f"{ledger_path}-wal").stat().st_size <= 2 * WAL_CHECKPOINT_FRAMES * (page + 24) + 32
+    finally:
+        ledger._conn.set_trace_callback(None)
+        await ledger.aclose()
+    assert verified(ledger_path)
+
+
+async def wait_until(condition: Callable[[], bool], deadline: float = 30.0) -> None:
+    """Poll `condition` (the writer thread runs the checkpoint after answering) until it holds."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    while not condition():
+        assert loop.time() < end, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_the_operator_setting_turns_inline_commits_off(tmp_path: Path) -> None:
+    """`ledger.inline_max_ms` in dharma.yaml reaches the ledger the gateway opens: 0 keeps every append on
+    the writer thread (an operator who wants the loop never blocked by a sync), the default commits inline."""
+    seen = {}
+    for setting in ("0", "2"):
+        root = tmp_path / setting
+        root.mkdir()
+        config = root / "dharma.yaml"
+        config.write_text(f"state_root: {root}\nledger: {{inline_max_ms: {setting}}}\n")
+        ledger = await open_ledger(load_settings(config, {}))
+        try:
+            await sequential(ledger, 40)
+            seen[setting] = ledger.inline_appends
+        finally:
+            await ledger.aclose()
+    assert seen["0"] == 0 and seen["2"] > 20
