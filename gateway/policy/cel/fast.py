@@ -830,24 +830,28 @@ def _kinds_in(node: Node, variable: str, field: str, kinds: set[str]) -> None:
         if node[1] == variable:
             raise _NotSure
         return
-    if kind == "lit":
-        return
-    if kind == "list":
-        children: list[Node] = list(node[1])
-    elif kind == "rel":
-        children = [node[2], node[3]]
-    elif kind == "call":
-        children = ([node[2]] if node[2] is not None else []) + list(node[3])
-    elif kind in ("sel", "not", "neg"):
-        children = [node[1]]
-    elif kind in ("idx", "and", "or", "add"):
-        children = [node[1], node[2]]
-    elif kind == "cond":
-        children = [node[1], node[2], node[3]]
-    else:
-        raise _NotSure
-    for child in children:
+    for child in _children(node):
         _kinds_in(child, variable, field, kinds)
+
+
+def _children(node: Node) -> list[Node]:
+    """The sub-expressions of a parsed node; raise _NotSure for a node kind not known here."""
+    kind = node[0]
+    if kind in ("lit", "id"):
+        return []
+    if kind == "list":
+        return list(node[1])
+    if kind == "rel":
+        return [node[2], node[3]]
+    if kind == "call":
+        return ([node[2]] if node[2] is not None else []) + list(node[3])
+    if kind in ("sel", "not", "neg"):
+        return [node[1]]
+    if kind in ("idx", "and", "or", "add"):
+        return [node[1], node[2]]
+    if kind == "cond":
+        return [node[1], node[2], node[3]]
+    raise _NotSure
 
 
 def _kind_bound(node: Node, item: str) -> set[str] | None:
@@ -872,3 +876,33 @@ def _kind_bound(node: Node, item: str) -> set[str] | None:
             return left if right is None else right
         return left & right
     return None
+
+
+def fields_read(source: str, variable: str) -> frozenset[str] | None:
+    """The fields of `variable` that `source` selects by name (`variable.f`, `has(variable.f)`),
+    or None when it may read `variable` some other way (the bare name, `variable["f"]`, a macro
+    over it) or the source is not understood.
+
+    A comprehension variable of the same name can only make the answer larger, or None. Used to build
+    only the parts of the answer a disclosure rule can read.
+    """
+    try:
+        fields: set[str] = set()
+        _fields_in(_Parser(source).parse(), variable, fields)
+        return frozenset(fields)
+    except (_NotSure, _Unsupported, RecursionError, IndexError, ValueError):
+        return None
+
+
+def _fields_in(node: Node, variable: str, fields: set[str]) -> None:
+    """Add to `fields` the fields of `variable` that `node` selects; raise _NotSure on any other use."""
+    kind = node[0]
+    if kind == "sel" and node[1] == ("id", variable):
+        fields.add(node[2])
+        return
+    if kind == "id":
+        if node[1] == variable:
+            raise _NotSure
+        return
+    for child in _children(node):
+        _fields_in(child, variable, fields)
