@@ -16,12 +16,11 @@ from typing import Any
 import pytest
 
 import gateway.stages.disclosure as disclosure
-from audit.query import query_records
-from audit.sqlite import SqliteLedgerReader
 from gateway.policy import cel
 from gateway.policy.compile import load_policy
 from gateway.policy.evaluate import RESPONSE_FIELDS, response_variables
 from tests.helpers import Recorder, open_gateway, text_result, write_policy
+from tests.test_disclosure_scan import PROFILE, outcomes  # PROFILE grants alice every tool
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,14 +76,6 @@ def test_response_variables_builds_only_the_fields_asked_for() -> None:
     assert only == {"a": 1, "response": {"is_error": True, "findings": []}}
 
 
-PROFILE = """\
-tiers:
-  - name: reader
-    grants: [{tools: ["*"]}]
-  - name: writer
-    inherits: reader
-"""
-
 ANSWERS = {
     "plain": text_result("the build is green"),
     "secret": text_result("the word is SWORDFISH"),
@@ -123,19 +114,10 @@ async def _disclosed(tmp: Path, when: str, engine: str) -> tuple[frozenset[str] 
         built.update(variables["response"])
         return variables
 
-    try:
-        fields = disclosure.response_fields(gateway.policy, "plain")
-        out: list[tuple[Any, ...]] = []
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(disclosure, "response_variables", spy)
-            for name in ANSWERS:
-                outcome = await gateway.call(name, {}, api_key="alice-key")
-                out.append((name, outcome.status, outcome.result, outcome.warnings))
-    finally:
-        await gateway.aclose()
-    with SqliteLedgerReader(tmp / "ledger.db") as reader:
-        out += [(r["tool"], r["disclosure"], r["matched_rules"], r["status"])
-                for r in query_records(reader) if r.get("kind") == "outcome"]
+    fields = disclosure.response_fields(gateway.policy, "plain")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(disclosure, "response_variables", spy)
+        out = await outcomes(gateway, tmp, ANSWERS)
     return fields, out, built
 
 

@@ -810,28 +810,42 @@ def kinds_read(source: str, variable: str, field: str) -> frozenset[str] | None:
 
 def _kinds_in(node: Node, variable: str, field: str, kinds: set[str]) -> None:
     """Add to `kinds` what `node` reads of `variable.field` (see `kinds_read`); raise _NotSure if unbounded."""
-    kind = node[0]
     target = ("sel", ("id", variable), field)
-    if kind == "call" and node[1] == "exists" and node[2] == target:
+
+    def exists_over_field(node: Node) -> bool:
+        if node[0] != "call" or node[1] != "exists" or node[2] != target:
+            return False
         args = node[3]
         if len(args) != 2 or args[0][0] != "id":
             raise _NotSure
         bound = _kind_bound(args[1], args[0][1])
         if bound is None:
             raise _NotSure
-        kinds |= bound
+        kinds.update(bound)
         _kinds_in(args[1], variable, field, kinds)
+        return True
+
+    def select(name: str) -> None:
+        if name == field:
+            raise _NotSure
+
+    _selections(node, variable, select, exists_over_field)
+
+
+def _selections(node: Node, variable: str, select: Callable[[str], None], handled: Callable[[Node], bool] | None = None) -> None:
+    """Walk `node`, calling `select(f)` for each `variable.f`; raise _NotSure where `variable` is read
+    any other way. `handled(n)`, if given, is asked first about each node and answers True for one
+    it has dealt with itself (its children are not walked)."""
+    if handled is not None and handled(node):
         return
+    kind = node[0]
     if kind == "sel" and node[1] == ("id", variable):
-        if node[2] == field:
-            raise _NotSure
+        select(node[2])
         return
-    if kind == "id":
-        if node[1] == variable:
-            raise _NotSure
-        return
+    if kind == "id" and node[1] == variable:
+        raise _NotSure
     for child in _children(node):
-        _kinds_in(child, variable, field, kinds)
+        _selections(child, variable, select, handled)
 
 
 def _children(node: Node) -> list[Node]:
@@ -888,21 +902,7 @@ def fields_read(source: str, variable: str) -> frozenset[str] | None:
     """
     try:
         fields: set[str] = set()
-        _fields_in(_Parser(source).parse(), variable, fields)
+        _selections(_Parser(source).parse(), variable, fields.add)
         return frozenset(fields)
     except (_NotSure, _Unsupported, RecursionError, IndexError, ValueError):
         return None
-
-
-def _fields_in(node: Node, variable: str, fields: set[str]) -> None:
-    """Add to `fields` the fields of `variable` that `node` selects; raise _NotSure on any other use."""
-    kind = node[0]
-    if kind == "sel" and node[1] == ("id", variable):
-        fields.add(node[2])
-        return
-    if kind == "id":
-        if node[1] == variable:
-            raise _NotSure
-        return
-    for child in _children(node):
-        _fields_in(child, variable, fields)
