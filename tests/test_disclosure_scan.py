@@ -9,6 +9,7 @@ end: with the scan left out, every answer is disclosed exactly as with the scan 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 import gateway.stages.disclosure as disclosure
 from audit.query import query_records
 from audit.sqlite import SqliteLedgerReader
+from gateway.core.gateway import Gateway
 from gateway.policy import cel
 from gateway.policy.compile import load_policy
 from gateway.stages.sanitizer import instructions
@@ -146,18 +148,23 @@ async def _disclosed(tmp: Path, when: str) -> tuple[bool, list[tuple[Any, ...]]]
     backend = recorder.backend({name: (lambda text=text: text_result(text)) for name, text in ANSWERS.items()})
     tmp.mkdir()
     gateway = await open_gateway(tmp, write_policy(tmp, PROFILE, _rules(when)), [backend])
+    reads = disclosure.reads_instruction_findings(gateway.policy, "plain")
+    return reads, await outcomes(gateway, tmp, ANSWERS)
+
+
+async def outcomes(gateway: Gateway, tmp: Path, tools: Iterable[str]) -> list[tuple[Any, ...]]:
+    """Call each tool as alice, then close the gateway: each call's outcome, then each outcome record."""
+    out: list[tuple[Any, ...]] = []
     try:
-        reads = disclosure.reads_instruction_findings(gateway.policy, "plain")
-        out = []
-        for name in ANSWERS:
+        for name in tools:
             outcome = await gateway.call(name, {}, api_key="alice-key")
             out.append((name, outcome.status, outcome.result, outcome.warnings))
     finally:
         await gateway.aclose()
     with SqliteLedgerReader(tmp / "ledger.db") as reader:
-        records = [(r["tool"], r["disclosure"], r["matched_rules"], r["status"])
-                   for r in query_records(reader) if r.get("kind") == "outcome"]
-    return reads, out + records
+        out += [(r["tool"], r["disclosure"], r["matched_rules"], r["status"])
+                for r in query_records(reader) if r.get("kind") == "outcome"]
+    return out
 
 
 @pytest.mark.parametrize(

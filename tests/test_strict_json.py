@@ -5,9 +5,13 @@ crashes whoever writes it back."""
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.core.errors import ConfigError
 from gateway.crypto import strict_json
@@ -113,3 +117,74 @@ def test_retired_key_file_is_read_strictly(tmp_path: Path) -> None:
     (store.directory / "retired.json").write_text('{"keys": [], "keys": []}')
     with pytest.raises(ConfigError, match="retired.json: not valid JSON: duplicate member name 'keys'"):
         KeyStore.open(tmp_path)
+
+
+# ---- the scanner called directly: the same value or the same refusal as `JSONDecoder.decode` ----
+
+
+def _reference(data: bytes) -> object:
+    """The decoder as it was (`JSONDecoder.decode` with a duplicate-refusing hook), for the checks
+    `loads` makes while decoding: duplicates, constants, numbers, syntax, surrounding whitespace."""
+
+    def unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            key = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
+            raise StrictJSONError("duplicate", f"duplicate member name {key!r}", key=key)
+        return out
+
+    def finite(text: str) -> float:
+        if not math.isfinite(float(text)):
+            raise StrictJSONError("number", f"number {text[:32]} is out of the range of a double")
+        return float(text)
+
+    def constant(name: str) -> object:
+        raise StrictJSONError("constant", f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+    decoder = json.JSONDecoder(object_pairs_hook=unique, parse_constant=constant, parse_float=finite)
+    try:
+        return decoder.decode(data.decode("utf-8"))
+    except json.JSONDecodeError as exc:
+        raise StrictJSONError("syntax", f"{exc.msg} at line {exc.lineno} column {exc.colno}") from None
+
+
+def _outcome(decode: Callable[[bytes], object], data: bytes) -> tuple[str, object]:
+    try:
+        value = decode(data)
+    except StrictJSONError as exc:
+        return exc.kind, (exc.message, exc.key)
+    return "value", (value, json.dumps(value))  # the dump tells 1 from 1.0 and True from 1
+
+
+@pytest.mark.parametrize("data", [
+    b'{"a":1}', b' {"a":1}', b'{"a":1} ', b'\r\n\t {"a":[1, 2.5, "x"]}\n', b"  7  ", b'"s"\n',
+    b" ", b"", b"\n\n", b'{"a":1} x', b'{"a":1}\n{"b":2}', b'{"a":1,}', b'[1,2', b'{"a" 1}', b"  nul",
+    b'{"a":1,"a":2}', b' {"a":1,"a":2} ', b'[{"x":[{"y":{"z":1,"z":2}}]}]', b'{"a":1,"a":2} trailing',
+    b'{"a":{"b":1,"b":2},"a":3}', b'  [1e400]', b"[NaN] ", b'{"k":"v","k":"v"}',
+])
+def test_loads_decodes_and_refuses_as_json_decode_does(data: bytes) -> None:
+    assert _outcome(strict_json.loads, data) == _outcome(_reference, data)
+
+
+_SPACE = st.text(alphabet=" \t\n\r", max_size=3)
+
+
+@st.composite
+def _json_texts(draw: st.DrawFn, depth: int = 3) -> str:
+    """JSON-ish text with JSON whitespace anywhere and object members drawn from two names (so
+    duplicates at every depth are common); sometimes not JSON at all."""
+    kind = draw(st.sampled_from(["scalar", "list", "object", "object"] if depth else ["scalar"]))
+    if kind == "scalar":
+        return draw(st.sampled_from(["1", "-0", "2.5", "1e400", '"x"', '"a:b"', "true", "null", "NaN", "1 2", "", "[", '"\\u00e9"']))
+    if kind == "list":
+        items = draw(st.lists(_json_texts(depth - 1), max_size=3))
+        return "[" + ",".join(draw(_SPACE) + i + draw(_SPACE) for i in items) + "]"
+    members = draw(st.lists(st.tuples(st.sampled_from(["a", "b"]), _json_texts(depth - 1)), max_size=3))
+    return "{" + ",".join(f'{draw(_SPACE)}"{k}"{draw(_SPACE)}:{draw(_SPACE)}{v}' for k, v in members) + "}"
+
+
+@given(text=_json_texts(), before=_SPACE, after=_SPACE, junk=st.sampled_from(["", "", "", "x", "{}", ","]))
+@settings(max_examples=400, deadline=None)
+def test_loads_agrees_with_json_decode_on_generated_texts(text: str, before: str, after: str, junk: str) -> None:
+    data = (before + text + after + junk).encode()
+    assert _outcome(strict_json.loads, data) == _outcome(_reference, data)

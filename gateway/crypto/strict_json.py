@@ -72,6 +72,8 @@ def _finite(text: str) -> float:
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_constant, parse_float=_finite)
+_SCAN = _DECODER.scan_once  # the C scanner, with the same hooks
+_SPACE = " \t\n\r"  # JSON's whitespace (RFC 8259 §2), what `decode` skips around the value
 
 
 def loads(data: bytes | bytearray | memoryview | str, *, max_depth: int = MAX_DEPTH) -> Any:
@@ -84,8 +86,29 @@ def loads(data: bytes | bytearray | memoryview | str, *, max_depth: int = MAX_DE
     if text.startswith(_BOM):
         raise StrictJSONError("bom", "a byte order mark (U+FEFF) precedes the JSON text")
     check_depth(text, max_depth)
+    try:  # the scanner `decode` wraps, called directly (see `_decode`)
+        start = len(text) - len(text.lstrip(_SPACE)) if text[:1] in _SPACE else 0
+        value, end = _SCAN(text, start)
+        if end != len(text) and text[end:].strip(_SPACE):
+            raise StopIteration(end)
+    except StrictJSONError:
+        raise
+    except (StopIteration, ValueError, RecursionError):  # let `decode` skip whitespace, or say what is wrong
+        value = _decode(text, max_depth)
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text):
+        _refuse_surrogates(value)
+    return value
+
+
+def _decode(text: str, max_depth: int) -> Any:
+    """`JSONDecoder.decode` (JSON whitespace around the value; its errors become StrictJSONError).
+
+    `loads` calls the scanner it wraps directly first, and comes here only for a text that does
+    not decode (to raise what `decode` says): `decode` costs ~0.6 µs more a text (two whitespace
+    matches, `raw_decode`), and a text decodes to the same value either way.
+    """
     try:
-        value = _DECODER.decode(text)
+        return _DECODER.decode(text)
     except StrictJSONError:
         raise
     except json.JSONDecodeError as exc:
@@ -94,9 +117,6 @@ def loads(data: bytes | bytearray | memoryview | str, *, max_depth: int = MAX_DE
         raise StrictJSONError("depth", f"nesting too deep to decode (the limit is {max_depth} levels)") from None
     except ValueError:  # an integer past Python's int-conversion digit limit
         raise StrictJSONError("number", f"an integer has more than {sys.get_int_max_str_digits()} digits") from None
-    if _SURROGATE_ESCAPE.search(text):
-        _refuse_surrogates(value)
-    return value
 
 
 def _text(data: bytes | bytearray | memoryview | str) -> str:

@@ -129,19 +129,34 @@ def call_classes(classes: set[str] | frozenset[str], class_paths: dict[str, list
                                           for c in ordered}}
 
 
+#: The fields of the `response` variable, in the order its map holds them.
+RESPONSE_FIELDS: Final = ("result", "text", "is_error", "findings")
+
+
 def response_variables(
-    base: dict[str, Any], result: Any, is_error: bool, findings: tuple[Finding, ...]
+    base: dict[str, Any],
+    result: Any,
+    is_error: bool,
+    findings: tuple[Finding, ...],
+    fields: frozenset[str] | None = None,
 ) -> dict[str, Any]:
-    """Add `response` to the call-phase variables for disclosure rules."""
-    return {
-        **base,
-        "response": {
-            "result": result,
-            "text": response_text(result),
-            "is_error": is_error,
-            "findings": [f.as_cel() for f in findings],
-        },
-    }
+    """Add `response` to the call-phase variables for disclosure rules.
+
+    With `fields` (a subset of `RESPONSE_FIELDS`: what the rules select by name, see
+    `cel.fields_read`), only those are built: a rule that reads no `response.result` nor
+    `response.text` does not pay for copying the whole answer into the activation.
+    """
+    if fields is None or "result" in fields:
+        response: dict[str, Any] = {"result": result}
+    else:
+        response = {}
+    if fields is None or "text" in fields:
+        response["text"] = response_text(result)
+    if fields is None or "is_error" in fields:
+        response["is_error"] = is_error
+    if fields is None or "findings" in fields:
+        response["findings"] = [f.as_cel() for f in findings]
+    return {**base, "response": response}
 
 
 def response_text(result: Any) -> str:

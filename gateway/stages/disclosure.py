@@ -14,7 +14,13 @@ from typing import Any
 from gateway.policy import cel
 from gateway.core.call import CallContext, Disclosure
 from gateway.policy.compile import CompiledPolicy
-from gateway.policy.evaluate import DisclosureVerdict, evaluate_disclosure, response_variables, variables_for
+from gateway.policy.evaluate import (
+    RESPONSE_FIELDS,
+    DisclosureVerdict,
+    evaluate_disclosure,
+    response_variables,
+    variables_for,
+)
 from gateway.stages.sanitizer.walk import detect_secrets, redact_paths, redact_secrets
 
 
@@ -41,6 +47,29 @@ def reads_instruction_findings(policy: CompiledPolicy, tool: str) -> bool:
     return policy.memoised("disclosure-reads-instruction-findings", tool, build)[0]  # type: ignore[no-any-return]
 
 
+def response_fields(policy: CompiledPolicy, tool: str) -> frozenset[str] | None:
+    """The fields of `response` the disclosure rules for `tool` can read, or None for all of them.
+
+    A set only when every rule's condition reads `response` solely through named fields it has
+    (`cel.fields_read`): the fields left out cannot change a verdict, and copying the answer
+    (`response.result`, `response.text`) into the activation was most of its conversion cost.
+    Worked out once per policy and tool.
+    """
+
+    def build() -> tuple[frozenset[str] | None]:
+        fields: set[str] = set()
+        for rule in policy.disclosure_rules_for(tool):
+            if rule.when is None or "response" not in rule.when.references:
+                continue
+            read = cel.fields_read(rule.when.source, "response")
+            if read is None or not read <= set(RESPONSE_FIELDS):
+                return (None,)
+            fields |= read
+        return (frozenset(fields),)
+
+    return policy.memoised("disclosure-response-fields", tool, build)[0]  # type: ignore[no-any-return]
+
+
 def disclose(ctx: CallContext, policy: CompiledPolicy, result: Any, is_error: bool) -> tuple[Any, DisclosureVerdict | None]:
     """Apply the disclosure rules for this tool to `result`; returns what may be returned."""
     assert ctx.tool is not None
@@ -52,7 +81,9 @@ def disclose(ctx: CallContext, policy: CompiledPolicy, result: Any, is_error: bo
 
         findings += scan_result(result)
     references = policy.disclosure_references(ctx.tool.name)
-    variables = response_variables(variables_for(ctx, references - {"response"}), result, is_error, findings)
+    variables = response_variables(
+        variables_for(ctx, references - {"response"}), result, is_error, findings, response_fields(policy, ctx.tool.name)
+    )
     needed = {k: variables[k] for k in references}
     if ctx.activation is not None:  # the call phase converted most of them already
         activation = ctx.activation.extend(needed)

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.policy.cel.celpython import celpy_compile, celpy_context
-from gateway.policy.cel.fast import FAST_RESULTS, Fast, compile_fast, kinds_read
+from gateway.policy.cel.fast import FAST_RESULTS, Fast, compile_fast, fields_read, kinds_read
 from gateway.policy.cel.rust import rust_compile, rust_context
 from gateway.policy.cel.helpers import (
     HELPERS,
@@ -419,6 +419,7 @@ __all__ = [
     "compile_expression",
     "default_engine",
     "glob",
+    "fields_read",
     "kinds_read",
     "lower",
     "make_activation",

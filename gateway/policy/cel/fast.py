@@ -810,44 +810,62 @@ def kinds_read(source: str, variable: str, field: str) -> frozenset[str] | None:
 
 def _kinds_in(node: Node, variable: str, field: str, kinds: set[str]) -> None:
     """Add to `kinds` what `node` reads of `variable.field` (see `kinds_read`); raise _NotSure if unbounded."""
-    kind = node[0]
     target = ("sel", ("id", variable), field)
-    if kind == "call" and node[1] == "exists" and node[2] == target:
+
+    def exists_over_field(node: Node) -> bool:
+        if node[0] != "call" or node[1] != "exists" or node[2] != target:
+            return False
         args = node[3]
         if len(args) != 2 or args[0][0] != "id":
             raise _NotSure
         bound = _kind_bound(args[1], args[0][1])
         if bound is None:
             raise _NotSure
-        kinds |= bound
+        kinds.update(bound)
         _kinds_in(args[1], variable, field, kinds)
+        return True
+
+    def select(name: str) -> None:
+        if name == field:
+            raise _NotSure
+
+    _selections(node, variable, select, exists_over_field)
+
+
+def _selections(node: Node, variable: str, select: Callable[[str], None], handled: Callable[[Node], bool] | None = None) -> None:
+    """Walk `node`, calling `select(f)` for each `variable.f`; raise _NotSure where `variable` is read
+    any other way. `handled(n)`, if given, is asked first about each node and answers True for one
+    it has dealt with itself (its children are not walked)."""
+    if handled is not None and handled(node):
         return
+    kind = node[0]
     if kind == "sel" and node[1] == ("id", variable):
-        if node[2] == field:
-            raise _NotSure
+        select(node[2])
         return
-    if kind == "id":
-        if node[1] == variable:
-            raise _NotSure
-        return
-    if kind == "lit":
-        return
-    if kind == "list":
-        children: list[Node] = list(node[1])
-    elif kind == "rel":
-        children = [node[2], node[3]]
-    elif kind == "call":
-        children = ([node[2]] if node[2] is not None else []) + list(node[3])
-    elif kind in ("sel", "not", "neg"):
-        children = [node[1]]
-    elif kind in ("idx", "and", "or", "add"):
-        children = [node[1], node[2]]
-    elif kind == "cond":
-        children = [node[1], node[2], node[3]]
-    else:
+    if kind == "id" and node[1] == variable:
         raise _NotSure
-    for child in children:
-        _kinds_in(child, variable, field, kinds)
+    for child in _children(node):
+        _selections(child, variable, select, handled)
+
+
+def _children(node: Node) -> list[Node]:
+    """The sub-expressions of a parsed node; raise _NotSure for a node kind not known here."""
+    kind = node[0]
+    if kind in ("lit", "id"):
+        return []
+    if kind == "list":
+        return list(node[1])
+    if kind == "rel":
+        return [node[2], node[3]]
+    if kind == "call":
+        return ([node[2]] if node[2] is not None else []) + list(node[3])
+    if kind in ("sel", "not", "neg"):
+        return [node[1]]
+    if kind in ("idx", "and", "or", "add"):
+        return [node[1], node[2]]
+    if kind == "cond":
+        return [node[1], node[2], node[3]]
+    raise _NotSure
 
 
 def _kind_bound(node: Node, item: str) -> set[str] | None:
@@ -872,3 +890,19 @@ def _kind_bound(node: Node, item: str) -> set[str] | None:
             return left if right is None else right
         return left & right
     return None
+
+
+def fields_read(source: str, variable: str) -> frozenset[str] | None:
+    """The fields of `variable` that `source` selects by name (`variable.f`, `has(variable.f)`),
+    or None when it may read `variable` some other way (the bare name, `variable["f"]`, a macro
+    over it) or the source is not understood.
+
+    A comprehension variable of the same name can only make the answer larger, or None. Used to build
+    only the parts of the answer a disclosure rule can read.
+    """
+    try:
+        fields: set[str] = set()
+        _selections(_Parser(source).parse(), variable, fields.add)
+        return frozenset(fields)
+    except (_NotSure, _Unsupported, RecursionError, IndexError, ValueError):
+        return None
