@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gateway.core.call import Finding
+from gateway.memo import MemoSet
 from gateway.stages.sanitizer import decode
 from gateway.stages.sanitizer.walk import SanitizerLimits, detect_secrets, redact_secrets, sanitize
 from gateway.stages.sanitizer.wallets import bip39_words, keccak256
@@ -342,8 +343,7 @@ def test_strings_found_clean_are_remembered_and_secrets_never_are() -> None:
 def test_the_memo_of_clean_strings_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     from gateway.stages.sanitizer import secrets
 
-    monkeypatch.setattr(secrets, "_CLEAN", set())
-    monkeypatch.setattr(secrets, "_CLEAN_MAX", 3)
+    monkeypatch.setattr(secrets, "_CLEAN", MemoSet(3))
     for i in range(7):
         assert detect_secrets({"text": f"plain words number {i}"}) == ()
         assert len(secrets._CLEAN) <= 3

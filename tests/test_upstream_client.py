@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from gateway.transports.upstreams.http1 import HttpPool
+from gateway.transports.upstreams.http1 import HEAD_CACHE, HttpPool
 from gateway.transports.upstreams.mcp_http import McpHttpUpstream
 from gateway.transports.upstreams.replies import UpstreamError
 
@@ -183,7 +183,7 @@ async def test_only_short_request_heads_are_cached() -> None:
             big = {**HEADERS, "mcp-param-text": "x" * 10_000}
             for headers in (HEADERS, big, big):
                 await post(pool, b"{}", headers)
-            assert len(pool._heads) == 1
+            assert len(pool._heads) == 1 and pool._heads.bound == HEAD_CACHE
             assert seen.heads[1] == seen.heads[2] and b"x" * 10_000 in seen.heads[2]
         finally:
             pool.close()

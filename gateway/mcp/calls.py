@@ -43,6 +43,7 @@ from gateway.mcp import governance as gov
 from gateway.mcp import holding, jsonrpc
 from gateway.mcp.jsonrpc import Request
 from gateway.mcp.pins import DISTRUSTED, PinState, PinStore, observe_or_distrust
+from gateway.memo import Memo
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages.tier_gate import is_visible, visible_tools
 
@@ -203,7 +204,7 @@ class ToolsCall:
         self.sealer = sealer
         self.hold_seconds = hold_seconds
         self.progress_interval = progress_interval
-        self._infos: dict[tuple[Any, ...], ToolInfo] = {}
+        self._infos: Memo[tuple[Any, ...], ToolInfo] = Memo(_MAX_INFOS)
 
     async def refuse(self, site: CallSite, req: Request, name: str, refusal: Refusal) -> Answer:
         error = jsonrpc.error(req.id, refusal.code, refusal.reason, refusal.data)
@@ -283,9 +284,7 @@ class ToolsCall:
             info = gov.tool_info({**entry.definition, "name": name}, entry.backend, changed=pin.changed,
                                  digest=entry.digest if same_name else None, accepted=pin.accepted, names=names)
             if key is not None:
-                if len(self._infos) >= _MAX_INFOS:
-                    self._infos.clear()
-                self._infos[key] = info
+                self._infos.remember(key, info)
         return info
 
     async def _govern(self, site: CallSite, req: Request, call: ToolCall, info: ToolInfo | None, forward: Forwarder | None,

@@ -30,6 +30,7 @@ from gateway.core.errors import CallError, ErrorCode
 from gateway.core.gateway import CallTracer
 from gateway.mcp import jsonrpc
 from gateway.mcp.versions import HEADER_MISMATCH
+from gateway.memo import Memo
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages.sanitizer.walk import SanitizeError, compile_schema
 from gateway.crypto.receipts import RECEIPT_META_KEY
@@ -90,8 +91,7 @@ def definition_digest(tool: dict[str, Any]) -> str:
     )
 
 
-_FINDINGS: dict[tuple[str, frozenset[str]], tuple[Finding, ...]] = {}
-_MAX_CACHED = 4096
+_FINDINGS: Memo[tuple[str, frozenset[str]], tuple[Finding, ...]] = Memo(4096)
 
 
 def definition_findings(tool: dict[str, Any], digest: str, names: frozenset[str] = frozenset()) -> tuple[Finding, ...]:
@@ -102,10 +102,7 @@ def definition_findings(tool: dict[str, Any], digest: str, names: frozenset[str]
     if hit is None:
         from gateway.stages.sanitizer.instructions import scan_definition  # compiled on first use, not at start-up
 
-        hit = scan_definition(tool, names)
-        if len(_FINDINGS) >= _MAX_CACHED:
-            _FINDINGS.clear()
-        _FINDINGS[key] = hit
+        hit = _FINDINGS.remember(key, scan_definition(tool, names))
     return hit
 
 

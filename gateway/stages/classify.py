@@ -20,6 +20,8 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from gateway.memo import Memo
+
 if TYPE_CHECKING:
     from gateway.core.call import CallContext
 
@@ -154,8 +156,7 @@ def _add(classes: set[str], paths: dict[str, list[str]], cls: str, location: str
 #: short in all), keyed on exactly what it reads: the tool name, the two annotations it heeds and
 #: the arguments' items in order. Agents repeat calls (the same file read, the same search);
 #: bounded, emptied when full; callers get copies.
-_CLASSIFIED: dict[tuple[Any, ...], tuple[frozenset[str], tuple[tuple[str, tuple[str, ...]], ...]]] = {}
-_CLASSIFIED_MAX: Final = 2048
+_CLASSIFIED: Memo[tuple[Any, ...], tuple[frozenset[str], tuple[tuple[str, tuple[str, ...]], ...]]] = Memo(2048)
 _CLASSIFIED_LONGEST: Final = 1024
 _FLAT: Final = frozenset({str, int, float, bool, type(None)})
 
@@ -173,9 +174,7 @@ def classify_call(
     done = _CLASSIFIED.get(key)
     if done is None:
         classes, paths = _classify(tool, annotations, arguments)
-        if len(_CLASSIFIED) >= _CLASSIFIED_MAX:
-            _CLASSIFIED.clear()
-        _CLASSIFIED[key] = frozenset(classes), tuple((c, tuple(p)) for c, p in paths.items())
+        _CLASSIFIED.remember(key, (frozenset(classes), tuple((c, tuple(p)) for c, p in paths.items())))
         return classes, paths
     return set(done[0]), {c: list(p) for c, p in done[1]}
 

@@ -46,6 +46,7 @@ from gateway.crypto.jwt import (
     looks_like_jwt,
     parse_jwks,
 )
+from gateway.memo import Memo
 
 if TYPE_CHECKING:
     from gateway.config import AuthSettings, ServerSettings, Settings
@@ -220,7 +221,7 @@ class HttpAuth:
         self._prefixes(self.anonymous)
         self.required_scopes = tuple(required_scopes)
         self.error_body = error_body
-        self._routes: dict[str, tuple[bool, str | None, bool]] = {}  # `_route`'s answers by path
+        self._routes: Memo[str, tuple[bool, str | None, bool]] = Memo(_MAX_ROUTES)  # `_route`'s answers by path
 
     @staticmethod
     def _prefixes(paths: Iterable[str]) -> tuple[str, ...]:
@@ -303,9 +304,8 @@ class HttpAuth:
         request asked the same three prefix questions (~2 µs). A bounded table: paths are the client's."""
         known = self._routes.get(path)
         if known is None:
-            if len(self._routes) >= _MAX_ROUTES:
-                self._routes.clear()
-            known = self._routes[path] = (self._under(path, self.protect), self._anonymous_user(path), self._under(path, self.defer))
+            known = self._routes.remember(path, (self._under(path, self.protect), self._anonymous_user(path),
+                                                 self._under(path, self.defer)))
         return known
 
     async def authenticate(self, headers: Headers, anonymous_user: str | None = None) -> AuthResult:

@@ -29,6 +29,6 @@ def test_each_schema_object_gets_its_own_map_and_a_new_definition_its_new_one() 
 
 
 def test_the_remembered_maps_stay_bounded() -> None:
-    for _ in range(mh._MAX_MAPS + 10):
+    for _ in range(mh._MAPS.bound + 10):
         mh.header_map(_schema("Region"))
-    assert len(mh._MAPS) <= mh._MAX_MAPS
+    assert len(mh._MAPS) <= mh._MAPS.bound

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.memo import Memo
+
 _MAX_MESSAGE = 300
 
 MACROS = frozenset({"all", "exists", "exists_one", "filter", "map"})
@@ -134,8 +136,7 @@ def _regex(pattern: str) -> Any:
 #: `regex_matches` answers for short strings, keyed on the exact (pattern, string): a search's
 #: answer depends on nothing else. The same path, command name or finding kind is tested by the
 #: same rules on every call, and RE2's Python wrapper costs ~2 µs a search. Bounded: emptied when full.
-_MATCHED: dict[tuple[str, str], bool] = {}
-_MATCHED_MAX = 4096
+_MATCHED: Memo[tuple[str, str], bool] = Memo(4096)
 _MATCHED_LONGEST = 256
 
 
@@ -153,9 +154,7 @@ def regex_matches(s: str, pattern: str) -> bool:
     _need_str("matches", s, pattern)
     found = _regex(pattern).search(s) is not None
     if len(s) <= _MATCHED_LONGEST:
-        if len(_MATCHED) >= _MATCHED_MAX:
-            _MATCHED.clear()
-        _MATCHED[key] = found
+        _MATCHED.remember(key, found)
     return found
 
 

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 from gateway.core.call import Finding
+from gateway.memo import MemoSet
 from gateway.stages.sanitizer.decode import decoded_layers
 from gateway.stages.sanitizer.paths import child_path
 
@@ -369,9 +370,8 @@ def _char_kind(ch: str) -> str:
 #: `scan_result`). Answers repeat their short strings (status lines, labels, `structuredContent`
 #: values), and a miss costs 3-10 µs. Only clean strings are kept, keyed on the exact text (`where`
 #: only names the place of a finding), so a finding is never held; the set is emptied when full.
-_CLEAN: set[str] = set()
+_CLEAN: MemoSet[str] = MemoSet(8192)
 _CLEAN_MAX_LEN: Final = 256
-_CLEAN_MAX: Final = 8192
 
 
 def scan_text(raw: str, where: str, other_tools: Iterable[str] = (), *, own_name: str = "") -> list[Finding]:
@@ -383,9 +383,7 @@ def scan_text(raw: str, where: str, other_tools: Iterable[str] = (), *, own_name
         return []
     found = _scan(raw[:MAX_SCAN], where, other_tools, own_name, decode=True)[:_MAX_FINDINGS]
     if plain and not found and len(raw) <= _CLEAN_MAX_LEN:
-        if len(_CLEAN) >= _CLEAN_MAX:
-            _CLEAN.clear()
-        _CLEAN.add(raw)
+        _CLEAN.remember(raw)
     return found
 
 

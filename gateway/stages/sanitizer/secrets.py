@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 from gateway.core.call import Finding
+from gateway.memo import MemoSet
 from gateway.stages.sanitizer.decode import decode_base64, decoded_layers
 from gateway.stages.sanitizer.paths import child_path
 from gateway.stages.sanitizer.wallets import wallet_hits
@@ -308,9 +309,8 @@ def _scan_plain(s: str) -> list[_Hit]:
 #: come back in every answer of a tool (`"text"` content types, `resultType`, a server's `_meta`
 #: name and version), and a miss costs 3-10 µs of pattern and decoding work each time. Only clean
 #: strings are kept, so a detected secret is never held; the set is emptied when full.
-_CLEAN: set[str] = set()
+_CLEAN: MemoSet[str] = MemoSet(8192)
 _CLEAN_MAX_LEN: Final = 256
-_CLEAN_MAX: Final = 8192
 
 
 def _scan(s: str) -> list[_Hit]:
@@ -319,9 +319,7 @@ def _scan(s: str) -> list[_Hit]:
         return []
     hits = _scan_hits(s)
     if not hits and len(s) <= _CLEAN_MAX_LEN:
-        if len(_CLEAN) >= _CLEAN_MAX:
-            _CLEAN.clear()
-        _CLEAN.add(s)
+        _CLEAN.remember(s)
     return hits
 
 

@@ -30,6 +30,8 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gateway.memo import Memo
+
 __all__ = [
     "EMPTY_CEL",
     "SHELL_ARGUMENTS",
@@ -1665,9 +1667,7 @@ def analyse_call(arguments: dict[str, Any], *, remember: bool = True) -> ShellAn
         done = _run(items, source)
         if done.unparsed:  # not kept: "nested too deeply" depends on the stack the analysis ran on
             return done
-        if len(_ANALYSED) >= _ANALYSED_MAX:
-            _ANALYSED.clear()
-        _ANALYSED[key] = done
+        _ANALYSED.remember(key, done)
     return _copy(done)
 
 
@@ -1675,8 +1675,7 @@ def analyse_call(arguments: dict[str, Any], *, remember: bool = True) -> ShellAn
 #: an agent runs the same commands again and again (`ls`, `git status`, `make test`), and an
 #: analysis costs 30-100 µs. Unparsed ones are not kept; bounded, emptied when full. Callers get
 #: a copy of the containers (`_copy`): the `ShellCommand`s inside are shared and never changed.
-_ANALYSED: dict[tuple[tuple[str, Any], ...], ShellAnalysis] = {}
-_ANALYSED_MAX: Final = 1024
+_ANALYSED: Memo[tuple[tuple[str, Any], ...], ShellAnalysis] = Memo(1024)
 _ANALYSED_LONGEST: Final = 1024
 
 

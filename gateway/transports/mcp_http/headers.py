@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway.mcp.versions import META_VERSION
+from gateway.memo import Memo
 
 PROTOCOL_VERSION = "mcp-protocol-version"
 METHOD = "mcp-method"
@@ -56,8 +57,7 @@ def decode_value(value: str | None) -> str | None:
 #: `header_map` results by schema object (kept alive with them, so an id is never reused while
 #: cached): a 2026 `tools/call` asked it three times per call (check, forward, params) of the same
 #: catalog definition, which the gateway never changes in place (its digest is cached the same way).
-_MAPS: dict[int, tuple[Any, dict[tuple[str, ...], tuple[str, Any]] | None]] = {}
-_MAX_MAPS = 1024
+_MAPS: Memo[int, tuple[Any, dict[tuple[str, ...], tuple[str, Any]] | None]] = Memo(1024)
 
 
 def header_map(schema: Any) -> dict[tuple[str, ...], tuple[str, Any]] | None:
@@ -69,11 +69,7 @@ def header_map(schema: Any) -> dict[tuple[str, ...], tuple[str, Any]] | None:
     hit = _MAPS.get(id(schema))
     if hit is not None and hit[0] is schema:
         return hit[1]
-    found = _header_map(schema)
-    if len(_MAPS) >= _MAX_MAPS:
-        _MAPS.clear()
-    _MAPS[id(schema)] = (schema, found)
-    return found
+    return _MAPS.remember(id(schema), (schema, _header_map(schema)))[1]
 
 
 def _header_map(schema: dict[str, Any]) -> dict[tuple[str, ...], tuple[str, Any]] | None:

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from gateway.memo import Memo
 from gateway.transports.upstreams.replies import UpstreamError
 
 KEEPALIVE_SECONDS = 2.0
@@ -291,7 +292,7 @@ class HttpPool:
         self._open: set[_Conn] = set()
         self._connecting = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._heads: dict[tuple[object, ...], bytes] = {}
+        self._heads: Memo[tuple[object, ...], bytes] = Memo(HEAD_CACHE)
         self._sweeper: asyncio.TimerHandle | None = None
 
     @property
@@ -335,9 +336,7 @@ class HttpPool:
                     lines.append(f"{name}: {value}")
             head = ("\r\n".join(lines) + "\r\n").encode("utf-8")
             if len(head) <= HEAD_CACHE_BYTES:
-                if len(self._heads) >= HEAD_CACHE:
-                    self._heads.clear()
-                self._heads[key] = head
+                self._heads.remember(key, head)
         return head
 
     def _reuse(self) -> _Conn | None:
