@@ -89,12 +89,13 @@ def loads(data: bytes | bytearray | memoryview | str, *, max_depth: int = MAX_DE
     try:  # the scanner `decode` wraps, called directly (see `_decode`)
         start = len(text) - len(text.lstrip(_SPACE)) if text[:1] in _SPACE else 0
         value, end = _SCAN(text, start)
-        if end != len(text) and text[end:].strip(_SPACE):
-            raise StopIteration(end)
     except StrictJSONError:
         raise
-    except (StopIteration, ValueError, RecursionError):  # let `decode` skip whitespace, or say what is wrong
+    except (StopIteration, ValueError, RecursionError):  # `decode` says what is wrong
         value = _decode(text, max_depth)
+    else:
+        if end != len(text) and text[end:].strip(_SPACE):  # data after the value: `decode` names it
+            value = _decode(text, max_depth)
     if "\\u" in text and _SURROGATE_ESCAPE.search(text):
         _refuse_surrogates(value)
     return value
