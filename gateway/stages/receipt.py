@@ -7,7 +7,6 @@ A compact JWS over the request and the response exactly as returned (see
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC, datetime
 
 import structlog
@@ -48,9 +47,7 @@ class Receipt:
             )
         except NotCanonicalizable:
             token = None
-        ctx.outcome = replace(
-            outcome, receipt=token, ledger_seq=appended.seq, ledger_hash=appended.hash, latency_ms=ctx.latency_us / 1000
-        )
+        ctx.outcome = outcome.signed(token, appended.seq, appended.hash, ctx.latency_us / 1000)
         response = dict(body)
         if token is not None:
             response["receipt"] = token
