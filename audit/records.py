@@ -125,7 +125,7 @@ def encode_entry(entry: Mapping[str, Any], *, ledger: str) -> bytes:
     if not isinstance(entry, Mapping):
         raise LedgerError(f"{ledger}: a ledger entry must be a JSON object, not {type(entry).__name__}")
     try:
-        return canonical_bytes(dict(entry))
+        return canonical_bytes(entry if type(entry) is dict else dict(entry))  # canonical_bytes never mutates
     except NotCanonicalizable as exc:
         raise LedgerError(f"{ledger}: entry cannot be recorded, {exc}") from exc
 

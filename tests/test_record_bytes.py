@@ -7,6 +7,7 @@ import dataclasses
 
 from gateway.core.call import ALLOW, Decision, Effect, Outcome, Status
 from gateway.core.errors import ErrorCode
+from tests.test_pipeline import setup  # noqa: F401  (the pipeline tests' gateway fixture)
 
 
 def test_signed_outcome_is_replace_of_its_four_fields():
@@ -26,3 +27,88 @@ def test_signed_outcome_is_replace_of_its_four_fields():
     assert signed == dataclasses.replace(outcome, receipt="tok", ledger_seq=7, ledger_hash="h7", latency_ms=2.25)
     plain = Outcome(request_id="r", tool="t", status=Status.OK, decision=ALLOW)
     assert plain.signed(None, 1, "h", 0.0) == dataclasses.replace(plain, ledger_seq=1, ledger_hash="h")
+
+
+# The entry builders as they were before they completed `call_fields`' dict in place: the oracle.
+def _previous_decision_entry(ctx, policy):
+    from gateway.stages.record import KIND_DECISION, call_fields, decided_matches
+
+    matched = decided_matches(ctx, ctx.decision)
+    return {
+        "kind": KIND_DECISION,
+        **call_fields(ctx, policy, ctx.decision, matched),
+        "matched_by_error": list(dict.fromkeys(m.rule_id for m in matched if m.by_error is not None)),
+    }
+
+
+def _previous_ledger_entry(ctx, policy, outcome, *, response_digest, latency_us):
+    from gateway.stages.record import call_fields, decided_matches
+
+    matched = decided_matches(ctx, outcome.decision)
+    if ctx.disclosure is not None:
+        matched.extend(ctx.disclosure.matched)
+    return {
+        **call_fields(ctx, policy, outcome.decision, matched),
+        "time": outcome.timestamp,
+        "approval_id": outcome.approval_id,
+        "matched_by_error": list(dict.fromkeys(m.rule_id for m in matched if m.by_error is not None)),
+        "disclosure": ctx.disclosure_note,
+        "response_digest": response_digest,
+        "status": outcome.status.value,
+        "error_code": outcome.error_code.value if outcome.error_code else None,
+        "latency_us": latency_us,
+    }
+
+
+async def test_entries_and_their_bytes_match_the_previous_builders(setup):
+    """Every record of a varied run (allowed, refused, audit mode, redacted arguments, disclosure
+    REDACT and WITHHOLD, a replay, an unknown tool, a held call) equals, as a dict (an outcome's key
+    order included) and as stored bytes, what the previous builders make from the same context."""
+    from audit.canon import canonical_bytes
+    from audit.records import encode_entry, parse_record
+    from audit.sqlite import SqliteLedgerReader
+    from gateway.stages.record import decision_entry, ledger_entry
+
+    gateway, _, tmp = setup
+    seen = []
+
+    class Capture:
+        name = "receipt"
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def __call__(self, ctx, policy):
+            await self.inner(ctx, policy)
+            seen.append((ctx, policy))
+
+    *rest, receipt = gateway.after_decision
+    gateway.after_decision = (*rest, Capture(receipt))
+    await gateway.call("read_file", {"path": "a"}, api_key="alice-key")
+    await gateway.call("read_file", {"path": "../a"}, api_key="alice-key")
+    await gateway.call("read_file", {"path": "x.big"}, api_key="alice-key")
+    await gateway.call("write_file", {"path": "tmp/x", "content": "card 4111 1111 1111 1111"}, api_key="bob-key")
+    await gateway.call("write_file", {"path": "important/x"}, api_key="bob-key")
+    await gateway.call("leaky", {}, api_key="bob-key")
+    await gateway.call("health_records", {"patient_id": "p"}, api_key="bob-key", purpose="x")
+    for _ in range(2):
+        await gateway.call("search", {"query": "q"}, api_key="alice-key", idempotency_key="k-1")
+    await gateway.call("nothing", {}, api_key="alice-key")
+    with SqliteLedgerReader(tmp / "ledger.db") as reader:
+        stored = {r.seq: parse_record(r.body).entry for r in map(reader.get, range(1, reader.size() + 1)) if r}
+    assert len(seen) == 10
+    decisions = 0
+    for ctx, policy in seen:
+        outcome = ctx.outcome
+        old = _previous_ledger_entry(ctx, policy, outcome, response_digest=ctx.response_digest, latency_us=ctx.latency_us)
+        new = ledger_entry(ctx, policy, outcome, response_digest=ctx.response_digest, latency_us=ctx.latency_us)
+        assert list(new.items()) == list(old.items())
+        if ctx.decision_committed:
+            decisions += 1
+            old_decision, new_decision = _previous_decision_entry(ctx, policy), decision_entry(ctx, policy)
+            assert new_decision == old_decision
+            assert stored[ctx.decision_record.seq] == canonical_bytes(old_decision) == encode_entry(new_decision, ledger="t")
+            link = {"kind": "outcome", "decision_seq": ctx.decision_record.seq, "decision_hash": ctx.decision_record.hash}
+            old.update(link)
+        assert stored[ctx.appended.seq] == canonical_bytes(old) == encode_entry(ctx.entry, ledger="t")
+    assert decisions >= 6
