@@ -54,6 +54,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.checkpoint import CheckpointSchedule, CheckpointSigner, sign_checkpoint
 from audit.errors import LedgerError
+from audit.hotlog import settle
 from audit.stats import AppendStats
 from audit.merkle import SUBTREE_STRIDE, CompactRange, CompletedSubtree
 from audit.records import (
@@ -294,6 +295,7 @@ class SqliteLedger:
         self._wal_restarted = False  # the last WAL checkpoint was complete: the WAL starts again
         self._wal_nudged = False  # a `_Tick` is queued for a due WAL checkpoint (under `_writing`)
         self.wal_checkpoints = 0
+        self._log: tuple[Any, bool] | None = None  # `settle(log)`, taken at the first commit
 
     @classmethod
     async def open(
@@ -640,8 +642,12 @@ class SqliteLedger:
         self._wal_commits += 1
         self.stats.committed(now, [item.queued for item in batch])
         self._head = _Head(seq, prev, grown)
-        log.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
-                  ms=round((time.perf_counter() - started) * 1000, 3))
+        if self._log is None:
+            self._log = settle(log)
+        logger, quiet = self._log
+        if not quiet:
+            logger.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
+                         ms=round((time.perf_counter() - started) * 1000, 3))
         return results
 
     def _write(

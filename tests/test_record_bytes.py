@@ -4,6 +4,9 @@ ledger entries and their bytes, and the receipt."""
 from __future__ import annotations
 
 import dataclasses
+import json
+
+import pytest
 
 from gateway.core.call import ALLOW, Decision, Effect, Outcome, Status
 from gateway.core.errors import ErrorCode
@@ -112,3 +115,31 @@ async def test_entries_and_their_bytes_match_the_previous_builders(setup):
             old.update(link)
         assert stored[ctx.appended.seq] == canonical_bytes(old) == encode_entry(ctx.entry, ledger="t")
     assert decisions >= 6
+
+
+@pytest.mark.parametrize(("level", "debug_lines"), [("warning", False), ("info", False), ("debug", True)])
+async def test_call_decided_is_logged_for_refusals_always_and_for_calls_that_went_through_at_debug(
+    setup, monkeypatch, capsys, level, debug_lines
+):
+    """The receipt's `call.decided` line: info for a refusal at every level but warning, debug for a
+    call that went through, exactly as the level says (the settled logger skips only dropped lines)."""
+    import structlog
+
+    import gateway.stages.receipt
+    from gateway.logging import configure_logging
+
+    saved = structlog.get_config()
+    configure_logging(level)
+    monkeypatch.setattr(gateway.stages.receipt, "log", structlog.get_logger())  # not settled by earlier tests
+    try:
+        gateway, _, _ = setup
+        await gateway.call("read_file", {"path": "a"}, api_key="alice-key")
+        await gateway.call("read_file", {"path": "../a"}, api_key="alice-key")  # refused
+    finally:
+        structlog.configure(**saved)
+    events = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    decided = [(e["status"], e["level"]) for e in events if e["event"] == "call.decided"]
+    expected = [("ok", "debug")] if debug_lines else []
+    if level != "warning":
+        expected.append(("blocked", "info"))
+    assert decided == expected
