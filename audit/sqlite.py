@@ -61,9 +61,8 @@ from audit.records import (
     FORMAT,
     SUBTREES_KEY,
     Appended,
-    IndexFields,
     encode_entry,
-    index_fields,
+    index_row,
     record_bytes,
     rule_ids,
 )
@@ -212,7 +211,7 @@ class _Wakeup:
 @dataclass(frozen=True, slots=True)
 class _Pending:
     entry: bytes
-    fields: IndexFields
+    fields: tuple[str | None, ...]  # the index columns, `index_row(entry)`
     rules: tuple[str, ...]  # the rule index's rows, `rule_ids(entry)`
     future: asyncio.Future[Appended]
     wakeup: _Wakeup
@@ -240,12 +239,13 @@ class _Tick:
 _Item = _Pending | _CheckpointRequest | _Stop | _Tick
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Inline:
-    """A lone append committed in its caller's thread (`_commit` reads only these fields)."""
+    """A lone append committed in its caller's thread (`_commit` reads only these fields; not frozen:
+    it lives for one commit, and a frozen dataclass's init costs a `object.__setattr__` per field)."""
 
     entry: bytes
-    fields: IndexFields
+    fields: tuple[str | None, ...]
     rules: tuple[str, ...]
     queued: float
 
@@ -404,7 +404,7 @@ class SqliteLedger:
                 holding it could not be committed (then nothing of that batch was written).
         """
         loop = asyncio.get_running_loop()
-        encoded, fields, rules = encode_entry(entry, ledger=str(self._path)), index_fields(entry), rule_ids(entry)
+        encoded, fields, rules = encode_entry(entry, ledger=str(self._path)), index_row(entry), rule_ids(entry)
         if self._threaded == 0 and self._quiet >= INLINE_QUIET and self._commit_time < self._inline_max:
             self._eligible += 1
             if self._eligible % INLINE_PROBE and self._queue.empty() and self._writing.acquire(blocking=False):
@@ -619,9 +619,7 @@ class SqliteLedger:
             body = record_bytes(item.entry, prev, seq)
             digest = sha256(b"\x00" + body).digest()
             prev = digest.hex()
-            f = item.fields
-            rows.append((seq, digest, body, f.time, f.principal, f.tool, f.decision, f.status,
-                         f.request_id, f.policy_version))
+            rows.append((seq, digest, body, *item.fields))
             if item.rules:
                 rules.extend((seq, rule) for rule in item.rules)
             hashes.append(digest)

@@ -7,6 +7,8 @@ import dataclasses
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.core.call import ALLOW, Decision, Effect, Outcome, Status
 from gateway.core.errors import ErrorCode
@@ -143,3 +145,56 @@ async def test_call_decided_is_logged_for_refusals_always_and_for_calls_that_wen
     if level != "warning":
         expected.append(("blocked", "info"))
     assert decided == expected
+
+
+# `index_fields` and `rule_ids` as they were before `index_row` and the empty-list shortcut: the oracle.
+def _previous_index_fields(entry):
+    from audit.records import IndexFields, _text, normalize_time
+
+    get = entry.get
+    raw_time = get("time")
+    return IndexFields(
+        time=normalize_time(raw_time) if isinstance(raw_time, str) else _text(raw_time),
+        principal=_text(get("principal")),
+        tool=_text(get("tool")),
+        decision=_text(get("decision")),
+        status=_text(get("status")),
+        request_id=_text(get("request_id")),
+        policy_version=_text(get("policy_version")),
+    )
+
+
+def _previous_rule_ids(entry):
+    rules = entry.get("matched_rules")
+    if isinstance(rules, str):
+        return (rules,)
+    if isinstance(rules, (list, tuple)):
+        return tuple(dict.fromkeys(rule for rule in rules if isinstance(rule, str)))
+    return ()
+
+
+_scalars = st.one_of(
+    st.none(), st.text(max_size=8), st.booleans(), st.integers(-(2**53) + 1, 2**53 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(["2026-11-24T19:11:57.022433Z", "2026-11-24T20:11:57+01:00", "2026-11-24", "not a time", ""]),
+)
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=6)
+_INDEXED_KEYS = ("time", "principal", "tool", "decision", "status", "request_id", "policy_version", "matched_rules", "other")
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from(_INDEXED_KEYS), _values))
+def test_index_row_and_rule_ids_give_what_the_previous_functions_gave(entry):
+    from audit.records import index_fields, index_row, rule_ids
+
+    old = _previous_index_fields(entry)
+    assert index_row(entry) == dataclasses.astuple(old)
+    assert index_fields(entry) == old
+    assert rule_ids(entry) == _previous_rule_ids(entry)
+
+
+def test_rule_ids_shortcut_only_takes_an_empty_list():
+    from audit.records import rule_ids
+
+    for value in ([], (), "", None, ["a", 1, "a", "b"], ("x",), [[]]):
+        assert rule_ids({"matched_rules": value}) == _previous_rule_ids({"matched_rules": value})
