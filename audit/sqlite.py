@@ -403,7 +403,6 @@ class SqliteLedger:
             LedgerError: the entry is not canonical JSON, the ledger is closed, or the batch
                 holding it could not be committed (then nothing of that batch was written).
         """
-        loop = asyncio.get_running_loop()
         encoded, fields, rules = encode_entry(entry, ledger=str(self._path)), index_row(entry), rule_ids(entry)
         if self._threaded == 0 and self._quiet >= INLINE_QUIET and self._commit_time < self._inline_max:
             self._eligible += 1
@@ -412,6 +411,7 @@ class SqliteLedger:
                     return self._append_inline(_Inline(encoded, fields, rules, time.perf_counter()))
                 finally:
                     self._writing.release()
+        loop = asyncio.get_running_loop()
         item = _Pending(
             encoded, fields, rules, loop.create_future(), self._wakeups.get(loop) or self._wakeup(loop),
             time.perf_counter(),
@@ -638,7 +638,10 @@ class SqliteLedger:
         now = time.perf_counter()
         self._commit_time += (now - writing - self._commit_time) * COMMIT_EWMA
         self._wal_commits += 1
-        self.stats.committed(now, [item.queued for item in batch])
+        if len(batch) == 1:  # a lone append (every inline commit): no list to build
+            self.stats.committed_one(now, batch[0].queued)
+        else:
+            self.stats.committed(now, [item.queued for item in batch])
         self._head = _Head(seq, prev, grown)
         if self._log is None:
             self._log = settle(log)
@@ -662,7 +665,7 @@ class SqliteLedger:
         """
         conn = self._conn
         if len(rows) <= INSERT_CHUNK and not rules and not subtrees and not conn.in_transaction:
-            conn.execute(_insert_sql(len(rows)), [value for row in rows for value in row])
+            conn.execute(_insert_sql(len(rows)), rows[0] if len(rows) == 1 else [value for row in rows for value in row])
             return
         try:
             conn.execute("BEGIN IMMEDIATE")
