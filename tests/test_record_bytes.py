@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gateway.core.call import ALLOW, Decision, Effect, Outcome, Status
 from gateway.core.errors import ErrorCode
-from tests.test_pipeline import setup  # noqa: F401  (the pipeline tests' gateway fixture)
+from tests.test_pipeline import setup, varied_calls  # noqa: F401  (setup: the pipeline tests' gateway fixture)
 
 
 def test_signed_outcome_is_replace_of_its_four_fields():
@@ -70,38 +70,11 @@ async def test_entries_and_their_bytes_match_the_previous_builders(setup):
     REDACT and WITHHOLD, a replay, an unknown tool, a held call) equals, as a dict (an outcome's key
     order included) and as stored bytes, what the previous builders make from the same context."""
     from audit.canon import canonical_bytes
-    from audit.records import encode_entry, parse_record
-    from audit.sqlite import SqliteLedgerReader
+    from audit.records import encode_entry
     from gateway.stages.record import decision_entry, ledger_entry
 
     gateway, _, tmp = setup
-    seen = []
-
-    class Capture:
-        name = "receipt"
-
-        def __init__(self, inner):
-            self.inner = inner
-
-        async def __call__(self, ctx, policy):
-            await self.inner(ctx, policy)
-            seen.append((ctx, policy))
-
-    *rest, receipt = gateway.after_decision
-    gateway.after_decision = (*rest, Capture(receipt))
-    await gateway.call("read_file", {"path": "a"}, api_key="alice-key")
-    await gateway.call("read_file", {"path": "../a"}, api_key="alice-key")
-    await gateway.call("read_file", {"path": "x.big"}, api_key="alice-key")
-    await gateway.call("write_file", {"path": "tmp/x", "content": "card 4111 1111 1111 1111"}, api_key="bob-key")
-    await gateway.call("write_file", {"path": "important/x"}, api_key="bob-key")
-    await gateway.call("leaky", {}, api_key="bob-key")
-    await gateway.call("health_records", {"patient_id": "p"}, api_key="bob-key", purpose="x")
-    for _ in range(2):
-        await gateway.call("search", {"query": "q"}, api_key="alice-key", idempotency_key="k-1")
-    await gateway.call("nothing", {}, api_key="alice-key")
-    with SqliteLedgerReader(tmp / "ledger.db") as reader:
-        stored = {r.seq: parse_record(r.body).entry for r in map(reader.get, range(1, reader.size() + 1)) if r}
-    assert len(seen) == 10
+    seen, stored = await varied_calls(gateway, tmp)
     decisions = 0
     for ctx, policy in seen:
         outcome = ctx.outcome
