@@ -203,7 +203,7 @@ def rule_ids(entry: Mapping[str, Any]) -> tuple[str, ...]:
     compare with stored rows regardless of order sort it.
     """
     rules = entry.get("matched_rules")
-    if rules == [] and type(rules) is list:  # most records: no rule matched
+    if type(rules) is list and not rules:  # most records: no rule matched
         return ()
     if isinstance(rules, str):
         return (rules,)
