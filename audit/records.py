@@ -122,10 +122,12 @@ class RecordFilter:
 
 def encode_entry(entry: Mapping[str, Any], *, ledger: str) -> bytes:
     """Canonicalise one entry, or raise LedgerError naming the ledger."""
-    if not isinstance(entry, Mapping):
-        raise LedgerError(f"{ledger}: a ledger entry must be a JSON object, not {type(entry).__name__}")
+    if type(entry) is not dict:
+        if not isinstance(entry, Mapping):
+            raise LedgerError(f"{ledger}: a ledger entry must be a JSON object, not {type(entry).__name__}")
+        entry = dict(entry)
     try:
-        return canonical_bytes(dict(entry))
+        return canonical_bytes(entry)  # a caller's dict as it is: canonical_bytes never mutates
     except NotCanonicalizable as exc:
         raise LedgerError(f"{ledger}: entry cannot be recorded, {exc}") from exc
 
@@ -171,16 +173,24 @@ def decode_record(seq: int, hash_hex: str, body: bytes) -> dict[str, Any]:
 
 def index_fields(entry: Mapping[str, Any]) -> IndexFields:
     """Copy the queryable fields out of an entry, normalising `time` to UTC microseconds."""
+    return IndexFields(*index_row(entry))
+
+
+def index_row(entry: Mapping[str, Any]) -> tuple[str | None, ...]:
+    """`index_fields(entry)` as a plain tuple in `IndexFields`' order: the columns the SQLite writer
+    inserts, without building the frozen dataclass on each append. Text and null are kept as they
+    are (what `_text` returns for them) without a call."""
     get = entry.get
-    raw_time = get("time")
-    return IndexFields(
-        time=normalize_time(raw_time) if isinstance(raw_time, str) else _text(raw_time),
-        principal=_text(get("principal")),
-        tool=_text(get("tool")),
-        decision=_text(get("decision")),
-        status=_text(get("status")),
-        request_id=_text(get("request_id")),
-        policy_version=_text(get("policy_version")),
+    raw_time, principal, tool, decision = get("time"), get("principal"), get("tool"), get("decision")
+    status, request_id, policy_version = get("status"), get("request_id"), get("policy_version")
+    return (
+        normalize_time(raw_time) if isinstance(raw_time, str) else _text(raw_time),
+        principal if principal is None or type(principal) is str else _text(principal),
+        tool if tool is None or type(tool) is str else _text(tool),
+        decision if decision is None or type(decision) is str else _text(decision),
+        status if status is None or type(status) is str else _text(status),
+        request_id if request_id is None or type(request_id) is str else _text(request_id),
+        policy_version if policy_version is None or type(policy_version) is str else _text(policy_version),
     )
 
 
@@ -193,6 +203,8 @@ def rule_ids(entry: Mapping[str, Any]) -> tuple[str, ...]:
     compare with stored rows regardless of order sort it.
     """
     rules = entry.get("matched_rules")
+    if type(rules) is list and not rules:  # most records: no rule matched
+        return ()
     if isinstance(rules, str):
         return (rules,)
     if isinstance(rules, (list, tuple)):

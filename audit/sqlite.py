@@ -54,15 +54,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.checkpoint import CheckpointSchedule, CheckpointSigner, sign_checkpoint
 from audit.errors import LedgerError
+from audit.hotlog import settle
 from audit.stats import AppendStats
 from audit.merkle import SUBTREE_STRIDE, CompactRange, CompletedSubtree
 from audit.records import (
     FORMAT,
     SUBTREES_KEY,
     Appended,
-    IndexFields,
     encode_entry,
-    index_fields,
+    index_row,
     record_bytes,
     rule_ids,
 )
@@ -211,7 +211,7 @@ class _Wakeup:
 @dataclass(frozen=True, slots=True)
 class _Pending:
     entry: bytes
-    fields: IndexFields
+    fields: tuple[str | None, ...]  # the index columns, `index_row(entry)`
     rules: tuple[str, ...]  # the rule index's rows, `rule_ids(entry)`
     future: asyncio.Future[Appended]
     wakeup: _Wakeup
@@ -239,12 +239,13 @@ class _Tick:
 _Item = _Pending | _CheckpointRequest | _Stop | _Tick
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Inline:
-    """A lone append committed in its caller's thread (`_commit` reads only these fields)."""
+    """A lone append committed in its caller's thread (`_commit` reads only these fields; not frozen:
+    it lives for one commit, and a frozen dataclass's init costs a `object.__setattr__` per field)."""
 
     entry: bytes
-    fields: IndexFields
+    fields: tuple[str | None, ...]
     rules: tuple[str, ...]
     queued: float
 
@@ -294,6 +295,7 @@ class SqliteLedger:
         self._wal_restarted = False  # the last WAL checkpoint was complete: the WAL starts again
         self._wal_nudged = False  # a `_Tick` is queued for a due WAL checkpoint (under `_writing`)
         self.wal_checkpoints = 0
+        self._log: tuple[Any, bool] | None = None  # `settle(log)`, taken at the first commit
 
     @classmethod
     async def open(
@@ -401,8 +403,7 @@ class SqliteLedger:
             LedgerError: the entry is not canonical JSON, the ledger is closed, or the batch
                 holding it could not be committed (then nothing of that batch was written).
         """
-        loop = asyncio.get_running_loop()
-        encoded, fields, rules = encode_entry(entry, ledger=str(self._path)), index_fields(entry), rule_ids(entry)
+        encoded, fields, rules = encode_entry(entry, ledger=str(self._path)), index_row(entry), rule_ids(entry)
         if self._threaded == 0 and self._quiet >= INLINE_QUIET and self._commit_time < self._inline_max:
             self._eligible += 1
             if self._eligible % INLINE_PROBE and self._queue.empty() and self._writing.acquire(blocking=False):
@@ -410,6 +411,7 @@ class SqliteLedger:
                     return self._append_inline(_Inline(encoded, fields, rules, time.perf_counter()))
                 finally:
                     self._writing.release()
+        loop = asyncio.get_running_loop()
         item = _Pending(
             encoded, fields, rules, loop.create_future(), self._wakeups.get(loop) or self._wakeup(loop),
             time.perf_counter(),
@@ -617,9 +619,7 @@ class SqliteLedger:
             body = record_bytes(item.entry, prev, seq)
             digest = sha256(b"\x00" + body).digest()
             prev = digest.hex()
-            f = item.fields
-            rows.append((seq, digest, body, f.time, f.principal, f.tool, f.decision, f.status,
-                         f.request_id, f.policy_version))
+            rows.append((seq, digest, body, *item.fields))
             if item.rules:
                 rules.extend((seq, rule) for rule in item.rules)
             hashes.append(digest)
@@ -638,10 +638,17 @@ class SqliteLedger:
         now = time.perf_counter()
         self._commit_time += (now - writing - self._commit_time) * COMMIT_EWMA
         self._wal_commits += 1
-        self.stats.committed(now, [item.queued for item in batch])
+        if len(batch) == 1:  # a lone append (every inline commit): no list to build
+            self.stats.committed_one(now, batch[0].queued)
+        else:
+            self.stats.committed(now, [item.queued for item in batch])
         self._head = _Head(seq, prev, grown)
-        log.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
-                  ms=round((time.perf_counter() - started) * 1000, 3))
+        if self._log is None:
+            self._log = settle(log)
+        logger, quiet = self._log
+        if not quiet:
+            logger.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
+                         ms=round((time.perf_counter() - started) * 1000, 3))
         return results
 
     def _write(
@@ -658,7 +665,7 @@ class SqliteLedger:
         """
         conn = self._conn
         if len(rows) <= INSERT_CHUNK and not rules and not subtrees and not conn.in_transaction:
-            conn.execute(_insert_sql(len(rows)), [value for row in rows for value in row])
+            conn.execute(_insert_sql(len(rows)), rows[0] if len(rows) == 1 else [value for row in rows for value in row])
             return
         try:
             conn.execute("BEGIN IMMEDIATE")

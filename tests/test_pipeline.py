@@ -710,16 +710,12 @@ async def test_the_decision_record_names_the_rules_that_matched_by_error(tmp_pat
     assert decided["matched_by_error"] == ["audit-unguarded"]  # its condition errored: a match by error
 
 
-async def test_records_built_from_the_shared_part_match_records_built_afresh(setup):
-    """A call's decision and outcome records share the fields built once (`call_part`, kept on the
-    context). Each stored record must hold exactly the canonical bytes of its entry built from
-    scratch after the call: allowed, blocked, audit-mode, redacted arguments, disclosure REDACT and
-    WITHHOLD, an idempotent replay, a tool that does not exist, a held call."""
-    from audit.canon import canonical_bytes
+async def varied_calls(gateway, tmp: Path) -> tuple[list, dict[int, bytes]]:
+    """Ten calls of every kind (allowed, blocked, audit-mode, redacted arguments, disclosure REDACT
+    and WITHHOLD, an idempotent replay, a tool that does not exist, a held call): each call's
+    `(ctx, policy)` as the receipt left it, and the stored entry bytes by seq."""
     from audit.records import parse_record
-    from gateway.stages.record import call_part, decision_entry, ledger_entry
 
-    gateway, _, tmp = setup
     seen = []
 
     class Capture:
@@ -747,6 +743,18 @@ async def test_records_built_from_the_shared_part_match_records_built_afresh(set
     with SqliteLedgerReader(tmp / "ledger.db") as reader:
         stored = {r.seq: parse_record(r.body).entry for r in map(reader.get, range(1, reader.size() + 1)) if r}
     assert len(seen) == 10
+    return seen, stored
+
+
+async def test_records_built_from_the_shared_part_match_records_built_afresh(setup):
+    """A call's decision and outcome records share the fields built once (`call_part`, kept on the
+    context). Each stored record must hold exactly the canonical bytes of its entry built from
+    scratch after the call, for every kind of call in `varied_calls`."""
+    from audit.canon import canonical_bytes
+    from gateway.stages.record import call_part, decision_entry, ledger_entry
+
+    gateway, _, tmp = setup
+    seen, stored = await varied_calls(gateway, tmp)
     for ctx, policy in seen:
         shared = ctx.record_part
         ctx.record_part = None  # build everything again, from the context as the call left it

@@ -336,3 +336,12 @@ class Outcome:
     @property
     def retryable(self) -> bool:
         return bool(self.error_code and self.error_code.retryable)
+
+    def signed(self, receipt: str | None, ledger_seq: int, ledger_hash: str, latency_ms: float) -> Outcome:
+        """This outcome with its receipt, ledger position and latency: `dataclasses.replace` with
+        those four fields, built directly (it runs once a call; `replace` walks every field)."""
+        return Outcome(
+            self.request_id, self.tool, self.status, self.decision, self.result, self.error_code, self.message,
+            self.warnings, receipt, ledger_seq, ledger_hash, self.approval_id, self.idempotency_key, self.timestamp,
+            latency_ms,
+        )

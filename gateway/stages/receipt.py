@@ -7,12 +7,13 @@ A compact JWS over the request and the response exactly as returned (see
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
 
 from audit.canon import NotCanonicalizable
+from audit.hotlog import settle
 from gateway.core.call import CallContext, Status
 from gateway.crypto.receipts import KeyStore, build_receipt
 from gateway.policy.compile import CompiledPolicy
@@ -27,6 +28,7 @@ class Receipt:
     def __init__(self, keys: KeyStore, clock: Callable[[], float]) -> None:
         self.keys = keys
         self.clock = clock
+        self._log: tuple[Any, bool] | None = None  # `settle(log)`, taken at the first call
 
     async def __call__(self, ctx: CallContext, policy: CompiledPolicy) -> None:
         if ctx.response is not None:
@@ -48,15 +50,19 @@ class Receipt:
             )
         except NotCanonicalizable:
             token = None
-        ctx.outcome = replace(
-            outcome, receipt=token, ledger_seq=appended.seq, ledger_hash=appended.hash, latency_ms=ctx.latency_us / 1000
-        )
+        ctx.outcome = outcome.signed(token, appended.seq, appended.hash, ctx.latency_us / 1000)
         response = dict(body)
         if token is not None:
             response["receipt"] = token
         ctx.response = response
         # one info line per refusal or failure; a call that went through logs at debug (the hot path)
-        (log.debug if outcome.status is Status.OK else log.info)(
+        if self._log is None:
+            self._log = settle(log)
+        logger, quiet = self._log
+        ok = outcome.status is Status.OK
+        if ok and quiet:
+            return
+        (logger.debug if ok else logger.info)(
             "call.decided",
             request_id=call.request_id,
             tool=call.tool,

@@ -158,11 +158,10 @@ def decision_entry(ctx: CallContext, policy: CompiledPolicy) -> dict[str, Any]:
     """
     assert ctx.decision is not None
     matched = decided_matches(ctx, ctx.decision)
-    return {
-        "kind": KIND_DECISION,
-        **call_fields(ctx, policy, ctx.decision, matched),
-        "matched_by_error": list(dict.fromkeys(m.rule_id for m in matched if m.by_error is not None)),
-    }
+    entry = call_fields(ctx, policy, ctx.decision, matched)  # a fresh dict: completed in place, not copied
+    entry["kind"] = KIND_DECISION
+    entry["matched_by_error"] = list(dict.fromkeys(m.rule_id for m in matched if m.by_error is not None))
+    return entry
 
 
 def ledger_entry(
@@ -178,17 +177,16 @@ def ledger_entry(
     matched = decided_matches(ctx, outcome.decision)
     if ctx.disclosure is not None:
         matched.extend(ctx.disclosure.matched)
-    return {
-        **call_fields(ctx, policy, outcome.decision, matched),
-        "time": outcome.timestamp,
-        "approval_id": outcome.approval_id,
-        "matched_by_error": list(dict.fromkeys(m.rule_id for m in matched if m.by_error is not None)),
-        "disclosure": ctx.disclosure_note,
-        "response_digest": response_digest,
-        "status": outcome.status.value,
-        "error_code": outcome.error_code.value if outcome.error_code else None,
-        "latency_us": latency_us,
-    }
+    entry = call_fields(ctx, policy, outcome.decision, matched)  # a fresh dict: completed in place, not copied
+    entry["time"] = outcome.timestamp
+    entry["approval_id"] = outcome.approval_id
+    entry["matched_by_error"] = list(dict.fromkeys(m.rule_id for m in matched if m.by_error is not None))
+    entry["disclosure"] = ctx.disclosure_note
+    entry["response_digest"] = response_digest
+    entry["status"] = outcome.status.value
+    entry["error_code"] = outcome.error_code.value if outcome.error_code else None
+    entry["latency_us"] = latency_us
+    return entry
 
 
 class RecordDecision:
