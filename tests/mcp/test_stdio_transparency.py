@@ -161,3 +161,53 @@ async def test_stdio_check_transcripts_are_identical(tmp_path: Path, state: Path
     proxied = await anyio.to_thread.run_sync(lambda: run("--", *gateway_command(state, PERMISSIVE, fixture)))
     assert proxied == direct
     assert "[2026] protocol 2026-07-28" in direct and "[2025] protocol" in direct
+
+
+#: A bare stdio MCP server that keeps every line it reads (as bytes) in a file and answers the
+#: handshake, `tools/list` (one tool, `echo`) and `tools/call` (the text back).
+RECORDING_SERVER = r"""
+import json, sys
+log = open(sys.argv[1], "ab", buffering=0)
+for line in sys.stdin.buffer:
+    log.write(line)
+    msg = json.loads(line)
+    if "id" not in msg:
+        continue
+    if msg["method"] == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "recording", "version": "0"}}
+    elif msg["method"] == "tools/list":
+        result = {"tools": [{"name": "echo", "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}}]}
+    else:
+        result = {"content": [{"type": "text", "text": msg["params"]["arguments"]["text"]}]}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}) + "\n")
+    sys.stdout.flush()
+"""
+
+
+async def test_an_allowed_call_reaches_the_server_as_the_bytes_the_client_wrote(tmp_path: Path, state: Path) -> None:
+    """A `tools/call` the gateway lets through unchanged is relayed as the client's own line, as
+    every message it does not govern is (not parsed and written again: spacing, key order and
+    escapes stay the client's)."""
+    from tests.mcp.conftest import RawGateway
+
+    server = tmp_path / "recording_server.py"
+    server.write_text(RECORDING_SERVER)
+    received = tmp_path / "received.jsonl"
+    command = gateway_command(state, PERMISSIVE, [sys.executable, str(server), str(received)])
+    proc = await anyio.open_process(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=open(tmp_path / "gateway.log", "wb"), cwd=str(REPO), env=gateway_env(tmp_path))
+    try:
+        gw = RawGateway(proc)
+        await gw.initialize()
+        line = b'{ "params" : {"arguments": {"text": "caf\\u00e9 \xe2\x98\x95"}, "name": "echo"}, "method": "tools/call", "id": 7, "jsonrpc": "2.0" }'
+        await gw.send(line)
+        answer = await gw.response(7)
+        assert answer["result"]["content"] == [{"type": "text", "text": "café ☕"}]
+        assert RECEIPT_META_KEY in answer["result"]["_meta"]
+        calls = [raw for raw in received.read_bytes().splitlines() if b'"tools/call"' in raw]
+        assert [raw for raw in calls if b'"echo"' in raw] == [line]  # the gateway's own probes aside
+    finally:
+        await proc.stdin.aclose()  # type: ignore[union-attr]
+        with anyio.fail_after(15):
+            await proc.wait()
