@@ -52,7 +52,6 @@ class GovernCall:
     request: Request
     protocol_version: str | None
     capabilities: dict[str, Any]
-    raw: bytes | None = None  # the line it came as (None in a batch): what `forward_call` relays unchanged
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,15 +175,12 @@ class McpSession:
     def forget(self, rpc_id: str) -> None:
         self._originated.pop(rpc_id, None)
 
-    def forward_call(self, key: object, message: dict[str, Any], raw: bytes | None = None) -> bytes:
-        """Bytes of a governed call going to the server; its answer comes back as `Resolve`.
-        `raw`: the bytes `message` was parsed from, when it goes on unchanged (relayed as the
-        client wrote them, as every message the gateway does not govern is, instead of being
-        serialised again); else `message` is serialised."""
+    def forward_call(self, key: object, message: dict[str, Any]) -> bytes:
+        """Bytes of a governed call going to the server; its answer comes back as `Resolve`."""
         pending = self._keys.get(key)
         if pending is not None:
             self._forwarded_calls.add(message["id"])
-        return raw if raw is not None else jsonrpc.dumps(message)
+        return jsonrpc.dumps(message)
 
     def is_forwarded(self, key: object) -> bool:
         pending = self._keys.get(key)
@@ -267,7 +263,7 @@ class McpSession:
             meta = params.get("_meta")
             if isinstance(meta, dict) and isinstance(meta.get(META_CAPABILITIES), dict):
                 caps = meta[META_CAPABILITIES]
-            return [GovernCall(key, item, version or self.protocol_version, caps, raw)]
+            return [GovernCall(key, item, version or self.protocol_version, caps)]
         self._client_pending[item.id] = pending
         actions: list[Action] = [ToServer(raw if raw is not None else jsonrpc.dumps(item.message))]
         if item.method not in CLIENT_METHODS:

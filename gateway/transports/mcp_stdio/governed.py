@@ -164,9 +164,7 @@ class StdioCallPort:
             return None, 200
 
     def forwarder(self, request: Request, entry: ToolEntry) -> Forwarder:
-        # the client's own bytes go on only for the very message they were parsed into
-        raw = self.action.raw if request.message is self.action.request.message else None
-        return Forwarder(self.proxy, request, self.action.key, raw)
+        return Forwarder(self.proxy, request, self.action.key)
 
     async def notify(self, message: dict[str, Any]) -> None:
         await self.proxy.send_client(jsonrpc.dumps(message))
@@ -194,12 +192,11 @@ class StdioCallPort:
 class Forwarder(gov.AnswerRecorder):
     """The Backend an allowed call is forwarded through: this session's server, the client's own id."""
 
-    def __init__(self, proxy: StdioProxy, request: Request, key: object, raw: bytes | None = None) -> None:
+    def __init__(self, proxy: StdioProxy, request: Request, key: object) -> None:
         self.proxy = proxy
         self.id = proxy.backend_id
         self.request = request
         self.key = key
-        self.raw = raw  # the bytes `request` was parsed from, relayed when the call goes on unchanged
         self.status = 200
         super().__init__()
 
@@ -216,7 +213,7 @@ class Forwarder(gov.AnswerRecorder):
                 await proxy.server.wait_ready(timeout)
             except TimeoutError:
                 raise CallError(ErrorCode.BACKEND_UNAVAILABLE, "the MCP server is restarting; retry shortly") from None
-            await proxy.server.send(proxy.session.forward_call(self.key, message, self.raw if message is req.message else None))
+            await proxy.server.send(proxy.session.forward_call(self.key, message))
             response = await waiter.wait(proxy.server.grace(timeout))
         except TimeoutError:
             note = jsonrpc.notification("notifications/cancelled", {
