@@ -33,7 +33,6 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
-import sniffio
 import structlog
 
 from gateway.mcp import jsonrpc
@@ -167,6 +166,8 @@ class StdioProxy:
         self.governed: Any = None  # the module gateway.transports.mcp_stdio.governed, once loaded
         self._client: ClientPipes | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        self._messages: set[asyncio.Task[None]] = set()  # the tasks handling messages (`_spawn`)
+        self._crashed: list[BaseException] = []
         if gateway is not None:
             assert pins is not None, "a proxy built with a gateway needs its pin store"
             self.attach(gateway, pins)
@@ -221,12 +222,17 @@ class StdioProxy:
                 tg.start_soon(self.server.run, first)
                 if load is not None:
                     tg.start_soon(self._load, load, failed)
-                await client.pump(self._from_client, self.max_message_bytes)
-                await self.loaded.wait()  # a client that only said hello still gets its policy checked
-                await self.server.stop()
+                try:
+                    await client.pump(self._from_client, self.max_message_bytes)
+                    await self.loaded.wait()  # a client that only said hello still gets its policy checked
+                    await self.server.stop()
+                finally:
+                    await self._end_messages()
                 tg.cancel_scope.cancel()
         finally:
             await self.server.stop()
+        if self._crashed:
+            raise self._crashed[0]
         if failed:
             raise failed[0]
         return 0
@@ -393,15 +399,34 @@ class StdioProxy:
             self._spawn("mcp.passed", self.governed.record_passed, self, action.method)
 
     def _spawn(self, name: str, handle: Callable[..., Awaitable[None]], *args: Any) -> None:
-        """Handle a message in a task of the proxy's own (`_safely`). The library is named for
-        anyio: in a read callback no task is running for it to find asyncio by. The task has a
-        `name`: without one anyio builds it from the callable (half of `start_soon`'s cost)."""
-        assert self._tg is not None
-        token = sniffio.current_async_library_cvar.set("asyncio")
-        try:
-            self._tg.start_soon(self._safely, handle, *args, name=name)
-        finally:
-            sniffio.current_async_library_cvar.reset(token)
+        """Handle a message in a task of the proxy's own (`_safely`): a bare asyncio task, kept in
+        `_messages` until it ends and cancelled when the proxy ends (`_end_messages`), as the task
+        group's children were. Not the task group's `start_soon`: anyio 4 wraps each task in a
+        cancel scope, an event and a coroutine of its own, which cost more than the rest of
+        handling a `tools/call` line (every governed call starts one). Inside it anyio works as in
+        any asyncio task (its cancel scopes, events and timeouts)."""
+        task = asyncio.get_running_loop().create_task(self._safely(handle, *args), name=name)
+        self._messages.add(task)
+        task.add_done_callback(self._message_done)
+
+    def _message_done(self, task: asyncio.Task[None]) -> None:
+        self._messages.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        # only what `_safely` lets through (a BaseException) gets here: it ends the proxy, as in a task group
+        self._crashed.append(task.exception())  # type: ignore[arg-type]
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
+    async def _end_messages(self) -> None:
+        """Cancel the message tasks still running and wait until they have ended (shielded: the
+        proxy may be ending because it was cancelled)."""
+        with anyio.CancelScope(shield=True):
+            while self._messages:
+                tasks = list(self._messages)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.wait(tasks)
 
     async def _reject(self, action: Reject) -> None:
         """A refused message is recorded in the ledger: a handshake line refused before the
