@@ -4,6 +4,7 @@ Modules, one job each (import them directly; this package imports nothing, so th
 core can use `audit.canon` without pulling in sqlite3):
 
     canon        RFC 8785 canonical JSON and digests
+    strict_json  the one strict JSON decoder (I-JSON, bounded depth) every reader of outside JSON uses
     errors       LedgerError, NotALedger, LedgerLocked
     records      the record byte format and the values a store takes and returns
     merkle       RFC 9162 tree hash, compact range, inclusion and consistency proofs

@@ -31,11 +31,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from audit import merkle
+from audit import merkle, strict_json
 from audit.checkpoint import Checkpoint, parse_checkpoint, verify_checkpoint_jwks
 from audit.errors import LedgerError
 from audit.records import RecordFilter, StoredRecord
 from audit.store import LedgerReader, RawRecord
+from audit.strict_json import StrictJSONError
 from audit.verify import verify_ledger
 
 BUNDLE_FORMAT = "dharma-ledger-export/1"
@@ -187,20 +188,11 @@ def _hash(value: object, where: str) -> bytes:
 
 
 def _strict_object(line: str, where: str) -> dict[str, Any]:
-    """One JSON object, with duplicate keys and NaN/Infinity refused (one reading per line)."""
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        keys = [k for k, _ in items]
-        if len(set(keys)) != len(keys):
-            raise ValueError("duplicate key")
-        return dict(items)
-
-    def constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
+    """One JSON object, read with the one strict decoder (`audit.strict_json`): a line that could
+    mean two things (a duplicate key, NaN, a lone surrogate) is refused, naming what."""
     try:
-        value = json.loads(line, object_pairs_hook=pairs, parse_constant=constant)
-    except ValueError as exc:
+        value = strict_json.loads(line)
+    except StrictJSONError as exc:
         raise LedgerError(f"{where}: not a JSON object ({exc})") from None
     if not isinstance(value, dict):
         raise LedgerError(f"{where}: not a JSON object")

@@ -97,3 +97,21 @@ def all_logs(monkeypatch: pytest.MonkeyPatch, *modules: ModuleType) -> Iterator[
             yield logs
     finally:
         structlog.configure(**saved)
+
+
+class AgentAnswers:
+    """An MCP client's callbacks that answer the gateway's forms on their own, as an agent can:
+    every form asked is accepted and kept (`asked`), every progress note kept (`notes`)."""
+
+    def __init__(self) -> None:
+        self.asked: list[Any] = []
+        self.notes: list[str | None] = []
+
+    async def accept(self, ctx: Any, params: Any) -> Any:
+        import mcp_types as types
+
+        self.asked.append(params)
+        return types.ElicitResult(action="accept", content={"approve": True})
+
+    async def progress(self, done: float, total: float | None, message: str | None) -> None:
+        self.notes.append(message)

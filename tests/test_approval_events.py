@@ -132,6 +132,25 @@ async def test_elicitation_is_the_callers_own_answer_and_policy_gated(open_test_
         await gw.aclose()
 
 
+async def test_elicitation_is_off_by_default_and_a_tier_list_names_who_may_answer(
+        open_test_gateway: OpenGateway, tmp_path: Path, sandbox: Path) -> None:
+    default = await open_test_gateway(write_policy(tmp_path / "default", profile()))  # no `approval` key at all
+    held = await default.call("delete_file", {"path": "e.txt"}, api_key=KEYS["operator"])
+    with pytest.raises(ApprovalRefused, match="allow_elicitation"):
+        await default.decide(held.approval_id, approve=True, by="operator", via="elicitation", reason="", tier="operator")
+    assert (await default.approvals.get(held.approval_id)).state == "pending"
+    await default.aclose()
+    listed = await open_test_gateway(write_policy(tmp_path / "listed", profile(allow_elicitation=["operator"])))
+    held = await listed.call("delete_file", {"path": "e.txt"}, api_key=KEYS["operator"])
+    for tier in ("reader", None):  # the caller's own tier must be listed
+        with pytest.raises(ApprovalRefused, match="allow_elicitation"):
+            await listed.decide(held.approval_id, approve=True, by="operator", via="elicitation", reason="", tier=tier)
+    await listed.decide(held.approval_id, approve=True, by="operator", via="elicitation", reason="answered", tier="operator")
+    events = [(r["event"], r["by"], r["via"]) for r in approval_records(listed, held.approval_id)]
+    assert events == [("held", "operator", "gateway"), ("approved", "operator", "elicitation")]
+    await listed.aclose()
+
+
 async def test_expired_is_recorded(open_test_gateway: OpenGateway, tmp_path: Path, sandbox: Path) -> None:
     gw = await open_test_gateway(write_policy(tmp_path / "p", profile(hold_seconds=0.2, expires_seconds=60)))
     timed_out = await gw.call("delete_file", {"path": "h.txt"}, api_key=KEYS["operator"])

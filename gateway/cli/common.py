@@ -7,7 +7,6 @@ command imports what it needs when it runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -98,19 +97,34 @@ def open_keys(args: argparse.Namespace, *, create: bool) -> Any:
     return KeyStore.open(settings_of(args).state_dir, create=create)
 
 
+class BadJson(UsageError):
+    """A JSON input (inline or `@file`) the one strict decoder refused; `problem` says why (a
+    duplicate key is named). A usage error unless the command checks that input (`receipt verify`)."""
+
+    def __init__(self, what: str, problem: str) -> None:
+        super().__init__(f"{what} is not valid JSON: {problem}")
+        self.problem = problem
+
+
 def json_arg(text: str | None, what: str) -> Any:
-    """JSON given inline or as `@file`; a usage error naming `what` if it does not parse."""
+    """JSON given inline or as `@file`, read with the one strict decoder (`gateway.crypto.strict_json`:
+    duplicate keys, NaN, lone surrogates and a BOM are refused, so the value is the one any reader
+    sees); a usage error naming `what` (and the file) if it cannot be read, `BadJson` if it does not decode."""
     if text is None:
         return None
+    from gateway.crypto.strict_json import StrictJSONError, loads
+
+    data: str | bytes = text
     if text.startswith("@"):
         try:
-            text = Path(text[1:]).read_text(encoding="utf-8")
+            data = Path(text[1:]).read_bytes()
         except OSError as exc:
             raise UsageError(f"{what}: cannot read {text[1:]}: {exc.strerror}") from None
+        what = f"{what} {text[1:]}"
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{what} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+        return loads(data)
+    except StrictJSONError as exc:
+        raise BadJson(what, exc.message) from None
 
 
 def json_object_arg(text: str | None, what: str) -> dict[str, Any]:

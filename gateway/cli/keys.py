@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.errors import ConfigError
-from gateway.cli.common import COMMANDS, EXIT_FAILED, EXIT_OK, add_command, add_group, json_arg, open_keys, out
+from gateway.cli.common import BadJson, COMMANDS, EXIT_FAILED, EXIT_OK, add_command, add_group, json_arg, open_keys, out
 
 
 def cmd_keys_jwks(args: argparse.Namespace) -> int:
@@ -29,13 +29,17 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
 def cmd_receipt_verify(args: argparse.Namespace) -> int:
     from gateway.crypto.receipts import ReceiptInvalid, load_jwks, verify_receipt
 
-    saved = json_arg("@" + args.response, "response file")
     jwks = load_jwks(Path(args.jwks)) if args.jwks else open_keys(args, create=False).jwks()
+    try:  # a file that could be read two ways (a duplicate `result`) proves nothing: the check fails
+        saved = json_arg("@" + args.response, "response file")
+        request = json_arg("@" + args.request, "request file") if args.request else None
+    except BadJson as exc:
+        out(f"FAIL {exc}")
+        return EXIT_FAILED
     token, response = _split_receipt(saved)
     if token is None:
         out(f"FAIL {args.response}: no receipt found (expected `receipt` or result._meta[\"dharma.gateway/receipt\"])")
         return EXIT_FAILED
-    request = json_arg("@" + args.request, "request file") if args.request else None
     try:
         payload = verify_receipt(token, jwks, response=response, request=request)
     except ReceiptInvalid as exc:

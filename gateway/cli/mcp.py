@@ -79,7 +79,7 @@ def cmd_tools_pins(args: argparse.Namespace) -> int:
 
     try:
         rows = anyio.run(rows_of)
-    except StoreUnavailable as exc:
+    except (StoreUnavailable, ValueError, OSError) as exc:  # ValueError: a pins file that is not one (named)
         out(f"cannot read the pins: {exc}")
         return EXIT_FAILED
     if args.changed:
@@ -135,7 +135,7 @@ def cmd_tools_accept(args: argparse.Namespace) -> int:
 
     try:
         accepted = anyio.run(accept)
-    except StoreUnavailable as exc:
+    except (StoreUnavailable, ValueError, OSError) as exc:
         out(f"cannot accept: {exc}")
         return EXIT_FAILED
     except KeyError as exc:

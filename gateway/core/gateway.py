@@ -299,12 +299,13 @@ class Gateway:
         """Deny a held call as principal `by`; raises as `approve` does."""
         return await self.decide(approval_id, approve=False, by=by, via=via, reason=reason)
 
-    async def decide(self, approval_id: str, *, approve: bool, by: str, via: str, reason: str) -> Any:
-        """Append the decision to the approval store, then record it in the ledger (see `approve`)."""
+    async def decide(self, approval_id: str, *, approve: bool, by: str, via: str, reason: str, tier: str | None = None) -> Any:
+        """Append the decision to the approval store, then record it in the ledger (see `approve`).
+        `tier` is the deciding principal's (an elicitation answer counts only for the tiers the policy allows)."""
         current = await self.approvals.get(approval_id)
         if current is None:
             raise KeyError(approval_id)
-        refusal = approver_refusal(self.policy, current, by=by, approve=approve, via=via)
+        refusal = approver_refusal(self.policy, current, by=by, approve=approve, via=via, tier=tier)
         if refusal is not None:
             log.warning("approval.refused", approval_id=approval_id, by=by, via=via, reason=refusal)
             raise ApprovalRefused(refusal)

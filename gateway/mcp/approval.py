@@ -59,13 +59,28 @@ def accepted(answer: Any) -> bool:
     return isinstance(content, dict) and content.get("approve") is True
 
 
-def hold_note(token: Any, count: int, approval_id: str) -> dict[str, Any]:
-    """The progress notification sent on the client's token while a call waits for a human."""
+def deciders(approval_id: str, *, over_http: bool) -> str:
+    """Who decides a held call and where, in words a model can pass on to its user.
+
+    Only a principal with role `approver` or `admin` decides (unless the policy lets the caller
+    answer an elicitation). Over HTTP (`dharma serve`) the gateway's own `/ui` and `/v1` routes
+    serve the approvals; over stdio there is no HTTP server, only the CLI on the gateway's machine
+    (or a `dharma serve` that shares its state).
+    """
+    if over_http:
+        return (f"A principal with role approver or admin decides it: on this gateway's /ui/approvals page, with "
+                f"`dharma approvals approve {approval_id}`, or by POST /v1/approvals/{approval_id}:approve.")
+    return (f"A principal with role approver or admin decides it with `dharma approvals approve {approval_id}` on "
+            "the machine running this gateway (or on /ui/approvals of a `dharma serve` sharing its state).")
+
+
+def hold_note(token: Any, count: int, approval_id: str, where: str) -> dict[str, Any]:
+    """The progress notification sent on the client's token while a call waits for a human
+    (`where`: `deciders` of the approval)."""
     return jsonrpc.notification("notifications/progress", {
         "progressToken": token,
         "progress": count,
-        "message": f"Dharma Gateway: waiting for a human to approve {approval_id} "
-                   f"(dharma approvals approve {approval_id})",
+        "message": f"Dharma Gateway: waiting for a human to approve {approval_id}. {where}",
     })
 
 

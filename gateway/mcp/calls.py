@@ -3,9 +3,11 @@
     validate → requestState (2026 approval answer) → look the tool up → pin check → visible?
       no  → probe the upstream with a name no server has (a hidden tool answers like an unknown one)
     → govern (`Gateway.govern`: the pipeline, the forward, the ledger, the receipt)
-    → held for a human? 2026 client that can elicit → `input_required` with a sealed requestState;
-      task-augmented → refused (a task cannot wait); otherwise elicit (legacy) or hold with
-      progress until decided, then govern again with the approval
+    → held for a human? task-augmented → refused (a task cannot wait); where the profile lets the
+      caller's tier answer for itself (`approval.allow_elicitation`, off by default) and the client
+      can elicit: 2026 → `input_required` with a sealed requestState, legacy → `elicitation/create`;
+      otherwise hold with progress (naming who decides, and where) until an approver decides,
+      then govern again with the approval
     → the JSON-RPC answer (and the HTTP status it mirrors)
 
 The flow decides; the transport does the I/O through a small `CallPort` (ask the upstream,
@@ -190,6 +192,9 @@ class _Probe:
     status: int | None = None
 
 
+#: The outcomes of a held call that nobody decided: their answer says who decides it, and where.
+_UNDECIDED = frozenset({ErrorCode.APPROVAL_TIMEOUT, ErrorCode.APPROVAL_REQUIRED})
+
 #: `ToolsCall`'s `ToolInfo`s kept at most (emptied when full; keys hold only strings and flags).
 _MAX_INFOS = 1024
 
@@ -198,12 +203,13 @@ class ToolsCall:
     """The `tools/call` flow of one MCP endpoint (see the module docstring)."""
 
     def __init__(self, gateway: Gateway, pins: PinStore, sealer: ap.StateSealer, *, hold_seconds: float,
-                 progress_interval: float) -> None:
+                 progress_interval: float, over_http: bool) -> None:
         self.gateway = gateway
         self.pins = pins
         self.sealer = sealer
         self.hold_seconds = hold_seconds
         self.progress_interval = progress_interval
+        self.over_http = over_http  # where a held call can be decided, as the client is told (`ap.deciders`)
         self._infos: Memo[tuple[Any, ...], ToolInfo] = Memo(_MAX_INFOS)
 
     async def refuse(self, site: CallSite, req: Request, name: str, refusal: Refusal) -> Answer:
@@ -229,10 +235,13 @@ class ToolsCall:
         if refused is not None:
             return await self.refuse(site, req, name, refused)
         approval_id: str | None = None
+        policy = self.gateway.policy
+        principal = self.gateway.principal_for(site.credentials)
+        tier = principal.tier if principal is not None else None
         state = params.get("requestState")
         if isinstance(state, str) and state.startswith(ap.STATE_PREFIX):
-            opened = await holding.apply_state(self.gateway, self.sealer, params, principal=site.principal, tool=name,
-                                               arguments=arguments, now=time.time())
+            opened = await holding.apply_state(self.gateway, self.sealer, params, principal=site.principal, tier=tier,
+                                               tool=name, arguments=arguments, now=time.time())
             if isinstance(opened, tuple):
                 return await self.refuse(site, req, name, Refusal(jsonrpc.INVALID_PARAMS, opened[0]))
             approval_id = opened
@@ -243,8 +252,6 @@ class ToolsCall:
             known = None if entry.digest is None else [entry.digest]
             pin = (await observe_or_distrust(self.pins, entry.backend, [entry.definition], known)).get(entry.definition["name"], DISTRUSTED)
             info = self._tool_info(entry, name, pin, frozenset(port.known_names()))
-        policy = self.gateway.policy
-        principal = self.gateway.principal_for(site.credentials)
         visible = info is not None and principal is not None and is_visible(policy, principal, info)
         probe = _Probe()
         if not visible and principal is not None:
@@ -258,7 +265,8 @@ class ToolsCall:
             call = dataclasses.replace(call, approval_id=approval_id)
         task = visible and gov.runs_as_task(params, modern=site.modern)
         refusal = gov.task_refusal(name) if task and gov.task_conflicts(policy, name) else None
-        mrtr = site.modern and ap.can_elicit(site.capabilities)
+        elicit = ap.can_elicit(site.capabilities) and policy.elicitation_allowed(tier)  # else only an approver decides
+        mrtr = site.modern and elicit
         forward = port.forwarder(req, entry) if entry is not None and info is not None else None
         outcome, answer = await self._govern(site, req, call, info, forward, probe, refusal, mrtr=mrtr, policy=policy)
         if outcome.status is not Status.PENDING_APPROVAL or not outcome.approval_id or mrtr:
@@ -267,11 +275,16 @@ class ToolsCall:
             await self.gateway.approvals.expire(outcome.approval_id)  # a task cannot wait for a human
             call = dataclasses.replace(call, request_id=new_request_id())
             return (await self._govern(site, req, call, info, forward, probe, gov.task_refusal(name), policy=policy))[1]
-        if not await self._wait_for_approval(port, site, req, outcome, name, arguments):
+        if not await self._wait_for_approval(port, site, req, outcome, name, arguments, elicit=elicit, tier=tier):
             return None
         call = dataclasses.replace(call, approval_id=outcome.approval_id, request_id=new_request_id())
         forward = port.forwarder(req, entry) if entry is not None and info is not None else None
-        return (await self._govern(site, req, call, info, forward, probe, policy=policy))[1]  # the policy that held it
+        note = "" if elicit and not site.modern and site.can_ask_client else self._held_note(outcome.approval_id)
+        return (await self._govern(site, req, call, info, forward, probe, policy=policy, note=note))[1]  # the policy that held it
+
+    def _held_note(self, approval_id: str) -> str:
+        """What the answer to a call that waited for an approver adds: how long, who decides, where."""
+        return f"It was held {self.hold_seconds:g}s for a human. {ap.deciders(approval_id, over_http=self.over_http)}"
 
     def _tool_info(self, entry: ToolEntry, name: str, pin: PinState, names: frozenset[str]) -> ToolInfo:
         """`gov.tool_info` of the definition the client calls `name`, kept per definition digest,
@@ -289,9 +302,10 @@ class ToolsCall:
 
     async def _govern(self, site: CallSite, req: Request, call: ToolCall, info: ToolInfo | None, forward: Forwarder | None,
                       probe: _Probe, refusal: Decision | None = None, *, mrtr: bool = False,
-                      policy: CompiledPolicy | None = None) -> tuple[Outcome, Answer]:
+                      policy: CompiledPolicy | None = None, note: str = "") -> tuple[Outcome, Answer]:
         """Govern the call once. With `mrtr` (a 2026 client that can elicit) a hold becomes an
-        `input_required` result carrying the gateway's sealed `requestState`, and nothing waits."""
+        `input_required` result carrying the gateway's sealed `requestState`, and nothing waits.
+        `note` is added to the text of a refusal that names an approval (who decides it, where)."""
         rendered: dict[str, Any] = {}
 
         def render(outcome: Outcome) -> dict[str, Any]:
@@ -305,7 +319,8 @@ class ToolsCall:
             kind, body = gov.render_outcome(
                 outcome, raw_result=forward.raw_result if forward else None, raw_error=forward.raw_error if forward else None,
                 tool=info, modern=site.modern, unknown_template=probe.template, probe=probe.name,
-                no_information=[r.no_information_response for r in self.gateway.policy.disclosure_rules_for(call.tool)])
+                no_information=[r.no_information_response for r in self.gateway.policy.disclosure_rules_for(call.tool)],
+                note=note if outcome.error_code in _UNDECIDED else "")
             rendered.update(kind=kind, body=body, status=_status(outcome, kind, forward, probe, site.modern))
             return body
 
@@ -320,9 +335,10 @@ class ToolsCall:
         return outcome, Answer(jsonrpc.result(req.id, gov.with_receipt(rendered["body"], outcome.receipt)), rendered["status"])
 
     async def _wait_for_approval(self, port: CallPort, site: CallSite, req: Request, outcome: Outcome, name: str,
-                                 arguments: Any) -> bool:
-        """Wait for a human: the client's elicitation answer (legacy) or an operator (CLI/HTTP) with
-        progress notifications meanwhile. False when the client cancelled the call."""
+                                 arguments: Any, *, elicit: bool, tier: str | None) -> bool:
+        """Wait for a human: the client's elicitation answer (legacy, where the policy lets the
+        caller's tier answer for itself: `elicit`) or an approver (UI, CLI, HTTP) with progress
+        notifications naming who decides and where meanwhile. False when the client cancelled the call."""
         approval_id = outcome.approval_id
         assert approval_id is not None
         log.warning("approval.pending", approval_id=approval_id, tool=name, reason=outcome.message,
@@ -331,18 +347,17 @@ class ToolsCall:
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         scope = anyio.CancelScope()
         with port.holding(scope), scope:
-            if (not site.modern and site.can_ask_client and ap.can_elicit(site.capabilities)
-                    and self.gateway.policy.approval_allow_elicitation):
+            if not site.modern and site.can_ask_client and elicit:
                 form = ap.approval_form(outcome, name, arguments, version=site.protocol_version)
                 rid, response = await port.ask_client("elicitation/create", form, timeout=self.hold_seconds)
                 if response is None:
                     await port.notify(jsonrpc.notification(
                         "notifications/cancelled", {"requestId": rid, "reason": "approval timed out"}))
                 verdict = ap.accepted(response.get("result")) if response is not None else None
-                await holding.settle(self.gateway, approval_id, verdict, by=site.principal)
+                await holding.settle(self.gateway, approval_id, verdict, by=site.principal, tier=tier)
             else:
-                await holding.hold(self.gateway, approval_id, token, port.notify,
-                                   seconds=self.hold_seconds, interval=self.progress_interval)
+                await holding.hold(self.gateway, approval_id, token, port.notify, seconds=self.hold_seconds,
+                                   interval=self.progress_interval, where=ap.deciders(approval_id, over_http=self.over_http))
         if scope.cancelled_caught:
             log.info("approval.hold_dropped", approval_id=approval_id, reason="client cancelled")
             with anyio.CancelScope(shield=True):

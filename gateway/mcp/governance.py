@@ -179,13 +179,17 @@ _ADVICE = {
 }
 
 
-def refusal_result(outcome: Outcome, *, modern: bool) -> dict[str, Any]:
-    """A refused (or failed) call as a normal tool result the model can read and act on."""
+def refusal_result(outcome: Outcome, *, modern: bool, note: str = "") -> dict[str, Any]:
+    """A refused (or failed) call as a normal tool result the model can read and act on; `note`
+    (e.g. who decides a held call, and where) goes between the message and the advice."""
     code = outcome.error_code or ErrorCode.INTERNAL_ERROR
     message = outcome.message or code.value.replace("_", " ")
     advice = _ADVICE.get(code, "")
     verb = "Blocked by Dharma Gateway policy" if outcome.status is not Status.ERROR else "Dharma Gateway could not complete the call"
-    text = f"{verb} ({code.value}): {message}" + (f" {advice}" if advice else "")
+    text = f"{verb} ({code.value}): {message}"
+    if note:
+        text = f"{text.rstrip('.')}. {note}"
+    text += f" {advice}" if advice else ""
     body: dict[str, Any] = {
         "content": [{"type": "text", "text": text}],
         "isError": True,
@@ -300,6 +304,7 @@ def render_outcome(
     unknown_template: dict[str, Any] | None,
     probe: str,
     no_information: Sequence[Any],
+    note: str = "",
 ) -> tuple[str, dict[str, Any]]:
     """Render a governed `tools/call` outcome as the client's answer (receipt not yet added).
 
@@ -312,6 +317,7 @@ def render_outcome(
         raw_result: the backend's result before the pipeline (to tell a rewritten one apart).
         raw_error: the backend's JSON-RPC error object, if it answered with one.
         no_information: the no-information responses of the tool's disclosure rules (WITHHOLD).
+        note: added to a refusal's text (`refusal_result`).
     """
     if outcome.error_code is ErrorCode.TOOL_NOT_FOUND:
         answer = unknown_tool_answer(unknown_template, probe, outcome.tool)
@@ -330,7 +336,7 @@ def render_outcome(
         return "result", as_call_result(result, modern=modern)
     if outcome.status is Status.ERROR and raw_error is not None:
         return "error", {"error": raw_error}
-    return "result", refusal_result(outcome, modern=modern)
+    return "result", refusal_result(outcome, modern=modern, note=note)
 
 
 class BackendRpcError(CallError):

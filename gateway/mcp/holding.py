@@ -1,11 +1,13 @@
 """Holding a call for a human, shared by the stdio and HTTP transports: wait for the approval to
-be decided (CLI/HTTP, or the client's elicitation answer) or to time out, sending progress on
-the client's token meanwhile so its request does not time out. The transports only say how a
-note reaches their client.
+be decided (by an approver on the UI, CLI or HTTP API, or, where the policy opts in, by the
+client's elicitation answer) or to time out, sending progress on the client's token meanwhile
+(so its request does not time out, and each note says who decides and where). The transports
+only say how a note reaches their client.
 
 An elicitation answer is recorded as the session's own principal deciding `via: elicitation`
-(self-approval by nature): it counts only where the policy's `approval.allow_elicitation` holds
-(default true); otherwise the approval stays pending for an operator.
+(self-approval by nature: the client may be the agent itself): it counts only where the policy's
+`approval.allow_elicitation` allows it for the caller's tier (off by default, and then the gateway
+does not ask); otherwise the approval stays pending for an approver or admin.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from gateway.stages.approval import VIA_ELICITATION, ApprovalRefused, wait_decid
 log = structlog.get_logger()
 
 async def hold(gateway: Gateway, approval_id: str, token: Any, notify: Callable[[dict[str, Any]], Awaitable[None]],
-               *, seconds: float, interval: float) -> None:
-    """Wait until `approval_id` is decided or `seconds` pass (then it expires); progress every `interval`.
+               *, seconds: float, interval: float, where: str) -> None:
+    """Wait until `approval_id` is decided or `seconds` pass (then it expires); progress every
+    `interval`, each note saying who decides and `where` (`approval.deciders`).
 
     Woken by the gateway's approval signals (a decision on this replica, or on another over Redis),
     with the gateway's safety poll underneath (`stages.approval.wait_decided`).
@@ -43,31 +46,32 @@ async def hold(gateway: Gateway, approval_id: str, token: Any, notify: Callable[
             break
         if token is not None:
             count += 1
-            await notify(ap.hold_note(token, count, approval_id))
+            await notify(ap.hold_note(token, count, approval_id, where))
     await gateway.approvals.expire(approval_id)
     await gateway.approval_recorder.try_sync()
 
 
-async def answer(gateway: Gateway, approval_id: str, approve: bool, *, by: str) -> None:
-    """Record principal `by`'s elicitation answer; one the policy refuses leaves the approval pending."""
+async def answer(gateway: Gateway, approval_id: str, approve: bool, *, by: str, tier: str | None) -> None:
+    """Record principal `by`'s (of `tier`) elicitation answer; one the policy refuses leaves the approval pending."""
     try:
-        await gateway.decide(approval_id, approve=approve, by=by, via=VIA_ELICITATION, reason="answered the elicitation")
+        await gateway.decide(approval_id, approve=approve, by=by, via=VIA_ELICITATION, reason="answered the elicitation",
+                             tier=tier)
     except ApprovalRefused as exc:
         log.warning("approval.elicitation_refused", approval_id=approval_id, reason=str(exc))
 
 
-async def settle(gateway: Gateway, approval_id: str, verdict: bool | None, *, by: str) -> None:
-    """Record the client's elicitation answer (`by` is the session's principal): approve, deny,
-    or (no answer) let the approval expire."""
+async def settle(gateway: Gateway, approval_id: str, verdict: bool | None, *, by: str, tier: str | None) -> None:
+    """Record the client's elicitation answer (`by` is the session's principal, of `tier`): approve,
+    deny, or (no answer) let the approval expire."""
     if verdict is None:
         await gateway.approvals.expire(approval_id)
         await gateway.approval_recorder.try_sync()
     else:
-        await answer(gateway, approval_id, verdict, by=by)
+        await answer(gateway, approval_id, verdict, by=by, tier=tier)
 
 
-async def apply_state(gateway: Gateway, sealer: ap.StateSealer, params: dict[str, Any], *, principal: str, tool: str,
-                      arguments: Any, now: float) -> str | tuple[str]:
+async def apply_state(gateway: Gateway, sealer: ap.StateSealer, params: dict[str, Any], *, principal: str,
+                      tier: str | None, tool: str, arguments: Any, now: float) -> str | tuple[str]:
     """Verify the gateway's `requestState` on a 2026 retry and record the approval answer it carries.
 
     Returns the approval id to retry the call with, or `(reason,)` when the state must be refused
@@ -81,7 +85,7 @@ async def apply_state(gateway: Gateway, sealer: ap.StateSealer, params: dict[str
     current = await gateway.approvals.get(opened)
     if current is not None and current.state == "pending":
         if ap.accepted(response):
-            await answer(gateway, opened, True, by=principal)
+            await answer(gateway, opened, True, by=principal, tier=tier)
         elif isinstance(response, dict):
-            await answer(gateway, opened, False, by=principal)
+            await answer(gateway, opened, False, by=principal, tier=tier)
     return opened

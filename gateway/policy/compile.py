@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.policy import cel
+from gateway.policy.destructive import destructive_tiers
 from gateway.policy.globs import globs_overlap
 from gateway.core.call import BlockClass, Disclosure, Effect, Mode, Sensitivity
 from gateway.core.errors import PolicyErrors, PolicyProblem
@@ -183,7 +184,8 @@ class CompiledPolicy:
     approval_hold_seconds: float = 0.0
     approval_expires_seconds: float = 900.0
     approval_allow_self: bool = False
-    approval_allow_elicitation: bool = True
+    #: `approval.allow_elicitation`: False, True (every tier) or the tiers whose callers may answer for themselves.
+    approval_elicitation: bool | frozenset[str] = False
     backend_timeout_seconds: float = 30.0
     disclosure_modes: tuple[str, ...] = ("direct", "summary", "none")
     warnings: tuple[PolicyProblem, ...] = ()
@@ -260,6 +262,12 @@ class CompiledPolicy:
                 values for pattern, values in self.tool_annotations if glob_match(tool, pattern))):
             merged.update(values)
         return merged
+
+    def elicitation_allowed(self, tier: str | None) -> bool:
+        """Whether a caller of `tier` may release its own held call by answering the gateway's MCP
+        elicitation (`approval.allow_elicitation`; off by default: the client may be the agent)."""
+        allowed = self.approval_elicitation
+        return allowed if isinstance(allowed, bool) else tier in allowed
 
     def grants_for(self, tier: CompiledTier, tool: str) -> tuple[CompiledGrant, ...]:
         """The grants of `tier` whose tool globs admit `tool` (their annotation conditions are left
@@ -687,10 +695,31 @@ def _compile_profile(doc: LoadedDocument, c: _Compiler, layers: Sequence[LoadedD
         "approval_hold_seconds": model.approval.hold_seconds,
         "approval_expires_seconds": model.approval.expires_seconds,
         "approval_allow_self": model.approval.allow_self_approval,
-        "approval_allow_elicitation": model.approval.allow_elicitation,
+        "approval_elicitation": _elicitation(doc, model, tiers, c),
         "backend_timeout_seconds": model.backend_timeout_seconds,
         "disclosure_modes": tuple(model.disclosure_modes),
     }
+
+
+def _elicitation(doc: LoadedDocument, model: Policy, tiers: dict[str, CompiledTier], c: _Compiler) -> bool | frozenset[str]:
+    """`approval.allow_elicitation` compiled; an unknown tier is an error, and a tier it lets release
+    its own held calls that can run destructive tools is a warning (the agent can answer forms)."""
+    setting = model.approval.allow_elicitation
+    line = doc.line_of(("approval", "allow_elicitation"))
+    if isinstance(setting, list):
+        for name in (n for n in setting if n not in tiers):
+            c.problems.append(PolicyProblem(doc.path, line, "", f"approval.allow_elicitation names unknown tier {name!r}"))
+    named = sorted(tiers) if setting is True else setting if isinstance(setting, list) else []
+    risky = destructive_tiers(tiers, named)
+    if risky:
+        which = ", ".join(f"{name!r} (grant {why})" for name, why in risky.items())
+        tiers_word, these = ("tiers", "these tiers") if len(risky) > 1 else ("tier", "that tier")
+        c.warnings.append(PolicyProblem(doc.path, line, "", (
+            f"approval.allow_elicitation lets callers of {tiers_word} {which} release their own held calls by answering "
+            f"the gateway's elicitation, and {these} can run destructive tools; an agent can answer forms on its own, so "
+            "such a hold is no hold. Set it false (an approver or admin decides on /ui, the CLI or the HTTP API) or list "
+            "only tiers without destructive tools"), severity="warning"))
+    return frozenset(setting) if isinstance(setting, list) else setting
 
 
 def _unadmittable_costs(doc: LoadedDocument, model: Policy) -> list[PolicyProblem]:

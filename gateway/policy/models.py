@@ -198,9 +198,13 @@ class ApprovalSettings(Strict):
     allow_self_approval: bool = Field(
         default=False, description="may a principal approve a call it made itself (over HTTP, the CLI or the Python API)"
     )
-    allow_elicitation: bool = Field(
-        default=True,
-        description="may the MCP client's user approve the agent's held call by answering an elicitation (self-approval by nature)",
+    allow_elicitation: bool | list[str] = Field(
+        default=False,
+        description=(
+            "may the caller release its own held call by answering the gateway's MCP elicitation: false (an approver "
+            "or admin decides, on /ui, the CLI or the HTTP API), true (every tier) or a list of tiers (the caller's "
+            "own tier must be listed). The MCP client may be the agent itself, and an agent can answer forms"
+        ),
     )
 
 

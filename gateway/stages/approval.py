@@ -52,19 +52,22 @@ class ApprovalRefused(PermissionError):
     """The principal may not make this decision (self-approval, or elicitation not allowed)."""
 
 
-def approver_refusal(policy: CompiledPolicy, approval: Approval, *, by: str, approve: bool, via: str) -> str | None:
-    """Why principal `by` may not approve `approval` under `policy`, or None if it may.
+def approver_refusal(policy: CompiledPolicy, approval: Approval, *, by: str, approve: bool, via: str,
+                     tier: str | None = None) -> str | None:
+    """Why principal `by` (of `tier`) may not approve `approval` under `policy`, or None if it may.
 
     Denying is always allowed (it only refuses). An elicitation answer is the calling principal
-    approving its own call: it counts when `approval.allow_elicitation` (default true) and only
-    for that principal. Anyone else approving their own call is refused unless
+    approving its own call, and the MCP client that answers may be the agent itself: it counts
+    only where `approval.allow_elicitation` allows it for the caller's tier (off by default) and
+    only for that principal. Anyone else approving their own call is refused unless
     `approval.allow_self_approval` (default false).
     """
     if not approve:
         return None
     if via == VIA_ELICITATION:
-        if not policy.approval_allow_elicitation:
-            return f"approval {approval.id}: the policy does not accept approvals by elicitation (approval.allow_elicitation)"
+        if not policy.elicitation_allowed(tier):
+            return (f"approval {approval.id}: the policy does not let {by} approve its own call by answering an "
+                    "elicitation (approval.allow_elicitation); a principal with role approver or admin decides it")
         if by != approval.principal:
             return f"approval {approval.id}: an elicitation answer counts only for the principal that made the call"
         return None
@@ -205,8 +208,8 @@ class ApprovalGate:
         if policy.approval_hold_seconds <= 0:
             return self._block(
                 ErrorCode.APPROVAL_REQUIRED,
-                f"needs human approval ({decision.message}). Ask an operator to approve {approval.id}, "
-                f"then call again with approval_id={approval.id}",
+                f"needs human approval ({decision.message}). Ask a principal with role approver or admin to "
+                f"approve {approval.id}, then call again with approval_id={approval.id}",
                 ctx,
                 approval.id,
             )

@@ -25,7 +25,7 @@ from gateway.memo import Memo
 if TYPE_CHECKING:
     from gateway.core.call import CallContext
 
-__all__ = ["CLASSES", "classify_call", "history_detail", "merge_classes", "normalise_path", "safe_location"]
+__all__ = ["CLASSES", "STATE_CHANGING_WORDS", "classify_call", "history_detail", "merge_classes", "normalise_path", "safe_location", "tool_words"]
 
 #: The class vocabulary (shared with the shell analysis).
 CLASSES: Final = frozenset(
@@ -66,6 +66,13 @@ _RECON_WORDS: Final = frozenset(
 )  # fmt: skip
 _RECON_NEEDS_CONTEXT: Final = frozenset({"system", "users", "groups", "ports", "interfaces", "os", "processes", "scan"})
 _DESTRUCTIVE_WORDS: Final = frozenset({"delete", "remove", "rm", "rmdir", "drop", "truncate", "wipe", "destroy", "purge", "kill", "erase", "format"})
+#: Words of a tool name that say it changes or destroys state: what a tier that may run such a
+#: tool can do (`policy.destructive`, the `approval.allow_elicitation` warning).
+STATE_CHANGING_WORDS: Final = _DESTRUCTIVE_WORDS | _WRITE_WORDS | _DEST_WORDS - {"copy", "cp", "download"} | frozenset(
+    {"run", "exec", "execute", "eval", "launch", "spawn", "invoke", "shell", "bash", "sh", "command", "cmd",
+     "update", "modify", "patch", "put", "post", "set", "reset", "send", "upload", "install", "deploy", "transfer",
+     "pay", "terminate", "restart", "stop", "move"}
+)  # fmt: skip
 
 # ---- argument vocabulary ------------------------------------------------------------------
 

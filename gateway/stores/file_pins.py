@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gateway.crypto import strict_json
+from gateway.crypto.strict_json import StrictJSONError
 from gateway.stores.base import PinState, SeenTool
 
 PINS_FILE = "mcp-pins.json"
@@ -109,9 +111,11 @@ class FilePinStore:
 
     def _read(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = strict_json.loads(self.path.read_bytes())
         except FileNotFoundError:
             return {"version": 1, "backends": {}}
+        except StrictJSONError as exc:  # one reading only: a duplicated pin must not mean two definitions
+            raise ValueError(f"{self.path}: not a pin file ({exc})") from None
         if not isinstance(data, dict) or not isinstance(data.get("backends"), dict):
             raise ValueError(f"{self.path}: not a pin file")
         return data

@@ -4,8 +4,8 @@ tests/test_corpus.py and bench/detection.py).
 Each case gets its own gateway process (a fresh state root: new pins, new session, new ledger)
 in front of its own MCP server (tests/corpus/server.py, forked from one pre-imported zygote),
 with the corpus profile (`corpus_profile`: policies/standard.yaml with every tool granted to
-the local user), driven by the official SDK client. The client declines every elicitation, so a
-call the gateway holds for approval comes back refused. Before each step the client lists the tools again (as a
+the local user, elicitation approvals on), driven by the official SDK client. The client declines
+every elicitation, so a call the gateway holds for approval comes back refused. Before each step the client lists the tools again (as a
 client does after `notifications/tools/list_changed`), so a definition that changes after the
 first listing is what the gateway sees at the next call.
 
@@ -189,16 +189,19 @@ def _text(body: dict[str, Any]) -> str:
 
 
 def corpus_profile(folder: Path) -> Path:
-    """policies/standard.yaml with one change, written to `folder`: the local user (the only
+    """policies/standard.yaml with two changes, written to `folder`: the local user (the only
     principal) gets the standard profile's `admin` tier, which grants every tool, so the corpus
-    measures the detection rules rather than the tier gate. Every rule set, limit and sanitizer
-    setting is the standard profile's, read afresh on each run.
+    measures the detection rules rather than the tier gate; and `approval.allow_elicitation` is on,
+    so a held call is asked about at once (and declined) rather than waiting out a hold for an
+    approver nobody is. Every rule set, limit and sanitizer setting is the standard profile's,
+    read afresh on each run.
 
     Not an `extends` overlay: an extending profile may only add principals, and principals
     match in order, so the base's `local` (tier operator, any local user) would still win."""
     doc = yaml.safe_load(STANDARD.read_text(encoding="utf-8"))
     doc["metadata"] = {"name": "corpus", "description": "policies/standard.yaml, every tool granted to the local user"}
     doc["principals"] = [{"id": "local", "local_user": "*", "tier": "admin"}]
+    doc["approval"] = {**doc.get("approval", {}), "allow_elicitation": True}
     doc["rule_sets"] = [str((STANDARD.parent / ref).resolve()) for ref in doc["rule_sets"]]
     path = folder / "corpus-profile.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")

@@ -114,19 +114,27 @@ def npm_servers() -> dict[str, Path]:
     }
 
 
-def write_mcp_policy(folder: Path, *, timeout: float = 1.5) -> Path:
-    """The small MCP test profile (agent tier; admin_* hidden; approval and redaction rules) in `folder`."""
+def write_mcp_policy(folder: Path, *, timeout: float = 1.5, elicitation: bool = False) -> Path:
+    """The small MCP test profile (agent tier; admin_* hidden; approval and redaction rules) in `folder`;
+    `elicitation` opts in to the caller releasing its own held calls by answering the gateway's form."""
     folder.mkdir()
     (folder / "rules.yaml").write_text(TEST_RULES)
     (folder / "disclosure.yaml").write_text(TEST_DISCLOSURE)
     path = folder / "profile.yaml"
-    path.write_text(TEST_PROFILE % {"timeout": timeout, "mcp_rules": REPO / "rules" / "mcp.yaml"})
+    text = TEST_PROFILE % {"timeout": timeout, "mcp_rules": REPO / "rules" / "mcp.yaml"}
+    path.write_text(text + ("approval: {allow_elicitation: true}\n" if elicitation else ""))
     return path
 
 
 @pytest.fixture
 def mcp_policy(tmp_path: Path) -> Path:
     return write_mcp_policy(tmp_path / "policy")
+
+
+@pytest.fixture
+def elicitation_policy(tmp_path: Path) -> Path:
+    """The MCP test profile with `approval.allow_elicitation: true` (the explicit opt-in)."""
+    return write_mcp_policy(tmp_path / "policy-elicit", elicitation=True)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ CLEAN = PinState(changed=False, accepted=False)
 
 def flow(tmp_path: Path) -> ToolsCall:
     return ToolsCall(None, FilePinStore(tmp_path), ap.StateSealer(secrets.token_bytes(32)),  # type: ignore[arg-type]
-                     hold_seconds=1, progress_interval=1)
+                     hold_seconds=1, progress_interval=1, over_http=False)
 
 
 def entry(definition: dict[str, Any], name: str = "echo") -> ToolEntry:

@@ -37,7 +37,9 @@ def postgres() -> Iterator[Any]:
 
 
 def _config(tmp: Path, name: str, toy_url: str, redis: dict[str, Any] | None, ledger_url: str | None) -> Path:
-    doc: dict[str, Any] = {"policy": str(write_profile(tmp / "policy")), "state_root": str(tmp / name),
+    # the session test releases a held call by elicitation, answered on the other replica: an explicit opt-in
+    policy = write_profile(tmp / "policy", approval={"allow_elicitation": True})
+    doc: dict[str, Any] = {"policy": str(policy), "state_root": str(tmp / name),
                            "upstreams": [upstream(toy_url)], "mcp": {"hold_seconds": 20, "progress_interval": 0.2}}
     if redis is not None:
         doc["redis"] = redis

@@ -194,6 +194,7 @@ def test_the_policy_page_names_each_rule_s_file_and_line(served: Served, page_fo
     expect(row).to_contain_text("require_approval")
     expect(row.locator("td").last).to_have_text(re.compile(r"rules\.yaml:\d+$"))
     expect(page.locator("#policy-version")).not_to_be_empty()
+    expect(page.locator("dl")).to_contain_text("the caller's own elicitation answer releases nothing (an approver or admin decides)")
     screenshot(page, "policy")
 
 

@@ -121,7 +121,7 @@ class McpHttpApp:
         self.sessions = LegacySessions(gateway, self.relay, store)
         self.session_link = session_link  # the Redis link of a shared store, closed with the endpoint
         flow = calls.ToolsCall(gateway, pins, ap.StateSealer(secrets.token_bytes(32)),
-                               hold_seconds=hold_seconds, progress_interval=progress_interval)
+                               hold_seconds=hold_seconds, progress_interval=progress_interval, over_http=True)
         self.tools = HttpTools(gateway, self.relay, pins, flow)
         self.max_body_bytes = max_body_bytes
         self.anonymous_user = anonymous_user

@@ -46,7 +46,8 @@ class Governance:
         self.pins = pins
         self.credentials = Credentials(local_user=local_user)
         self.calls = calls.ToolsCall(gateway, pins, ap.StateSealer(secrets.token_bytes(32)),
-                                     hold_seconds=hold_seconds, progress_interval=progress_interval)
+                                     hold_seconds=hold_seconds, progress_interval=progress_interval,
+                                     over_http=False)
 
 
 def site(proxy: StdioProxy, action: GovernCall | None) -> CallSite:
