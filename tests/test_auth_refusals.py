@@ -1,6 +1,6 @@
 """Refusals by the HTTP auth layer on the karma ledger (gateway/core/refusals.py), against a real
 `dharma serve` process: real sockets, the official MCP SDK client and httpx, a stdio MCP upstream,
-the SQLite ledger file under the state root.
+the SQLite ledger file under the state root (and a PostgreSQL ledger, where the interval ends).
 
 Each client comes from an address of its own on the loopback network (127.0.0.N), so each kind of
 refusal is its own (source, reason) key and its first record is written at once. A flood from one
@@ -33,6 +33,7 @@ import yaml
 from audit.query import query_records
 from audit.sqlite import SqliteLedgerReader
 from audit.verify import verify_ledger
+from tests.audit.conftest import BACKENDS, Location, new_location, open_reader
 from gateway.core.refusals import OVERFLOW, RefusalTable
 from tests.conftest import REPO
 from tests.helpers import all_logs
@@ -59,15 +60,11 @@ MCP_HEADERS = {"content-type": "application/json", "accept": "application/json, 
 class Served:
     """A running `dharma serve`: its base URL, state root and process."""
 
-    def __init__(self, base: str, state_root: Path, process: subprocess.Popen[bytes], log: Path) -> None:
-        self.base, self.state_root, self.process, self.log = base, state_root, process, log
-
-    @property
-    def ledger(self) -> Path:
-        return self.state_root / "ledger.db"
+    def __init__(self, base: str, state_root: Path, process: subprocess.Popen[bytes], log: Path, ledger: Location) -> None:
+        self.base, self.state_root, self.process, self.log, self.ledger = base, state_root, process, log, ledger
 
     def refusals(self) -> list[dict[str, Any]]:
-        with SqliteLedgerReader(self.ledger) as reader:
+        with open_reader(self.ledger) as reader:
             return list(query_records(reader, kind="refusal"))
 
     def stop(self) -> None:
@@ -82,9 +79,10 @@ class Served:
 
 
 @contextlib.contextmanager
-def dharma_serve(tmp: Path, **refusals: Any) -> Iterator[Served]:
+def dharma_serve(tmp: Path, ledger_url: str | None = None, **refusals: Any) -> Iterator[Served]:
     """`dharma serve` with a stdio MCP upstream, API keys and JWTs (the test issuer's JWKS), and
-    `auth.refusals` set to `refusals`; stopped with SIGTERM when the block ends (if still running)."""
+    `auth.refusals` set to `refusals`, its ledger the state root's SQLite file or `ledger_url`;
+    stopped with SIGTERM when the block ends (if still running)."""
     state_root = tmp / "state"
     state_root.mkdir(parents=True)
     (tmp / "jwks.json").write_text(json.dumps(DEFAULT_JWKS), encoding="utf-8")
@@ -95,12 +93,13 @@ def dharma_serve(tmp: Path, **refusals: Any) -> Iterator[Served]:
         "server": {"host": "127.0.0.1", "port": port},
         "upstreams": [{"id": "py", "type": "mcp_stdio", "command": sys.executable, "args": [str(PY_SERVER)]}],
         "auth": {"resource_url": RESOURCE, "jwt": {"jwks": str(tmp / "jwks.json"), "issuer": ISSUER}, "refusals": refusals},
+        **({"ledger": {"url": ledger_url}} if ledger_url else {}),
     }), encoding="utf-8")
     log = tmp / "serve.log"  # a file, not a pipe: a flood's log lines would fill a pipe nobody reads and stall the server
     with open(log, "wb") as out:
         process = subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(config), "serve"],
                                    env=cli_env(state_root), stdout=out, stderr=subprocess.STDOUT)
-    served = Served(f"http://127.0.0.1:{port}", state_root, process, log)
+    served = Served(f"http://127.0.0.1:{port}", state_root, process, log, ledger_url or state_root / "ledger.db")
     try:
         deadline = time.monotonic() + DEADLINE
         while not _healthy(served.base):
@@ -178,7 +177,7 @@ def counted_by_reason(records: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def assert_verifies(served: Served) -> None:
-    verified = dharma("audit", "verify", state_root=served.state_root, timeout=120)
+    verified = dharma("audit", "verify", "--ledger", served.ledger, state_root=served.state_root, timeout=120)
     assert verified.rc == 0 and verified.out.startswith("OK"), verified.out + verified.err
 
 
@@ -270,7 +269,8 @@ async def test_each_refusal_is_on_the_record_at_once_and_counts_match_metrics(tm
     again = [r for r in records if r["source"] == "127.0.0.11"]
     assert [r["count"] for r in again] == [1, 3] and again[1]["time"] <= again[1]["until"]
     assert_verifies(served)
-    found = dharma("audit", "query", "--kind", "refusal", "--tool", "delete_file", "--format", "jsonl", state_root=served.state_root)
+    found = dharma("audit", "query", "--ledger", served.ledger, "--kind", "refusal", "--tool", "delete_file", "--format", "jsonl",
+                   state_root=served.state_root)
     assert found.rc == 0 and {json.loads(line)["source"] for line in found.out.splitlines()} == {a for a, *_ in CASES}
 
 
@@ -312,8 +312,10 @@ async def test_a_flood_is_two_records_and_keys_past_the_bound_fold_into_one(tmp_
     assert_verifies(served)
 
 
-async def test_counts_are_written_when_the_interval_ends(tmp_path: Path) -> None:
-    with dharma_serve(tmp_path, interval_seconds=1) as served:
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_counts_are_written_when_the_interval_ends(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    url = str(new_location(backend, request, tmp_path)) if backend == "postgres" else None  # the store replicas share
+    with dharma_serve(tmp_path, url, interval_seconds=1) as served:
         await refuse(served.base, "127.0.0.50", 5)
 
         def written() -> int:
