@@ -369,6 +369,20 @@ async def test_a_ledger_that_cannot_be_written_leaves_refusals_answered_logged_a
         assert verify_ledger(reader).ok
 
 
+async def test_a_deferred_path_is_counted_and_left_to_its_endpoint_to_record(tmp_path: Path) -> None:
+    """`auth.defer` (opt-in): the tool API records each unauthenticated call itself, one record per
+    request as before; the guard records no aggregate beside it, and /metrics still counts it."""
+    async with serve_gateway(tmp_path, [], config={"auth": {"defer": ["/v1/"]}}) as gw:
+        async with httpx.AsyncClient(base_url=gw.base, timeout=30) as http:
+            for _ in range(2):
+                answer = await http.post("/v1/tools/read_file:call", json={"arguments": {}})
+                assert answer.status_code == 401 and answer.json()["receipt"]  # the endpoint's envelope, signed
+        assert gw.gateway.metrics.auth_refusals == {"no_credential": 2}
+        with SqliteLedgerReader(gw.gateway.ledger.path) as reader:
+            records = list(query_records(reader))
+        assert [(r.get("kind"), r["error_code"], r["tool"]) for r in records] == [(None, "unauthenticated", "read_file")] * 2
+
+
 # ---- the table itself ----------------------------------------------------------------------------
 
 
