@@ -50,7 +50,13 @@ the new files did not load), `policy_version` (serving after: the new one, or th
 `changed` (the version moved), `files` and, when refused, `error` and `problems` (`file:line`
 messages). Its `request_id` and `decision` are null: they name one call's records.
 """
-KINDS = (KIND_DECISION, KIND_OUTCOME, KIND_APPROVAL, KIND_RELOAD)
+KIND_REFUSAL = "refusal"
+"""`kind` of an aggregate of requests the HTTP auth layer refused (`gateway.core.refusals`): `count`
+requests from `source` refused for `reason` between `time` and `until`, and what the first of them
+was (`request`, `method`, `tool`, `body_sha256`, `credential`, `token`). Never the credential itself.
+Its `principal` and `request_id` are null: nobody was authenticated, and it is no one call's record.
+"""
+KINDS = (KIND_DECISION, KIND_OUTCOME, KIND_APPROVAL, KIND_RELOAD, KIND_REFUSAL)
 """Every `kind` a record may carry (a whole call in one record has none): the `kind` query filter's values."""
 _CANONICAL_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z", re.ASCII)
 

@@ -170,6 +170,16 @@ class JwtSettings(ClaimMapping):
     jwks_min_refetch_seconds: float = Field(default=10.0, ge=0, description="at most one refetch on an unknown kid per interval")
 
 
+class RefusalSettings(Strict):
+    """How the auth layer's refusals reach the karma ledger (`gateway.core.refusals`): aggregated per
+    (source address, reason) per interval, the first of each at once."""
+
+    interval_seconds: float = Field(default=60.0, ge=1, le=3600,
+                                    description="one record per (source, reason) per interval carries the count after the first")
+    max_keys: int = Field(default=256, ge=1, le=100_000,
+                          description="distinct (source, reason) keys held per interval; past it refusals fold into one overflow key")
+
+
 class AuthSettings(Strict):
     """HTTP authentication (`gateway.transports.http_auth`): the gateway as an OAuth 2.1 resource server."""
 
@@ -179,8 +189,10 @@ class AuthSettings(Strict):
     required_scopes: list[str] = Field(default_factory=list)
     allowed_origins: list[str] = Field(default_factory=list)
     protect: list[str] = Field(default_factory=lambda: ["/mcp", "/v1/"])
-    defer: list[str] = Field(default_factory=lambda: ["/v1/"], description="protected paths whose unauthenticated calls the endpoint answers (and records)")
+    defer: list[str] = Field(default_factory=list, description="protected paths whose unauthenticated calls the endpoint "
+                                                               "answers (and records, one record per call: no aggregation)")
     jwt: JwtSettings | None = None
+    refusals: RefusalSettings = Field(default_factory=RefusalSettings)
 
 
 def _web_url(value: str, what: str) -> str:

@@ -42,6 +42,9 @@ class Metrics:
     call_seconds: Histogram = field(default_factory=lambda: Histogram(STAGE_BUCKETS))
     reloads: dict[tuple[str, str], int] = field(default_factory=dict)
     tools: set[str] = field(default_factory=set)
+    auth_refusals: dict[str, int] = field(default_factory=dict)
+    auth_refusals_unrecorded: int = 0
+    auth_refusals_folded: int = 0
 
     def stage(self, name: str, seconds: float) -> None:
         """One pipeline step took `seconds` (the pipeline's timer)."""
@@ -72,6 +75,10 @@ class Metrics:
             ukey = (backend, error_code)
             self.upstream_errors[ukey] = self.upstream_errors.get(ukey, 0) + 1
         self.call_seconds.observe(seconds)
+
+    def auth_refusal(self, reason: str) -> None:
+        """The HTTP auth layer refused a request for `reason` (one of `gateway.core.refusals.REASONS`)."""
+        self.auth_refusals[reason] = self.auth_refusals.get(reason, 0) + 1
 
     def reload(self, *, ok: bool, trigger: str) -> None:
         key = ("ok" if ok else "failed", trigger)
@@ -114,6 +121,14 @@ def render(metrics: Metrics, scrape: Scrape) -> str:
                ("dependency",), {(name,): int(up) for name, up in scrape.dependencies.items()}))
     if scrape.approvals_pending is not None:
         add(_gauge("dharma_approvals_pending", "Held calls waiting for a human decision.", (), {(): scrape.approvals_pending}))
+    add(_counter("dharma_auth_refusals_total", "Requests the HTTP auth layer refused, by reason (each one, not aggregated).",
+                 ("reason",), {(reason,): n for reason, n in metrics.auth_refusals.items()}))
+    add(_counter("dharma_auth_refusals_unrecorded_total",
+                 "Auth-layer refusals whose aggregate ledger record could not be written (logged as auth.refusal_not_recorded).",
+                 (), {(): metrics.auth_refusals_unrecorded}))
+    add(_counter("dharma_auth_refusals_folded_total",
+                 "Auth-layer refusals counted under the overflow key: the interval already held auth.refusals.max_keys keys.",
+                 (), {(): metrics.auth_refusals_folded}))
     add(_counter("dharma_policy_reloads_total", "Policy reload attempts by result (ok, failed) and trigger.",
                  ("result", "trigger"), metrics.reloads))
     add(_gauge("dharma_policy_info", "The policy being served (value 1).", ("name", "version"),

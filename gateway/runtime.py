@@ -29,6 +29,7 @@ from gateway.transports.upstreams.python import CallableBackend
 from gateway.config import PACKAGE_ROOT, Settings, UpstreamConfig, load_settings
 from gateway.core.errors import ConfigError
 from gateway.core.gateway import LEDGER_ORIGIN, Gateway
+from gateway.core.refusals import RefusalLimits
 from gateway.logging import ensure_logging
 from gateway.policy.compile import load_policy
 from gateway.crypto.receipts import KeyStore
@@ -162,6 +163,7 @@ async def open_gateway(
             compiled, backends, ledger=ledger, keys=keys, approval_store=approvals, approval_signals=signals,
             approval_poll_seconds=settings.approvals.poll_seconds, policy_path=settings.policy, policy_loader=loader,
             dependencies=[ledger_probe(settings), *links], **shared,
+            refusal_limits=RefusalLimits(settings.auth.refusals.interval_seconds, settings.auth.refusals.max_keys),
         )
         gateway.settings = settings  # type: ignore[attr-defined]  # read by server.build_app (MCP upstreams)
         gateway.ui_session_store = ui_session_store(links)  # type: ignore[attr-defined]  # read by build_app (/ui logins)

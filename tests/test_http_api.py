@@ -3,6 +3,7 @@ keys, demo and test backends), through httpx's ASGI transport; one real HTTP ups
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import threading
@@ -203,16 +204,26 @@ async def test_lookalike_tool_names_are_unknown(http: httpx.AsyncClient, sandbox
 
 
 @pytest.mark.parametrize(
-    "headers",
-    [None, {"authorization": "Bearer wrong-key"}, {"x-api-key": "wrong-key"}, {"authorization": "Basic abc"}],
+    ("headers", "reason", "credential"),
+    [(None, "no_credential", "none"), ({"authorization": "Bearer wrong-key"}, "unknown_key", "api_key"),
+     ({"x-api-key": "wrong-key"}, "unknown_key", "api_key"), ({"authorization": "Basic abc"}, "no_credential", "other")],
     ids=["none", "bad-bearer", "bad-x-api-key", "basic"],
 )
-async def test_unauthenticated(demo_gateway: Any, http: httpx.AsyncClient, headers: dict[str, str] | None) -> None:
+async def test_unauthenticated(demo_gateway: Any, http: httpx.AsyncClient, headers: dict[str, str] | None, reason: str,
+                               credential: str) -> None:
+    """Refused by the auth layer (no `defer`), and on the record as a refusal aggregate (gateway.core.refusals)."""
     before = ledger_size(demo_gateway)
-    status, env = await call(http, "read_file", {"path": "a.txt"}, headers=headers)
+    body = json.dumps({"arguments": {"path": "a.txt"}}).encode()
+    status, env = await call(http, "read_file", headers=headers, content=body)
     assert status == 401 and env["error_code"] == "unauthenticated"
-    assert ledger_size(demo_gateway) == before + 1
-    assert record_for(demo_gateway, env["request_id"])["principal"] is None
+    with anyio.fail_after(30):
+        while ledger_size(demo_gateway) == before:  # the first refusal of its key is written at once, by a task
+            await anyio.sleep(0.01)
+    [refusal] = records(demo_gateway)[before:]
+    assert refusal["kind"] == "refusal" and refusal["principal"] is None and refusal["count"] == 1
+    assert (refusal["reason"], refusal["credential"], refusal["tool"], refusal["method"]) == (reason, credential, "read_file", "http/tools.call")
+    assert refusal["body_sha256"] == hashlib.sha256(body).hexdigest() and refusal["request"] == "POST /v1/tools/read_file:call"
+    assert "wrong-key" not in json.dumps(refusal) and hashlib.sha256(b"wrong-key").hexdigest() not in json.dumps(refusal)
 
 
 async def test_purpose_required_for_restricted_tool(http: httpx.AsyncClient) -> None:
@@ -280,7 +291,7 @@ async def test_approval_flow_single_use(demo_gateway: Any, http: httpx.AsyncClie
     assert record_for(demo_gateway, held["request_id"])["approval_id"] == approval_id
 
     assert (await http.get("/v1/approvals", headers=OPERATOR)).status_code == 403
-    assert (await http.get("/v1/approvals")).status_code == 403
+    assert (await http.get("/v1/approvals")).status_code == 401  # no key: the auth layer refuses
     listed = (await http.get("/v1/approvals", headers=ADMIN)).json()["approvals"]
     assert [a["id"] for a in listed] == [approval_id]
     assert listed[0]["principal"] == "operator" and listed[0]["tool"] == "delete_file"

@@ -593,7 +593,7 @@ def test_settings_auth_block_builds_the_middleware(tmp_path: Path, jwks_file: Pa
     )
     settings = load_settings(config, env={})
     assert settings.auth.jwt is not None and settings.auth.jwt.jwks == str(tmp_path / "keys" / "jwks.json")
-    assert settings.auth.protect == ["/mcp", "/v1/"] and settings.auth.defer == ["/v1/"]
+    assert settings.auth.protect == ["/mcp", "/v1/"] and settings.auth.defer == []  # the guard answers (and records) /v1 too
     options = http_auth_options(settings)
     auth = HttpAuth(INNER, **options)
     assert auth.verifier is not None and auth.verifier.audiences == {RESOURCE} and auth.tier_claim == "dharma_tier"

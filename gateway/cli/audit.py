@@ -449,7 +449,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--request-id", help="one call's request id")
     p.add_argument("--approval-id", help="calls bound to this approval")
     p.add_argument("--kind", type=_kind_arg, metavar="KIND",
-                   help="only records of this kind, e.g. `reload` (every policy reload attempt) or `approval`")
+                   help="only records of this kind, e.g. `reload` (every policy reload attempt), `approval` or "
+                        "`refusal` (requests the HTTP auth layer refused, counted per source and reason)")
     p.add_argument("--since", type=_time_arg, help="RFC 3339 time, e.g. 2026-11-22T00:00:00Z (inclusive)")
     p.add_argument("--until", type=_time_arg, help="RFC 3339 time (exclusive)")
     p.add_argument("--limit", type=_count_arg, help="at most this many records")

@@ -25,6 +25,7 @@ import structlog
 from gateway.core.backends import Backend
 from gateway.core.call import CallContext, Credentials, Decision, Outcome, Principal, ToolCall, ToolInfo
 from gateway.core.errors import PolicyErrors, PolicyProblem
+from gateway.core.refusals import RefusalLimits, RefusalRecorder
 from gateway.core.reload import PolicyStatus, ReloadAttempt, Trigger, failure_text, reload_entry
 from gateway.core.pipeline import Wiring, run, split, steps
 from gateway.crypto.receipts import KeyStore
@@ -151,6 +152,7 @@ class Gateway:
         policy_path: Path | None = None,
         dependencies: Sequence[Dependency] = (),
         policy_loader: Callable[[], CompiledPolicy] | None = None,
+        refusal_limits: RefusalLimits | None = None,
     ) -> None:
         ensure_logging()
         self.policy = policy
@@ -169,6 +171,9 @@ class Gateway:
         self.clock = clock
         self.approvals = approval_store or MemoryApprovalStore()
         self.approval_recorder = ApprovalRecorder(self.approvals, ledger)
+        # the HTTP auth layer's refusals, aggregated onto the ledger (gateway.core.refusals)
+        self.refusals = RefusalRecorder(ledger, self.metrics, refusal_limits, policy_version=lambda: self.policy.version,
+                                        clock=clock)
         self.approval_signals = approval_signals or MemoryApprovalSignals()
         self.approval_poll_seconds = approval_poll_seconds
         self.idempotency = idempotency_store or MemoryIdempotencyStore()
@@ -427,12 +432,13 @@ class Gateway:
         return {dep.name: await dep.ping() for dep in self.dependencies}
 
     async def aclose(self) -> None:
-        """Record approval events still outside the chain (e.g. a CLI decision nobody came back
-        for), close backends, sign a checkpoint of the ledger head into the ledger, close it,
+        """Write the auth-layer refusal counts still held, record approval events still outside the
+        chain (e.g. a CLI decision nobody came back for), close backends, sign a checkpoint of the ledger head into the ledger, close it,
         then close the links to shared stores. Once."""
         if self._closed:
             return
         self._closed = True
+        await self.refusals.aclose()
         await self.approval_recorder.try_sync()
         await self.approval_signals.aclose()
         for backend in self._backends.values():

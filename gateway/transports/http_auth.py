@@ -11,6 +11,10 @@ lands in `scope["state"]`:
 - `"dharma.principal"`: the `Principal` from the `resolve` callable, or None without one;
 - `"dharma.auth"`: the `AuthResult` (method, and on a deferred path why it failed).
 
+Every request it refuses itself is counted, and recorded in the karma ledger aggregated per
+(source, reason) per interval, through the gateway's `RefusalRecorder` (`gateway.core.refusals`;
+what a record says of the request: `gateway.transports.auth_refusals`).
+
 It also serves the RFC 9728 protected-resource metadata routes. It only says who is calling;
 every policy decision stays in the pipeline, and token cryptography stays in `gateway.crypto.jwt`.
 """
@@ -35,6 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.core.call import Credentials, Principal, VerifiedJwt
 from gateway.core.errors import ErrorCode
+from gateway.core.refusals import RefusalRecorder
 from gateway.crypto.jwt import (
     ALGORITHMS,
     Jwk,
@@ -47,6 +52,7 @@ from gateway.crypto.jwt import (
     parse_jwks,
 )
 from gateway.memo import Memo
+from gateway.transports.auth_refusals import bearer_of, record_refusal
 
 if TYPE_CHECKING:
     from gateway.config import AuthSettings, ServerSettings, Settings
@@ -66,7 +72,8 @@ STRIPPED_HEADERS = frozenset({b"authorization", b"proxy-authorization", b"x-api-
 @dataclass(frozen=True, slots=True)
 class AuthResult:
     """What `HttpAuth` found. A status other than 200 means it refused (or, on a deferred path, handed
-    over) the request; `error` is then the RFC 6750 code, None when no credential was presented."""
+    over) the request; `error` is then the RFC 6750 code, None when no credential was presented, and
+    `reason` one of `gateway.core.refusals.REASONS`."""
 
     credentials: Credentials
     principal: Principal | None = None
@@ -75,6 +82,7 @@ class AuthResult:
     error: str | None = None
     message: str = ""
     scopes: tuple[str, ...] = field(default=())
+    reason: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -168,6 +176,8 @@ class HttpAuth:
             (e.g. `{"/mcp": "alice"}`); resolved like a stdio user, 401 if it names nobody.
         required_scopes: OAuth scopes every JWT must carry (403 `insufficient_scope` otherwise).
         error_body: builds the JSON body of the answers this wrapper gives itself.
+        refusals: where the requests this wrapper refuses are counted and recorded (the gateway's).
+        max_body_bytes: the most of a refused request's body read for its record's digest.
     """
 
     def __init__(
@@ -193,6 +203,8 @@ class HttpAuth:
         anonymous: Mapping[str, str] | None = None,
         required_scopes: Iterable[str] = (),
         error_body: ErrorBody = default_error_body,
+        refusals: RefusalRecorder | None = None,
+        max_body_bytes: int = 2_097_152,
     ) -> None:
         self.app = app
         parts = urlsplit(resource_url)
@@ -221,6 +233,7 @@ class HttpAuth:
         self._prefixes(self.anonymous)
         self.required_scopes = tuple(required_scopes)
         self.error_body = error_body
+        self.refusals, self.max_body_bytes = refusals, max_body_bytes
         self._routes: Memo[str, tuple[bool, str | None, bool]] = Memo(_MAX_ROUTES)  # `_route`'s answers by path
 
     @staticmethod
@@ -266,21 +279,33 @@ class HttpAuth:
                 kept.append(pair)
         if origin is not None and not self.origin_allowed(origin):
             log.info("auth.origin_refused", path=path, origin=origin[:200])
-            await self._answer(send, 403, None, ErrorCode.FORBIDDEN, "this Origin may not call the gateway")
+            refused = AuthResult(Credentials(), status=403, message="this Origin may not call the gateway", reason="foreign_origin")
+            await self._refuse(scope, receive, send, refused, ErrorCode.FORBIDDEN, authorization, api_keys, challenge=False)
             return
         result = await self._authenticate(authorization, api_keys, anonymous_user)
         if not result.ok:
             log.info("auth.refused", path=path, status=result.status, error=result.error, reason=result.message, deferred=deferred and result.status == 401)
             if not (deferred and result.status == 401):
                 code = {401: ErrorCode.UNAUTHENTICATED, 403: ErrorCode.FORBIDDEN, 503: ErrorCode.BACKEND_UNAVAILABLE}.get(result.status, ErrorCode.INVALID_PARAMS)
-                await self._answer(send, result.status, self._challenge(result.error), code, result.message)
+                await self._refuse(scope, receive, send, result, code, authorization, api_keys)
                 return
+            if self.refusals is not None:  # the endpoint answers and records it (per call, e.g. the tool API)
+                self.refusals.count(result.reason or "no_credential")
             send = self._challenging(send, self._challenge(result.error))
         scope = dict(scope)
         scope["headers"] = kept
         state = scope.setdefault("state", {})
         state[STATE_CREDENTIALS], state[STATE_PRINCIPAL], state[STATE_AUTH] = result.credentials, result.principal, result
         await self.app(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, result: AuthResult, code: ErrorCode,
+                      authorization: list[str], api_keys: list[str], *, challenge: bool = True) -> None:
+        """Record the refusal (the first of its record reads the body for its digest), then answer it."""
+        if self.refusals is not None:
+            await record_refusal(self.refusals, scope, receive, reason=result.reason or "no_credential", status=result.status,
+                                 error_code=code.value, authorization=authorization, api_keys=api_keys,
+                                 jwt=self.verifier is not None, verified=result.credentials.jwt, max_body_bytes=self.max_body_bytes)
+        await self._answer(send, result.status, self._challenge(result.error) if challenge else None, code, result.message)
 
     def around(self, app: ASGIApp) -> HttpAuth:
         """The same guard (one JWKS cache, one configuration) in front of another app: the
@@ -315,13 +340,13 @@ class HttpAuth:
     async def _authenticate(self, authorization: list[str], api_keys: list[str], anonymous_user: str | None) -> AuthResult:
         """`authenticate`, given the values of the Authorization and X-API-Key headers."""
         if len(authorization) > 1 or len(api_keys) > 1:
-            return AuthResult(Credentials(), status=400, error="invalid_request", message="send one credential, once")
-        bearer = None
-        if authorization and authorization[0][:7].lower() == "bearer ":
-            bearer = authorization[0][7:].strip() or None
+            return AuthResult(Credentials(), status=400, error="invalid_request", message="send one credential, once",
+                              reason="credential_repeated")
+        bearer = bearer_of(authorization)
         key = api_keys[0].strip() if api_keys else None
         if bearer and key and bearer != key:
-            return AuthResult(Credentials(), status=400, error="invalid_request", message="send either Authorization or X-API-Key, not both")
+            return AuthResult(Credentials(), status=400, error="invalid_request", message="send either Authorization or X-API-Key, not both",
+                              reason="credential_conflict")
         if bearer and self.verifier is not None and looks_like_jwt(bearer):
             return await self._jwt(bearer)
         token = bearer or key
@@ -331,13 +356,13 @@ class HttpAuth:
             if self.resolve is None or principal is not None:
                 return AuthResult(anonymous, principal)
         if not token:
-            return AuthResult(Credentials(), status=401, message="no credentials: send Authorization: Bearer <token>")
+            return AuthResult(Credentials(), status=401, message="no credentials: send Authorization: Bearer <token>", reason="no_credential")
         credentials = Credentials(api_key=token)
         if self.resolve is None:
             return AuthResult(credentials, method="api_key")
         principal = self.resolve(credentials)
         if principal is None:
-            return AuthResult(credentials, method="api_key", status=401, error="invalid_token", message="unknown API key")
+            return AuthResult(credentials, method="api_key", status=401, error="invalid_token", message="unknown API key", reason="unknown_key")
         return AuthResult(credentials, principal, "api_key")
 
     async def _jwt(self, token: str) -> AuthResult:
@@ -345,21 +370,25 @@ class HttpAuth:
         try:
             claims = await self.verifier.verify(token)
         except TokenInvalid as exc:
-            return AuthResult(Credentials(), method="jwt", status=401, error="invalid_token", message=f"invalid token: {exc}")
+            return AuthResult(Credentials(), method="jwt", status=401, error="invalid_token", message=f"invalid token: {exc}", reason="invalid_token")
         except JwksUnavailable:
-            return AuthResult(Credentials(), method="jwt", status=503, error="temporarily_unavailable", message="the issuer's keys are unavailable; retry later")
+            return AuthResult(Credentials(), method="jwt", status=503, error="temporarily_unavailable", message="the issuer's keys are unavailable; retry later",
+                              reason="jwks_unavailable")
         verified = verified_jwt(claims, self.principal_claim, self.tier_claim, self.tier_map)
         if verified is None:
-            return AuthResult(Credentials(), method="jwt", status=401, error="invalid_token", message=f"token has no `{self.principal_claim}`")
+            return AuthResult(Credentials(), method="jwt", status=401, error="invalid_token", message=f"token has no `{self.principal_claim}`",
+                              reason="invalid_token")
         subject = verified.subject
         scopes = _scopes_of(claims)
         credentials = Credentials(jwt=verified)
         missing = [s for s in self.required_scopes if s not in scopes]
         if missing:
-            return AuthResult(credentials, None, "jwt", 403, "insufficient_scope", f"token lacks scope(s) {' '.join(missing)}", scopes)
+            return AuthResult(credentials, None, "jwt", 403, "insufficient_scope", f"token lacks scope(s) {' '.join(missing)}", scopes,
+                              "insufficient_scope")
         principal = self.resolve(credentials) if self.resolve is not None else None
         if self.resolve is not None and principal is None:
-            return AuthResult(credentials, None, "jwt", 403, "insufficient_scope", f"{subject!r} is not a principal of this gateway's policy", scopes)
+            return AuthResult(credentials, None, "jwt", 403, "insufficient_scope", f"{subject!r} is not a principal of this gateway's policy", scopes,
+                              "unknown_principal")
         return AuthResult(credentials, principal, "jwt", scopes=scopes)
 
     def _challenge(self, error: str | None) -> str | None:
@@ -452,6 +481,7 @@ def http_auth_options(settings: Settings, *, resolve: Resolve | None = None) -> 
         "anonymous": {mcp_path: anonymous_user} if anonymous_user is not None else {},
         "required_scopes": auth.required_scopes,
         "resolve": resolve,
+        "max_body_bytes": server.max_body_bytes,
     }
     if auth.jwt is not None:
         options.update(

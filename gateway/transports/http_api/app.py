@@ -298,6 +298,7 @@ def build_app(
             mcp,
             **http_auth_options(settings, resolve=gateway.principal_for),
             error_body=lambda code, message: error_envelope("", code, message),
+            refusals=gateway.refusals,
         )
         middleware.append(Middleware(guard.around))
         direct = guard if mcp is not None else None

@@ -40,7 +40,7 @@ from audit.errors import LedgerError
 from audit.proofs import check_inclusion
 from gateway.config import OIDC_CALLBACK, OidcSettings
 from gateway.core.call import Credentials, Effect, Principal
-from gateway.core.errors import ConfigError
+from gateway.core.errors import ConfigError, ErrorCode
 from gateway.core.gateway import Gateway, rfc3339
 from gateway.ledger_access import query_choices
 from gateway.policy.compile import CompiledPolicy, glob_match
@@ -48,6 +48,7 @@ from gateway.stages.approval import ApprovalRefused
 from gateway.stores.base import Approval, StoreUnavailable
 from gateway.transports.http_api.app import BadRequest, read_body
 from gateway.transports.http_api.audit import BadQuery, LedgerView, RecordsQuery, parse_query
+from gateway.transports.auth_refusals import record_refusal
 from gateway.transports.http_auth import AuthResult, HttpAuth
 from gateway.transports.ui.oidc import FLOW_SECONDS, OidcLogin, OidcRefused
 from gateway.transports.ui.sessions import COOKIE, UiSession, UiSessions
@@ -140,7 +141,8 @@ def api_key_login(gateway: Gateway) -> Authenticate:
         credentials = Credentials(api_key=token)
         principal = gateway.principal_for(credentials)
         if principal is None:
-            return AuthResult(credentials, method="api_key", status=401, error="invalid_token", message="unknown API key")
+            return AuthResult(credentials, method="api_key", status=401, error="invalid_token", message="unknown API key",
+                              reason="unknown_key")
         return AuthResult(credentials, principal, "api_key")
 
     return authenticate
@@ -297,6 +299,9 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
         result = await authenticate(token)
         if not result.ok or result.principal is None:
             log.info("ui.login_refused", status=result.status, reason=result.message)
+            await record_refusal(gateway.refusals, request.scope, None, reason=result.reason or "unknown_key", status=401,
+                                 error_code=ErrorCode.UNAUTHENTICATED.value, authorization=[f"Bearer {token}"], api_keys=[],
+                                 jwt=guard is not None and guard.verifier is not None, verified=result.credentials.jwt)
             return await login_form(request, f"Not logged in: {result.message or 'unknown credentials'}.", 401)
         if not UI_ROLES & set(result.principal.roles):
             log.info("ui.login_refused", principal=result.principal.id, reason="no role")
