@@ -278,13 +278,13 @@ class HttpAuth:
             if name.lower() not in STRIPPED_HEADERS:
                 kept.append(pair)
         if origin is not None and not self.origin_allowed(origin):
-            log.info("auth.origin_refused", path=path, origin=origin[:200])
+            log.debug("auth.origin_refused", path=path, origin=origin[:200])
             refused = AuthResult(Credentials(), status=403, message="this Origin may not call the gateway", reason="foreign_origin")
             await self._refuse(scope, receive, send, refused, ErrorCode.FORBIDDEN, authorization, api_keys, challenge=False)
             return
         result = await self._authenticate(authorization, api_keys, anonymous_user)
         if not result.ok:
-            log.info("auth.refused", path=path, status=result.status, error=result.error, reason=result.message, deferred=deferred and result.status == 401)
+            log.debug("auth.refused", path=path, status=result.status, error=result.error, reason=result.message, deferred=deferred and result.status == 401)
             if not (deferred and result.status == 401):
                 code = {401: ErrorCode.UNAUTHENTICATED, 403: ErrorCode.FORBIDDEN, 503: ErrorCode.BACKEND_UNAVAILABLE}.get(result.status, ErrorCode.INVALID_PARAMS)
                 await self._refuse(scope, receive, send, result, code, authorization, api_keys)
