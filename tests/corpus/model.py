@@ -30,8 +30,10 @@ class Case(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
-    family: Literal["tool_poisoning", "injected_results", "obfuscated_shell", "encoded_secrets", "exfil_chains", "benign"]
-    looks_like: Literal["tool_poisoning", "injected_results", "obfuscated_shell", "encoded_secrets", "exfil_chains"] | None = None
+    family: Literal["tool_poisoning", "injected_results", "obfuscated_shell", "encoded_secrets", "exfil_chains",
+                    "ssrf", "url_exfil", "fetched_injection", "benign"]
+    looks_like: Literal["tool_poisoning", "injected_results", "obfuscated_shell", "encoded_secrets", "exfil_chains",
+                        "ssrf", "url_exfil", "fetched_injection"] | None = None
     expected: Literal["block", "allow"]
     why: str = Field(min_length=10)
     source: str = ""
