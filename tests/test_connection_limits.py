@@ -27,7 +27,9 @@ import httpx
 import pytest
 
 from gateway.transports.http_limits import address_key
-from tests.conftest import KEYS
+from tests.conftest import KEYS, REPO
+from tests.mcp_http.conftest import client as mcp_client
+from tests.mcp_http.raw import META, MODERN
 from tests.test_metrics import scrape, value
 from tests.test_reload import DEADLINE_S, healthy, served, wait_for  # noqa: F401  (served: the fixture)
 
@@ -194,6 +196,31 @@ async def test_caps_per_address_and_in_total_refuse_with_an_answer_naming_the_li
     refused = log_events(log, "http.connections_refused")
     assert {(line["reason"], line["limit"]) for line in refused} == {
         ("max_connections_per_address", "server.max_connections_per_address"), ("max_connections", "server.max_connections")}
+
+
+async def test_an_mcp_call_cut_off_mid_body_is_not_run(served: Any, tmp_path: Path) -> None:
+    """A `tools/call` whose JSON is whole but whose body is shorter than its content-length stalls:
+    the body deadline answers 408 and the call never reaches the upstream (a request that did not
+    arrive whole is not run, even where its first bytes parse); the SDK client's next call runs."""
+    sandbox = tmp_path / "sandbox"
+    files = {"id": "files", "type": "mcp_stdio", "command": sys.executable, "args": ["-m", "examples.demo_mcp_server"],
+             "env": {"DHARMA_DEMO_SANDBOX": str(sandbox), "PYTHONPATH": str(REPO)}}
+    url, server, log, _ = served(watch=False, server={"body_idle_seconds": 1}, upstreams=[files])
+    async with client(url) as http:
+        await wait_for(lambda: healthy(http), "the gateway to be healthy", server)
+    call = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "write_file", "arguments": {"path": "cut.txt", "content": "never"}, "_meta": META}}).encode()
+    head = (b"POST /mcp HTTP/1.1\r\nhost: x\r\nx-api-key: operator-key\r\ncontent-type: application/json\r\n"
+            b"accept: application/json, text/event-stream\r\nmcp-protocol-version: %s\r\ncontent-length: %d\r\n\r\n"
+            % (MODERN.encode(), len(call) + 10))
+    _, raw = await timed_close(url, head + call)
+    assert parsed(raw)[2]["limit"] == "server.body_idle_seconds"
+
+    async with mcp_client(url + "/mcp", key=KEYS["operator"]) as mcp:
+        result = await mcp.call_tool("write_file", {"path": "after.txt", "content": "ran"})
+        assert not result.is_error
+    assert (sandbox / "after.txt").read_text() == "ran"
+    assert not (sandbox / "cut.txt").exists(), "a call whose body never arrived whole ran"
 
 
 def test_connections_are_counted_per_ipv4_address_and_per_ipv6_64() -> None:
