@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import math
 import socket
@@ -330,17 +329,17 @@ class GuardedHttpToolsProtocol(OneWriteHttpToolsProtocol):
     """`OneWriteHttpToolsProtocol` under a `ConnectionGuard`: admitted or refused as it connects,
     its request phases noted for the guard's sweep, at most `max_requests` answers per connection.
 
-    A request costs three attribute writes per parser event it already has (the parent's methods
-    called directly, no `super()` object); when an idle connection went idle is the sweep's to note."""
+    A request costs a few attribute writes in parser callbacks it already has (the parent's
+    methods called directly, no `super()` object); when a connection went idle is the sweep's to note."""
 
-    def __init__(self, *args: Any, guard: ConnectionGuard, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.guard = guard
-        self.address = ""
-        self.phase = HEAD
-        self.since = 0.0
-        self.body_at = 0.0
-        self.requests_left = guard.limits.max_requests or -1  # counts down to 0; from -1 never reaches it
+    #: Set on the subclass `guarded_protocol` makes per server, with `requests_left`; the rest are
+    #: defaults each connection overwrites (no `__init__` of its own: a connection is built per accept).
+    guard: ConnectionGuard
+    requests_left = -1  # counts down to 0 (then `connection: close`); from -1 never reaches it
+    address = ""
+    phase = HEAD
+    since = 0.0
+    body_at = 0.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         guard = self.guard
@@ -424,6 +423,8 @@ class GuardedHttpToolsProtocol(OneWriteHttpToolsProtocol):
         self.transport.close()
 
 
-def guarded_protocol(guard: ConnectionGuard) -> Any:
-    """What uvicorn's `Config(http=...)` takes to build each connection's protocol under `guard`."""
-    return functools.partial(GuardedHttpToolsProtocol, guard=guard)
+def guarded_protocol(guard: ConnectionGuard) -> type[GuardedHttpToolsProtocol]:
+    """What uvicorn's `Config(http=...)` takes to build each connection's protocol under `guard`:
+    a subclass bound to it (a class attribute costs a connection nothing; a factory's keyword would)."""
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,),
+                {"guard": guard, "requests_left": guard.limits.max_requests or -1, "__module__": __name__})
