@@ -142,9 +142,38 @@ class ApprovalSettings(Strict):
 
 
 class ServerSettings(Strict):
+    """`dharma serve`'s listener and its connection limits (docs/operations.md#limits-and-abuse).
+
+    The limits act on every connection whatever its path (`/mcp`, `/v1`, `/ui`), before a request
+    reaches the app: a client that never finishes its request, or opens connections without end,
+    holds at most a bounded share of the process's file descriptors for a bounded time."""
+
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
     max_body_bytes: int = Field(default=2_097_152, gt=0)
+    max_connections: int = Field(
+        default=1024, ge=1, le=1_000_000,
+        description="open client connections at most, all addresses together; one more is answered 503 and closed. "
+                    "Lowered at start to half the process's file-descriptor limit when above it")
+    max_connections_per_address: int = Field(
+        default=64, ge=0, le=1_000_000,
+        description="open connections at most from one client address (IPv6: one /64); one more is answered 429 "
+                    "and closed. 0: no cap per address (behind a balancer, which limits per client itself)")
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=3600,
+        description="a request's line and headers must arrive within this, counted from their first byte (from "
+                    "the connection's opening for its first request); else 408 and the connection is closed")
+    body_idle_seconds: float = Field(
+        default=30.0, gt=0, le=3600,
+        description="a request body that sends no byte for this long closes the connection (408 while nothing was answered)")
+    body_timeout_seconds: float = Field(
+        default=120.0, gt=0, le=86_400,
+        description="a request body must arrive whole within this after its headers, however it trickles")
+    keep_alive_seconds: float = Field(
+        default=5.0, gt=0, le=3600, description="an idle kept-alive connection is closed after this")
+    max_requests_per_connection: int = Field(
+        default=1000, ge=0, le=100_000_000,
+        description="requests answered on one connection, the last with `connection: close`; 0: no limit")
 
 
 JwsAlgorithm = Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]

@@ -31,6 +31,23 @@ UPSTREAM_CODES = frozenset({"backend_error", "backend_unavailable", "timeout"})
 """Error codes that say an upstream failed (counted per upstream)."""
 
 
+REFUSED_LIMITS: tuple[str, ...] = ("max_connections", "max_connections_per_address")
+"""What a connection refused at once hit (the `server.*` setting's name)."""
+CLOSE_REASONS: tuple[str, ...] = ("header_timeout", "body_idle", "body_timeout", "keep_alive_idle")
+"""Why `dharma serve` closed a connection it had accepted."""
+
+
+@dataclass(slots=True)
+class ConnectionStats:
+    """`dharma serve`'s client connections (`gateway.transports.http_limits` counts them)."""
+
+    max_connections: int
+    max_connections_per_address: int
+    open: int = 0
+    refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSED_LIMITS, 0))
+    closed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CLOSE_REASONS, 0))
+
+
 @dataclass(slots=True)
 class Metrics:
     """Everything the gateway counts in process; `render` turns it and the scrape's gauges into text."""
@@ -45,6 +62,7 @@ class Metrics:
     auth_refusals: dict[str, int] = field(default_factory=dict)
     auth_refusals_unrecorded: int = 0
     auth_refusals_folded: int = 0
+    connections: ConnectionStats | None = None
 
     def stage(self, name: str, seconds: float) -> None:
         """One pipeline step took `seconds` (the pipeline's timer)."""
@@ -150,8 +168,24 @@ def render(metrics: Metrics, scrape: Scrape) -> str:
                         {"": scrape.ledger.batch}))
         add(_counter("dharma_ledger_failed_batches_total", "Ledger batches that could not be committed (their calls failed closed).",
                      (), {(): scrape.ledger.failed_batches}))
+    if metrics.connections is not None:
+        add(_connections(metrics.connections))
     lines.append("")
     return "\n".join(lines)
+
+
+def _connections(stats: ConnectionStats) -> Iterator[str]:
+    yield from _gauge("dharma_http_connections_open", "Client connections `dharma serve` holds open now.", (), {(): stats.open})
+    yield from _gauge("dharma_http_connections_limit", "The connection caps in force (server.max_connections, "
+                      "server.max_connections_per_address; 0: none).", ("limit",),
+                      {("max_connections",): stats.max_connections,
+                       ("max_connections_per_address",): stats.max_connections_per_address})
+    yield from _counter("dharma_http_connections_refused_total", "Connections answered 503 (max_connections) or 429 "
+                        "(max_connections_per_address) and closed at once.", ("limit",),
+                        {(k,): v for k, v in stats.refused.items()})
+    yield from _counter("dharma_http_connections_closed_total", "Connections closed by a timeout: a request head or body "
+                        "too slow (408), a kept-alive connection idle.", ("reason",),
+                        {(k,): v for k, v in stats.closed.items()})
 
 
 def _escape(value: str) -> str:

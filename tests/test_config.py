@@ -49,12 +49,25 @@ def test_environment_overrides_the_file_and_flags_override_both(tmp_path):
         ("", {"DHARMA_STATEROOT": "/x"}, "DHARMA_STATEROOT"),
         ("policy: [\n", {}, "malformed YAML"),
         ("ledger: {inline_max_ms: -1}\n", {}, "ledger.inline_max_ms"),
+        ("server: {header_timeout_seconds: 0}\n", {}, "server.header_timeout_seconds"),
+        ("", {"DHARMA_SERVER__MAX_CONNECTIONS": "0"}, "server.max_connections"),
+        ("", {"DHARMA_SERVER__MAX_CONNECTIONS_PER_ADDRESS": "-1"}, "server.max_connections_per_address"),
     ],
 )
 def test_bad_settings_name_what_and_where(tmp_path, text, env, needle):
     with pytest.raises(ConfigError) as info:
         load_settings(write(tmp_path, text), env)
     assert needle in str(info.value)
+
+
+def test_connection_limits_have_safe_defaults_and_come_from_the_environment(tmp_path):
+    server = load_settings(None, {}).server
+    assert (server.max_connections, server.max_connections_per_address, server.header_timeout_seconds,
+            server.body_idle_seconds, server.body_timeout_seconds, server.keep_alive_seconds,
+            server.max_requests_per_connection) == (1024, 64, 10.0, 30.0, 120.0, 5.0, 1000)
+    env = {"DHARMA_SERVER__MAX_CONNECTIONS": "4096", "DHARMA_SERVER__HEADER_TIMEOUT_SECONDS": "2.5"}
+    server = load_settings(write(tmp_path, "server: {max_connections_per_address: 0}\n"), env).server
+    assert (server.max_connections, server.header_timeout_seconds, server.max_connections_per_address) == (4096, 2.5, 0)
 
 
 def test_missing_config_file(tmp_path):

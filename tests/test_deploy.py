@@ -112,6 +112,21 @@ def test_the_balancer_reaches_every_replica_and_streams() -> None:
     assert read_timeout > config["mcp"]["hold_seconds"], "a held call must outlive the balancer's read timeout"
 
 
+def test_the_balancer_holds_the_per_client_limits() -> None:
+    """Behind the balancer every client has the balancer's address: a replica's cap per address
+    would throttle everyone at once, so the balancer caps per client and the replica only in total;
+    the balancer drops an idle connection to a replica before the replica does (else a request sent
+    on a connection the replica is closing fails, and nginx does not retry a POST)."""
+    conf = (DEPLOY / "nginx.conf").read_text()
+    settings = load_settings(DEPLOY / "dharma.yaml", env={}, overrides={"policy": str(REPO / "policies" / "standard.yaml")})
+    assert settings.server.max_connections_per_address == 0
+    assert re.search(r"limit_conn\s+per_client\s+\d+;", conf) and re.search(r"limit_conn_zone\s+\$binary_remote_addr", conf)
+    idle = int(re.search(r"keepalive_timeout\s+(\d+)s;", conf).group(1))  # type: ignore[union-attr]
+    assert idle < settings.server.keep_alive_seconds
+    header = int(re.search(r"client_header_timeout\s+(\d+)s;", conf).group(1))  # type: ignore[union-attr]
+    assert header <= settings.server.header_timeout_seconds
+
+
 def test_the_replica_configuration_loads() -> None:
     config_file = DEPLOY / "dharma.yaml"
     raw = yaml.safe_load(config_file.read_text())

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -97,20 +99,25 @@ def served(tmp_path: Path, state_root: Path) -> Callable[..., Any]:
     """Start `dharma serve` over the notes backend and a test profile; yield (url, process, log path, policy dir)."""
     procs: list[subprocess.Popen[str]] = []
 
-    def start(*, watch: bool = True) -> tuple[str, subprocess.Popen[str], Path, Path]:
+    def start(*, watch: bool = True, server: dict[str, Any] | None = None, upstreams: list[dict[str, Any]] = (),  # type: ignore[assignment]
+              nofile: int | None = None) -> tuple[str, subprocess.Popen[str], Path, Path]:
+        """`server`: settings of dharma.yaml's `server:`; `upstreams`: more upstreams beside the notes
+        backend; `nofile`: the process's file-descriptor limit (soft and hard)."""
         folder = tmp_path / f"policy{len(procs)}"
         policy = write_policy(folder)
         (tmp_path / "notes_backend.py").write_text(BACKEND)
         config = tmp_path / f"dharma{len(procs)}.yaml"
         config.write_text(yaml.safe_dump({
             "policy": str(policy), "python_path": [str(tmp_path), str(REPO)],
-            "upstreams": [{"id": "notes", "type": "python", "target": "notes_backend:backend"}],
-            "reload": {"watch": watch, "debounce_ms": 50}, "log_level": "info",
+            "upstreams": [{"id": "notes", "type": "python", "target": "notes_backend:backend"}, *upstreams],
+            "reload": {"watch": watch, "debounce_ms": 50}, "log_level": "info", "server": server or {},
         }))
         port = free_port()
         log = tmp_path / f"serve{len(procs)}.log"
+        limit = None if nofile is None else functools.partial(resource.setrlimit, resource.RLIMIT_NOFILE, (nofile, nofile))
         proc = subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(config), "serve", "--port", str(port)],
-                                env=cli_env(state_root), stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True)
+                                env=cli_env(state_root), stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True,
+                                preexec_fn=limit)
         procs.append(proc)
         return f"http://127.0.0.1:{port}", proc, log, folder
 

@@ -23,6 +23,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.runtime import open_gateway, require_policy, serve_announced
     from gateway.core.errors import ConfigError
     from gateway.transports.http_api.app import build_app
+    from gateway.transports.http_limits import ConnectionGuard, ConnectionLimits, fit_to_descriptors
     from gateway.watch import live_reload
 
     settings = settings_of(args)
@@ -31,8 +32,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or settings.server.host
     port = args.port if args.port is not None else settings.server.port
 
+    limits = fit_to_descriptors(ConnectionLimits.of(settings.server))
+
     async def main() -> None:
         gateway = await open_gateway(settings)
+        guard = ConnectionGuard(limits)
+        gateway.metrics.connections = guard.stats
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -45,13 +50,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 await gateway.aclose()
 
         app = build_app(gateway, max_body_bytes=settings.server.max_body_bytes, lifespan=lifespan)
+        # No WebSocket (the gateway serves none; an upgrade would leave the guard's accounting);
+        # uvicorn's keep-alive timer closes idle connections, the guard's sweep the rest.
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
-                                               http=http_protocol()))
+                                               http=http_protocol(guard), ws="none",
+                                               timeout_keep_alive=limits.keep_alive))  # type: ignore[arg-type]
         try:
             await serve_announced(server, gateway)
         except SystemExit:  # uvicorn exits 1 when it cannot listen; that is a configuration error
             raise ConfigError(f"cannot serve on {host}:{port} (the address is in use or not available)") from None
         finally:
+            guard.close()
             await gateway.aclose()
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
@@ -59,16 +68,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def http_protocol() -> Any:
+def http_protocol(guard: Any = None) -> Any:
     """uvicorn's HTTP/1.1 parser: httptools (llhttp, C) when installed, in the protocol that writes a
-    fixed-length response in one write (`gateway.transports.http_protocol`), else h11 (pure Python)."""
+    fixed-length response in one write (`gateway.transports.http_protocol`), under `guard`'s
+    connection limits when given (`gateway.transports.http_limits`); else h11 (pure Python), where
+    only uvicorn's keep-alive timeout applies (httptools is a dependency: said loudly)."""
     try:
         import httptools  # noqa: F401
     except ImportError:
+        if guard is not None:
+            import structlog
+
+            structlog.get_logger().warning("http.connection_limits_off", reason="httptools is not installed: no caps or "
+                                           "header/body timeouts on connections (pip install httptools)")
         return "h11"
     from gateway.transports.http_protocol import OneWriteHttpToolsProtocol
 
-    return OneWriteHttpToolsProtocol
+    if guard is None:
+        return OneWriteHttpToolsProtocol
+    from gateway.transports.http_limits import guarded_protocol
+
+    return guarded_protocol(guard)
 
 
 def add_parsers(sub: Any) -> None:

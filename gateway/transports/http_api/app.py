@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Lifespan, Receive, Scope, Send
@@ -287,6 +287,12 @@ def build_app(
         log.exception("http.unhandled", path=request.url.path)
         return JSONResponse(error_envelope("", ErrorCode.INTERNAL_ERROR, "internal error; the call was not forwarded"), status_code=500)
 
+    async def client_gone(request: Request, exc: Exception) -> Response:
+        """The client went away mid-body (or `dharma serve` cut it off at a body deadline): nobody
+        to answer and nothing wrong with the gateway, so no error line (a client could write one
+        per connection)."""
+        return Response(status_code=400)
+
     middleware: list[Middleware] = []
     direct: Any = mcp  # what serves the MCP path without Starlette's layers
     if settings is not None:
@@ -308,7 +314,7 @@ def build_app(
                         allowed_origins=settings.auth.allowed_origins if settings is not None else (),
                         sessions=UiSessions(getattr(gateway, "ui_session_store", None)),  # Redis: set by open_gateway
                         oidc=settings.ui.oidc if settings is not None else None)
-    app = HttpFront(routes=routes, middleware=middleware, exception_handlers={Exception: server_error}, lifespan=lifespan)
+    app = HttpFront(routes=routes, middleware=middleware, exception_handlers={ClientDisconnect: client_gone, Exception: server_error}, lifespan=lifespan)
     if direct is not None:
         app.direct_path, app.direct = path, direct
     return app
