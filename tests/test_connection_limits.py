@@ -301,3 +301,26 @@ async def test_a_well_behaved_client_keeps_its_p99_under_a_slowloris_attack(serv
     refused_total = value(metrics, "dharma_http_connections_refused_total", limit="max_connections_per_address")
     assert sum(line["count"] for line in refused_lines) <= refused_total
     assert len(refused_lines) <= 10 and refused_total >= 10 * len(refused_lines), "refusals are logged once per interval, not once each"
+
+
+async def test_malformed_requests_are_counted_and_logged_once_per_burst(served: Any) -> None:
+    """A request uvicorn cannot parse gets its 400 and the connection closes, as before; but a
+    client sending garbage on connection after connection must not write a log line each time:
+    the guard counts them at /metrics and logs one line per burst."""
+    url, server, log, _ = served(watch=False)
+    async with client(url) as http:
+        await wait_for(lambda: healthy(http), "the gateway to be healthy", server)
+        before = await scrape(http)
+        for _ in range(40):
+            reader, writer = await connect(url)
+            writer.write(b"NOT HTTP AT ALL\x00\r\n\r\n")
+            raw = await until_closed(reader)
+            writer.close()
+            assert raw.startswith(b"HTTP/1.1 400 "), raw
+        after = await scrape(http)
+    grew = (value(after, "dharma_http_connections_closed_total", reason="malformed_request")
+            - value(before, "dharma_http_connections_closed_total", reason="malformed_request"))
+    assert grew == 40
+    text = log.read_text()
+    assert text.count("Invalid HTTP request received") == 0, "uvicorn's warning once per request"
+    assert 1 <= len(log_events(log, "http.requests_malformed")) <= 2

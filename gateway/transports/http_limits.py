@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import math
 import socket
 from typing import Any
@@ -166,7 +167,8 @@ def _refusals(limits: ConnectionLimits) -> dict[str, tuple[str, float, bytes | N
         "body_timeout": (408, "timeout", "body_timeout_seconds", limits.body_timeout,
                          f"the request body did not arrive whole within {limits.body_timeout:g} s (server.body_timeout_seconds)"),
     }
-    out: dict[str, tuple[str, float, bytes | None]] = {"keep_alive_idle": ("server.keep_alive_seconds", limits.keep_alive, None)}
+    out: dict[str, tuple[str, float, bytes | None]] = {"keep_alive_idle": ("server.keep_alive_seconds", limits.keep_alive, None),
+                                                       "malformed_request": ("HTTP/1.1 syntax", 0, None)}
     for reason, (status, code, setting, value, message) in table.items():
         body: dict[str, Any] = {"error_code": code, "message": message, "retryable": True, "limit": f"server.{setting}", "value": value}
         retry = RETRY_AFTER if status != 408 else None
@@ -181,7 +183,23 @@ def _refusals(limits: ConnectionLimits) -> dict[str, tuple[str, float, bytes | N
 _REFUSED = frozenset({"max_connections", "max_connections_per_address"})
 _LOGGED = {"max_connections": "http.connections_refused", "max_connections_per_address": "http.connections_refused",
            "header_timeout": "http.connections_timed_out", "body_idle": "http.connections_timed_out",
-           "body_timeout": "http.connections_timed_out"}
+           "body_timeout": "http.connections_timed_out", "malformed_request": "http.requests_malformed"}
+
+
+class _DropMalformedWarning(logging.Filter):
+    """uvicorn's "Invalid HTTP request received." warning, once per malformed request: the guard
+    counts those and logs them once per `LOG_INTERVAL` instead (a client could fill the log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "Invalid HTTP request received."
+
+
+#: The logger guarded connections give uvicorn's protocol: a child of `uvicorn.error` (same handlers
+#: and level as `dharma serve` sets it: warning, which also keeps the protocol's per-connection
+#: trace lines skipped) whose one filter drops the per-request malformed-request warning.
+_UVICORN_LOG = logging.getLogger("uvicorn.error.guarded")
+_UVICORN_LOG.setLevel(logging.WARNING)
+_UVICORN_LOG.addFilter(_DropMalformedWarning())
 
 
 class ConnectionGuard:
@@ -349,6 +367,7 @@ class GuardedHttpToolsProtocol(OneWriteHttpToolsProtocol):
             transport.set_protocol(RefusedConnection(guard, transport, refusal, self.loop))
             return
         self.since = guard.now
+        self.logger = _UVICORN_LOG
         super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -381,6 +400,12 @@ class GuardedHttpToolsProtocol(OneWriteHttpToolsProtocol):
         if not self.transport.is_closing():
             self.guard.event("keep_alive_idle", self.address)
         super().timeout_keep_alive_handler()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse (it closes the connection): counted and
+        logged by the guard, a line per `LOG_INTERVAL` whatever a client sends."""
+        self.guard.event("malformed_request", self.address)
+        super().send_400_response(msg)
 
     def _unsupported_upgrade_warning(self) -> None:
         """An `Upgrade` the gateway does not serve (it serves no WebSocket) is answered as a plain
