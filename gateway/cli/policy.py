@@ -280,6 +280,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "message": d.message,
         "matched": [m.rule_id for m in d.matched],
         "disclosure": result.disclosure.verdict.value if result.disclosure else None,
+        "response_findings": result.variables.get("response", {}).get("findings"),
     }
     if args.explain:
         sources = {r.id: (r.when.source if r.when else "") for r in policy.all_rules()}
@@ -310,6 +311,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out(f"block_class: {report['block_class']}  error_code: {report['error_code']}")
     if report["disclosure"]:
         out(f"disclosure: {report['disclosure']}")
+    if report["response_findings"]:
+        out("response findings: " + ", ".join(f"{f['kind']} at {f['path']}" for f in report["response_findings"]))
     if args.explain:
         rules = {r.id: r for r in policy.all_rules()}
         out(f"rules considered for {call.tool}: {len(result.trace)} of {len(rules)}")

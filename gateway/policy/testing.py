@@ -120,12 +120,11 @@ def evaluate_case(
         return CaseResult(decision, sensitivity, tuple(findings), tuple(trace), None, variables=variables, hidden=True)
     decision = combine(evaluate_rules(policy, call.tool, activation, trace), policy)
     verdict = None
+    shown = variables
     if response is not None:
         found = detect_secrets(response) + scan_result(response)
-        verdict = evaluate_disclosure(
-            policy, call.tool, cel.make_activation(response_variables(variables, response, False, found), policy.engine), trace
-        )
-    shown = {**variables, "response": {"result": response}} if response is not None else variables
+        shown = response_variables(variables, response, False, found)  # what the disclosure rules saw, for --explain
+        verdict = evaluate_disclosure(policy, call.tool, cel.make_activation(shown, policy.engine), trace)
     return CaseResult(decision, sensitivity, tuple(findings), tuple(trace), verdict, variables=shown)
 
 
