@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import pytest
 from audit.canon import canonical_bytes
-from audit.checkpoint import parse_checkpoint
-from audit.merkle import leaf_hash
+from audit.checkpoint import CheckpointSigner, parse_checkpoint
+from audit.merkle import leaf_hash, root_hash
 from audit.query import query_records
 from audit.records import IndexFields, index_fields, parse_record, record_bytes, rule_ids
 from audit.postgres import PostgresLedgerReader
@@ -23,7 +23,7 @@ from audit.verify import VerifyReport, verify_ledger
 from gateway.cli.main import main as dharma_main
 from gateway.crypto.receipts import KeyStore
 
-from .conftest import BACKENDS, Location, attacker, fill, make_entry, new_location, open_ledger
+from .conftest import BACKENDS, Location, attacker, fill, make_entry, move_head, new_location, open_ledger
 
 SIZE = 20
 INDEXED_COLUMNS = tuple(IndexFields.__dataclass_fields__)
@@ -33,6 +33,7 @@ class Tamper(Protocol):
     """What an attacker with write access to the ledger's storage can do, one method per class."""
 
     location: str
+    signer: CheckpointSigner  # the ledger's checkpoint key (verify trusts it; a forger may hold it too)
 
     def edit_record_bytes(self, seq: int) -> None: ...
     def edit_column(self, seq: int, column: str, value: Any) -> None: ...
@@ -44,6 +45,7 @@ class Tamper(Protocol):
     def swap_records(self, a: int, b: int) -> None: ...
     def truncate(self, keep: int) -> None: ...
     def rewrite_history(self, seq: int) -> None: ...
+    def store_checkpoint(self, signer: CheckpointSigner) -> None: ...
     def rules_of(self, seq: int) -> tuple[str, ...]: ...
     def reader(self) -> Any: ...
 
@@ -134,6 +136,13 @@ class SqliteTamper:
             prev = digest.hex()
         self._conn.execute("DELETE FROM checkpoints")
 
+    def store_checkpoint(self, signer: CheckpointSigner) -> None:
+        """What a forger holding the checkpoint key can do: sign the records as they now are and store it, stamped."""
+        hashes = [bytes(h) for (h,) in self._conn.execute("SELECT hash FROM records ORDER BY seq").fetchall()]
+        latest = self._conn.execute("SELECT max(size) FROM checkpoints").fetchone()[0]
+        note, created_at = signer.sign_stored(len(hashes), root_hash(hashes), latest)
+        self._conn.execute("INSERT INTO checkpoints(size, note, created_at) VALUES (?, ?, ?)", (len(hashes), note, created_at))
+
 
 class PostgresTamper(SqliteTamper):
     """The same tampering by the owner of a PostgreSQL ledger, its triggers disabled (the attacker's
@@ -142,17 +151,13 @@ class PostgresTamper(SqliteTamper):
     def reader(self) -> PostgresLedgerReader:  # type: ignore[override]
         return PostgresLedgerReader(self.location)
 
-    def _move_head(self) -> None:
-        self._conn.execute("UPDATE head SET size = t.seq, hash = t.hash FROM"
-                           " (SELECT seq, hash FROM records ORDER BY seq DESC LIMIT 1) AS t")
-
     def truncate(self, keep: int) -> None:
         super().truncate(keep)
-        self._move_head()
+        move_head(self._conn)
 
     def rewrite_history(self, seq: int) -> None:
         super().rewrite_history(seq)
-        self._move_head()
+        move_head(self._conn)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -167,6 +172,7 @@ async def tamper(request: pytest.FixtureRequest, tmp_path: Path, state_root: Pat
     await ledger.checkpoint(keys.checkpoint_key, keys.checkpoint_key_name, "example.com/karma")
     await ledger.aclose()
     forger = PostgresTamper(path) if request.param == "postgres" else SqliteTamper(path)
+    forger.signer = CheckpointSigner(keys.checkpoint_key, keys.checkpoint_key_name, "example.com/karma")
     yield forger
     forger.close()
 
@@ -175,7 +181,7 @@ def library_verify(tamper: Tamper, checkpoint: Path | None = None) -> VerifyRepo
     note = None if checkpoint is None else parse_checkpoint(checkpoint.read_text(encoding="utf-8"))
     reader = tamper.reader()
     try:
-        return verify_ledger(reader, note)
+        return verify_ledger(reader, note, keys=[(tamper.signer.key_name, tamper.signer.private_key.public_key())])
     finally:
         reader.close()
 
@@ -293,6 +299,7 @@ def test_truncation_against_a_checkpoint_file(tamper: Tamper, capsys: pytest.Cap
 def test_fork_two_signed_checkpoints_of_one_size(tamper: Tamper, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     before = save_checkpoint(tamper, capsys, tmp_path / "before.txt")
     tamper.rewrite_history(12)
+    tamper.store_checkpoint(tamper.signer)  # the forger holds the key: the ledger stores a checkpoint again
     after = save_checkpoint(tamper, capsys, tmp_path / "after.txt")
     old, new = (parse_checkpoint(p.read_text(encoding="utf-8")) for p in (before, after))
     assert old.size == new.size == SIZE and old.root != new.root  # both signed by the checkpoint key: a fork
