@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import re
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -263,8 +264,12 @@ def stamp_key_id(key_name: str, public_key: Ed25519PublicKey) -> bytes:
 
 
 def stamp_time(time_us: int) -> str:
-    """A stamp's time as RFC 3339 UTC with microseconds, the form writers store in `created_at`."""
-    return (_EPOCH + timedelta(microseconds=time_us)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """A stamp's time as RFC 3339 UTC with microseconds, the form writers store in `created_at` (a time
+    past year 9999 is no such time, and says so)."""
+    try:
+        return (_EPOCH + timedelta(microseconds=time_us)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    except OverflowError:
+        return f"{time_us} microseconds after 1970 (past year 9999)"
 
 
 def _stamp_message(prefix: str, time_us: int, prev: int | None) -> bytes:
@@ -297,13 +302,14 @@ def read_stamp(text: str) -> Stamp | None:
                  _stamp_message(text[:last], time_us, prev_size))
 
 
-def verify_stamp(stamp: Stamp, public_key: Ed25519PublicKey, key_name: str) -> None:
-    """Check that (`key_name`, `public_key`) made `stamp`.
+def verify_stamp(stamp: Stamp, public_key: Ed25519PublicKey, key_name: str, stamp_id: bytes | None = None) -> None:
+    """Check that (`key_name`, `public_key`) made `stamp` (`stamp_id`: its `stamp_key_id`, if the caller has it).
 
     Raises:
         LedgerError: the stamp is another key's, or its signature does not verify.
     """
-    if stamp.key_name != key_name or stamp.key_id != stamp_key_id(key_name, public_key):
+    wanted = stamp_key_id(key_name, public_key) if stamp_id is None else stamp_id
+    if stamp.key_name != key_name or stamp.key_id != wanted:
         raise LedgerError(f"its stamp is by key {stamp.key_name!r} (stamp key id {stamp.key_id.hex()}), not by {key_name!r}")
     try:
         public_key.verify(stamp.signature, stamp.message)
@@ -350,8 +356,11 @@ def _check_key_name(name: str) -> None:
         raise LedgerError(f"key name {name!r} must be non-empty, without spaces or '+'")
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def _has_control(text: str) -> bool:
-    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+    return _CONTROL.search(text) is not None
 
 
 def checkpoint_jwk(key_name: str, public_key: Ed25519PublicKey) -> dict[str, str]:

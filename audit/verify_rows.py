@@ -59,6 +59,7 @@ class StoredCheckpoint:
     note: str
     created_at: str
     stamp: Stamp | None
+    when: datetime  # `created_at` read
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,18 @@ class _Bad(Exception):
     """A stored row is not what it must be (the message names the row and the column)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """The known keys, and by (name, stamp key id) each one's public key and note key id (computed once)."""
+
+    keys: PublicKeys
+    by_stamp: dict[tuple[str, bytes], tuple[Ed25519PublicKey, bytes]]
+
+    @classmethod
+    def of(cls, keys: PublicKeys) -> _Known:
+        return cls(keys, {(name, stamp_key_id(name, pk)): (pk, key_id(name, pk)) for name, pk in keys})
+
+
 def check_checkpoints(rows: Iterable[tuple[Any, Any, Any]], keys: PublicKeys | None) -> CheckedCheckpoints:
     """Check every stored checkpoint row, smallest size first; stop at the first bad one.
 
@@ -98,15 +111,16 @@ def check_checkpoints(rows: Iterable[tuple[Any, Any, Any]], keys: PublicKeys | N
     that has no keys); the CLI always passes the keys it trusts.
     """
     good: list[StoredCheckpoint] = []
+    known = None if keys is None else _Known.of(keys)
     for row in rows:
         try:
-            good.append(_check_row(row, keys, good[-1] if good else None))
+            good.append(_check_row(row, known, good[-1] if good else None))
         except _Bad as exc:
             return CheckedCheckpoints(good, str(exc))
     return CheckedCheckpoints(good, "")
 
 
-def _check_row(row: tuple[Any, Any, Any], keys: PublicKeys | None, before: StoredCheckpoint | None) -> StoredCheckpoint:
+def _check_row(row: tuple[Any, Any, Any], known: _Known | None, before: StoredCheckpoint | None) -> StoredCheckpoint:
     size, note, created_at = row
     where = f"stored checkpoint at size {size!r}"
     for column, value, kind in (("size", size, int), ("note", note, str), ("created_at", created_at, str)):
@@ -123,32 +137,34 @@ def _check_row(row: tuple[Any, Any, Any], keys: PublicKeys | None, before: Store
                    f"{before.size} for {before.origin!r}: a ledger has one origin")
     stamp = read_stamp(note)
     if stamp is None:
-        _check_unstamped(where, note, cp, created_at, keys, before)
+        _check_unstamped(where, note, cp, created_at, known, before)
     else:
-        _check_stamped(where, cp, stamp, created_at, keys, before)
-    now, then = _when(created_at), None if before is None else _when(before.created_at)
-    if now is not None and then is not None and now < then - CLOCK_SKEW:
+        _check_stamped(where, cp, stamp, created_at, known, before)
+    when = _when(created_at)
+    if when is None:  # checked for an unstamped row; a stamped one's is its stamp's time
+        raise _Bad(f"{where}: column created_at holds {created_at!r}, not {_TIME_FORM}")
+    if before is not None and when < before.when - CLOCK_SKEW:
         raise _Bad(f"{where}: column created_at holds {created_at!r}, before the stored checkpoint at size "
                    f"{before.size} ({before.created_at}): stored checkpoints go back in time")
-    return StoredCheckpoint(size, cp.root, cp.origin, note, created_at, stamp)
+    return StoredCheckpoint(size, cp.root, cp.origin, note, created_at, stamp, when)
 
 
-def _check_unstamped(where: str, note: str, cp: Checkpoint, created_at: str, keys: PublicKeys | None,
+def _check_unstamped(where: str, note: str, cp: Checkpoint, created_at: str, known: _Known | None,
                      before: StoredCheckpoint | None) -> None:
     """A row stored before stamps existed: only before every stamped row; signed by a known key; a time."""
     if before is not None and before.stamp is not None:  # rows before an unstamped one are unstamped too
         raise _Bad(f"{where}: column note carries no stamp, yet the stored checkpoint at size {before.size} before "
                    "it does (a writer never stops stamping): its stamp was removed or the row replaced")
-    if keys is not None:
+    if known is not None:
         try:
-            verify_checkpoint_keys(note, keys)
+            verify_checkpoint_keys(note, known.keys)
         except LedgerError as exc:
             raise _Bad(f"{where}: column note: {exc}") from None
     if _when(created_at) is None:
         raise _Bad(f"{where}: column created_at holds {created_at!r}, not {_TIME_FORM}")
 
 
-def _check_stamped(where: str, cp: Checkpoint, stamp: Stamp, created_at: str, keys: PublicKeys | None,
+def _check_stamped(where: str, cp: Checkpoint, stamp: Stamp, created_at: str, known: _Known | None,
                    before: StoredCheckpoint | None) -> None:
     """A stamped row: the note's signature and its stamp by one known key, nothing else; `created_at`
     is the stamp's time; the stamp's `prev` is the row before it."""
@@ -156,16 +172,16 @@ def _check_stamped(where: str, cp: Checkpoint, stamp: Stamp, created_at: str, ke
     if len(cp.signatures) != 2 or signer.key_name != stamp.key_name:
         raise _Bad(f"{where}: column note holds {len(cp.signatures)} signature line(s); a stored note holds two, "
                    "its key's signature and then its stamp")
-    if keys is not None:
-        known = [(name, pk) for name, pk in keys if name == stamp.key_name and stamp.key_id == stamp_key_id(name, pk)]
-        if not known:
-            kids = ", ".join(f"{name}+{stamp_key_id(name, pk).hex()}" for name, pk in keys) or "none"
+    if known is not None:
+        found = known.by_stamp.get((stamp.key_name, stamp.key_id))
+        if found is None:
+            kids = ", ".join(f"{name}+{stamp_id.hex()}" for name, stamp_id in known.by_stamp) or "none"
             raise _Bad(f"{where}: column note is stamped by none of the known checkpoint keys (stamp key ids {kids})")
-        name, public_key = known[0]
-        if signer.key_id != key_id(name, public_key):
+        public_key, note_key_id = found
+        if signer.key_id != note_key_id:
             raise _Bad(f"{where}: column note is signed by another key than its stamp")
         try:
-            verify_stamp(stamp, public_key, name)  # it signs the note above it, the key's own signature line too
+            verify_stamp(stamp, public_key, stamp.key_name, stamp.key_id)  # it signs the note above it, signature line too
         except LedgerError as exc:
             raise _Bad(f"{where}: column note: {exc}") from None
     if created_at != stamp.created_at:
@@ -188,7 +204,7 @@ def _when(text: str) -> datetime | None:
     if not _TIME.fullmatch(text):
         return None
     try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        return datetime.fromisoformat(text)
     except ValueError:
         return None
 
