@@ -17,13 +17,14 @@ Published as a JWK (beside the receipt keys in the gateway's JWKS), the checkpoi
 A checkpoint a ledger *stores* carries one more line by the same key, its stamp (signature type
 0xff followed by `dharma-checkpoint-stamp/v1`, which other verifiers skip as an unknown key):
 
-    — <key name> <base64(stamp key id[4] || time[8] || prev[8] || Ed25519 signature[64])>\n
+    — <key name> <base64(stamp key id[4] || time[8] || prev[8] || prev stamped[1] || Ed25519 signature[64])>\n
 
-over `dharma-checkpoint-stamp/v1\n` `time <µs since the epoch>\n` `prev <size|none>\n` and the
-whole note before the stamp line (body and signature). `time` is when it was stored (the row's
-`created_at`), `prev` the size of the stored checkpoint before it: so `audit verify` checks a
-stored row's every column against what the key signed, and a deleted stored checkpoint leaves a
-`prev` naming a size no row holds.
+over `dharma-checkpoint-stamp/v1\n` `time <µs since the epoch>\n` `prev <size> stamped|unstamped\n`
+(or `prev none\n`) and the whole note before the stamp line (body and signature). `time` is when it
+was stored (the row's `created_at`), `prev` the size of the stored checkpoint before it and whether
+that one carries a stamp: so `audit verify` checks a stored row's every column against what the key
+signed, a deleted stored checkpoint leaves a `prev` naming a size no row holds, and a stamp removed
+from a stored checkpoint is named by the next one's.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ CHECKPOINT_ALG = "Ed25519"
 STAMP_HEADER = "dharma-checkpoint-stamp/v1"
 STAMP_TYPE = b"\xff" + STAMP_HEADER.encode("ascii")
 """Signed-note signature type of the stamp: 0xff ("no identifier byte assigned") and a long identifier."""
-_STAMP_FIELDS = struct.Struct(">QQ")  # time in microseconds since the epoch, size of the stored checkpoint before
+_STAMP_FIELDS = struct.Struct(">QQB")  # µs since the epoch; size of the stored checkpoint before; whether it is stamped
 _STAMP_SIZE = _STAMP_FIELDS.size + 64
 _NO_PREV = 2**64 - 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -100,11 +101,14 @@ class CheckpointSigner:
     def sign(self, size: int, root: bytes) -> str:
         return sign_checkpoint(self.origin, size, root, self.private_key, self.key_name)
 
-    def sign_stored(self, size: int, root: bytes, prev: int | None, time_us: int | None = None) -> tuple[str, str]:
+    def sign_stored(self, size: int, root: bytes, prev: int | None, time_us: int | None = None, *,
+                    prev_stamped: bool = True) -> tuple[str, str]:
         """A note to store, stamped with the time (now) and the size of the stored checkpoint before it
-        (`prev`, None for the first); returns it with the `created_at` to store it with."""
+        (`prev`, None for the first) and whether that one is stamped; returns it with the `created_at`
+        to store it with."""
         stamped_at = time.time_ns() // 1000 if time_us is None else time_us
-        note = stamp_note(self.sign(size, root), self.private_key, self.key_name, stamped_at, prev)
+        note = stamp_note(self.sign(size, root), self.private_key, self.key_name, stamped_at, prev,
+                          prev is not None and prev_stamped)
         return note, stamp_time(stamped_at)
 
     def made(self, note: str, size: int, root: bytes) -> bool:
@@ -128,7 +132,9 @@ def checkpoint_to_store(signer: CheckpointSigner, size: int, root: bytes,
     """
     if latest is not None and latest[0] == size:
         return (latest[1], None) if signer.made(latest[1], size, root) else (signer.sign(size, root), None)
-    return signer.sign_stored(size, root, None if latest is None else latest[0])
+    if latest is None:
+        return signer.sign_stored(size, root, None)
+    return signer.sign_stored(size, root, latest[0], prev_stamped=read_stamp(latest[1]) is not None)
 
 
 class CheckpointSchedule:
@@ -242,10 +248,12 @@ def verify_checkpoint(text: str, public_key: Ed25519PublicKey, key_name: str) ->
 @dataclass(frozen=True, slots=True)
 class Stamp:
     """The stamp that ends a stored note (unverified until `verify_stamp`): when it was stored
-    (microseconds since the epoch) and the size of the stored checkpoint before it (None: the first)."""
+    (microseconds since the epoch), the size of the stored checkpoint before it (None: the first)
+    and whether that one carries a stamp."""
 
     time_us: int
     prev: int | None
+    prev_stamped: bool
     key_name: str
     key_id: bytes
     signature: bytes
@@ -272,23 +280,25 @@ def stamp_time(time_us: int) -> str:
         return f"{time_us} microseconds after 1970 (past year 9999)"
 
 
-def _stamp_message(prefix: str, time_us: int, prev: int | None) -> bytes:
-    return f"{STAMP_HEADER}\ntime {time_us}\nprev {'none' if prev is None else prev}\n{prefix}".encode("utf-8")
+def _stamp_message(prefix: str, time_us: int, prev: int | None, prev_stamped: bool) -> bytes:
+    before = "none" if prev is None else f"{prev} {'stamped' if prev_stamped else 'unstamped'}"
+    return f"{STAMP_HEADER}\ntime {time_us}\nprev {before}\n{prefix}".encode("utf-8")
 
 
-def stamp_note(note: str, private_key: Ed25519PrivateKey, key_name: str, time_us: int, prev: int | None) -> str:
+def stamp_note(note: str, private_key: Ed25519PrivateKey, key_name: str, time_us: int, prev: int | None,
+               prev_stamped: bool) -> str:
     """`note` with its stamp line appended (see the module docstring)."""
     if not 0 <= time_us < _NO_PREV or (prev is not None and not 0 <= prev < _NO_PREV):
         raise LedgerError(f"cannot stamp a checkpoint with time {time_us} and prev {prev}")
-    signature = private_key.sign(_stamp_message(note, time_us, prev))
-    fields = _STAMP_FIELDS.pack(time_us, _NO_PREV if prev is None else prev)
+    signature = private_key.sign(_stamp_message(note, time_us, prev, prev_stamped))
+    fields = _STAMP_FIELDS.pack(time_us, _NO_PREV if prev is None else prev, int(prev_stamped))
     blob = base64.b64encode(stamp_key_id(key_name, private_key.public_key()) + fields + signature).decode("ascii")
     return f"{note}{SIG_PREFIX}{key_name} {blob}\n"
 
 
 def read_stamp(text: str) -> Stamp | None:
     """The stamp of a well-formed note (`parse_checkpoint` accepted it): its last signature line when
-    that has a stamp's length and follows another signature line; None otherwise. Not verified."""
+    that has a stamp's length and form and follows another signature line; None otherwise. Not verified."""
     cut = text.rfind("\n\n") + 2
     last = text.rfind("\n", cut, len(text) - 1) + 1
     if last <= cut:
@@ -296,10 +306,13 @@ def read_stamp(text: str) -> Stamp | None:
     line = _parse_signature(text[last:-1])
     if len(line.signature) != _STAMP_SIZE:
         return None
-    time_us, prev = _STAMP_FIELDS.unpack(line.signature[: _STAMP_FIELDS.size])
+    time_us, prev, flag = _STAMP_FIELDS.unpack(line.signature[: _STAMP_FIELDS.size])
     prev_size = None if prev == _NO_PREV else prev
-    return Stamp(time_us, prev_size, line.key_name, line.key_id, line.signature[_STAMP_FIELDS.size :],
-                 _stamp_message(text[:last], time_us, prev_size))
+    if flag > 1 or (prev_size is None and flag):  # not as `stamp_note` writes it: no stamp
+        return None
+    prev_stamped = flag == 1
+    return Stamp(time_us, prev_size, prev_stamped, line.key_name, line.key_id, line.signature[_STAMP_FIELDS.size :],
+                 _stamp_message(text[:last], time_us, prev_size, prev_stamped))
 
 
 def verify_stamp(stamp: Stamp, public_key: Ed25519PublicKey, key_name: str, stamp_id: bytes | None = None) -> None:

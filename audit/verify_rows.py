@@ -5,10 +5,12 @@ naming the row and the column:
 
 - a stored checkpoint row `(size, note, created_at)`: `note` is a checkpoint note of `size`, signed
   and stamped by a known checkpoint key (`audit.checkpoint`: the stamp signs the time it was stored,
-  which `created_at` must repeat, and the size of the stored checkpoint before it, which must be
-  the row before it: a deleted row leaves a stamp naming a size no row holds); one origin; times
-  that do not go back. Its root is compared with the records by the walk. Rows stored before stamps
-  existed are checked for their signature and form only, and only before the first stamped row.
+  which `created_at` must repeat, and the size of the stored checkpoint before it and whether that
+  one is stamped, which must be the row before it: a deleted row leaves a stamp naming a size no row
+  holds, a removed stamp is named by the next row's); one origin; times that do not go back. Its
+  root is compared with the records by the walk. Rows stored before stamps existed (the key's
+  signature alone) are checked for their signature, form and order, and only before the first
+  stamped row.
 - `meta`: only the keys a ledger writes, each with the value it must have (`META_KEYS`).
 - `head` (PostgreSQL): one row, at the ledger's size and last record hash.
 - a checkpoint kept outside the database: the newest stored checkpoint must reach it.
@@ -141,7 +143,7 @@ def _check_row(row: tuple[Any, Any, Any], known: _Known | None, before: StoredCh
     else:
         _check_stamped(where, cp, stamp, created_at, known, before)
     when = _when(created_at)
-    if when is None:  # checked for an unstamped row; a stamped one's is its stamp's time
+    if when is None:  # a stamped row's is its stamp's time
         raise _Bad(f"{where}: column created_at holds {created_at!r}, not {_TIME_FORM}")
     if before is not None and when < before.when - CLOCK_SKEW:
         raise _Bad(f"{where}: column created_at holds {created_at!r}, before the stored checkpoint at size "
@@ -151,27 +153,29 @@ def _check_row(row: tuple[Any, Any, Any], known: _Known | None, before: StoredCh
 
 def _check_unstamped(where: str, note: str, cp: Checkpoint, created_at: str, known: _Known | None,
                      before: StoredCheckpoint | None) -> None:
-    """A row stored before stamps existed: only before every stamped row; signed by a known key; a time."""
+    """A row stored before stamps existed: only before every stamped row; signed by a known key."""
     if before is not None and before.stamp is not None:  # rows before an unstamped one are unstamped too
         raise _Bad(f"{where}: column note carries no stamp, yet the stored checkpoint at size {before.size} before "
                    "it does (a writer never stops stamping): its stamp was removed or the row replaced")
+    if len(cp.signatures) != 1:
+        raise _Bad(f"{where}: column note carries no stamp and {len(cp.signatures)} signature lines; a stored note "
+                   "holds its key's signature and its stamp (or, stored before stamps existed, the signature alone)")
     if known is not None:
         try:
             verify_checkpoint_keys(note, known.keys)
         except LedgerError as exc:
             raise _Bad(f"{where}: column note: {exc}") from None
-    if _when(created_at) is None:
-        raise _Bad(f"{where}: column created_at holds {created_at!r}, not {_TIME_FORM}")
 
 
 def _check_stamped(where: str, cp: Checkpoint, stamp: Stamp, created_at: str, known: _Known | None,
                    before: StoredCheckpoint | None) -> None:
     """A stamped row: the note's signature and its stamp by one known key, nothing else; `created_at`
-    is the stamp's time; the stamp's `prev` is the row before it."""
+    is the stamp's time; the stamp's `prev` is the row before it, stamped as it says."""
     signer = cp.signatures[0]
     if len(cp.signatures) != 2 or signer.key_name != stamp.key_name:
-        raise _Bad(f"{where}: column note holds {len(cp.signatures)} signature line(s); a stored note holds two, "
-                   "its key's signature and then its stamp")
+        raise _Bad(f"{where}: column note holds {len(cp.signatures)} signature lines by "
+                   f"{', '.join(repr(s.key_name) for s in cp.signatures)}; a stored note holds two by one key, its "
+                   "signature and then its stamp")
     if known is not None:
         found = known.by_stamp.get((stamp.key_name, stamp.key_id))
         if found is None:
@@ -188,6 +192,10 @@ def _check_stamped(where: str, cp: Checkpoint, stamp: Stamp, created_at: str, kn
         raise _Bad(f"{where}: column created_at holds {created_at!r} but its stamp says {stamp.created_at!r}")
     wanted = None if before is None else before.size
     if stamp.prev == wanted:
+        if before is not None and stamp.prev_stamped != (before.stamp is not None):
+            said = ("carries a stamp, and it carries none: its stamp was removed" if stamp.prev_stamped
+                    else "carries no stamp, and it carries one: the row was replaced")
+            raise _Bad(f"{where}: its stamp says the stored checkpoint before it (size {before.size}) {said}")
         return
     if stamp.prev is None:
         raise _Bad(f"{where}: its stamp says it is the first stored checkpoint, yet the one at size {wanted} is "

@@ -125,13 +125,16 @@ def test_a_stored_note_carries_a_stamp_by_the_same_key_that_c2sp_verifiers_skip(
     raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
     assert blob[:4] == hashlib.sha256(b"log\n\xffdharma-checkpoint-stamp/v1" + raw).digest()[:4] == stamp_key_id("log", key.public_key())
     assert int.from_bytes(blob[4:12], "big") == 1_767_225_600_123_456 and int.from_bytes(blob[12:20], "big") == 5
-    key.public_key().verify(blob[20:], b"dharma-checkpoint-stamp/v1\ntime 1767225600123456\nprev 5\n" + plain.encode())
+    assert blob[20] == 1  # the stored checkpoint before it is stamped
+    key.public_key().verify(blob[21:], b"dharma-checkpoint-stamp/v1\ntime 1767225600123456\nprev 5 stamped\n" + plain.encode())
     stamp = read_stamp(note)
-    assert stamp is not None and (stamp.prev, stamp.created_at) == (5, created_at)
+    assert stamp is not None and (stamp.prev, stamp.prev_stamped, stamp.created_at) == (5, True, created_at)
     verify_stamp(stamp, key.public_key(), "log")
     assert read_stamp(plain) is None
     first = read_stamp(signer.sign_stored(7, ROOT, None)[0])
-    assert first is not None and first.prev is None
+    assert first is not None and (first.prev, first.prev_stamped) == (None, False)
+    after_legacy = read_stamp(signer.sign_stored(7, ROOT, 5, prev_stamped=False)[0])
+    assert after_legacy is not None and (after_legacy.prev, after_legacy.prev_stamped) == (5, False)
 
 
 def test_an_edited_stamp_or_note_under_it_does_not_verify(key: Ed25519PrivateKey) -> None:

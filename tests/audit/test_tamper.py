@@ -610,6 +610,24 @@ def test_a_stamp_removed_from_a_stored_checkpoint_is_named(wide: Tamper, capsys:
                   "checkpoint at size 200 before it does")
 
 
+def test_a_stamp_removed_from_the_first_checkpoint_is_named_by_the_next_ones(wide: Tamper,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    (note,) = wide.sql("SELECT note FROM checkpoints WHERE size = 100")[0]
+    wide.sql("UPDATE checkpoints SET note = ?, created_at = '2026-01-01T00:00:00.000000Z' WHERE size = 100",
+             (note[: note.rstrip("\n").rfind("\n") + 1],))  # it would pass for one stored before stamps existed
+    assert_caught(wide, capsys, None, "stored checkpoint at size 200: its stamp says the stored checkpoint before it "
+                  "(size 100) carries a stamp, and it carries none: its stamp was removed")
+
+
+def test_a_line_after_a_stamp_is_named(wide: Tamper, capsys: pytest.CaptureFixture[str]) -> None:
+    (note,) = wide.sql("SELECT note FROM checkpoints WHERE size = 100")[0]
+    witness = CheckpointSigner(Ed25519PrivateKey.generate(), "witness", ORIGIN)
+    with wide.reader() as reader:
+        line = witness.sign(100, root_hash(reader.leaf_hashes(100))).split("\n\n")[1]
+    wide.sql("UPDATE checkpoints SET note = ? WHERE size = 100", (note + line,))
+    assert_caught(wide, capsys, None, "stored checkpoint at size 100: column note carries no stamp and 3 signature lines")
+
+
 def test_unstamped_checkpoints_of_an_older_ledger_are_checked_for_form_and_order(wide: Tamper,
                                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     for (size, note), day in zip(wide.sql("SELECT size, note FROM checkpoints ORDER BY size"), (1, 2, 3), strict=True):
