@@ -91,7 +91,9 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
 
     if args.bundle:
         return _verify_bundle(args)
-    keys = None if args.no_signature_check else _checkpoint_keys(args)
+    keys, missing = (None, "") if args.no_signature_check else _checkpoint_keys(args)
+    if keys is None and args.checkpoint and not args.no_signature_check:
+        raise ConfigError(f"cannot check the signature of {args.checkpoint}: {missing} (pass --jwks FILE, the published JWKS)")
     checkpoint = None
     if args.checkpoint:
         text = _read_note(args.checkpoint, "checkpoint")
@@ -104,8 +106,8 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     with open_ledger_reader(location) as reader:
         path = _display(location)
         if keys is None and not args.no_signature_check and reader.checkpoints():
-            raise ConfigError(f"{path} stores signed checkpoints, and no checkpoint key is here to check them: pass "
-                              "--jwks FILE (the published JWKS), run where the state root holds the keys, or pass "
+            raise ConfigError(f"{path} stores signed checkpoints, and no checkpoint key is here to check them ({missing}): "
+                              "pass --jwks FILE (the published JWKS), run where the state root holds the keys, or pass "
                               "--no-signature-check")
         started = time.perf_counter()
         report = verify_ledger(reader, checkpoint, keys=keys)
@@ -123,8 +125,8 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     return EXIT_FAILED
 
 
-def _checkpoint_keys(args: argparse.Namespace) -> list[Any] | None:
-    """The checkpoint keys verify trusts: the --jwks file's, else the state root's; None when there are none."""
+def _checkpoint_keys(args: argparse.Namespace) -> tuple[list[Any] | None, str]:
+    """The checkpoint keys verify trusts: the --jwks file's, else the state root's; (None, why) when there are none."""
     from audit.checkpoint import checkpoint_keys
     from audit.errors import LedgerError
     from gateway.crypto.receipts import load_jwks
@@ -136,12 +138,12 @@ def _checkpoint_keys(args: argparse.Namespace) -> list[Any] | None:
             raise ConfigError(f"{args.jwks}: {exc}") from None
         if not found:
             raise ConfigError(f"{args.jwks} publishes no checkpoint key")
-        return found
+        return found, ""
     try:
         keys = open_keys(args, create=False)
-    except ConfigError:
-        return None
-    return [(keys.checkpoint_key_name, keys.checkpoint_key.public_key())]
+    except ConfigError as exc:
+        return None, str(exc)
+    return [(keys.checkpoint_key_name, keys.checkpoint_key.public_key())], ""
 
 
 def reach_line(path: str, report: Any, *, signed: bool) -> str:
@@ -474,7 +476,8 @@ def add_parsers(sub: Any) -> None:
     p = add_command(audit, "verify", "recompute the ledger; exit 1 at the first bad record")
     p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--checkpoint", help="a checkpoint kept outside the database (catches truncation)")
-    p.add_argument("--no-signature-check", action="store_true", help="use the checkpoint without checking its signature")
+    p.add_argument("--no-signature-check", action="store_true",
+                   help="check the checkpoints (--checkpoint and the stored ones) without their signatures")
     p.add_argument("--bundle", help="verify an export bundle offline instead of a ledger")
     p.add_argument("--jwks", help="the published JWKS to check checkpoints against (the bundle's, or the stored ones "
                                   "and --checkpoint; default for a ledger: the state root's checkpoint key)")

@@ -649,10 +649,13 @@ def test_verify_checks_stored_signatures_with_the_published_keys_or_refuses(wide
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     jwks = tmp_path / "jwks.json"
     jwks.write_text(json.dumps(KeyStore.open(state_root, create=False).jwks()), encoding="utf-8")
+    saved = save_checkpoint(wide, capsys, tmp_path / "checkpoint.txt")
     monkeypatch.setenv("DHARMA_STATE_ROOT", str(tmp_path / "elsewhere"))  # an auditor's machine: no keys here
     code, out = cli(capsys, "audit", "verify", "--ledger", wide.location)
-    assert code == 2 and "no checkpoint key is here to check them: pass --jwks FILE" in out, out
-    code, out = cli(capsys, "audit", "verify", "--ledger", wide.location, "--jwks", jwks)
+    assert code == 2 and "no checkpoint key is here to check them" in out and "pass --jwks FILE" in out, out
+    code, out = cli(capsys, "audit", "verify", "--ledger", wide.location, "--checkpoint", saved)
+    assert code == 2 and f"cannot check the signature of {saved}" in out, out
+    code, out = cli(capsys, "audit", "verify", "--ledger", wide.location, "--jwks", jwks, "--checkpoint", saved)
     assert code == 0 and "3 stored checkpoint(s) checked" in out and "without their signatures" not in out, out
     code, out = cli(capsys, "audit", "verify", "--ledger", wide.location, "--no-signature-check")
     assert code == 0 and "without their signatures (--no-signature-check)" in out, out
