@@ -13,6 +13,18 @@ Published as a JWK (beside the receipt keys in the gateway's JWKS), the checkpoi
 `{"kty": "OKP", "crv": "Ed25519", "x": …, "kid": "<key name>+<hex key id>", "use":
 "dharma-checkpoint", "alg": "Ed25519"}`: the kid is the signed-note verifier name, and the
 `use` keeps receipt verifiers (which want `"sig"`) from ever accepting it for a receipt.
+
+A checkpoint a ledger *stores* carries one more line by the same key, its stamp (signature type
+0xff followed by `dharma-checkpoint-stamp/v1`, which other verifiers skip as an unknown key):
+
+    — <key name> <base64(stamp key id[4] || time[8] || prev[8] || prev stamped[1] || Ed25519 signature[64])>\n
+
+over `dharma-checkpoint-stamp/v1\n` `time <µs since the epoch>\n` `prev <size> stamped|unstamped\n`
+(or `prev none\n`) and the whole note before the stamp line (body and signature). `time` is when it
+was stored (the row's `created_at`), `prev` the size of the stored checkpoint before it and whether
+that one carries a stamp: so `audit verify` checks a stored row's every column against what the key
+signed, a deleted stored checkpoint leaves a `prev` naming a size no row holds, and a stamp removed
+from a stored checkpoint is named by the next one's.
 """
 
 from __future__ import annotations
@@ -20,8 +32,12 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Callable
+import re
+import struct
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -34,6 +50,13 @@ SIG_PREFIX = "\u2014 "
 ED25519_TYPE = b"\x01"
 CHECKPOINT_USE = "dharma-checkpoint"
 CHECKPOINT_ALG = "Ed25519"
+STAMP_HEADER = "dharma-checkpoint-stamp/v1"
+STAMP_TYPE = b"\xff" + STAMP_HEADER.encode("ascii")
+"""Signed-note signature type of the stamp: 0xff ("no identifier byte assigned") and a long identifier."""
+_STAMP_FIELDS = struct.Struct(">QQB")  # µs since the epoch; size of the stored checkpoint before; whether it is stamped
+_STAMP_SIZE = _STAMP_FIELDS.size + 64
+_NO_PREV = 2**64 - 1
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +83,12 @@ class Checkpoint:
         lines = [self.origin, str(self.size), base64.b64encode(self.root).decode("ascii"), *self.extensions]
         return "".join(line + "\n" for line in lines)
 
+    def text(self) -> str:
+        """The whole note again: body, blank line, signature lines."""
+        lines = (f"{SIG_PREFIX}{s.key_name} {base64.b64encode(s.key_id + s.signature).decode('ascii')}\n"
+                 for s in self.signatures)
+        return self.body() + "\n" + "".join(lines)
+
 
 @dataclass(frozen=True, slots=True)
 class CheckpointSigner:
@@ -71,6 +100,41 @@ class CheckpointSigner:
 
     def sign(self, size: int, root: bytes) -> str:
         return sign_checkpoint(self.origin, size, root, self.private_key, self.key_name)
+
+    def sign_stored(self, size: int, root: bytes, prev: int | None, time_us: int | None = None, *,
+                    prev_stamped: bool = True) -> tuple[str, str]:
+        """A note to store, stamped with the time (now) and the size of the stored checkpoint before it
+        (`prev`, None for the first) and whether that one is stamped; returns it with the `created_at`
+        to store it with."""
+        stamped_at = time.time_ns() // 1000 if time_us is None else time_us
+        note = stamp_note(self.sign(size, root), self.private_key, self.key_name, stamped_at, prev,
+                          prev is not None and prev_stamped)
+        return note, stamp_time(stamped_at)
+
+    def made(self, note: str, size: int, root: bytes) -> bool:
+        """Whether `note` is this signer's checkpoint of (size, root) (its origin, a line by its key; unverified)."""
+        try:
+            cp = parse_checkpoint(note)
+        except LedgerError:
+            return False
+        mine = key_id(self.key_name, self.private_key.public_key())
+        return (cp.origin, cp.size, cp.root) == (self.origin, size, root) and any(
+            s.key_name == self.key_name and s.key_id == mine for s in cp.signatures)
+
+
+def checkpoint_to_store(signer: CheckpointSigner, size: int, root: bytes,
+                        latest: tuple[int, str] | None) -> tuple[str, str | None]:
+    """What a ledger writer does to sign its head (size, root), `latest` being the newest stored
+    (size, note): (the note to hand out, the `created_at` to store it with, None: store nothing).
+
+    The stored note of that size when `signer` made it (one stored note a size); a new stamped note
+    whose `prev` is `latest`'s size; or, when another key's note holds the size, a plain note not stored.
+    """
+    if latest is not None and latest[0] == size:
+        return (latest[1], None) if signer.made(latest[1], size, root) else (signer.sign(size, root), None)
+    if latest is None:
+        return signer.sign_stored(size, root, None)
+    return signer.sign_stored(size, root, latest[0], prev_stamped=read_stamp(latest[1]) is not None)
 
 
 class CheckpointSchedule:
@@ -181,6 +245,91 @@ def verify_checkpoint(text: str, public_key: Ed25519PublicKey, key_name: str) ->
     return checkpoint
 
 
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """The stamp that ends a stored note (unverified until `verify_stamp`): when it was stored
+    (microseconds since the epoch), the size of the stored checkpoint before it (None: the first)
+    and whether that one carries a stamp."""
+
+    time_us: int
+    prev: int | None
+    prev_stamped: bool
+    key_name: str
+    key_id: bytes
+    signature: bytes
+    message: bytes
+
+    @property
+    def created_at(self) -> str:
+        """The `created_at` a writer stores with the note."""
+        return stamp_time(self.time_us)
+
+
+def stamp_key_id(key_name: str, public_key: Ed25519PublicKey) -> bytes:
+    """The key id of `public_key`'s stamps: as `key_id`, with the stamp's signature type."""
+    raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return hashlib.sha256(key_name.encode("utf-8") + b"\n" + STAMP_TYPE + raw).digest()[:4]
+
+
+def stamp_time(time_us: int) -> str:
+    """A stamp's time as RFC 3339 UTC with microseconds, the form writers store in `created_at` (a time
+    past year 9999 is no such time, and says so)."""
+    try:
+        return (_EPOCH + timedelta(microseconds=time_us)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    except OverflowError:
+        return f"{time_us} microseconds after 1970 (past year 9999)"
+
+
+def _stamp_message(prefix: str, time_us: int, prev: int | None, prev_stamped: bool) -> bytes:
+    before = "none" if prev is None else f"{prev} {'stamped' if prev_stamped else 'unstamped'}"
+    return f"{STAMP_HEADER}\ntime {time_us}\nprev {before}\n{prefix}".encode("utf-8")
+
+
+def stamp_note(note: str, private_key: Ed25519PrivateKey, key_name: str, time_us: int, prev: int | None,
+               prev_stamped: bool) -> str:
+    """`note` with its stamp line appended (see the module docstring)."""
+    if not 0 <= time_us < _NO_PREV or (prev is not None and not 0 <= prev < _NO_PREV):
+        raise LedgerError(f"cannot stamp a checkpoint with time {time_us} and prev {prev}")
+    signature = private_key.sign(_stamp_message(note, time_us, prev, prev_stamped))
+    fields = _STAMP_FIELDS.pack(time_us, _NO_PREV if prev is None else prev, int(prev_stamped))
+    blob = base64.b64encode(stamp_key_id(key_name, private_key.public_key()) + fields + signature).decode("ascii")
+    return f"{note}{SIG_PREFIX}{key_name} {blob}\n"
+
+
+def read_stamp(text: str) -> Stamp | None:
+    """The stamp of a well-formed note (`parse_checkpoint` accepted it): its last signature line when
+    that has a stamp's length and form and follows another signature line; None otherwise. Not verified."""
+    cut = text.rfind("\n\n") + 2
+    last = text.rfind("\n", cut, len(text) - 1) + 1
+    if last <= cut:
+        return None
+    line = _parse_signature(text[last:-1])
+    if len(line.signature) != _STAMP_SIZE:
+        return None
+    time_us, prev, flag = _STAMP_FIELDS.unpack(line.signature[: _STAMP_FIELDS.size])
+    prev_size = None if prev == _NO_PREV else prev
+    if flag > 1 or (prev_size is None and flag):  # not as `stamp_note` writes it: no stamp
+        return None
+    prev_stamped = flag == 1
+    return Stamp(time_us, prev_size, prev_stamped, line.key_name, line.key_id, line.signature[_STAMP_FIELDS.size :],
+                 _stamp_message(text[:last], time_us, prev_size, prev_stamped))
+
+
+def verify_stamp(stamp: Stamp, public_key: Ed25519PublicKey, key_name: str, stamp_id: bytes | None = None) -> None:
+    """Check that (`key_name`, `public_key`) made `stamp` (`stamp_id`: its `stamp_key_id`, if the caller has it).
+
+    Raises:
+        LedgerError: the stamp is another key's, or its signature does not verify.
+    """
+    wanted = stamp_key_id(key_name, public_key) if stamp_id is None else stamp_id
+    if stamp.key_name != key_name or stamp.key_id != wanted:
+        raise LedgerError(f"its stamp is by key {stamp.key_name!r} (stamp key id {stamp.key_id.hex()}), not by {key_name!r}")
+    try:
+        public_key.verify(stamp.signature, stamp.message)
+    except InvalidSignature:
+        raise LedgerError(f"its stamp by key {key_name!r} does not verify") from None
+
+
 def _split_note(text: str) -> tuple[str, tuple[NoteSignature, ...]]:
     if not isinstance(text, str) or not text.endswith("\n"):
         raise LedgerError("checkpoint note must be text ending in a newline")
@@ -220,8 +369,11 @@ def _check_key_name(name: str) -> None:
         raise LedgerError(f"key name {name!r} must be non-empty, without spaces or '+'")
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def _has_control(text: str) -> bool:
-    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+    return _CONTROL.search(text) is not None
 
 
 def checkpoint_jwk(key_name: str, public_key: Ed25519PublicKey) -> dict[str, str]:
@@ -270,6 +422,15 @@ def verify_checkpoint_jwks(text: str, jwks: object) -> Checkpoint:
     keys = checkpoint_keys(jwks)
     if not keys:
         raise LedgerError(f"the JWKS publishes no checkpoint key (no key with use {CHECKPOINT_USE!r})")
+    return verify_checkpoint_keys(text, keys, "published")
+
+
+def verify_checkpoint_keys(text: str, keys: Sequence[tuple[str, Ed25519PublicKey]], which: str = "known") -> Checkpoint:
+    """Check a checkpoint against known checkpoint keys (name, public key); one must have signed it.
+
+    Raises:
+        LedgerError: none of them signed the note, or a signature fails.
+    """
     checkpoint = parse_checkpoint(text)
     for name, public_key in keys:
         wanted = key_id(name, public_key)
@@ -277,4 +438,4 @@ def verify_checkpoint_jwks(text: str, jwks: object) -> Checkpoint:
             return verify_checkpoint(text, public_key, name)
     kids = ", ".join(f"{name}+{key_id(name, pk).hex()}" for name, pk in keys)
     raise LedgerError(f"checkpoint for {checkpoint.origin} at size {checkpoint.size} is signed by none of the "
-                      f"published checkpoint keys ({kids})")
+                      f"{which} checkpoint keys ({kids or 'none'})")

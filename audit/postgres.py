@@ -42,7 +42,7 @@ import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit import merkle
-from audit.checkpoint import CheckpointSchedule, CheckpointSigner, parse_checkpoint
+from audit.checkpoint import CheckpointSchedule, CheckpointSigner, checkpoint_to_store, parse_checkpoint
 from audit.errors import LedgerError, NotALedger
 from audit.merkle import CompactRange
 from audit.stats import AppendStats
@@ -540,13 +540,17 @@ class PostgresLedger:
         return results
 
     async def _sign(self, signer: CheckpointSigner) -> list[str]:
-        """Sign the ledger's head (locked, so all writers' records) and store the note; one-item list for `_answer`."""
+        """Sign the ledger's head (locked, so all writers' records) and store the note, stamped with the size of
+        the newest stored one (`checkpoint_to_store`); one-item list for `_answer`."""
         try:
             conn = await self._connection()
             async with conn.transaction():
-                size, _ = await self._locked_head(conn)
-                note = signer.sign(size, self._frontier.root())
-                await conn.execute(INSERT_CHECKPOINT, (size, note, _utc_now()))
+                size, _ = await self._locked_head(conn)  # every writer stores its checkpoints under this lock
+                cur = await conn.execute("SELECT size, note FROM checkpoints ORDER BY size DESC LIMIT 1")
+                latest = await cur.fetchone()
+                note, created_at = checkpoint_to_store(signer, size, self._frontier.root(), latest)
+                if created_at is not None:
+                    await conn.execute(INSERT_CHECKPOINT, (size, note, created_at))
         except psycopg.Error as exc:
             await self._drop_connection()
             raise LedgerError(f"{self._name}: the checkpoint was not stored ({_first_line(exc)})") from None
@@ -641,6 +645,18 @@ class PostgresLedgerReader(contextlib.AbstractContextManager["PostgresLedgerRead
     def checkpoints(self) -> list[tuple[int, str]]:
         """Every stored checkpoint as (size, note), smallest first."""
         return [(int(s), str(n)) for s, n in self._fetch("SELECT size, note FROM checkpoints ORDER BY size")]
+
+    def checkpoint_rows(self) -> list[tuple[Any, Any, Any]]:
+        """Every stored checkpoint row as stored, (size, note, created_at), smallest size first."""
+        return self._fetch("SELECT size, note, created_at FROM checkpoints ORDER BY size")
+
+    def meta_rows(self) -> list[tuple[Any, Any]]:
+        """Every row of the `meta` table as stored, (key, value)."""
+        return self._fetch("SELECT key, value FROM meta ORDER BY key")
+
+    def head_rows(self) -> list[tuple[Any, Any, Any]]:
+        """The rows of the `head` table as stored, (one, size, hash as bytes): exactly one in a ledger."""
+        return _fetch_binary(self._conn, self._name, "SELECT one, size, hash FROM head", ())
 
     def leaf_hashes(self, size: int | None = None) -> list[bytes]:
         """The stored record hashes of seq 1..size (all when None)."""
@@ -873,8 +889,8 @@ def migrate_ledger(source: LedgerReader, source_name: str, url: str) -> VerifyRe
                 if size:
                     raise LedgerError(f"{name} already holds {size} records; migrate only into an empty ledger")
                 last = _copy_records(conn, source.iter_records())
-                for cp_size, note in source.checkpoints():
-                    conn.execute(INSERT_CHECKPOINT, (cp_size, note, _utc_now()))
+                for cp_size, note, created_at in source.checkpoint_rows():
+                    conn.execute(INSERT_CHECKPOINT, (cp_size, note, created_at))
                 if last is not None:
                     conn.execute("UPDATE head SET size = %s, hash = %s", last)
         except psycopg.Error as exc:

@@ -52,7 +52,7 @@ import anyio.to_thread
 import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit.checkpoint import CheckpointSchedule, CheckpointSigner, sign_checkpoint
+from audit.checkpoint import CheckpointSchedule, CheckpointSigner, checkpoint_to_store
 from audit.errors import LedgerError
 from audit.hotlog import settle
 from audit.stats import AppendStats
@@ -573,7 +573,7 @@ class SqliteLedger:
             return
         signer = schedule.signer
         try:
-            self._store_checkpoint(head, signer.sign(head.size, head.root))
+            self._store_checkpoint(head, signer)
         except (LedgerError, sqlite3.Error) as exc:  # the records are committed; the next try may work
             log.error("ledger.checkpoint_failed", path=str(self._path), size=head.size, error=str(exc))
             schedule.failed()
@@ -599,9 +599,15 @@ class SqliteLedger:
         self._wal_restarted = frames == copied
         log.debug("ledger.wal_checkpointed", frames=frames, copied=copied, per_commit=round(self._wal_frames, 1))
 
-    def _store_checkpoint(self, head: _Head, note: str) -> None:
-        self._conn.execute(INSERT_CHECKPOINT, (head.size, note, _utc_now()))
+    def _store_checkpoint(self, head: _Head, signer: CheckpointSigner) -> str:
+        """Sign the head and store the note, stamped with the size of the newest stored one before it
+        (`checkpoint_to_store`: the stored note when this signer already stored one of this size)."""
+        latest = self._conn.execute("SELECT size, note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchone()
+        note, created_at = checkpoint_to_store(signer, head.size, head.root, latest)
+        if created_at is not None:
+            self._conn.execute(INSERT_CHECKPOINT, (head.size, note, created_at))
         self._schedule.signed(head.size)
+        return note
 
     def _commit(self, batch: Sequence[_Pending | _Inline]) -> list[Appended | BaseException]:
         """Commit `batch` (the caller holds `_writing`); return each record's outcome, the same
@@ -686,9 +692,8 @@ class SqliteLedger:
         head = self._head
         outcome: str | BaseException
         try:
-            note = sign_checkpoint(request.origin, head.size, head.root, request.private_key, request.key_name)
-            self._store_checkpoint(head, note)
-            outcome = note
+            signer = CheckpointSigner(request.private_key, request.key_name, request.origin)
+            outcome = self._store_checkpoint(head, signer)
             log.info("ledger.checkpoint_signed", size=head.size, origin=request.origin, key_name=request.key_name)
         except LedgerError as exc:
             outcome = LedgerError(f"{self._path}: {exc}")

@@ -72,6 +72,18 @@ class SqliteLedgerReader:
         """Every stored checkpoint as (size, note), smallest first."""
         return list(self._select("SELECT size, note FROM checkpoints ORDER BY size"))
 
+    def checkpoint_rows(self) -> list[tuple[Any, Any, Any]]:
+        """Every stored checkpoint row as stored, (size, note, created_at), smallest size first."""
+        return list(self._select("SELECT size, note, created_at FROM checkpoints ORDER BY size"))
+
+    def meta_rows(self) -> list[tuple[Any, Any]]:
+        """Every row of the `meta` table as stored, (key, value)."""
+        return list(self._select("SELECT key, value FROM meta ORDER BY key"))
+
+    def head_rows(self) -> None:
+        """A SQLite ledger keeps no head row (its writer finds the head from the records)."""
+        return None
+
     def leaf_hashes(self, size: int | None = None) -> list[bytes]:
         """The stored record hashes of seq 1..size (all when None)."""
         stop = self.size() if size is None else size

@@ -67,6 +67,18 @@ class LedgerReader(Protocol):
 
     def checkpoints(self) -> list[tuple[int, str]]: ...
 
+    def checkpoint_rows(self) -> list[tuple[Any, Any, Any]]:
+        """Every stored checkpoint row as stored, (size, note, created_at), smallest size first."""
+        ...
+
+    def meta_rows(self) -> list[tuple[Any, Any]]:
+        """Every row of the `meta` table as stored, (key, value)."""
+        ...
+
+    def head_rows(self) -> list[tuple[Any, Any, Any]] | None:
+        """The rows of a `head` table as stored, (one, size, hash); None for a backend that keeps none."""
+        ...
+
     def select_records(self, where: RecordFilter) -> Iterator[RawRecord]: ...
 
     def index_suspects(self) -> Iterator[IndexedRecord]:

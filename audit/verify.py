@@ -9,7 +9,8 @@ about truncation or a wholesale rewrite: only a checkpoint kept elsewhere does.
 Queries filter on what the backend indexes (derived columns, the rule index), which no hash
 covers. So, beside the chain walk and in a second thread, verification recomputes every
 indexed column and rule row from the record bytes and names the first record whose index
-differs, and any rule row that names no record.
+differs, and any rule row that names no record. Every other stored row (stored checkpoints,
+`meta`, `head`) is checked by `audit.verify_rows`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from audit.canon import NotCanonicalizable, canonical_bytes
-from audit.checkpoint import Checkpoint, parse_checkpoint
+from audit.checkpoint import Checkpoint
 from audit.errors import LedgerError
 from audit.merkle import EMPTY_ROOT, SUBTREE_STRIDE, CompactRange, CompletedSubtree
 from audit.records import (
@@ -46,6 +47,15 @@ from audit.records import (
     rule_ids,
 )
 from audit.store import IndexedRaw, IndexedRecord, IndexedRecordReader, LedgerReader, RawRecord
+from audit.verify_rows import (
+    CheckedCheckpoints,
+    PublicKeys,
+    Reach,
+    check_checkpoints,
+    gap_problem,
+    head_problem,
+    meta_problem,
+)
 
 _INDEXED = tuple(field.name for field in dataclasses.fields(IndexFields))
 log = structlog.get_logger()
@@ -57,7 +67,8 @@ class VerifyReport:
 
     `size` is the number of records whose bytes and chain were found intact before the first
     problem (all of them when ok, or when only an index is wrong); `root` is the Merkle root
-    over those.
+    over those. `reach`: how far the stored checkpoints that passed their checks reach (None when
+    none is stored, or they were not checked).
     """
 
     ok: bool
@@ -66,6 +77,7 @@ class VerifyReport:
     problem: str
     root: bytes
     checkpoints_checked: int = 0
+    reach: Reach | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,75 +94,113 @@ def verify_ledger(
     stored_checkpoints: bool = True,
     strict: bool = False,
     indexes: bool = True,
+    keys: PublicKeys | None = None,
 ) -> VerifyReport:
     """Recompute the ledger and compare it with `checkpoint` and the checkpoints stored in it.
 
     Args:
         checkpoint: a checkpoint kept outside the database (already signature-checked by
-            the caller, e.g. with `verify_checkpoint`). Catches truncation and forks.
-        stored_checkpoints: also compare with the checkpoints stored in the ledger itself
-            (these catch accidents; an attacker with file access can rewrite them too).
+            the caller, e.g. with `verify_checkpoint`). Catches truncation and forks, and stored
+            checkpoints deleted after it (the newest stored one must reach it).
+        stored_checkpoints: also check every stored checkpoint row (`audit.verify_rows`) and
+            compare the records with each (these catch accidents; only `keys` make their
+            signatures count, and even then the newest ones can be deleted unseen: only a
+            checkpoint kept elsewhere tells).
         strict: also check that every entry is canonical JSON (about 20x slower).
         indexes: also recompute every indexed column and rule-index row from the record
             bytes (what queries filter on), in a second thread beside the chain walk or (for an
-            `IndexedRecordReader`) in the same pass, and every stored subtree hash (what
-            proofs read) from the record hashes.
+            `IndexedRecordReader`) in the same pass, every stored subtree hash (what proofs read)
+            from the record hashes, and check the `meta` and `head` rows.
+        keys: the checkpoint keys (name, public key) stored checkpoints must be signed and
+            stamped by; None checks their form, columns and links but no signature.
     """
     try:
-        anchors = _anchors(reader, checkpoint, stored_checkpoints)
+        checked = check_checkpoints(reader.checkpoint_rows(), keys) if stored_checkpoints else None
     except LedgerError as exc:
         return VerifyReport(False, 0, None, str(exc), EMPTY_ROOT)
+    walk = _Walk(_anchors(checkpoint, checked), strict, collect_subtrees=indexes)
     if not indexes:
-        return _Walk(anchors, strict).run(reader.iter_records())
-    walk = _Walk(anchors, strict, collect_subtrees=True)
+        report = walk.run(reader.iter_records())
+        return _rows_checked(reader, report, walk, checkpoint, checked, keys, subtree_rows=None)
+    report = _earliest(*_walked_with_indexes(reader, walk))
+    try:
+        subtree_problem, subtree_rows = _first_subtree_problem(reader, walk.subtrees, report.size, whole=report.ok)
+    except LedgerError as exc:
+        subtree_problem, subtree_rows = str(exc), False
+    report = _earliest(report, (None, subtree_problem) if subtree_problem else None)
+    return _rows_checked(reader, report, walk, checkpoint, checked, keys, subtree_rows=subtree_rows)
+
+
+def _walked_with_indexes(reader: LedgerReader, walk: _Walk) -> tuple[VerifyReport, tuple[int | None, str] | None]:
+    """The chain walk's report and the first index problem, checked beside it."""
     if isinstance(reader, IndexedRecordReader):
         found: list[tuple[int, str]] = []
         report = walk.run(_index_checked(reader.iter_indexed(), found))
         try:
-            index_problem = (found or [None])[0] or _first_orphan(reader.index_orphans())
+            return report, (found or [None])[0] or _first_orphan(reader.index_orphans())
         except LedgerError as exc:
-            index_problem = (None, str(exc))
-    else:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-index") as pool:
-            index_check = pool.submit(_first_index_problem, reader)
-            report = walk.run(reader.iter_records())
-            try:
-                index_problem = index_check.result() or _first_orphan(reader.index_orphans())
-            except LedgerError as exc:
-                index_problem = (None, str(exc))
-    report = _earliest(report, index_problem)
-    try:
-        subtree_problem = _first_subtree_problem(reader, walk.subtrees, report.size, whole=report.ok)
-    except LedgerError as exc:
-        subtree_problem = str(exc)
-    return _earliest(report, (None, subtree_problem) if subtree_problem else None)
+            return report, (None, str(exc))
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-index") as pool:
+        index_check = pool.submit(_first_index_problem, reader)
+        report = walk.run(reader.iter_records())
+        try:
+            return report, index_check.result() or _first_orphan(reader.index_orphans())
+        except LedgerError as exc:
+            return report, (None, str(exc))
 
 
-def _first_subtree_problem(reader: LedgerReader, computed: list[CompletedSubtree], size: int, *, whole: bool) -> str:
+def _rows_checked(reader: LedgerReader, report: VerifyReport, walk: _Walk, checkpoint: Checkpoint | None,
+                  checked: CheckedCheckpoints | None, keys: PublicKeys | None, *, subtree_rows: bool | None) -> VerifyReport:
+    """`report` with the reach of the stored checkpoints and, when the records and their indexes are
+    intact, the first problem of the rows beside them: a stored checkpoint row, `meta`, `head` (when
+    `subtree_rows` is not None: indexes were checked), then a gap against `checkpoint`."""
+    if checked is not None:
+        report = dataclasses.replace(report, reach=checked.reach())
+    if not report.ok:
+        return report
+    problems = [checked.problem if checked is not None else ""]
+    if subtree_rows is not None:
+        try:
+            problems.append(meta_problem(reader.meta_rows(), subtree_rows=subtree_rows))
+            problems.append(head_problem(reader.head_rows(), report.size, walk.last_hash))
+        except LedgerError as exc:
+            problems.append(str(exc))
+    if checkpoint is not None and checked is not None:
+        problems.append(gap_problem(checkpoint, checked, keys))
+    first = next((problem for problem in problems if problem), "")
+    return dataclasses.replace(report, ok=False, problem=first) if first else report
+
+
+def _first_subtree_problem(reader: LedgerReader, computed: list[CompletedSubtree], size: int, *,
+                           whole: bool) -> tuple[str, bool]:
     """What is wrong with the stored subtree hashes ("" when nothing): one that differs from the
     hash of its records, one that names no complete subtree (checked when the walk covered the whole
-    ledger), or one missing from a ledger that says it stores them all."""
+    ledger), or one missing from a ledger that says it stores them all; and whether any row is stored."""
     wanted = {(height, index): digest for height, index, digest in computed}
     rows = reader.subtrees()
+    seen = False
     try:
         for height, index, digest in rows:
+            seen = True
             where = f"the stored subtree hash at height {height!r}, index {index!r}"
             if type(height) is not int or type(index) is not int or height <= 0 or height % SUBTREE_STRIDE or index < 0:
-                return f"{where} names no subtree a ledger stores"
+                return f"{where} names no subtree a ledger stores (table subtrees: its column height or idx was changed)", seen
             records = f"records {(index << height) + 1}..{(index + 1) << height}"
             if (index + 1) << height > size:
                 if whole:
-                    return f"{where} ({records}) names records the ledger does not hold ({size} records)"
+                    return (f"{where} ({records}) names records the ledger does not hold ({size} records; table "
+                            "subtrees: its column height or idx was changed, or the row added)"), seen
                 continue
             if wanted.pop((height, index), None) != digest:
-                return f"{where} ({records}) does not match those records (a subtree row was edited)"
+                return f"{where} ({records}) does not match those records (table subtrees: its column hash was edited)", seen
     finally:
         getattr(rows, "close", lambda: None)()
     if wanted and reader.keeps_subtrees():
         height, index = min(wanted, key=lambda key: (key[1] + 1) << key[0])
         return (f"the stored subtree hash at height {height}, index {index} (records {(index << height) + 1}.."
-                f"{(index + 1) << height}) is missing (a subtree row was deleted)")
-    return ""
+                f"{(index + 1) << height}) is missing (table subtrees: a row was deleted, or its column height or "
+                "idx changed)"), seen
+    return "", seen
 
 
 def _earliest(report: VerifyReport, index_problem: tuple[int | None, str] | None) -> VerifyReport:
@@ -190,7 +240,8 @@ def _first_orphan(rows: Iterable[tuple[Any, str]]) -> tuple[int | None, str] | N
     try:
         for seq, rule in iterator:
             return (seq if isinstance(seq, int) else None), (
-                f"the rule index has a row ({rule!r}) for record {seq!r}, which is not in the ledger"
+                f"the rule index has a row ({rule!r}) for record {seq!r}, which is not in the ledger (table "
+                "record_rules, column seq or rule_id)"
             )
     finally:
         getattr(iterator, "close", lambda: None)()
@@ -217,20 +268,14 @@ def index_problem(record: IndexedRecord) -> str:
     extra = sorted({rule for rule in record.rules if rule not in wanted_rules})
     doubled = sorted({rule for rule in record.rules if record.rules.count(rule) > 1})
     parts = [f"{what} {rules}" for what, rules in (("missing", missing), ("extra", extra), ("duplicated", doubled)) if rules]
-    return f"record {record.seq}: rule index rows differ from its matched_rules ({'; '.join(parts)})"
+    return f"record {record.seq}: rule index rows differ from its matched_rules (table record_rules: {'; '.join(parts)})"
 
 
-def _anchors(reader: LedgerReader, checkpoint: Checkpoint | None, stored: bool) -> list[_Anchor]:
-    anchors: list[_Anchor] = []
+def _anchors(checkpoint: Checkpoint | None, checked: CheckedCheckpoints | None) -> list[_Anchor]:
+    """The roots the walk compares the records with: `checkpoint` and every stored one that passed its row checks."""
+    anchors = [_Anchor(s.size, s.root, "stored checkpoint") for s in (checked.good if checked is not None else ())]
     if checkpoint is not None:
         anchors.append(_Anchor(checkpoint.size, checkpoint.root, "checkpoint"))
-    if stored:
-        for size, note in reader.checkpoints():
-            try:
-                parsed = parse_checkpoint(note)
-            except LedgerError as exc:
-                raise LedgerError(f"stored checkpoint at size {size} is malformed: {exc}") from exc
-            anchors.append(_Anchor(parsed.size, parsed.root, "stored checkpoint"))
     return sorted(anchors, key=lambda a: (a.size, a.label != "checkpoint"))
 
 
@@ -247,6 +292,7 @@ class _Walk:
         self.checked = 0
         self.good_size = 0
         self.pending = 0
+        self.last_hash: bytes | None = None  # the last record's hash once the walk is done
 
     def run(self, records: Iterable[RawRecord]) -> VerifyReport:
         if (bad := self._reach(0)) is not None:
@@ -259,13 +305,15 @@ class _Walk:
         expected = 1
         for seq, stored, body in records:
             if seq != expected:
-                return self._bad(expected, f"record {expected} is missing (the next stored record is {seq})")
+                return self._bad(expected, f"record {expected} is missing (the next stored record is {seq}): a row was "
+                                           "deleted or its column seq changed")
             try:
                 digest = sha256(b"\x00" + body).digest()
             except TypeError:
-                return self._bad(seq, f"record {seq} is not stored as bytes")
+                return self._bad(seq, f"record {seq} is not stored as bytes (column body)")
             if digest != stored:
-                return self._bad(seq, f"record {seq} was modified: its bytes do not hash to its stored hash")
+                return self._bad(seq, f"record {seq} was modified: its bytes (column body) do not hash to its stored "
+                                      "hash (column hash)")
             if not (body.endswith(b"%b%d}" % (tail_head, seq)) and body.startswith(prefix)):
                 return self._bad(*_diagnose(seq, body, tail_head[len(PREV_MARK) : -len(SEQ_MARK)].decode()))
             if strict and (problem := _entry_problem(body)):
@@ -277,6 +325,8 @@ class _Walk:
                 if (bad := self._reach(seq)) is not None:
                     return bad
                 next_stop = self._next_stop()
+        if expected > 1:
+            self.last_hash = digest
         return self._finish(expected - 1)
 
     def _reach(self, size: int) -> VerifyReport | None:

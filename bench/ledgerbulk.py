@@ -9,7 +9,7 @@ rule index and the stored subtree hashes the writers store. Entries are encoded 
 processes (in order, a few chunks ahead); the chain and the subtrees are computed in this process.
 Each chunk is committed with the head moved to its last record, so the ledger is valid after every
 commit; the empty ledger itself is created by the real ledger classes. Given a `CheckpointSigner`,
-the load ends with a signed checkpoint at the last record, as a writer's close would store.
+the load ends with a signed, stamped checkpoint at the last record, as a writer's close would store.
 
 SQLite: the query indexes are dropped for the load (the loader writes the rule rows, one per record
 as the writer would: the entries hold at most one rule) and built once at the end with the schema's
@@ -33,7 +33,6 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -167,15 +166,15 @@ class SqliteSink:
             raise
         self.seconds += time.perf_counter() - t0
 
-    def finish(self, size: int, note: str | None) -> None:
-        """Build the query indexes, store the checkpoint, return to WAL mode."""
+    def finish(self, size: int, stored: tuple[str, str] | None) -> None:
+        """Build the query indexes, store the checkpoint (note, created_at), return to WAL mode."""
         t0 = time.perf_counter()
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         for statement in SECONDARY_STATEMENTS:
             conn.execute(statement)
-        if note is not None:
-            conn.execute(INSERT_CHECKPOINT, (size, note, _utc_now()))
+        if stored is not None:
+            conn.execute(INSERT_CHECKPOINT, (size, *stored))
         conn.execute("COMMIT")
         if str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower() != "wal":
             raise LedgerError(f"{self.name}: SQLite refused to return the loaded ledger to WAL mode")
@@ -255,13 +254,13 @@ class PostgresSink:
                 cur.execute("UPDATE head SET size = %s, hash = %s", (records[-1].seq, records[-1].hash))
         self.seconds += time.perf_counter() - t0
 
-    def finish(self, size: int, note: str | None) -> None:
-        """Build the query indexes and store the checkpoint."""
+    def finish(self, size: int, stored: tuple[str, str] | None) -> None:
+        """Build the query indexes and store the checkpoint (note, created_at)."""
         t0 = time.perf_counter()
         with self._conn.transaction():
             self._conn.execute(SECONDARY_SCHEMA)
-            if note is not None:
-                self._conn.execute(PG_INSERT_CHECKPOINT, (size, note, _utc_now()))
+            if stored is not None:
+                self._conn.execute(PG_INSERT_CHECKPOINT, (size, *stored))
         self._conn.execute("ANALYZE")
         self.seconds += time.perf_counter() - t0
 
@@ -293,7 +292,7 @@ def load(total: int, sinks: list[Sink], signer: CheckpointSigner | None = None) 
                     _put(q, None, writer)
             for writer in writers:
                 writer.result()
-        note = signer.sign(size, root) if signer is not None and root is not None else None
+        note = signer.sign_stored(size, root, None) if signer is not None and root is not None else None  # the first stored
         for sink in sinks:
             sink.finish(size, note)
     finally:
@@ -316,7 +315,3 @@ def _put(chunks: queue.Queue[Chunk | None], chunk: Chunk | None, writer: Future[
             return
         except queue.Full:
             continue
-
-
-def _utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -85,40 +85,80 @@ def _read_note(path: str, what: str) -> str:
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:
-    from audit.checkpoint import parse_checkpoint, verify_checkpoint
+    from audit.checkpoint import parse_checkpoint, verify_checkpoint_keys
     from audit.errors import LedgerError
     from audit.verify import verify_ledger, write_stamp
 
     if args.bundle:
         return _verify_bundle(args)
+    keys, missing = (None, "") if args.no_signature_check else _checkpoint_keys(args)
+    if keys is None and args.checkpoint and not args.no_signature_check:
+        raise ConfigError(f"cannot check the signature of {args.checkpoint}: {missing} (pass --jwks FILE, the published JWKS)")
     checkpoint = None
     if args.checkpoint:
         text = _read_note(args.checkpoint, "checkpoint")
         try:
-            if args.no_signature_check:
-                checkpoint = parse_checkpoint(text)
-            else:
-                keys = open_keys(args, create=False)
-                checkpoint = verify_checkpoint(text, keys.checkpoint_key.public_key(), keys.checkpoint_key_name)
+            checkpoint = parse_checkpoint(text) if keys is None else verify_checkpoint_keys(text, keys)
         except LedgerError as exc:
             out(f"FAIL checkpoint {args.checkpoint}: {exc}")
             return EXIT_FAILED
     location = _ledger_path(args)
     with open_ledger_reader(location) as reader:
         path = _display(location)
+        if keys is None and not args.no_signature_check and reader.checkpoints():
+            raise ConfigError(f"{path} stores signed checkpoints, and no checkpoint key is here to check them ({missing}): "
+                              "pass --jwks FILE (the published JWKS), run where the state root holds the keys, or pass "
+                              "--no-signature-check")
         started = time.perf_counter()
-        report = verify_ledger(reader, checkpoint)
+        report = verify_ledger(reader, checkpoint, keys=keys)
         elapsed = time.perf_counter() - started
     if report.ok:
         if isinstance(location, Path):  # the verified-stamp reminder sits beside a ledger file
             write_stamp(location, report)
         rate = f", {report.size / elapsed:,.0f} records/s" if elapsed > 0 and report.size else ""
         out(f"OK {path}: {report.size} records, root {report.root.hex()}, {report.checkpoints_checked} checkpoint(s) matched{rate}")
+        out(reach_line(path, report, signed=keys is not None))
         with open_ledger_reader(location) as reader:
             return report_outcomes(reader, path, strict=args.strict_outcomes)
     where = f" at seq {report.first_bad_seq}" if report.first_bad_seq is not None else ""
     out(f"FAIL {path}{where}: {report.problem}")
     return EXIT_FAILED
+
+
+def _checkpoint_keys(args: argparse.Namespace) -> tuple[list[Any] | None, str]:
+    """The checkpoint keys verify trusts: the --jwks file's, else the state root's; (None, why) when there are none."""
+    from audit.checkpoint import checkpoint_keys
+    from audit.errors import LedgerError
+    from gateway.crypto.receipts import load_jwks
+
+    if args.jwks:
+        try:
+            found = checkpoint_keys(load_jwks(Path(args.jwks)))
+        except LedgerError as exc:
+            raise ConfigError(f"{args.jwks}: {exc}") from None
+        if not found:
+            raise ConfigError(f"{args.jwks} publishes no checkpoint key")
+        return found, ""
+    try:
+        keys = open_keys(args, create=False)
+    except ConfigError as exc:
+        return None, str(exc)
+    return [(keys.checkpoint_key_name, keys.checkpoint_key.public_key())], ""
+
+
+def reach_line(path: str, report: Any, *, signed: bool) -> str:
+    """How far the stored checkpoints reach (and what of them is not signed), for `audit verify`."""
+    reach = report.reach
+    if reach is None:
+        return f"NOTE {path}: no checkpoint is stored in the ledger: only one kept elsewhere vouches for its {report.size} records"
+    left = f"; records {reach.size + 1}..{report.size} are under none yet" if reach.size < report.size else ""
+    how = "" if signed else " without their signatures (--no-signature-check)"
+    line = (f"OK {path}: the newest stored checkpoint reaches size {reach.size} of {report.size} (stored "
+            f"{reach.created_at}){left}; {reach.count} stored checkpoint(s) checked{how}")
+    if reach.unstamped:
+        line += (f"\nNOTE {path}: the first {reach.unstamped} stored checkpoint(s) were stored before checkpoints were "
+                 "stamped: their time and order are not signed, and one of them deleted leaves no trace")
+    return line
 
 
 def _verify_bundle(args: argparse.Namespace) -> int:
@@ -193,15 +233,22 @@ def cmd_audit_query(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_checkpoint(args: argparse.Namespace) -> int:
-    """Sign the ledger's current head with the checkpoint key and print the note."""
-    from audit.checkpoint import sign_checkpoint
+    """Print a signed checkpoint of the ledger's head: the one stored at its size (stamped, so a later
+    `audit verify --checkpoint` knows the ledger stored it), else one signed now with the checkpoint key."""
+    from audit.errors import LedgerError
     from audit.merkle import root_hash
+    from audit.proofs import anchor_checkpoint
 
-    keys = open_keys(args, create=False)
+    signer = _checkpoint_signer(args)
     with open_ledger_reader(_ledger_path(args)) as reader:
         size = reader.size()
         root = root_hash(reader.leaf_hashes(size))
-    out(sign_checkpoint(_origin(args), size, root, keys.checkpoint_key, keys.checkpoint_key_name).rstrip("\n"))
+        try:
+            note = signer.sign(size, root) if args.origin else anchor_checkpoint(reader, signer, size, root)
+        except LedgerError as exc:
+            out(f"FAIL {exc}")
+            return EXIT_FAILED
+    out(note.rstrip("\n"))
     return EXIT_OK
 
 
@@ -429,9 +476,11 @@ def add_parsers(sub: Any) -> None:
     p = add_command(audit, "verify", "recompute the ledger; exit 1 at the first bad record")
     p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--checkpoint", help="a checkpoint kept outside the database (catches truncation)")
-    p.add_argument("--no-signature-check", action="store_true", help="use the checkpoint without checking its signature")
+    p.add_argument("--no-signature-check", action="store_true",
+                   help="check the checkpoints (--checkpoint and the stored ones) without their signatures")
     p.add_argument("--bundle", help="verify an export bundle offline instead of a ledger")
-    p.add_argument("--jwks", help="with --bundle: the published JWKS to check its checkpoints against")
+    p.add_argument("--jwks", help="the published JWKS to check checkpoints against (the bundle's, or the stored ones "
+                                  "and --checkpoint; default for a ledger: the state root's checkpoint key)")
     p.add_argument("--strict-outcomes", action="store_true",
                    help="also fail on calls with outcome unknown (a decision record and no outcome), which are reported either way")
     p.set_defaults(func=cmd_audit_verify)

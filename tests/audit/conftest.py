@@ -96,6 +96,15 @@ def attacker(location: Location) -> Any:
     return conn
 
 
+def move_head(conn: Any) -> None:
+    """What a careful forger of a PostgreSQL ledger does after rewriting or dropping records: move the
+    `head` row to the last record (verify checks it; SQLite keeps no head row)."""
+    if isinstance(conn, _PgAttacker):
+        conn.execute("UPDATE head SET size = COALESCE(t.seq, 0), hash = COALESCE(t.hash, decode(repeat('00', 32), 'hex'))"
+                     " FROM (SELECT max(seq) AS seq, (SELECT hash FROM records ORDER BY seq DESC LIMIT 1) AS hash"
+                     " FROM records) AS t")
+
+
 class _PgAttacker:
     """An owner of the PostgreSQL ledger who disables its triggers; `execute` takes `?` placeholders."""
 

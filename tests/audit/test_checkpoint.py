@@ -109,3 +109,48 @@ def test_the_published_jwk_verifies_notes_and_names_the_key(key: Ed25519PrivateK
         verify_checkpoint_jwks(note, {"keys": [other]})
     with pytest.raises(LedgerError, match="not a well-formed checkpoint key"):
         verify_checkpoint_jwks(note, {"keys": [{**jwk, "x": other["x"]}]})  # kid no longer names its key
+
+
+def test_a_stored_note_carries_a_stamp_by_the_same_key_that_c2sp_verifiers_skip(key: Ed25519PrivateKey) -> None:
+    from audit.checkpoint import CheckpointSigner, read_stamp, stamp_key_id, verify_stamp
+
+    signer = CheckpointSigner(key, "log", "o")
+    note, created_at = signer.sign_stored(7, ROOT, 5, time_us=1_767_225_600_123_456)
+    plain = signer.sign(7, ROOT)
+    assert note.startswith(plain) and created_at == "2026-01-01T00:00:00.123456Z"
+    assert verify_checkpoint(note, key.public_key(), "log").size == 7  # the stamp is an unknown key's line to it
+    line = note[len(plain):]
+    assert line.startswith("\u2014 log ") and line.endswith("\n")
+    blob = base64.b64decode(line.split(" ")[2])
+    raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    assert blob[:4] == hashlib.sha256(b"log\n\xffdharma-checkpoint-stamp/v1" + raw).digest()[:4] == stamp_key_id("log", key.public_key())
+    assert int.from_bytes(blob[4:12], "big") == 1_767_225_600_123_456 and int.from_bytes(blob[12:20], "big") == 5
+    assert blob[20] == 1  # the stored checkpoint before it is stamped
+    key.public_key().verify(blob[21:], b"dharma-checkpoint-stamp/v1\ntime 1767225600123456\nprev 5 stamped\n" + plain.encode())
+    stamp = read_stamp(note)
+    assert stamp is not None and (stamp.prev, stamp.prev_stamped, stamp.created_at) == (5, True, created_at)
+    verify_stamp(stamp, key.public_key(), "log")
+    assert read_stamp(plain) is None
+    first = read_stamp(signer.sign_stored(7, ROOT, None)[0])
+    assert first is not None and (first.prev, first.prev_stamped) == (None, False)
+    after_legacy = read_stamp(signer.sign_stored(7, ROOT, 5, prev_stamped=False)[0])
+    assert after_legacy is not None and (after_legacy.prev, after_legacy.prev_stamped) == (5, False)
+
+
+def test_an_edited_stamp_or_note_under_it_does_not_verify(key: Ed25519PrivateKey) -> None:
+    from audit.checkpoint import CheckpointSigner, read_stamp, verify_stamp
+
+    note, _ = CheckpointSigner(key, "log", "o").sign_stored(7, ROOT, 5, time_us=1_000)
+    plain, stamp_line = note[: note.rstrip("\n").rfind("\n") + 1], note[note.rstrip("\n").rfind("\n") + 1 :]
+    blob = bytearray(base64.b64decode(stamp_line.split(" ")[2]))
+    blob[19] ^= 1  # prev 5 -> 4
+    edited = plain + f"\u2014 log {base64.b64encode(bytes(blob)).decode()}\n"
+    signature = base64.b64decode(plain.split("\n")[-2].split(" ")[2])
+    forged_sig = plain.replace(base64.b64encode(signature).decode(), base64.b64encode(signature[:-1] + b"\x00").decode())
+    for bad in (edited, forged_sig + stamp_line):
+        stamp = read_stamp(bad)
+        assert stamp is not None
+        with pytest.raises(LedgerError, match="its stamp by key 'log' does not verify"):
+            verify_stamp(stamp, key.public_key(), "log")
+    with pytest.raises(LedgerError, match="not by 'other'"):
+        verify_stamp(read_stamp(note), key.public_key(), "other")  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit.checkpoint import verify_checkpoint
+from audit.checkpoint import read_stamp, verify_checkpoint
 from audit.errors import LedgerError, NotALedger
 from audit.merkle import CompactRange
 from audit.postgres import PostgresLedger, PostgresLedgerReader, display_url
@@ -55,6 +55,25 @@ async def test_two_writers_serialize_on_the_head_row(url: str, key: Ed25519Priva
         by_seq = {seq: digest.hex() for seq, digest, _ in reader.iter_records()}
         assert [size for size, _ in reader.checkpoints()] == [200]
     assert all(by_seq[a.seq] == a.hash for a in answers)
+
+
+async def test_the_checkpoints_two_writers_store_link_up(url: str, key: Ed25519PrivateKey) -> None:
+    """Each stored checkpoint's stamp names the one stored before it, whichever replica stored that one:
+    both read it under the head row's lock. A size already stored is not stored twice."""
+    first, second = await PostgresLedger.open(url), await PostgresLedger.open(url)
+    notes = []
+    for i, writer in enumerate((first, second, first, second)):
+        await writer.append(make_entry(i))
+        notes.append(await writer.checkpoint(key, "log", "example.com/karma"))
+    assert await second.checkpoint(key, "log", "example.com/karma") == notes[-1]  # the stored note of that size
+    await first.aclose()
+    await second.aclose()
+    stamps = [read_stamp(note) for note in notes]
+    assert [s.prev for s in stamps if s is not None] == [None, 1, 2, 3]
+    with PostgresLedgerReader(url) as reader:
+        assert [note for _, note in reader.checkpoints()] == notes
+        report = verify_ledger(reader, keys=[("log", key.public_key())])
+    assert report.ok and report.reach is not None and (report.reach.size, report.reach.count) == (4, 4), report
 
 
 async def test_a_writer_catches_up_with_records_another_wrote(url: str) -> None:
@@ -240,6 +259,8 @@ async def test_migrate_copies_a_sqlite_ledger_byte_for_byte(url: str, tmp_path: 
     with SqliteLedgerReader(path) as original, PostgresLedgerReader(url) as copy:
         assert list(copy.iter_records()) == list(original.iter_records())
         assert copy.checkpoints() == [(30, note)]
+        assert copy.checkpoint_rows() == original.checkpoint_rows()  # created_at too: its stamp says it
+        assert verify_ledger(copy, keys=[("log", key.public_key())]).ok
         assert [r["seq"] for r in query_records(copy, rule="rule-1")] == [
             r["seq"] for r in query_records(original, rule="rule-1")]
     again = dharma("audit", "migrate", str(path), url, cwd=tmp_path)  # never into a ledger that has records

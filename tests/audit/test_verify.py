@@ -14,7 +14,7 @@ from audit.merkle import EMPTY_ROOT, leaf_hash
 from audit.records import GENESIS_PREV, parse_record, record_bytes
 from audit.verify import verify_ledger
 
-from .conftest import Location, attacker, fill, open_ledger, open_reader
+from .conftest import Location, attacker, fill, move_head, open_ledger, open_reader
 
 SIZE = 20
 
@@ -62,6 +62,7 @@ def rechain(conn: sqlite3.Connection, start: int, edit: Callable[[bytes], bytes]
         digest = leaf_hash(new)
         conn.execute("UPDATE records SET body = ?, hash = ? WHERE seq = ?", (new, digest, seq))
         prev = digest.hex()
+    move_head(conn)
 
 
 async def test_an_intact_ledger_verifies(built: Checkpoint, ledger_path: Path) -> None:
@@ -83,7 +84,7 @@ async def test_an_edited_record_is_named(built: Checkpoint, ledger_path: Path) -
     conn.execute("UPDATE records SET body = ? WHERE seq = 7", (body_of(conn, 7).replace(b"req-6", b"req-X"),))
     report = verify(ledger_path, built)
     assert (report.ok, report.first_bad_seq, report.size) == (False, 7, 6)
-    assert report.problem == "record 7 was modified: its bytes do not hash to its stored hash"
+    assert report.problem == "record 7 was modified: its bytes (column body) do not hash to its stored hash (column hash)"
 
 
 async def test_an_edited_record_with_a_rewritten_hash_is_named(built: Checkpoint, ledger_path: Path) -> None:
@@ -99,7 +100,7 @@ async def test_a_deleted_record_is_named(built: Checkpoint, ledger_path: Path) -
     attacker(ledger_path).execute("DELETE FROM records WHERE seq = 7")
     report = verify(ledger_path, built)
     assert (report.ok, report.first_bad_seq) == (False, 7)
-    assert report.problem == "record 7 is missing (the next stored record is 8)"
+    assert report.problem == "record 7 is missing (the next stored record is 8): a row was deleted or its column seq changed"
 
 
 async def test_a_deleted_first_record_is_named(built: Checkpoint, ledger_path: Path) -> None:
@@ -133,6 +134,7 @@ async def test_truncation_is_caught_only_against_a_checkpoint(built: Checkpoint,
     conn.execute("DELETE FROM records WHERE seq > 17")
     assert verify(ledger_path, stored_checkpoints=False).first_bad_seq == 18  # their rule rows still name them
     conn.execute("DELETE FROM record_rules WHERE seq > 17")
+    move_head(conn)
     assert verify(ledger_path, stored_checkpoints=False).ok  # a careful truncation is self-consistent
     report = verify(ledger_path, built, stored_checkpoints=False)
     assert (report.ok, report.first_bad_seq, report.size) == (False, 18, 17)
@@ -198,4 +200,4 @@ async def test_a_body_stored_as_text_is_named(built: Checkpoint, ledger_path: Pa
     conn.execute("UPDATE records SET body = CAST(body AS TEXT), principal = 'nobody' WHERE seq = 6")
     report = verify(ledger_path)
     assert (report.ok, report.first_bad_seq) == (False, 6)
-    assert report.problem == "record 6 is not stored as bytes"
+    assert report.problem == "record 6 is not stored as bytes (column body)"
