@@ -151,9 +151,12 @@ def tool_call(site: CallSite, name: str, arguments: Any, meta: Any, *, method: s
                          method=method, protocol_version=site.protocol_version, session_id=site.session_id)
 
 
-async def record_refusal(gateway: Gateway, call: ToolCall, error: dict[str, Any]) -> None:
-    """Record a message refused before the pipeline (malformed input): a decision like any other."""
-    refusal = Decision.block(ErrorCode.INVALID_PARAMS, str(error.get("message")), BlockClass.SAFETY_CONTENT, stage=REFUSAL_STAGE)
+async def record_refusal(gateway: Gateway, call: ToolCall, error: dict[str, Any], *,
+                         code: ErrorCode = ErrorCode.INVALID_PARAMS, block_class: BlockClass = BlockClass.SAFETY_CONTENT,
+                         retry_after: float | None = None) -> None:
+    """Record a message refused before the pipeline (malformed input; or, with `code` `rate_limited`,
+    a limit of the transport reached, such as open sessions): a decision like any other."""
+    refusal = Decision.block(code, str(error.get("message")), block_class, stage=REFUSAL_STAGE, retry_after=retry_after)
     try:
         await gateway.govern(call, render=lambda _o: {"error": error}, refusal=refusal, request={"jsonrpc_error": error})
     except Exception:
