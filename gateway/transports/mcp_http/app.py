@@ -52,13 +52,14 @@ import anyio
 import structlog
 from starlette.types import Receive, Scope, Send
 
-from gateway.core.call import BlockClass, Credentials, Principal
+from gateway.core.call import Credentials, Principal
 from gateway.core.errors import ConfigError, ErrorCode, LimitReached
 from gateway.core.gateway import Gateway
 from gateway.mcp import approval as ap
 from gateway.mcp import calls, jsonrpc
 from gateway.mcp.jsonrpc import Batch, Invalid, Notification, Request, Response
 from gateway.mcp.pins import PinStore
+from gateway.mcp.refusals import LimitRefusals
 from gateway.mcp.session import CLIENT_METHODS
 from gateway.mcp.versions import (
     BATCH_VERSIONS,
@@ -125,6 +126,7 @@ class McpHttpApp:
         flow = calls.ToolsCall(gateway, pins, ap.StateSealer(secrets.token_bytes(32)),
                                hold_seconds=hold_seconds, progress_interval=progress_interval)
         self.tools = HttpTools(gateway, self.relay, pins, flow)
+        self.refusals = LimitRefusals(gateway)
         self.max_body_bytes = max_body_bytes
         self.anonymous_user = anonymous_user
         self._scope_class: Callable[..., anyio.CancelScope] | None = None  # the running anyio backend's CancelScope
@@ -139,6 +141,7 @@ class McpHttpApp:
                     upstream.task_group = tg
             tg.start_soon(self._signals)
             tg.start_soon(self.sessions.reap_forever)
+            tg.start_soon(self._record_refusals)
             self.gateway.metrics.mcp_open = self._open_now
             try:
                 yield
@@ -156,13 +159,13 @@ class McpHttpApp:
 
     async def _limit_refusal(self, ctx: Ctx, reply: Reply, rpc_id: jsonrpc.RpcId | None, method: str, exc: LimitReached) -> None:
         """Refuse a request a limit does not let through: HTTP 429 with `Retry-After`, a JSON-RPC
-        error whose message names the setting (and `data.limit`), recorded in the ledger as
-        `rate_limited` before the answer leaves and counted in /metrics (`dharma_limit_refusals_total`)."""
+        error whose message names the setting (and `data.limit`), put on the record as `rate_limited`
+        (`gateway.mcp.refusals`: the first at once, a flood as counts) and counted in /metrics
+        (`dharma_limit_refusals_total`)."""
         retry = max(1, math.ceil(exc.retry_after))
         self.gateway.metrics.limit_refused(exc.setting)
         log.debug("mcp_http.limit_reached", limit=exc.setting, principal=ctx.principal.id, method=method)
-        await self.tools.record_refusal(ctx, method, exc.message, jsonrpc.LIMIT_REACHED, code=ErrorCode.RATE_LIMITED,
-                                        block_class=BlockClass.RATE_LIMIT, retry_after=float(retry))
+        await self.refusals.refused(self.tools.site(ctx), method, exc.setting)
         data = {"error_code": ErrorCode.RATE_LIMITED.value, "limit": exc.setting, "retry_after": retry}
         await reply.final(jsonrpc.error(rpc_id, jsonrpc.LIMIT_REACHED, exc.message, data=data), 429, {"retry-after": str(retry)})
 
@@ -178,7 +181,14 @@ class McpHttpApp:
         async for signal in self.sessions.store.signals():
             self.sessions.on_signal(signal)
 
+    async def _record_refusals(self) -> None:
+        """Put the counts of limit refusals on the record as their windows end."""
+        while True:
+            await anyio.sleep(self.refusals.window / 2)
+            await self.refusals.flush()
+
     async def aclose(self) -> None:
+        await self.refusals.flush(everything=True)
         for upstream in self.relay.upstreams:
             try:
                 await upstream.aclose()

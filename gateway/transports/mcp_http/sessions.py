@@ -168,12 +168,17 @@ class LegacySessions:
         for other in self.relay.upstreams[1:]:
             rid = session.originate()
             message = jsonrpc.request(rid, "initialize", params)
+
+            def started(up: UpstreamReply, upstream_id: str = other.id) -> None:  # known at once: ended if we stop here
+                session.upstream_sids[upstream_id] = up.session_id
+
             try:
-                answer, up = await self.relay.request(ctx, other, message, timeout=self.gateway.policy.backend_timeout_seconds)
+                answer, _up = await self.relay.request(ctx, other, message, timeout=self.gateway.policy.backend_timeout_seconds,
+                                                       on_head=started)
             except (UpstreamError, TimeoutError) as exc:
                 log.warning("upstream.initialize_failed", upstream=other.id, error=str(exc))
+                await self._end_upstream(other, session.upstream_sids.pop(other.id, None), None)
                 continue
-            session.upstream_sids[other.id] = up.session_id
             result = answer.get("result")
             if isinstance(result, dict):
                 if isinstance(result.get("protocolVersion"), str):
@@ -210,19 +215,22 @@ class LegacySessions:
 
     async def _end_upstreams(self, facts: SessionFacts) -> None:
         """End the upstream sessions of a session that did not open or expired (a stdio upstream
-        stops its process); each upstream gets `END_UPSTREAM_SECONDS`, failures are logged."""
+        stops its process)."""
         for upstream in self.relay.upstreams:
-            sid = facts.upstream_sids.get(upstream.id)
-            if not sid:
-                continue
-            headers = {"mcp-session-id": sid}
-            if upstream.id in facts.upstream_versions:
-                headers["mcp-protocol-version"] = facts.upstream_versions[upstream.id]
-            with anyio.move_on_after(END_UPSTREAM_SECONDS):
-                try:
-                    await upstream.delete(headers)
-                except UpstreamError as exc:
-                    log.warning("upstream.delete_failed", upstream=upstream.id, error=exc.message)
+            await self._end_upstream(upstream, facts.upstream_sids.get(upstream.id), facts.upstream_versions.get(upstream.id))
+
+    async def _end_upstream(self, upstream: Upstream, sid: str | None, version: str | None) -> None:
+        """DELETE upstream session `sid` (none: nothing to end), within `END_UPSTREAM_SECONDS`; a failure is logged."""
+        if not sid:
+            return
+        headers = {"mcp-session-id": sid}
+        if version:
+            headers["mcp-protocol-version"] = version
+        with anyio.move_on_after(END_UPSTREAM_SECONDS):
+            try:
+                await upstream.delete(headers)
+            except UpstreamError as exc:
+                log.warning("upstream.delete_failed", upstream=upstream.id, error=exc.message)
 
     async def reap_forever(self) -> None:
         """The reaper (runs for the endpoint's lifetime): every quarter of `session_idle_seconds`
@@ -268,7 +276,8 @@ class LegacySessions:
     async def get(self, ctx: Ctx, reply: Reply) -> None:
         """A GET stream of the session: at most `streams_per_session` at once here (one more raises
         `LimitReached`), each ended after `session_idle_seconds` (the client reconnects, as after any
-        end of the stream; so a peer that vanished without a word holds its session no longer)."""
+        end of the stream; so a peer that vanished without a word holds its session at most about
+        twice the idle time). The session is renewed when the stream ends, for the reconnect."""
         session = await self._session(ctx, reply)
         if session is None:
             return
@@ -286,6 +295,8 @@ class LegacySessions:
         finally:
             local.streams -= 1
             local.open -= 1
+        # A full idle time from now for the client to reconnect (it was renewed only by the reaper meanwhile).
+        await self.store.touch([session.id])
 
     async def _stream(self, ctx: Ctx, reply: Reply, session: HttpSession) -> None:
         # Last-Event-ID never goes upstream: a resume replays the gateway's own store (only events it

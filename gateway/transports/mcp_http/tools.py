@@ -145,10 +145,10 @@ class HttpTools:
             can_ask_client=session is not None,
         )
 
-    async def record_refusal(self, ctx: Ctx, method: str, reason: str, code: int = jsonrpc.INVALID_REQUEST, **decision: Any) -> None:
-        """Bad input (or a limit reached: `decision` carries its error code) goes in the ledger like any other decision."""
+    async def record_refusal(self, ctx: Ctx, method: str, reason: str, code: int = jsonrpc.INVALID_REQUEST) -> None:
+        """Bad input goes in the ledger like any other decision."""
         call = calls.tool_call(self.site(ctx), "", None, None, method=method or "jsonrpc")
-        await calls.record_refusal(self.gateway, call, {"code": code, "message": reason}, **decision)
+        await calls.record_refusal(self.gateway, call, {"code": code, "message": reason})
 
     async def tools_call(self, ctx: Ctx, reply: Reply, req: Request) -> None:
         if ctx.modern:
