@@ -10,6 +10,7 @@ in front of a real upstream: the toy server over Streamable HTTP, or the SDK std
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import math
@@ -427,3 +428,35 @@ async def _flood(url: str, stop: Path) -> AsyncIterator[tuple[subprocess.Popen[s
         out, err = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=WAIT_SECONDS))
     assert proc.returncode == 0, err
     counts.update(json.loads(out.strip().splitlines()[-1]))
+
+
+async def test_a_flood_of_refusals_is_one_record_per_window_and_every_refusal_is_counted(demo_gateway: Any, state_root: Path) -> None:
+    """The first refusal of a principal by a limit is recorded at once; the rest of its window is
+    one record carrying their count, written when the window is over; then it starts again."""
+    from gateway.core.call import Credentials
+    from gateway.mcp.calls import CallSite
+    from gateway.mcp.refusals import LimitRefusals
+
+    now = [0.0]
+    tally = LimitRefusals(demo_gateway, window=10.0, clock=lambda: now[0])
+    site = CallSite(credentials=Credentials(api_key="k"), principal="reader", protocol_version=None, modern=False, session_id=None)
+    for _ in range(100):
+        await tally.refused(site, "initialize", "mcp.max_sessions_per_principal")
+    await tally.refused(dataclasses.replace(site, principal="alice"), "GET", "mcp.max_streams_per_session")
+    now[0] = 9.0
+    await tally.flush()  # the window is not over: nothing more yet
+    assert [(r["principal"], r.get("count", 1)) for r in _limit_records(state_root)] == [("reader", 1), ("alice", 1)]
+    now[0] = 10.0
+    await tally.flush()
+    now[0] = 10.5
+    await tally.refused(site, "initialize", "mcp.max_sessions_per_principal")  # a new window: at once
+    records = _limit_records(state_root)
+    assert [(r["principal"], r["limit"], r.get("count", 1)) for r in records] == [
+        ("reader", "mcp.max_sessions_per_principal", 1), ("alice", "mcp.max_streams_per_session", 1),
+        ("reader", "mcp.max_sessions_per_principal", 99), ("reader", "mcp.max_sessions_per_principal", 1)]
+    assert records[2]["since"] >= records[0]["time"] and records[2]["method"] == "initialize"
+
+
+def _limit_records(state: Path) -> list[dict[str, Any]]:
+    records = [json.loads(line)["entry"] for line in ledger_text(state).splitlines()]
+    return [r for r in records if r.get("limit")]

@@ -28,6 +28,11 @@ answer; the receipt in `result._meta["dharma.gateway/receipt"]`). Approvals: eli
 the client declared it (legacy `elicitation/create` on the call's stream; 2026 an
 `input_required` result with a signed `requestState`), else a hold with progress notifications.
 
+Limits (docs/mcp-http.md "Limits"): open legacy sessions per principal and in total, stdio
+server processes per upstream and GET streams per session are bounded; one more is refused with
+HTTP 429, `Retry-After` and a JSON-RPC error naming the setting (`_limit_refusal`), put on the
+record and counted. A reaper in `running()` ends expired sessions and stops their processes.
+
 Several upstreams: each may have a tool-name `prefix`; `tools/list` merges them (every page of
 each, one page to the client); `tools/call` routes by prefix; other requests go to the first
 upstream. The client's credentials (Authorization, X-API-Key, cookies) are never forwarded.
