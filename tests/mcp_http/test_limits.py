@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import json
 import math
 import os
@@ -19,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, key_digest
+from tests.helpers import wait_for
 from tests.mcp_http.conftest import PROFILE, client, serve_gateway, upstream, write_profile
 from tests.mcp_http.raw import LEGACY, Raw, answer, ledger_text
 
@@ -65,21 +65,6 @@ def server_pids() -> set[int]:
         if int(fields[1]) == me and fields[0] != "Z" and str(STDIO_SERVER).encode() in cmdline:
             found.add(int(entry))
     return found
-
-
-async def wait_for(condition: Callable[[], Any], what: str, seconds: float = WAIT_SECONDS) -> Any:
-    """Poll `condition` (a function, or a coroutine function) until it is truthy (its value),
-    failing after `seconds` with `what`."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = condition()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {seconds:g} s waiting for {what}")
-        await anyio.sleep(0.05)
 
 
 async def initialize(url: str, key: str) -> httpx.Response:
