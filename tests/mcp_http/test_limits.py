@@ -267,7 +267,8 @@ async def test_stdio_processes_never_exceed_their_limit_under_a_flood_of_initial
             assert 'dharma_mcp_upstream_processes{upstream="py"} 3' in await metrics(gw.base)
             # DELETE stops a session's process and frees its slot; a new session then starts one.
             assert await delete(gw.url, "alice-key", opened[0].headers["mcp-session-id"]) == 200
-            await wait_for(lambda: len(server_pids() - before) < limit, "the deleted session's process to exit")
+            await wait_for(lambda: len(server_pids() - before) < limit and _processes(gw) < limit,
+                           "the deleted session's process to exit")
             again = await initialize(gw.url, "alice-key")
             assert again.status_code == 200, again.text
             assert answer(again)["result"]["serverInfo"]["name"] == "dharma-test-server"
@@ -292,7 +293,7 @@ async def test_a_client_that_hangs_up_before_its_session_opened_leaves_no_proces
                 tg.start_soon(initialize, gw.url, "alice-key")
                 await wait_for(lambda: server_pids() - before, "the session's process on the stdio upstream")
                 tg.cancel_scope.cancel()  # the client hangs up
-            await wait_for(lambda: not (server_pids() - before) and _ended(gw), "the abandoned session's process to exit")
+            await wait_for(lambda: not (server_pids() - before) and _processes(gw) == 0, "the abandoned session's process to exit")
 
 
 @contextlib.asynccontextmanager
@@ -312,9 +313,11 @@ async def black_hole() -> AsyncIterator[str]:
             tg.cancel_scope.cancel()
 
 
-def _ended(gw: Any) -> bool:
+def _processes(gw: Any) -> int:
+    """The session processes the gateway counts for the stdio upstream `py` (what its limit bounds)."""
     mcp = gw.gateway.metrics.mcp_open
-    return mcp is not None and mcp()[1].get("py") == 0
+    assert mcp is not None
+    return mcp()[1]["py"]
 
 
 # ---- the Redis form across replicas --------------------------------------------------------------
@@ -410,7 +413,11 @@ async def _flood(url: str, stop: Path) -> AsyncIterator[tuple[subprocess.Popen[s
     finally:
         stop.touch()
         proc.send_signal(signal.SIGCONT)
-        out, err = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=WAIT_SECONDS))
+        try:
+            out, err = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=WAIT_SECONDS))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
     assert proc.returncode == 0, err
     counts.update(json.loads(out.strip().splitlines()[-1]))
 

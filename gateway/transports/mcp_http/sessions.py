@@ -229,8 +229,8 @@ class LegacySessions:
         with anyio.move_on_after(END_UPSTREAM_SECONDS):
             try:
                 await upstream.delete(headers)
-            except UpstreamError as exc:
-                log.warning("upstream.delete_failed", upstream=upstream.id, error=exc.message)
+            except Exception as exc:  # best effort, as closing is: the others are ended all the same
+                log.warning("upstream.delete_failed", upstream=upstream.id, error=getattr(exc, "message", str(exc)))
 
     async def reap_forever(self) -> None:
         """The reaper (runs for the endpoint's lifetime): every quarter of `session_idle_seconds`
@@ -243,6 +243,8 @@ class LegacySessions:
                 await self.reap()
             except StoreUnavailable as exc:
                 log.warning("mcp_http.reap_failed", error=str(exc))
+            except Exception:  # the next pass tries again; the endpoint must not stop over it
+                log.exception("mcp_http.reap_failed")
 
     async def reap(self) -> None:
         """One pass of the reaper (O(sessions) here, never on a request's path)."""
