@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from gateway.core.errors import ConfigError
 from gateway.policy.load import YamlProblem, compose_yaml, construct_yaml, find_scalar, line_of, node_lines
+from gateway.stores.base import SessionLimits
 
 ENV_PREFIX = "DHARMA_"
 #: DHARMA_* variables that are not settings: read by the CLI (CONFIG), the demo backend or the tests.
@@ -282,6 +283,9 @@ class UiSettings(Strict):
     oidc: OidcSettings | None = Field(default=None, description="'Log in with SSO' through an OpenID Connect provider")
 
 
+_LIMITS = SessionLimits()
+
+
 class McpHttpSettings(Strict):
     """The MCP Streamable HTTP endpoint of `dharma serve`."""
 
@@ -291,7 +295,26 @@ class McpHttpSettings(Strict):
     anonymous_user: str | None = None
     hold_seconds: float = Field(default=50.0, gt=0, description="how long a call held for approval waits")
     progress_interval: float = Field(default=5.0, gt=0, description="seconds between progress notes while holding")
-    session_idle_seconds: float = Field(default=1800.0, gt=0, description="legacy sessions unused this long are dropped")
+    session_idle_seconds: float = Field(
+        default=300.0, gt=0,
+        description="a legacy session with no request in flight for this long expires; its upstream sessions end and its"
+                    " stdio server processes stop (reaped in the background, not only on next use)")
+    max_sessions_per_principal: int = Field(
+        default=_LIMITS.per_principal, ge=1,
+        description="legacy sessions one principal may have open at once; one more `initialize` gets HTTP 429")
+    max_sessions: int = Field(default=_LIMITS.total, ge=1,
+                              description="legacy sessions open at once in total (across replicas with redis.url); one more gets HTTP 429")
+    max_streams_per_session: int = Field(
+        default=_LIMITS.streams_per_session, ge=1,
+        description="GET event streams one legacy session may hold open at once on a replica; one more gets HTTP 429")
+    max_stdio_processes: int = Field(
+        default=32, ge=1,
+        description="per mcp_stdio upstream: server processes of legacy sessions running at once (each session runs its own);"
+                    " an `initialize` that would start one more gets HTTP 429. The 2026-07-28 shared process is one more")
+
+    def session_limits(self) -> SessionLimits:
+        return SessionLimits(per_principal=self.max_sessions_per_principal, total=self.max_sessions,
+                             streams_per_session=self.max_streams_per_session)
 
 
 class ReloadSettings(Strict):

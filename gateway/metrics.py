@@ -14,7 +14,7 @@ id is ever a label. No I/O here: the scrape handler gathers the gauges that need
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,11 @@ class Metrics:
     auth_refusals_folded: int = 0
     connections: ConnectionStats | None = None
 
+    limit_refusals: dict[tuple[str], int] = field(default_factory=dict)
+    #: What `/mcp` has open, read when scraped (set by the endpoint): sessions in this process's
+    #: memory (None when they live in Redis) and session processes per stdio upstream.
+    mcp_open: Callable[[], tuple[int | None, Mapping[str, int]]] | None = None
+
     def stage(self, name: str, seconds: float) -> None:
         """One pipeline step took `seconds` (the pipeline's timer)."""
         hist = self.stages.get(name)
@@ -97,6 +102,11 @@ class Metrics:
     def auth_refusal(self, reason: str) -> None:
         """The HTTP auth layer refused a request for `reason` (one of `gateway.core.refusals.REASONS`)."""
         self.auth_refusals[reason] = self.auth_refusals.get(reason, 0) + 1
+
+    def limit_refused(self, setting: str) -> None:
+        """A request was refused because the limit `setting` (e.g. `mcp.max_sessions`) was reached."""
+        key = (setting,)
+        self.limit_refusals[key] = self.limit_refusals.get(key, 0) + 1
 
     def reload(self, *, ok: bool, trigger: str) -> None:
         key = ("ok" if ok else "failed", trigger)
@@ -147,6 +157,15 @@ def render(metrics: Metrics, scrape: Scrape) -> str:
     add(_counter("dharma_auth_refusals_folded_total",
                  "Auth-layer refusals counted under the overflow key: the interval already held auth.refusals.max_keys keys.",
                  (), {(): metrics.auth_refusals_folded}))
+
+    add(_counter("dharma_limit_refusals_total", "Requests refused because a bounded resource was full, by the setting that bounds it.",
+                 ("limit",), metrics.limit_refusals))
+    if metrics.mcp_open is not None:
+        sessions, processes = metrics.mcp_open()
+        if sessions is not None:
+            add(_gauge("dharma_mcp_sessions_open", "Legacy MCP sessions open in this process.", (), {(): sessions}))
+        add(_gauge("dharma_mcp_upstream_processes", "Server processes of legacy sessions running, per stdio upstream.",
+                   ("upstream",), {(name,): n for name, n in processes.items()}))
     add(_counter("dharma_policy_reloads_total", "Policy reload attempts by result (ok, failed) and trigger.",
                  ("result", "trigger"), metrics.reloads))
     add(_gauge("dharma_policy_info", "The policy being served (value 1).", ("name", "version"),

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
+import subprocess
 import textwrap
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import anyio
 import pytest
 import structlog
 from structlog.testing import capture_logs
@@ -115,3 +119,20 @@ class AgentAnswers:
 
     async def progress(self, done: float, total: float | None, message: str | None) -> None:
         self.notes.append(message)
+
+async def wait_for(condition: Callable[[], Any], what: str, server: subprocess.Popen[Any] | None = None, *,
+                   seconds: float = 60.0) -> Any:
+    """Poll `condition` (its value may be awaitable) every 50 ms until it returns something truthy,
+    and return that; fail naming `what` after `seconds` (generous: CI is a busy 2-core machine),
+    or as soon as `server`, when given, has exited."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = condition()
+        if inspect.isawaitable(got):
+            got = await got
+        if got:
+            return got
+        if server is not None:
+            assert server.poll() is None, f"the server exited while waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out after {seconds:g} s waiting for {what}"
+        await anyio.sleep(0.05)

@@ -17,7 +17,6 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from audit.sqlite import SqliteLedgerReader
 from gateway.core.errors import PolicyErrors
 from gateway.policy.compile import load_policy
 from tests.conftest import KEYS, REPO, TEST_RULES, write_policy
+from tests.helpers import wait_for
 from tests.test_cli import cli_env, dharma, free_port
 
 DEADLINE_S = 60.0
@@ -77,21 +77,6 @@ def reload_records(state_root: Path) -> list[dict[str, Any]]:
         return []
     with SqliteLedgerReader(path) as reader:
         return list(query_records(reader, kind="reload"))
-
-
-async def wait_for(condition: Callable[[], Any], what: str, server: subprocess.Popen[str] | None = None) -> Any:
-    """Poll `condition` until it returns something truthy; fail naming `what` past the deadline."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        got = condition()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return got
-        if server is not None:
-            assert server.poll() is None, f"dharma serve exited while waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

@@ -116,3 +116,15 @@ class CallError(GatewayError):
     def retryable(self) -> bool:
         return self.code.retryable
 
+
+
+class LimitReached(GatewayError):
+    """A bounded resource is full (open MCP sessions, stdio server processes, streams): the
+    request that wanted one more is refused, naming the setting that bounds it (`setting`, e.g.
+    `mcp.max_sessions_per_principal`) and when a slot may be free again (`retry_after`, seconds)."""
+
+    def __init__(self, setting: str, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.message = message
+        self.retry_after = retry_after

@@ -12,8 +12,9 @@
 
 The flow decides; the transport does the I/O through a small `CallPort` (ask the upstream,
 forward, notify or elicit the client, session facts), as the official SDK's shared session does.
-Bad input and methods MCP does not define are recorded here too (`record_refusal`,
-`record_passthrough`), so both transports write the same ledger records.
+Bad input, methods MCP does not define and requests a limit refused are recorded here too
+(`record_refusal`, `record_passthrough`, `record_limit_refusal`), so both transports write the
+same ledger records.
 """
 
 from __future__ import annotations
@@ -165,20 +166,39 @@ async def record_refusal(gateway: Gateway, call: ToolCall, error: dict[str, Any]
 async def record_passthrough(gateway: Gateway, site: CallSite, backend: str, method: str) -> None:
     """A request for a method MCP does not define went upstream as is: record that it did."""
     principal = gateway.principal_for(site.credentials)
-    entry = {
+    entry = _method_entry(gateway, site, principal.id if principal else None, backend, method)
+    await _append(gateway, {**entry, "decision": "allow", "status": "forwarded", "stage": "mcp_passthrough"}, method)
+
+
+async def record_limit_refusal(gateway: Gateway, site: CallSite, method: str, limit: str, *, count: int = 1,
+                               since: str | None = None) -> None:
+    """Requests refused because a bounded resource was full (open sessions, server processes,
+    streams; `limit` names the setting): one record of `count` refusals of `site.principal` (the
+    first of them `since` then, when more than one), written directly as a passed-through method's
+    is (no pipeline and no receipt: nothing was decided about a tool). `gateway.mcp.refusals`
+    decides how many one record stands for."""
+    entry = _method_entry(gateway, site, site.principal, None, method)
+    extra = {"count": count, "since": since} if count != 1 or since is not None else {}
+    await _append(gateway, {**entry, "decision": "deny", "status": "blocked", "stage": REFUSAL_STAGE, "error_code": "rate_limited",
+                            "block_class": BlockClass.RATE_LIMIT.value, "limit": limit, **extra}, method)
+
+
+def _method_entry(gateway: Gateway, site: CallSite, principal: str | None, backend: str | None, method: str) -> dict[str, Any]:
+    """The fields every record of a method that is no tool call shares."""
+    return {
         "time": rfc3339(time.time()),
         "request_id": new_request_id(),
-        "principal": principal.id if principal else None,
+        "principal": principal,
         "backend": backend,
         "tool": None,
         "method": method,
         "session_id": site.session_id,
-        "decision": "allow",
         "enforced": True,
-        "status": "forwarded",
-        "stage": "mcp_passthrough",
         "policy_version": gateway.policy.version,
     }
+
+
+async def _append(gateway: Gateway, entry: dict[str, Any], method: str) -> None:
     try:
         await gateway.ledger.append(entry)
     except Exception as exc:

@@ -29,6 +29,9 @@ INTERNAL_ERROR = -32603
 REQUEST_CANCELLED = -32800
 #: Our own code for "the upstream server failed"; outside the reserved -32768..-32000 range.
 BACKEND_FAILED = -31001
+#: Our own code for "a bounded resource of the gateway is full" (open sessions, server processes):
+#: HTTP 429 with Retry-After; `data.limit` names the setting. -31002 is /mcp's "unauthorized".
+LIMIT_REACHED = -31003
 
 RpcId = str | int
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import builtins
+import math
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.core.errors import LimitReached
 
 
 class StoreUnavailable(Exception):
@@ -261,20 +264,59 @@ class EventStore(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    """How many legacy sessions may be open at once: per principal and in total (`mcp.max_sessions_per_principal`,
+    `mcp.max_sessions`; a store refuses `create` beyond either with `LimitReached` naming the setting),
+    and how many GET streams one session may hold open on a replica (`mcp.max_streams_per_session`).
+    The defaults are `dharma.yaml`'s."""
+
+    per_principal: int = 16
+    total: int = 256
+    streams_per_session: int = 4
+
+
+def session_limit(setting: str, open_now: int, principal: str | None, retry_after: float) -> LimitReached:
+    """The refusal of one session too many, worded the same by every store."""
+    whose = f" for principal {principal!r}" if principal is not None else " on this gateway"
+    return LimitReached(setting, f"session limit reached: {open_now} open sessions{whose} ({setting}); end one "
+                                 f"(DELETE) or retry after {max(1, math.ceil(retry_after))} s, when an idle one expires",
+                        retry_after=max(1.0, retry_after))
+
+
+PER_PRINCIPAL = "mcp.max_sessions_per_principal"
+TOTAL = "mcp.max_sessions"
+
+
 class SessionStore(Protocol):
     """Legacy `/mcp` sessions: their facts (expiring after `idle_seconds` unused), their event
-    stores, and the signals that reach the replica holding a session's waiters and holds."""
+    stores, and the signals that reach the replica holding a session's waiters and holds.
+
+    Open sessions are bounded (`limits`): `create` counts the sessions that have not expired, per
+    principal and in total, and refuses one too many with `LimitReached`; `end` frees its slot at
+    once, expiry when it happens (a shared store counts across replicas)."""
 
     idle_seconds: float
     replica: str
+    limits: SessionLimits
 
-    async def create(self, facts: SessionFacts) -> None: ...
+    async def create(self, facts: SessionFacts) -> None:
+        """Store a new session, or raise `LimitReached` when its principal or the gateway has as
+        many open as `limits` allow (nothing is stored then)."""
+        ...
     async def load(self, session_id: str) -> SessionFacts | None:
         """The facts of `session_id` (None if unknown or expired); using a session keeps it alive."""
         ...
     async def save(self, facts: SessionFacts) -> None: ...
     async def end(self, session_id: str) -> None:
-        """Forget the session and its events everywhere, and tell every replica (`end` signal)."""
+        """Forget the session and its events everywhere, free its slot, and tell every replica (`end` signal)."""
+        ...
+    async def touch(self, session_ids: Iterable[str]) -> None:
+        """Keep these sessions alive as a request would (they have requests in flight on this replica)."""
+        ...
+    async def reap(self) -> list[SessionFacts]:
+        """Sessions that expired since the last call, for the caller to end their upstream sessions
+        (stop their server processes). A store whose expiry needs no help (Redis TTLs) returns []."""
         ...
     def events(self, session_id: str) -> EventStore: ...
     async def publish(self, signal: SessionSignal) -> None:

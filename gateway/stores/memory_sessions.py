@@ -1,8 +1,10 @@
 """Legacy `/mcp` sessions and their event stores in one process's memory: the embedded default.
 
-Sessions unused for `idle_seconds` are dropped (checked on use, and swept when one is created, so
-memory stays bounded without a background task). With one process there is no other replica to
-signal: `publish` does nothing and `signals` ends at once.
+Sessions unused for `idle_seconds` expire: a use finds them gone, and `reap` (the endpoint's
+background reaper) hands them over so their upstream sessions end and their server processes stop.
+Open sessions are counted per principal and in total (`SessionLimits`): `create` is O(1) below the
+limits and looks for expired sessions only when one is reached. With one process there is no
+other replica to signal: `publish` does nothing and `signals` ends at once.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ import copy
 import secrets
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from gateway.stores.base import SessionFacts, SessionSignal, StreamLog
+from gateway.stores.base import PER_PRINCIPAL, TOTAL, SessionFacts, SessionLimits, SessionSignal, StreamLog, session_limit
 
 MAX_EVENTS = 512
 MAX_BYTES = 8 * 1024 * 1024
@@ -71,6 +73,8 @@ class MemoryEventStore:
         if state is not None:
             state.done = True
             state.wake()
+            if not state.events:  # nothing to resume (a GET stream that carried nothing): forget it
+                del self._streams[stream.token]
 
     async def find(self, event_id: str) -> tuple[StreamLog, int] | None:
         return self._index.get(event_id)
@@ -126,22 +130,51 @@ def _json_copy(value: Any) -> Any:
 
 
 class MemorySessionStore:
-    """Legacy sessions of this process (`gateway.stores.base.SessionStore`), with idle expiry."""
+    """Legacy sessions of this process (`gateway.stores.base.SessionStore`), with idle expiry and limits."""
 
-    def __init__(self, idle_seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, idle_seconds: float, *, limits: SessionLimits | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.idle_seconds = idle_seconds
+        self.limits = limits if limits is not None else SessionLimits()
         self.replica = secrets.token_hex(4)
         self._clock = clock
         self._sessions: dict[str, SessionFacts] = {}
         self._events: dict[str, MemoryEventStore] = {}
         self._used: dict[str, float] = {}
+        self._owned: dict[str, set[str]] = {}  # principal -> its open session ids
+        # Dropped for idleness, not yet handed to `reap` (bounded: without a reaper the oldest go).
+        self._expired: deque[SessionFacts] = deque(maxlen=4 * self.limits.total)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
 
     async def create(self, facts: SessionFacts) -> None:
+        if facts.id in self._sessions:
+            raise ValueError("a session with this id exists already")
         now = self._clock()
-        for sid in [s for s, used in self._used.items() if now - used >= self.idle_seconds]:
-            self._drop(sid)
+        self._admit(facts.principal, now)
         self._sessions[facts.id] = detached(facts)
         self._used[facts.id] = now
+        self._owned.setdefault(facts.principal, set()).add(facts.id)
+
+    def _admit(self, principal: str, now: float) -> None:
+        """Raise `LimitReached` if `principal` (or the gateway) has as many sessions open as allowed;
+        expired sessions are looked for only then (O(open) at a limit, O(1) below)."""
+        owned = self._owned.get(principal, ())
+        if len(owned) >= self.limits.per_principal:
+            for sid in [s for s in owned if now - self._used[s] >= self.idle_seconds]:
+                self._expire(sid)
+            owned = self._owned.get(principal, ())
+            if len(owned) >= self.limits.per_principal:
+                raise session_limit(PER_PRINCIPAL, len(owned), principal, self._free_in(owned, now))
+        if len(self._sessions) >= self.limits.total:
+            self._expire_idle(now)
+            if len(self._sessions) >= self.limits.total:
+                raise session_limit(TOTAL, len(self._sessions), None, self._free_in(self._used, now))
+
+    def _free_in(self, sids: Iterable[str], now: float) -> float:
+        """Seconds until the first of `sids` expires if nobody uses it."""
+        return min(self._used[s] for s in sids) + self.idle_seconds - now
 
     async def load(self, session_id: str) -> SessionFacts | None:
         used = self._used.get(session_id)
@@ -149,7 +182,7 @@ class MemorySessionStore:
             return None
         now = self._clock()
         if now - used >= self.idle_seconds:
-            self._drop(session_id)
+            self._expire(session_id)
             return None
         self._used[session_id] = now
         return detached(self._sessions[session_id])
@@ -160,6 +193,18 @@ class MemorySessionStore:
 
     async def end(self, session_id: str) -> None:
         self._drop(session_id)
+
+    async def touch(self, session_ids: Iterable[str]) -> None:
+        now = self._clock()
+        for sid in session_ids:
+            if sid in self._used:
+                self._used[sid] = now
+
+    async def reap(self) -> list[SessionFacts]:
+        self._expire_idle(self._clock())
+        expired = list(self._expired)
+        self._expired.clear()
+        return expired
 
     def events(self, session_id: str) -> MemoryEventStore:
         """The session's store (made for a session being opened; `end` forgets it if it never opens)."""
@@ -175,7 +220,24 @@ class MemorySessionStore:
         return
         yield  # an async generator that ends at once
 
-    def _drop(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
+    def _expire_idle(self, now: float) -> None:
+        for sid in [s for s, used in self._used.items() if now - used >= self.idle_seconds]:
+            self._expire(sid)
+
+    def _expire(self, session_id: str) -> None:
+        """Drop an idle session; `reap` hands it over so its upstream sessions are ended too."""
+        facts = self._drop(session_id)
+        if facts is not None:
+            self._expired.append(facts)
+
+    def _drop(self, session_id: str) -> SessionFacts | None:
+        facts = self._sessions.pop(session_id, None)
         self._events.pop(session_id, None)
         self._used.pop(session_id, None)
+        if facts is not None:
+            owned = self._owned.get(facts.principal)
+            if owned is not None:
+                owned.discard(session_id)
+                if not owned:
+                    del self._owned[facts.principal]
+        return facts

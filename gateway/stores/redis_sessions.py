@@ -10,6 +10,14 @@
   reads the stream (XRANGE) and follows a stream another replica is still writing with XREAD
   BLOCK until its done marker, giving up after `stall_seconds` without news (its writer died).
 - Signals: PUBLISH on one channel every replica subscribes to; a replica skips its own.
+- Limits (`SessionLimits`): open sessions are counted in sorted sets scored by when each would
+  expire unused, one per principal (named after a SHA-1 of the principal, made inside Lua) and one
+  of every session (members `<principal hash>:<session hash>`). `create` is one Lua script: every
+  member whose score has passed is looked at again (its facts' PTTL: renewed by use, it gets its new
+  expiry; gone, it leaves both sets), then both counts are checked and the session is stored and
+  counted, atomically across replicas. `load` stays one pipelined round trip that touches no set:
+  a renewal is noticed when its old score passes. `end` takes the session out of both sets, so a
+  DELETE frees its slot at once; a TTL expiry frees it at the next `create` that looks.
 
 Every Redis failure becomes `StoreUnavailable` naming the server (`RedisLink.unavailable`): the
 transport refuses the request (fail closed) and the next request reconnects by itself.
@@ -21,14 +29,14 @@ import hashlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import anyio
 import structlog
 from pydantic import ValidationError
 
-from gateway.stores.base import SessionFacts, SessionSignal, StreamLog
+from gateway.stores.base import PER_PRINCIPAL, TOTAL, SessionFacts, SessionLimits, SessionSignal, StreamLog, session_limit
 from gateway.stores.memory_sessions import MAX_BYTES, MAX_EVENTS
 from gateway.stores.redis import REDIS_ERRORS, RedisLink
 
@@ -56,6 +64,56 @@ while count > tonumber(ARGV[6]) or total > tonumber(ARGV[7]) do
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
 redis.call('PEXPIRE', KEYS[2], ARGV[8])
+return 1
+"""
+
+
+_CREATE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+local phash = redis.sha1hex(ARGV[6])
+local mine = ARGV[8] .. phash
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
+  local sep = string.find(member, ':', 1, true)
+  local owner, session = ARGV[8] .. string.sub(member, 1, sep - 1), string.sub(member, sep + 1)
+  local left = redis.call('PTTL', ARGV[7] .. session)
+  if left > 0 then
+    redis.call('ZADD', KEYS[2], now + left, member)
+    redis.call('ZADD', owner, now + left, session)
+    redis.call('PEXPIRE', owner, ttl)
+  else
+    redis.call('ZREM', KEYS[2], member)
+    redis.call('ZREM', owner, session)
+  end
+end
+local owned = redis.call('ZCARD', mine)
+if owned >= tonumber(ARGV[3]) then
+  return {1, owned, tonumber(redis.call('ZRANGE', mine, 0, 0, 'WITHSCORES')[2]) - now}
+end
+local total = redis.call('ZCARD', KEYS[2])
+if total >= tonumber(ARGV[4]) then
+  return {2, total, tonumber(redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2]) - now}
+end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ttl) then return {3, 0, 0} end
+redis.call('ZADD', KEYS[2], now + ttl, phash .. ':' .. ARGV[5])
+redis.call('ZADD', mine, now + ttl, ARGV[5])
+redis.call('PEXPIRE', mine, ttl)
+return {0, 0, 0}
+"""
+
+_END = """
+local raw = redis.call('GET', KEYS[1])
+if raw then
+  local ok, facts = pcall(cjson.decode, raw)
+  if ok and type(facts) == 'table' and type(facts['principal']) == 'string' then
+    local phash = redis.sha1hex(facts['principal'])
+    redis.call('ZREM', KEYS[4], phash .. ':' .. ARGV[1])
+    redis.call('ZREM', ARGV[2] .. phash, ARGV[1])
+  end
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
 """
 
@@ -159,14 +217,18 @@ class RedisEventStore:
 class RedisSessionStore:
     """Legacy sessions every replica shares (`gateway.stores.base.SessionStore`); see the module docstring."""
 
-    def __init__(self, link: RedisLink, idle_seconds: float, *, block_seconds: float) -> None:
+    def __init__(self, link: RedisLink, idle_seconds: float, *, block_seconds: float, limits: SessionLimits | None = None) -> None:
         self.link = link
         self.idle_seconds = idle_seconds
+        self.limits = limits if limits is not None else SessionLimits()
         self.replica = secrets.token_hex(4)
         self.ttl_ms = max(1, int(idle_seconds * 1000))
         self.block_seconds = block_seconds
         self.channel = link.key("mcp", "signals")
+        self.open_key = link.key("mcp", "open")  # every open session, scored by when it would expire unused
         self._append = link.client.register_script(_APPEND)  # EVALSHA, loaded once per server
+        self._create = link.client.register_script(_CREATE)
+        self._end = link.client.register_script(_END)
 
     def _key(self, session_id: str) -> str:
         return self.link.key("mcp", "s", _hashed(session_id))
@@ -176,11 +238,17 @@ class RedisSessionStore:
                                script=self._append)
 
     async def create(self, facts: SessionFacts) -> None:
+        args = [facts.model_dump_json(), self.ttl_ms, self.limits.per_principal, self.limits.total, _hashed(facts.id),
+                facts.principal, self.link.key("mcp", "s", ""), self.link.key("mcp", "p", "")]
         try:
-            created = await self.link.client.set(self._key(facts.id), facts.model_dump_json(), nx=True, px=self.ttl_ms)
+            refused, open_now, free_ms = await self._create(keys=[self._key(facts.id), self.open_key], args=args)
         except REDIS_ERRORS as exc:
             raise self.link.unavailable(exc) from None
-        if not created:
+        if refused == 1:
+            raise session_limit(PER_PRINCIPAL, int(open_now), facts.principal, int(free_ms) / 1000)
+        if refused == 2:
+            raise session_limit(TOTAL, int(open_now), None, int(free_ms) / 1000)
+        if refused:
             raise ValueError("a session with this id exists already")
 
     async def load(self, session_id: str) -> SessionFacts | None:
@@ -211,13 +279,29 @@ class RedisSessionStore:
     async def end(self, session_id: str) -> None:
         hashed = _hashed(session_id)
         signal = SessionSignal(kind="end", session=session_id, origin=self.replica)
+        keys = [self._key(session_id), self.link.key("mcp", "e", hashed), self.link.key("mcp", "b", hashed), self.open_key]
         try:
-            async with self.link.client.pipeline(transaction=True) as pipe:
-                pipe.delete(self._key(session_id), self.link.key("mcp", "e", hashed), self.link.key("mcp", "b", hashed))
-                pipe.publish(self.channel, signal.model_dump_json())
+            await self._end(keys=keys, args=[hashed, self.link.key("mcp", "p", ""), self.channel, signal.model_dump_json()])
+        except REDIS_ERRORS as exc:
+            raise self.link.unavailable(exc) from None
+
+    async def touch(self, session_ids: Iterable[str]) -> None:
+        ids = list(session_ids)
+        if not ids:
+            return
+        try:
+            async with self.link.client.pipeline(transaction=False) as pipe:
+                for sid in ids:
+                    hashed = _hashed(sid)
+                    for key in (self._key(sid), self.link.key("mcp", "e", hashed), self.link.key("mcp", "b", hashed)):
+                        pipe.pexpire(key, self.ttl_ms)
                 await pipe.execute()
         except REDIS_ERRORS as exc:
             raise self.link.unavailable(exc) from None
+
+    async def reap(self) -> list[SessionFacts]:
+        """Nothing to hand over: Redis expires the facts itself (TTL), and `create` notices that."""
+        return []
 
     async def publish(self, signal: SessionSignal) -> None:
         try:

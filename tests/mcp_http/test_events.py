@@ -89,3 +89,18 @@ async def test_store_is_bounded_by_count_and_bytes(make: Make) -> None:
     big = await store.append(stream, b"123456789")  # 3 + 9 bytes > 10: the two oldest go
     assert await store.find(ids[3]) is None and await store.find(ids[4]) is not None
     assert await _replay(store, ids[4]) == [b"123456789"] and await store.find(big) is not None
+
+
+async def test_streams_that_carried_nothing_leave_nothing_behind() -> None:
+    """A client may open GET stream after GET stream (each bounded while open): one that ends
+    without an event is forgotten, so a session's store does not grow with the streams it opened."""
+    store = MemoryEventStore()
+    kept = store.open()
+    await store.append(kept, b"answer")
+    for _ in range(1000):
+        await store.finish(store.open(standalone=True))
+    await store.finish(kept)
+    assert len(store._streams) == 1  # only the stream with an event to resume
+    found = await store.find(f"{kept.token}.1")
+    assert found is not None
+    assert [data async for _id, data in store.follow(*found, wait=False)] == []  # nothing after it; it is done

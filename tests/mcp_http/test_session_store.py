@@ -11,7 +11,8 @@ import anyio
 import pytest
 
 from gateway.config import RedisSettings
-from gateway.stores.base import SessionFacts, SessionSignal, SessionStore
+from gateway.core.errors import LimitReached
+from gateway.stores.base import SessionFacts, SessionLimits, SessionSignal, SessionStore
 from gateway.stores.memory_sessions import MemorySessionStore
 from gateway.stores.redis import connect
 from gateway.stores.redis_sessions import RedisSessionStore
@@ -134,3 +135,74 @@ async def test_an_idle_local_part_is_renewed_on_its_next_use_and_the_others_swep
     parts._swept -= legacy.SWEEP_SECONDS
     assert await parts.find("dgs_c", "alice") is not None
     assert set(parts.local) == {"dgs_a", "dgs_held", "dgs_c"}
+
+
+# ---- limits (issue 23): the same counts on both forms ---------------------------------------------
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def limited(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
+    """A store allowing 2 sessions per principal and 3 in total, idle after `IDLE`."""
+    limits = SessionLimits(per_principal=2, total=3)
+    if request.param == "memory":
+        yield MemorySessionStore(IDLE, limits=limits)
+        return
+    link = connect(RedisSettings(url=request.getfixturevalue("redis_url")))
+    yield RedisSessionStore(link, IDLE, block_seconds=0.2, limits=limits)
+    await link.aclose()
+
+
+def _of(sid: str, principal: str) -> SessionFacts:
+    return SessionFacts(id=sid, principal=principal, nonce="n1")
+
+
+async def test_a_store_refuses_sessions_past_either_limit_naming_it_and_end_frees_a_slot(limited: SessionStore) -> None:
+    await limited.create(_of("dgs_a1", "alice"))
+    await limited.create(_of("dgs_a2", "alice"))
+    with pytest.raises(LimitReached) as per:
+        await limited.create(_of("dgs_a3", "alice"))
+    assert per.value.setting == "mcp.max_sessions_per_principal" and 0 < per.value.retry_after <= IDLE + 1
+    assert "2 open sessions for principal 'alice'" in per.value.message
+    assert await limited.load("dgs_a3") is None  # nothing was stored
+    await limited.create(_of("dgs_b1", "bob"))
+    with pytest.raises(LimitReached) as total:
+        await limited.create(_of("dgs_c1", "carol"))
+    assert total.value.setting == "mcp.max_sessions" and "3 open sessions on this gateway" in total.value.message
+    await limited.end("dgs_a1")
+    await limited.create(_of("dgs_c1", "carol"))  # the slot is free at once
+    with pytest.raises(LimitReached):
+        await limited.create(_of("dgs_a4", "alice"))
+
+
+async def test_a_session_kept_alive_keeps_its_slot_and_an_expired_one_frees_it(limited: SessionStore) -> None:
+    """Counts follow expiry exactly: a session used past the time it would have expired unused
+    still counts (on Redis its score is renewed when a `create` looks), one left alone stops counting."""
+    await limited.create(_of("dgs_used", "alice"))
+    await limited.create(_of("dgs_idle", "alice"))
+    started = time.monotonic()
+    while time.monotonic() - started < IDLE * 1.5:
+        assert await limited.load("dgs_used") is not None
+        await anyio.sleep(IDLE / 5)
+    with anyio.fail_after(10):
+        while await limited.load("dgs_idle") is not None:
+            await anyio.sleep(0.05)
+    await limited.create(_of("dgs_new", "alice"))  # the idle one's slot
+    with pytest.raises(LimitReached):  # the used one still holds its own
+        await limited.create(_of("dgs_more", "alice"))
+
+
+async def test_touch_keeps_sessions_alive_and_reap_hands_over_the_expired_ones(limited: SessionStore) -> None:
+    await limited.create(_of("dgs_busy", "alice"))
+    await limited.create(_of("dgs_left", "bob"))
+    started = time.monotonic()
+    while time.monotonic() - started < IDLE * 1.5:  # a request in flight: the reaper renews it
+        await limited.touch(["dgs_busy"])
+        await anyio.sleep(IDLE / 5)
+    assert await limited.load("dgs_busy") is not None
+    with anyio.fail_after(10):
+        while await limited.load("dgs_left") is not None:
+            await anyio.sleep(0.05)
+    # Memory hands it over once (for its upstream sessions to be ended); Redis expires it by itself.
+    expected = ["dgs_left"] if isinstance(limited, MemorySessionStore) else []
+    assert [f.id for f in await limited.reap()] == expected
+    assert await limited.reap() == []

@@ -28,6 +28,11 @@ answer; the receipt in `result._meta["dharma.gateway/receipt"]`). Approvals: eli
 the client declared it (legacy `elicitation/create` on the call's stream; 2026 an
 `input_required` result with a signed `requestState`), else a hold with progress notifications.
 
+Limits (docs/mcp-http.md "Limits"): open legacy sessions per principal and in total, stdio
+server processes per upstream and GET streams per session are bounded; one more is refused with
+HTTP 429, `Retry-After` and a JSON-RPC error naming the setting (`_limit_refusal`), put on the
+record and counted. A reaper in `running()` ends expired sessions and stops their processes.
+
 Several upstreams: each may have a tool-name `prefix`; `tools/list` merges them (every page of
 each, one page to the client); `tools/call` routes by prefix; other requests go to the first
 upstream. The client's credentials (Authorization, X-API-Key, cookies) are never forwarded.
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -52,12 +58,13 @@ import structlog
 from starlette.types import Receive, Scope, Send
 
 from gateway.core.call import Credentials, Principal
-from gateway.core.errors import ConfigError
+from gateway.core.errors import ConfigError, ErrorCode, LimitReached
 from gateway.core.gateway import Gateway
 from gateway.mcp import approval as ap
 from gateway.mcp import calls, jsonrpc
 from gateway.mcp.jsonrpc import Batch, Invalid, Notification, Request, Response
 from gateway.mcp.pins import PinStore
+from gateway.mcp.refusals import LimitRefusals
 from gateway.mcp.session import CLIENT_METHODS
 from gateway.mcp.versions import (
     BATCH_VERSIONS,
@@ -70,7 +77,7 @@ from gateway.mcp.versions import (
 from gateway.transports.http_auth import STATE_PRINCIPAL
 from gateway.transports.http_protocol import WatchedEvent
 from gateway.transports.mcp_http import headers as mh
-from gateway.stores.base import EventStore, SessionStore, StoreUnavailable
+from gateway.stores.base import EventStore, SessionLimits, SessionStore, StoreUnavailable
 from gateway.transports.mcp_http.relay import Relay, unavailable
 from gateway.transports.mcp_http.reply import (
     AsgiWriter,
@@ -111,43 +118,82 @@ class McpHttpApp:
         anonymous_user: str | None = None,
         hold_seconds: float = 50.0,
         progress_interval: float = 5.0,
-        session_idle_seconds: float = 1800.0,
+        session_idle_seconds: float = 300.0,
         sessions: SessionStore | None = None,
         session_link: Any = None,
+        limits: SessionLimits | None = None,
     ) -> None:
         self.gateway = gateway
-        store = sessions if sessions is not None else MemorySessionStore(session_idle_seconds)
+        store = sessions if sessions is not None else MemorySessionStore(session_idle_seconds, limits=limits)
         self.relay = Relay(upstreams, store)
         self.sessions = LegacySessions(gateway, self.relay, store)
         self.session_link = session_link  # the Redis link of a shared store, closed with the endpoint
         flow = calls.ToolsCall(gateway, pins, ap.StateSealer(secrets.token_bytes(32)),
                                hold_seconds=hold_seconds, progress_interval=progress_interval, over_http=True)
         self.tools = HttpTools(gateway, self.relay, pins, flow)
+        self.refusals = LimitRefusals(gateway)
         self.max_body_bytes = max_body_bytes
         self.anonymous_user = anonymous_user
         self._scope_class: Callable[..., anyio.CancelScope] | None = None  # the running anyio backend's CancelScope
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """The endpoint's lifetime (the app's lifespan): background pumps of stdio upstreams run
-        in this task group; on exit every upstream is closed."""
+        """The endpoint's lifetime (the app's lifespan): background pumps of stdio upstreams and the
+        session reaper run in this task group; on exit every upstream is closed (its processes stopped)."""
         async with anyio.create_task_group() as tg:
             for upstream in self.relay.upstreams:
                 if hasattr(upstream, "task_group"):
                     upstream.task_group = tg
             tg.start_soon(self._signals)
+            tg.start_soon(self.sessions.reap_forever)
+            tg.start_soon(self._record_refusals)
+            self.gateway.metrics.mcp_open = self._open_now
             try:
                 yield
             finally:
+                self.gateway.metrics.mcp_open = None
                 await self.aclose()
                 tg.cancel_scope.cancel()
+
+    def _open_now(self) -> tuple[int | None, dict[str, int]]:
+        """For /metrics: sessions open in this process's memory (None with a shared store) and session
+        processes per stdio upstream."""
+        store = self.sessions.store
+        sessions = len(store) if isinstance(store, MemorySessionStore) else None
+        return sessions, {u.id: u.processes for u in self.relay.upstreams if isinstance(getattr(u, "processes", None), int)}
+
+    async def _limit_refusal(self, ctx: Ctx, reply: Reply, rpc_id: jsonrpc.RpcId | None, method: str, exc: LimitReached) -> None:
+        """Refuse a request a limit does not let through: HTTP 429 with `Retry-After`, a JSON-RPC
+        error whose message names the setting (and `data.limit`), put on the record as `rate_limited`
+        (`gateway.mcp.refusals`: the first at once, a flood as counts) and counted in /metrics
+        (`dharma_limit_refusals_total`)."""
+        retry = max(1, math.ceil(exc.retry_after))
+        self.gateway.metrics.limit_refused(exc.setting)
+        log.debug("mcp_http.limit_reached", limit=exc.setting, principal=ctx.principal.id, method=method)
+        await self.refusals.refused(self.tools.site(ctx), method, exc.setting)
+        data = {"error_code": ErrorCode.RATE_LIMITED.value, "limit": exc.setting, "retry_after": retry}
+        await reply.final(jsonrpc.error(rpc_id, jsonrpc.LIMIT_REACHED, exc.message, data=data), 429, {"retry-after": str(retry)})
+
+    async def _stream(self, ctx: Ctx, reply: Reply) -> None:
+        """GET: the session's stream, or a 429 when it has as many open as allowed."""
+        try:
+            await self.sessions.get(ctx, reply)
+        except LimitReached as exc:
+            await self._limit_refusal(ctx, reply, None, "GET", exc)
 
     async def _signals(self) -> None:
         """Apply other replicas' signals to the sessions this replica serves (none with one process)."""
         async for signal in self.sessions.store.signals():
             self.sessions.on_signal(signal)
 
+    async def _record_refusals(self) -> None:
+        """Put the counts of limit refusals on the record as their windows end."""
+        while True:
+            await anyio.sleep(self.refusals.window / 2)
+            await self.refusals.flush()
+
     async def aclose(self) -> None:
+        await self.refusals.flush(everything=True)
         for upstream in self.relay.upstreams:
             try:
                 await upstream.aclose()
@@ -179,7 +225,7 @@ class McpHttpApp:
                 return
             ctx = Ctx(headers, raw_headers, credentials, principal, False, version)
             if method == "GET":
-                await self._run(receive, send, lambda reply: self.sessions.get(ctx, reply), {})
+                await self._run(receive, send, lambda reply: self._stream(ctx, reply), {})
             else:
                 await self._run(receive, send, lambda reply: self.sessions.delete(ctx, reply), {})
         else:
@@ -319,8 +365,16 @@ class McpHttpApp:
                     await plain_reply(send, 404, jsonrpc.error(None, -32001, "Session not found"))
                     return
                 ctx.session = session
-        store = ctx.session.events if ctx.session is not None and resumable_version(version) else None
-        await self._run(receive, send, lambda reply: self._message(ctx, reply, parsed, body), {}, store)
+        if ctx.session is None:
+            await self._run(receive, send, lambda reply: self._message(ctx, reply, parsed, body), {})
+            return
+        store = ctx.session.events if resumable_version(version) else None
+        local = ctx.session.local
+        local.open += 1  # in flight: the reaper keeps the session alive meanwhile
+        try:
+            await self._run(receive, send, lambda reply: self._message(ctx, reply, parsed, body), {}, store)
+        finally:
+            local.open -= 1
 
     async def _message(self, ctx: Ctx, reply: Reply, parsed: jsonrpc.Parsed, raw: bytes) -> None:
         if isinstance(parsed, Batch):
@@ -386,7 +440,10 @@ class McpHttpApp:
                 await reply.final(jsonrpc.error(item.id, HEADER_MISMATCH, problem), 400)
                 return
         if item.method == "initialize" and not ctx.modern:
-            await self.sessions.initialize(ctx, reply, item, data)
+            try:
+                await self.sessions.initialize(ctx, reply, item, data)
+            except LimitReached as exc:
+                await self._limit_refusal(ctx, reply, item.id, item.method, exc)
         elif item.method == "tools/list":
             await self.tools.tools_list(ctx, reply, item, data)
         elif item.method == "tools/call":
@@ -412,7 +469,9 @@ def build_mcp_app(gateway: Gateway, settings: Any, *, max_body_bytes: int) -> Mc
         else:
             from gateway.transports.upstreams.mcp_stdio import McpStdioUpstream
 
-            upstreams.append(McpStdioUpstream(cfg.id, [cfg.command, *cfg.args], env=cfg.env, prefix=cfg.prefix))
+            upstreams.append(McpStdioUpstream(cfg.id, [cfg.command, *cfg.args], env=cfg.env, prefix=cfg.prefix,
+                                              max_processes=settings.mcp.max_stdio_processes,
+                                              idle_seconds=settings.mcp.session_idle_seconds))
     from gateway.runtime import pin_store_for
 
     mcp = settings.mcp
@@ -427,6 +486,7 @@ def build_mcp_app(gateway: Gateway, settings: Any, *, max_body_bytes: int) -> Mc
         session_idle_seconds=mcp.session_idle_seconds,
         sessions=store,
         session_link=link,
+        limits=mcp.session_limits(),
     )
 
 
@@ -448,4 +508,4 @@ def session_store(settings: Any, configs: Sequence[Any]) -> tuple[SessionStore |
 
     link = connect(settings.redis)
     block = max(0.05, settings.redis.operation_timeout_seconds / 2)
-    return RedisSessionStore(link, settings.mcp.session_idle_seconds, block_seconds=block), link
+    return RedisSessionStore(link, settings.mcp.session_idle_seconds, block_seconds=block, limits=settings.mcp.session_limits()), link

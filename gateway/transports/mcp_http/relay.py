@@ -212,13 +212,16 @@ class Relay:
     # ---- upstream requests the gateway makes itself ----------------------------------------
 
     async def request(self, ctx: Ctx, upstream: Upstream, message: dict[str, Any], *, timeout: float,
-                       schema: Any = None) -> tuple[dict[str, Any], UpstreamReply]:
-        """Send a request and return its answer (other messages on its stream are dropped)."""
+                       schema: Any = None, on_head: Callable[[UpstreamReply], None] | None = None) -> tuple[dict[str, Any], UpstreamReply]:
+        """Send a request and return its answer (other messages on its stream are dropped); `on_head`
+        sees the upstream's reply as soon as it began (its session id, before the answer)."""
         headers = self.up_headers(ctx, upstream, message, schema)
         if ctx.modern and "mcp-protocol-version" not in {k.lower() for k in headers}:
             headers["mcp-protocol-version"] = ctx.version or "2026-07-28"
         async with asyncio.timeout(timeout):  # asyncio only (see forward.py): cheaper than an anyio scope per request
             async with upstream.post(jsonrpc.dumps(message), headers, expect_id=message["id"]) as up:
+                if on_head is not None:
+                    on_head(up)
                 async for chunk in up.messages():
                     try:
                         msg = jsonrpc.loads(chunk)

@@ -6,6 +6,15 @@ and resumes from the gateway's own event store, DELETE ends the session everywhe
 or Redis shared by every replica, so any replica serves any request) and this replica's `Local`
 part of each; `on_signal` applies what other replicas send (answers, cancels, stale catalogs,
 ends). The values of one session are in `state`.
+
+Bounded (docs/mcp-http.md "Limits"): the store refuses a session beyond `mcp.max_sessions_per_principal`
+or `mcp.max_sessions` before any upstream is asked (so no server process starts), a stdio upstream
+refuses one process beyond `mcp.max_stdio_processes`, and a session holds at most
+`mcp.max_streams_per_session` GET streams here, each for at most `session_idle_seconds`; every such
+refusal is a `LimitReached` the endpoint answers 429. `reap_forever` (the endpoint's lifespan) keeps
+sessions with a request in flight here alive and ends the upstream sessions of expired ones, which
+stops their server processes. A dropped connection ends no legacy session (the spec lets a client
+reconnect and resume); an `initialize` that fails or whose client goes before the answer does.
 """
 
 from __future__ import annotations
@@ -13,15 +22,17 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import structlog
 
+from gateway.core.errors import LimitReached
 from gateway.core.gateway import Gateway
 from gateway.mcp import jsonrpc
 from gateway.mcp.jsonrpc import Request
-from gateway.stores.base import SessionSignal, SessionStore, StoreUnavailable, StreamLog
+from gateway.stores.base import SessionFacts, SessionSignal, SessionStore, StoreUnavailable, StreamLog
 from gateway.transports.mcp_http.relay import Relay, unavailable
 from gateway.transports.mcp_http.reply import Reply
 from gateway.transports.mcp_http.state import (
@@ -40,6 +51,11 @@ log = structlog.get_logger()
 #: How often a request sweeps the idle `Local` parts of other sessions (memory only: the session a
 #: request names is checked on the spot). A sweep on every request cost O(sessions) each.
 SWEEP_SECONDS = 1.0
+#: The reaper's period at most (a quarter of `session_idle_seconds` when that is shorter).
+REAP_SECONDS = 10.0
+#: How long ending one expired session's upstream session may take before the reaper moves on.
+END_UPSTREAM_SECONDS = 10.0
+STREAMS = "mcp.max_streams_per_session"
 
 
 class LegacySessions:
@@ -94,26 +110,75 @@ class LegacySessions:
             del self.local[signal.session]
 
     async def initialize(self, ctx: Ctx, reply: Reply, req: Request, data: bytes) -> None:
-        params = obj(req.params)
+        """Open a session: counted in the store first (`LimitReached` propagates, nothing started),
+        then initialized on every upstream. It is open once the primary upstream accepted it (the
+        client has its id from then on, even if it hangs up before the answer). If it does not open
+        (an upstream refused or failed, an upstream's limit was reached, the client went), every
+        upstream session it started is ended again and its slot freed."""
         sid = "dgs_" + secrets.token_urlsafe(32)
+        facts = SessionFacts(id=sid, principal=ctx.principal.id, nonce=secrets.token_hex(6))
+        try:
+            await self.store.create(facts)
+        except StoreUnavailable as exc:
+            await reply.final(unavailable(exc), 503)
+            return
         local = self.local[sid] = Local()
-        session = HttpSession(id=sid, principal=ctx.principal.id, events=self.store.events(sid), replica=self.store.replica, local=local)
+        session = HttpSession.of(facts, local, self.store.events(sid), self.store.replica)
+        ctx.session = session
+        params = obj(req.params)
         caps = params.get("capabilities")
         session.capabilities = dict(caps) if isinstance(caps, dict) else {}
-        ctx.session = session
         requested = params.get("protocolVersion")
         if isinstance(requested, str) and resumable_version(requested):
             reply.resumable(session.events)
+        opened = False
+
+        async def on_head(up: UpstreamReply) -> dict[str, str]:
+            nonlocal opened
+            if up.status != 200:
+                return {}
+            session.upstream_sids[self.relay.primary.id] = up.session_id
+            await self.store.save(session.facts())
+            opened = True
+            return {"mcp-session-id": session.id}
+
+        try:
+            others_have_tools = await self._initialize_others(ctx, session, params)
+            on_answer = self._on_answer(session, others_have_tools, lambda: opened)
+            try:
+                await self.relay.relay(ctx, reply, self.relay.primary, data, req.message, expect_id=req.id,
+                                       on_answer=on_answer, on_head=on_head)
+            except StoreUnavailable as exc:
+                await reply.final(unavailable(exc), 503)
+        finally:
+            if not opened:
+                ctx.session = None
+                with anyio.CancelScope(shield=True):
+                    self.local.pop(sid, None)
+                    await self._end_upstreams(session.facts())
+                    with contextlib.suppress(StoreUnavailable):
+                        await self.store.end(sid)
+        if opened:
+            log.info("mcp_http.session_opened", session=session.id[:12], principal=ctx.principal.id, version=session.version)
+
+    async def _initialize_others(self, ctx: Ctx, session: HttpSession, params: dict[str, Any]) -> bool:
+        """Initialize the session on every upstream but the primary (one that fails is left out);
+        whether any of them has tools."""
         others_have_tools = False
         for other in self.relay.upstreams[1:]:
             rid = session.originate()
             message = jsonrpc.request(rid, "initialize", params)
+
+            def started(up: UpstreamReply, upstream_id: str = other.id) -> None:  # known at once: ended if we stop here
+                session.upstream_sids[upstream_id] = up.session_id
+
             try:
-                answer, up = await self.relay.request(ctx, other, message, timeout=self.gateway.policy.backend_timeout_seconds)
+                answer, _up = await self.relay.request(ctx, other, message, timeout=self.gateway.policy.backend_timeout_seconds,
+                                                       on_head=started)
             except (UpstreamError, TimeoutError) as exc:
                 log.warning("upstream.initialize_failed", upstream=other.id, error=str(exc))
+                await self._end_upstream(other, session.upstream_sids.pop(other.id, None), None)
                 continue
-            session.upstream_sids[other.id] = up.session_id
             result = answer.get("result")
             if isinstance(result, dict):
                 if isinstance(result.get("protocolVersion"), str):
@@ -125,24 +190,20 @@ class LegacySessions:
                     pass
             except UpstreamError:
                 pass
+        return others_have_tools
 
-        opened = False
-
-        async def on_head(up: UpstreamReply) -> dict[str, str]:
-            nonlocal opened
-            if up.status != 200:
-                return {}
-            session.upstream_sids[self.relay.primary.id] = up.session_id
-            await self.store.create(session.facts())
-            opened = True
-            return {"mcp-session-id": session.id}
+    def _on_answer(self, session: HttpSession, others_have_tools: bool,
+                   opened: Callable[[], bool]) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+        """What the primary's `initialize` answer goes through: the negotiated version is kept (saved
+        before the client sees it, so its next request finds it on any replica), and `tools` is
+        declared when only another upstream has them."""
 
         async def on_answer(msg: dict[str, Any]) -> dict[str, Any]:
             result = msg.get("result")
             if isinstance(result, dict) and isinstance(result.get("protocolVersion"), str):
                 session.version = result["protocolVersion"]
                 session.upstream_versions[self.relay.primary.id] = result["protocolVersion"]
-                if opened:  # before the client sees the answer, so its next request finds the version anywhere
+                if opened():
                     await self.store.save(session.facts())
                 if others_have_tools and not isinstance((result.get("capabilities") or {}).get("tools"), dict):
                     caps = dict(result.get("capabilities") or {})
@@ -150,16 +211,54 @@ class LegacySessions:
                     return {**msg, "result": {**result, "capabilities": caps}}
             return msg
 
-        try:
-            await self.relay.relay(ctx, reply, self.relay.primary, data, req.message, expect_id=req.id, on_answer=on_answer, on_head=on_head)
-        except StoreUnavailable as exc:
-            await reply.final(unavailable(exc), 503)
-        if not opened:
-            self.local.pop(sid, None)
-            with contextlib.suppress(StoreUnavailable):
-                await self.store.end(sid)
+        return on_answer
+
+    async def _end_upstreams(self, facts: SessionFacts) -> None:
+        """End the upstream sessions of a session that did not open or expired (a stdio upstream
+        stops its process)."""
+        for upstream in self.relay.upstreams:
+            await self._end_upstream(upstream, facts.upstream_sids.get(upstream.id), facts.upstream_versions.get(upstream.id))
+
+    async def _end_upstream(self, upstream: Upstream, sid: str | None, version: str | None) -> None:
+        """DELETE upstream session `sid` (none: nothing to end), within `END_UPSTREAM_SECONDS`; a failure is logged."""
+        if not sid:
             return
-        log.info("mcp_http.session_opened", session=session.id[:12], principal=ctx.principal.id, version=session.version)
+        headers = {"mcp-session-id": sid}
+        if version:
+            headers["mcp-protocol-version"] = version
+        with anyio.move_on_after(END_UPSTREAM_SECONDS):
+            try:
+                await upstream.delete(headers)
+            except Exception as exc:  # best effort, as closing is: the others are ended all the same
+                log.warning("upstream.delete_failed", upstream=upstream.id, error=getattr(exc, "message", str(exc)))
+
+    async def reap_forever(self) -> None:
+        """The reaper (runs for the endpoint's lifetime): every quarter of `session_idle_seconds`
+        (at most `REAP_SECONDS`) it renews the sessions with a request in flight on this replica and
+        ends the upstream sessions of those that expired, stopping their server processes."""
+        period = min(REAP_SECONDS, max(0.05, self.store.idle_seconds / 4))
+        while True:
+            await anyio.sleep(period)
+            try:
+                await self.reap()
+            except StoreUnavailable as exc:
+                log.warning("mcp_http.reap_failed", error=str(exc))
+            except Exception:  # the next pass tries again; the endpoint must not stop over it
+                log.exception("mcp_http.reap_failed")
+
+    async def reap(self) -> None:
+        """One pass of the reaper (O(sessions) here, never on a request's path)."""
+        await self.store.touch([sid for sid, local in self.local.items() if local.busy()])
+        expired = await self.store.reap()
+        if not expired:
+            return
+        async with anyio.create_task_group() as tg:
+            for facts in expired:
+                local = self.local.pop(facts.id, None)
+                for scope in list(local.holds.values()) if local is not None else ():
+                    scope.cancel()
+                tg.start_soon(self._end_upstreams, facts)
+                log.info("mcp_http.session_expired", session=facts.id[:12], principal=facts.principal)
 
     async def _session(self, ctx: Ctx, reply: Reply) -> HttpSession | None:
         """The request's session for GET and DELETE, or None once the refusal is answered."""
@@ -177,10 +276,31 @@ class LegacySessions:
         return session
 
     async def get(self, ctx: Ctx, reply: Reply) -> None:
+        """A GET stream of the session: at most `streams_per_session` at once here (one more raises
+        `LimitReached`), each ended after `session_idle_seconds` (the client reconnects, as after any
+        end of the stream; so a peer that vanished without a word holds its session at most about
+        twice the idle time). The session is renewed when the stream ends, for the reconnect."""
         session = await self._session(ctx, reply)
         if session is None:
             return
         ctx.session = session
+        local = session.local
+        if local.streams >= self.store.limits.streams_per_session:
+            raise LimitReached(STREAMS, f"stream limit reached: {local.streams} GET streams of this session are open "
+                                        f"({STREAMS}); close one first", retry_after=1.0)
+        local.streams += 1
+        local.open += 1
+        try:
+            with anyio.move_on_after(self.store.idle_seconds):
+                await self._stream(ctx, reply, session)
+            await reply.final(None)
+        finally:
+            local.streams -= 1
+            local.open -= 1
+        # A full idle time from now for the client to reconnect (it was renewed only by the reaper meanwhile).
+        await self.store.touch([session.id])
+
+    async def _stream(self, ctx: Ctx, reply: Reply, session: HttpSession) -> None:
         # Last-Event-ID never goes upstream: a resume replays the gateway's own store (only events it
         # governed and sent on this session); an id it did not issue here resumes nothing.
         last = ctx.headers.get("last-event-id")
@@ -230,7 +350,6 @@ class LegacySessions:
 
             for i, upstream in enumerate(self.relay.upstreams):
                 tg.start_soon(pump, upstream, i == 0)
-        await reply.final(None)
 
     async def delete(self, ctx: Ctx, reply: Reply) -> None:
         session = await self._session(ctx, reply)

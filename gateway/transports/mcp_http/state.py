@@ -57,16 +57,20 @@ class Catalog:
 class Local:
     """What one replica keeps of a session between requests, never shared: the catalog (rebuilt
     lazily through the shared upstream session), the waiters and holds of requests it serves (other
-    replicas reach them with signals), and its counter of originated ids."""
+    replicas reach them with signals), its counter of originated ids, and how many of its requests
+    (`open`; of them GET streams: `streams`) this replica is serving now."""
 
     catalog: Catalog = field(default_factory=Catalog)
     waiters: dict[str, Waiter] = field(default_factory=dict)
     holds: dict[Any, anyio.CancelScope] = field(default_factory=dict)
     counter: int = 0
     used: float = field(default_factory=time.monotonic)
+    open: int = 0
+    streams: int = 0
 
     def busy(self) -> bool:
-        return bool(self.waiters or self.holds)
+        """Whether a request of the session is in flight here (the session is not idle then)."""
+        return bool(self.open or self.waiters or self.holds)
 
 
 @dataclass(slots=True)

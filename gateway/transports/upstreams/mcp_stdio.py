@@ -4,7 +4,10 @@
 - Legacy: one process per client session. A POSTed `initialize` without a session id spawns a
   process and answers with a session id naming it; DELETE stops it. Messages the server sends
   outside a request (or server→client requests while several requests are in flight) go to the
-  session's GET stream.
+  session's GET stream. At most `max_processes` session processes run at once, counted from spawn
+  until the process has exited (a stopping one still counts): an `initialize` that would start
+  one more raises `LimitReached` (`mcp.max_stdio_processes`) before anything is spawned. A process
+  that exits by itself leaves its session (its next request gets 404) and frees its slot.
 - 2026-07-28: one shared process, spawned on first use. Request ids are remapped (clients'
   ids may repeat across clients) and mapped back on the answers.
 
@@ -15,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import secrets
 import subprocess
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -25,6 +30,7 @@ import anyio
 import anyio.abc
 import structlog
 
+from gateway.core.errors import LimitReached
 from gateway.mcp import jsonrpc
 from gateway.mcp.framing import SERVER_MAX_MESSAGE_BYTES, LineSplitter, Oversize, blank
 from gateway.transports.upstreams.replies import UpstreamError, UpstreamReply
@@ -45,6 +51,7 @@ class _Process:
         self.background = anyio.create_memory_object_stream[bytes](1000)
         self.alive = True
         self.lock = anyio.Lock()
+        self.used = time.monotonic()  # the last request of its session (for the Retry-After of a refusal)
 
     async def write(self, data: bytes) -> None:
         assert self.proc.stdin is not None
@@ -134,12 +141,20 @@ class McpStdioUpstream:
     kind = "mcp_stdio"
     forward_host = False
 
-    def __init__(self, id: str, command: Sequence[str], *, env: Mapping[str, str] | None = None, prefix: str = "") -> None:
+    #: The setting that bounds `max_processes`, as a refusal names it.
+    LIMIT = "mcp.max_stdio_processes"
+
+    def __init__(self, id: str, command: Sequence[str], *, max_processes: int, idle_seconds: float,
+                 env: Mapping[str, str] | None = None, prefix: str = "") -> None:
         self.id = id
         self.prefix = prefix
         self.command = list(command)
         self.env = {**os.environ, **(env or {})}
+        self.max_processes = max_processes
+        self.idle_seconds = idle_seconds  # how soon an unused session is reaped: the Retry-After of a refusal
         self._sessions: dict[str, _Process] = {}
+        self._running: set[_Process] = set()  # session processes spawned and not yet exited
+        self._starting = 0  # session processes being spawned
         self._shared: _Process | None = None
         #: The app's lifespan task group (set by `McpHttpApp.running()`): the pumps run in it.
         self.task_group: anyio.abc.TaskGroup | None = None
@@ -166,9 +181,17 @@ class McpStdioUpstream:
                 raise _NotFound()
             return process, None
         if isinstance(msg, dict) and msg.get("method") == "initialize":
+            self._claim()
+            try:
+                process = await self._spawn(remap=False)
+            finally:
+                self._starting -= 1
             sid = secrets.token_hex(16)
-            self._sessions[sid] = await self._spawn(remap=False)
-            return self._sessions[sid], sid
+            self._sessions[sid] = process
+            self._running.add(process)
+            assert self.task_group is not None
+            self.task_group.start_soon(self._watch, sid, process)
+            return process, sid
         async with self._lock:
             if self._shared is None or not self._shared.alive:
                 self._shared = await self._spawn(remap=True)
@@ -187,6 +210,7 @@ class McpStdioUpstream:
         except _NotFound:
             yield UpstreamReply(404, {"content-type": "application/json"}, False, jsonrpc.dumps(jsonrpc.error(None, -32001, "Session not found")))
             return
+        process.used = time.monotonic()
         if isinstance(msg, dict) and "method" in msg and "id" in msg:
             reply = UpstreamReply(200, {"content-type": "text/event-stream"}, True, session_id=new_sid,
                                   _events=self._checked(process, process.request(msg)))
@@ -225,10 +249,37 @@ class McpStdioUpstream:
         await stop_process(process.proc)
         return UpstreamReply(200, {}, False)
 
+    @property
+    def processes(self) -> int:
+        """Session processes running or being spawned (what `max_processes` bounds)."""
+        return len(self._running) + self._starting
+
+    def _claim(self) -> None:
+        """Take a slot for one more session process, or raise `LimitReached` (nothing spawned)."""
+        if self.processes >= self.max_processes:
+            oldest = min((p.used for p in self._running), default=time.monotonic())
+            wait = max(1.0, oldest + self.idle_seconds - time.monotonic())
+            raise LimitReached(self.LIMIT, f"process limit reached: {self.processes} server processes of upstream {self.id!r} "
+                                           f"are running ({self.LIMIT}); end a session (DELETE) or retry after "
+                                           f"{math.ceil(wait)} s, when an idle one is reaped", retry_after=wait)
+        self._starting += 1
+
+    async def _watch(self, sid: str, process: _Process) -> None:
+        """Free the slot of a session process once it has exited, however it ended."""
+        try:
+            await process.proc.wait()
+        finally:
+            self._running.discard(process)
+            if self._sessions.get(sid) is process:
+                del self._sessions[sid]
+
     async def aclose(self) -> None:
-        for process in [*self._sessions.values(), *([self._shared] if self._shared else [])]:
-            await stop_process(process.proc)
+        """Stop every process, all at once (each may take a few seconds to go)."""
+        async with anyio.create_task_group() as tg:
+            for process in [*self._running, *([self._shared] if self._shared else [])]:
+                tg.start_soon(stop_process, process.proc)
         self._sessions.clear()
+        self._running.clear()
         self._shared = None
 
 
