@@ -97,7 +97,8 @@ def start_gateway(tmp: Path, upstream_url: str, log: IO[bytes]) -> tuple[Proc, s
         "policy": str(PERMISSIVE),
         "state_root": str(tmp / "state"),
         "upstreams": [{"id": "echo", "type": "mcp_http", "url": upstream_url}],
-        "mcp": {"anonymous_user": "bench"},
+        # one principal opens every session: up to max(CONCURRENCY) at once, above the default cap of 16
+        "mcp": {"anonymous_user": "bench", "max_sessions_per_principal": 2 * max(CONCURRENCY)},
     }
     path = tmp / "dharma.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")

@@ -250,6 +250,11 @@ class RefusalRecorder:
             except Exception as exc:  # the ledger's fault, whatever it is: the refusal stands, the loss is told
                 self._unrecorded(span, str(exc))
 
+    def settled(self) -> bool:
+        """Whether every record handed to the writer has been written or given up on (tests and
+        shutdown read it; a refusal still being described is not counted)."""
+        return not self._queue and (self._writer is None or self._writer.done())
+
     def _unrecorded(self, span: Span, why: str) -> None:
         self.metrics.auth_refusals_unrecorded += span.count
         log.error("auth.refusal_not_recorded", source=span.key[0], reason=span.key[1], count=span.count, error=why)

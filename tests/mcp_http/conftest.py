@@ -110,9 +110,10 @@ def toy_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def toy_server(directory: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A private toy server (for tests that kill it)."""
-    with spawn([PYTHON, str(HERE / "toy_server.py"), "--url-file", str(directory / "toy.url")], directory / "toy.url") as pair:
+def toy_server(directory: Path, *options: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A private toy server (for tests that kill it, or run it with `options` such as --no-delete)."""
+    with spawn([PYTHON, str(HERE / "toy_server.py"), "--url-file", str(directory / "toy.url"), *options],
+               directory / "toy.url") as pair:
         yield pair
 
 

@@ -36,9 +36,11 @@ def test_conformance_suite_through_the_gateway(tmp_path) -> None:
     if os.environ.get("DHARMA_SKIP_CONFORMANCE"):
         pytest.skip("DHARMA_SKIP_CONFORMANCE is set")
     state = tmp_path / "state"
+    # Every scenario runs as the one anonymous principal, and many never end their session: the suite
+    # is about transparency, so the per-principal session cap (default 16) is set above what it opens.
     gateway = (
         f'DHARMA_STATE_ROOT={state} DHARMA_UPSTREAMS="[{{id: fixture, type: mcp_http, url: $UPSTREAM_URL}}]" '
-        f"DHARMA_MCP__ANONYMOUS_USER=conformance PYTHONPATH={REPO} "
+        f"DHARMA_MCP__ANONYMOUS_USER=conformance DHARMA_MCP__MAX_SESSIONS_PER_PRINCIPAL=1000 PYTHONPATH={REPO} "
         f'exec {sys.executable} -m gateway serve --policy {REPO / "policies" / "permissive.yaml"} --port "$PORT"'
     )
     started = time.monotonic()

@@ -29,7 +29,7 @@ import pytest
 
 from tests.conftest import REPO, key_digest
 from tests.helpers import wait_for
-from tests.mcp_http.conftest import PROFILE, client, serve_gateway, upstream, write_profile
+from tests.mcp_http.conftest import PROFILE, client, serve_gateway, toy_server, upstream, write_profile
 from tests.mcp_http.raw import LEGACY, Raw, answer, ledger_text
 
 STDIO_SERVER = REPO / "tests" / "mcp" / "servers" / "py_server.py"
@@ -184,6 +184,21 @@ async def test_delete_frees_the_slot_at_once(toy_url: str, tmp_path: Path) -> No
         third = await initialize(gw.url, "reader-key")
         assert third.status_code == 200, third.text
         assert_refused(await initialize(gw.url, "reader-key"), "mcp.max_sessions_per_principal")
+
+
+async def test_delete_ends_the_session_even_where_the_upstream_refuses_deletes(tmp_path: Path) -> None:
+    """An upstream may answer DELETE 405 (it lets no client end sessions). The client has still
+    ended its session with the gateway: the slot is freed, the id is dead, and the client is told so
+    (200), not left believing a session it can no longer use holds on."""
+    with toy_server(tmp_path, "--no-delete") as (url, _):
+        async with serve_gateway(tmp_path, [upstream(url)], policy=_policy(tmp_path), max_sessions_per_principal=1) as gw:
+            first = await initialize(gw.url, "reader-key")
+            assert first.status_code == 200, first.text
+            assert_refused(await initialize(gw.url, "reader-key"), "mcp.max_sessions_per_principal")
+            assert await delete(gw.url, "reader-key", first.headers["mcp-session-id"]) == 200
+            assert await delete(gw.url, "reader-key", first.headers["mcp-session-id"]) == 404  # gone
+            second = await initialize(gw.url, "reader-key")
+            assert second.status_code == 200, second.text
 
 
 async def test_get_streams_per_session_are_bounded(toy_url: str, tmp_path: Path) -> None:

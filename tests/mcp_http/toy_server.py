@@ -7,6 +7,8 @@ Event ids are sequential ("1", "2", ...) and every event is kept, so a test can 
 (`Last-Event-ID`) a stream it never saw an id on: the replay hole the gateway must close.
 
     python toy_server.py --url-file F     # serves http://127.0.0.1:<free port>/mcp
+    python toy_server.py --url-file F --no-delete   # answers every DELETE 405, as a server that
+                                                    # lets no client end its session may
 """
 
 from __future__ import annotations
@@ -113,15 +115,29 @@ def build() -> MCPServer:
     return mcp
 
 
+def refusing_delete(app: Any) -> Any:
+    """`app`, answering every DELETE 405 Method Not Allowed."""
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "DELETE":
+            await send({"type": "http.response.start", "status": 405, "headers": [(b"allow", b"GET, POST")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await app(scope, receive, send)
+    return guarded
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url-file", required=True)
+    parser.add_argument("--no-delete", action="store_true", help="answer DELETE 405 (the spec allows it)")
     args = parser.parse_args()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
     app = build().streamable_http_app(event_store=SequentialEventStore(), retry_interval=100)
+    if args.no_delete:
+        app = refusing_delete(app)
 
     class Announcing(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:

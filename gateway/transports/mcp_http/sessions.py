@@ -369,12 +369,16 @@ class LegacySessions:
                 status, body = up.status, up.body
                 if body and "content-type" in up.headers:
                     hdrs["content-type"] = up.headers["content-type"]
-        if status < 400:
-            try:
-                await self.store.end(session.id)
-            except StoreUnavailable as exc:
-                await reply.final(unavailable(exc), 503)
-                return
-            self.on_signal(SessionSignal(kind="end", session=session.id))
+        # The client ends its session with the gateway whatever an upstream answered (405: it lets no
+        # client end sessions; 404: it lost the session): the gateway's session, its slot under the
+        # session limits and its stdio processes end here, and the client hears that it did.
+        try:
+            await self.store.end(session.id)
+        except StoreUnavailable as exc:
+            await reply.final(unavailable(exc), 503)
+            return
+        self.on_signal(SessionSignal(kind="end", session=session.id))
+        if status >= 400:
+            status, body, hdrs = 200, b"", {}
         await reply.final(body or None, status, hdrs)
 
