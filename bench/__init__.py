@@ -85,7 +85,7 @@ class Target:
         else:
             verdict = "MISSED"
             factor = (self.limit / max(self.measured, 1e-12)) if self.higher_is_better else (self.measured / self.limit)
-            how = f"by {factor:.2f}x" if self.measured > 0 or not self.higher_is_better else "nothing measured"
+            how = f"by {factor:.2f}x" if self.measured > 0 or not self.higher_is_better else "by ∞"
         note = f"; {self.note}" if self.note else ""
         return f"{verdict:<7}{head}: {got} ({how}{note})"
 

@@ -1,53 +1,93 @@
-"""detection: the labelled corpus (tests/corpus/) through `dharma stdio` with the standard profile.
+"""detection: the labelled corpora through `dharma stdio` with the standard profile.
 
-The same run as tests/test_corpus.py (one `tests.corpus.runner`: each case its own `dharma stdio`
-and SDK server, every tool granted to the local user, the client declining every approval),
-printed as figures: per attack family the cases caught (recall), precision against the benign
-look-alikes of that family, the benign cases refused (false positives), and the cases that
-could not run. Targets (issue 10): recall >= 0.9 on every family, every benign case allowed.
+Two corpora, the same harness (`tests.corpus.runner`: each case its own `dharma stdio` and SDK
+server, every tool granted to the local user, the client declining every approval):
+- **tuned** (tests/corpus/): the cases the detectors were built and adjusted against; the same run
+  as tests/test_corpus.py. Misses are named case by case.
+- **held-out** (tests/corpus_heldout/): written by someone who never read the detectors, frozen
+  before they changed, never tuned to. Its figures are read per family and per class
+  (tests/corpus_heldout/classes.json), never case by case (tests/corpus_heldout/README.md).
+
+Per attack family: the cases caught (recall), precision against the benign look-alikes of that
+family, the benign cases refused (false positives), and the cases that could not run. Targets
+(issues 10 and 24): recall >= 0.9 on every family of both corpora, every benign case allowed.
 `--quick` runs the first three cases of each corpus file only (a smoke test of the harness; its
-figures are not the corpus's).
+figures are not the corpora's).
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
 from bench import Options, Results, Target, table
-from tests.corpus.model import load_cases
-from tests.corpus.runner import ATTACK_FAMILIES, RECALL_TARGET, figures, fmt_ratio, run_corpus
+from tests.corpus.model import Case, load_cases
+from tests.corpus.runner import RECALL_TARGET, REPO, Verdict, families_of, figures, fmt_ratio, run_corpus
 
 QUICK_PER_FILE = 3
+HELD_OUT = REPO / "tests" / "corpus_heldout"
+
+
+def sample(cases: list[Case], quick: bool) -> list[Case]:
+    """Every case, or with `quick` the first QUICK_PER_FILE of each corpus file."""
+    if not quick:
+        return cases
+    taken: collections.Counter[str] = collections.Counter()
+    chosen = []
+    for case in cases:
+        if taken[case.file] < QUICK_PER_FILE:
+            taken[case.file] += 1
+            chosen.append(case)
+    return chosen
 
 
 async def run(opts: Options, results: Results) -> None:
-    cases = load_cases()
-    if opts.quick:
-        taken: collections.Counter[str] = collections.Counter()
-        sample = []
-        for case in cases:
-            if taken[case.file] < QUICK_PER_FILE:
-                taken[case.file] += 1
-                sample.append(case)
-        cases = sample
-    started = time.perf_counter()
-    verdicts = await run_corpus(cases, concurrency=4)
-    seconds = time.perf_counter() - started
+    for name, folder in (("tuned", None), ("held-out", HELD_OUT / "cases")):
+        cases = sample(load_cases() if folder is None else load_cases(folder), opts.quick)
+        started = time.perf_counter()
+        verdicts = await run_corpus(cases, concurrency=4)
+        seconds = time.perf_counter() - started
+        scope = f"a sample of {len(cases)} cases (--quick)" if opts.quick else f"all {len(cases)} cases"
+        report(name, verdicts, f"{scope} through dharma stdio (standard profile, every tool granted), 4 at a time, {seconds:.1f} s",
+               results)
+        if folder is None:
+            for family in (*families_of(verdicts), "benign"):
+                wrong = [v.case_id for v in verdicts if v.family == family and not v.ok]
+                if wrong:
+                    print(f"   {family} not meeting the label: {', '.join(wrong)}")
+        else:
+            print_classes(verdicts, json.loads((HELD_OUT / "classes.json").read_text(encoding="utf-8")))
+
+
+def report(name: str, verdicts: Sequence[Verdict], note: str, results: Results) -> None:
+    """The per-family table of one corpus, and its targets."""
     rows = figures(verdicts)
-    scope = f"a sample of {len(cases)} cases (--quick)" if opts.quick else f"all {len(cases)} cases"
-    table("detection", ["family", "attacks", "caught", "recall", "precision", "benign look-alikes", "refused (FP)", "errors"],
+    table(f"detection, {name} corpus", ["family", "attacks", "caught", "recall", "precision", "benign look-alikes",
+                                        "refused (FP)", "errors"],
           [(r.family, r.attacks, r.caught, fmt_ratio(r.recall), fmt_ratio(r.precision), r.benign, r.false_positives, r.errors)
-           for r in rows],
-          note=f"{scope} through dharma stdio (standard profile, every tool granted), 4 at a time, {seconds:.1f} s")
-    for family in (*ATTACK_FAMILIES, "benign"):
-        wrong = [v.case_id for v in verdicts if v.family == family and not v.ok]
-        if wrong:
-            print(f"   {family} not meeting the label: {', '.join(wrong)}")
-    benign = [v for v in verdicts if v.family == "benign"]
+           for r in rows], note=note)
+    label = "" if name == "tuned" else f", {name}"
     for r in rows:
-        results.add(Target(f"detection recall ({r.family})", r.recall if r.attacks else None, RECALL_TARGET, "of attacks",
+        results.add(Target(f"detection recall ({r.family}{label})", r.recall if r.attacks else None, RECALL_TARGET, "of attacks",
                            higher_is_better=True, note="" if r.attacks else "no case in this run"))
+    benign = [v for v in verdicts if v.family == "benign"]
     allowed = sum(v.ok for v in benign)
-    results.add(Target("detection benign look-alikes allowed", allowed / len(benign) if benign else None, 1.0, "of benign cases",
-                       higher_is_better=True, note=f"{len(benign) - allowed} refused" if benign else "no case in this run"))
+    results.add(Target(f"detection benign look-alikes allowed{label}", allowed / len(benign) if benign else None, 1.0,
+                       "of benign cases", higher_is_better=True,
+                       note=f"{len(benign) - allowed} refused" if benign else "no case in this run"))
+
+
+def print_classes(verdicts: Sequence[Verdict], classes: dict[str, str]) -> None:
+    """Per (family, class) of the held-out corpus: the cases and how many miss their label."""
+    total: collections.Counter[tuple[str, str]] = collections.Counter()
+    wrong: collections.Counter[tuple[str, str]] = collections.Counter()
+    for v in verdicts:
+        key = (v.family if v.family != "benign" else f"benign~{v.looks_like}", classes.get(v.case_id, "?"))
+        total[key] += 1
+        wrong[key] += not v.ok
+    print("   held-out, per class (cases, not meeting the label):")
+    for key in sorted(total):
+        print(f"   {key[0]:<28} {key[1]:<34} {total[key]:>3}  {wrong[key]:>3}{'' if not wrong[key] else '  <'}")

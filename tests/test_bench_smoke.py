@@ -40,7 +40,7 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
     out = proc.stdout
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{out}\nstderr:\n{proc.stderr[-4000:]}"
     for title in ("== decision", "== governed", "== ledger_append", "== ledger_verify", "== ledger_proof",
-                   "== ledger_query", "== mcp_stdio", "== mcp_http", "== replicas", "== detection", "== targets"):
+                   "== ledger_query", "== mcp_stdio", "== mcp_http", "== replicas", "== detection, tuned corpus", "== targets"):
         assert title in out, f"{title!r} missing from:\n{out}"
     for figure in ("p50", "p99", "mean", "calls/s", "records/s", "rules eval/call", "added p50", "x direct",
                    "through dharma stdio", "through dharma serve /mcp", "clients", "SDK client", "2026-07-28"):
@@ -48,7 +48,8 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
     for figure in ("SQLite, synchronous FULL", "inclusion proof", "consistency proof"):
         assert figure in out, f"{figure!r} missing from:\n{out}"
     verdicts = [line for line in out.splitlines() if line.strip().startswith(("MET", "MISSED", "NOT MEASURED"))]
-    assert len(verdicts) == 24, f"expected one verdict per §8 target (verify and query once per backend, HTTP per era, detection per family, scanners):\n{out}"
+    assert len(verdicts) == 33, (f"expected one verdict per §8 target (verify and query once per backend, HTTP per era, detection per "
+                                 f"family of the tuned and the held-out corpus, scanners):\n{out}")
     for backend in ("SQLite", "PostgreSQL"):
         assert sum(f"({backend})" in line for line in verdicts) == 2, f"verify and query verdicts for {backend}:\n{out}"
     if pg_bin() is not None:
@@ -68,6 +69,9 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
     for family in ("tool_poisoning", "injected_results", "obfuscated_shell", "encoded_secrets", "exfil_chains"):
         assert f"detection recall ({family})" in out, f"the corpus recall of {family} is missing:\n{out}"
     assert "detection benign look-alikes allowed" in out and "errors" in out, f"the corpus rows are missing:\n{out}"
+    for family in ("obfuscated_shell", "ssrf", "fetched_injection"):
+        assert f"detection recall ({family}, held-out)" in out, f"the held-out recall of {family} is missing:\n{out}"
+    assert "== detection, held-out corpus" in out and "held-out, per class" in out, f"the held-out rows are missing:\n{out}"
 
 
 @pytest.fixture(scope="module")
