@@ -74,6 +74,10 @@ _NETWORKS: Final = {
     "multicast": ("224.0.0.0/4", "ff00::/8"),
 }
 _NETS: Final = {cls: tuple(ipaddress.ip_network(n) for n in nets) for cls, nets in _NETWORKS.items()}
+#: Documentation ranges (RFC 5737, RFC 3849, RFC 9637): tutorials and test fixtures write public hosts with
+#: them, and no network routes them, so they are no class of their own (a request there goes nowhere).
+_DOCUMENTATION: Final = tuple(ipaddress.ip_network(n) for n in (
+    "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32", "3fff::/20"))
 _NAT64: Final = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 
 _DOTS: Final = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})
@@ -274,7 +278,7 @@ def ip_classes(ip: _IP) -> frozenset[str]:
     found = {cls for cls, nets in _NETS.items() if any(ip in net for net in nets)}
     if ip in _METADATA_IPS:
         found.add("metadata")
-    if not found and not ip.is_global:
+    if not found and not ip.is_global and not any(ip in net for net in _DOCUMENTATION):
         found.add("reserved")  # documentation, benchmarking, 0/8, 240/4, broadcast, IETF ranges
     return frozenset(found)
 

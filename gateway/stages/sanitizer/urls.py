@@ -54,6 +54,7 @@ MAX_URL: Final = 4096  # characters of one URL analysed
 MAX_NESTED: Final = 2
 MAX_PARTS: Final = 64  # path segments or query pairs looked at per URL
 MIN_TOKEN: Final = 16  # shortest host label, path segment or query value decoded
+MAX_LABELS: Final = 16  # host labels whose runs are joined and decoded
 
 #: Schemes whose URLs name a host a client connects to.
 NETWORK_SCHEMES: Final = frozenset({
@@ -111,6 +112,14 @@ _PUBLIC_KINDS: Final = frozenset({"example_secret", "wallet_address", "otp_code"
 _CC_SLD: Final = frozenset({"co", "com", "net", "org", "gov", "edu", "ac", "or", "ne", "go", "ltd", "plc"})
 
 
+#: Words of a tool name that say it only records what it is given (a bookmark, a note, a file): its
+#: URL fields are data, not destinations, unless the name also says it fetches.
+_RECORD_WORDS: Final = frozenset({
+    "save", "store", "bookmark", "bookmarks", "note", "notes", "remember", "memo", "memory", "record", "log",
+    "comment", "annotate", "write", "edit", "rename", "delete", "remove",
+})  # fmt: skip
+
+
 def is_fetch_tool(tool: str) -> bool:
     """Whether a tool's name says it fetches what its URLs name (fetch, http, request, browser, …)."""
     return bool(tool_words(tool) & _FETCH_WORDS)
@@ -149,12 +158,13 @@ def analyse_urls(tool: str, arguments: Any) -> UrlAnalysis:
     """Every URL-like string of `arguments` (see the module docstring)."""
     out = UrlAnalysis()
     fetcher = is_fetch_tool(tool)
+    records = not fetcher and bool(tool_words(tool) & _RECORD_WORDS)
     for where, key, text in _strings(arguments):
         body = key in _BODY_KEYS
         url_field = _url_key(key) or _host_key(key)
         if ":" not in text and "%" not in text and not url_field:
             continue
-        destination = not body and (fetcher or url_field)
+        destination = not body and (fetcher or url_field and not records)
         for url, via in _found(text, key, fetcher):
             scheme = url.partition(":")[0].lower()
             here = destination and (scheme != "file" or fetcher)
@@ -531,19 +541,29 @@ def _host_labels(host: str, data: list[str], secrets: set[str]) -> float:
     inner = [label for label in labels[:-keep] if label]
     entropy = max((_entropy(label) for label in inner if len(label) >= 8), default=0.0)
     for label in inner:
-        decoded = decode_token(label)
+        decoded = decode_token(label) or (decode_token(label.replace("-", "")) if "-" in label else None)
         if decoded is not None:
             data.append(f"host_{decoded[0]}")
             _scan_secrets(decoded[1], secrets)
     if len(inner) >= 2 and not any(t.startswith("host_") for t in data):
-        joined = "".join(inner)
-        decoded = decode_token(joined) if len(joined) >= MIN_TOKEN else None
-        randomish = sum(1 for label in inner if _random_label(label))
-        if decoded is not None or randomish >= 3:
+        decoded = _label_run(inner[:MAX_LABELS])
+        if decoded is not None or sum(1 for label in inner if _random_label(label)) >= 3:
             data.append("host_chain")
             if decoded is not None:
                 _scan_secrets(decoded[1], secrets)
     return round(entropy, 2)
+
+
+def _label_run(labels: list[str]) -> tuple[str, str] | None:
+    """What the longest run of two or more consecutive labels decodes to once joined (dashes dropped),
+    if any does: data cut into labels, with sequence numbers or a session id around it."""
+    for start in range(len(labels) - 1):
+        for end in range(len(labels), start + 1, -1):
+            joined = "".join(label.replace("-", "") for label in labels[start:end])
+            decoded = decode_token(joined) if len(joined) >= MIN_TOKEN else None
+            if decoded is not None:
+                return decoded
+    return None
 
 
 def _registrable(labels: list[str]) -> int:
