@@ -545,6 +545,8 @@ def _host_labels(host: str, data: list[str], secrets: set[str]) -> float:
         if decoded is not None:
             data.append(f"host_{decoded[0]}")
             _scan_secrets(decoded[1], secrets)
+        elif _base32_shaped(label):
+            data.append("host_base32")
     if len(inner) >= 2 and not any(t.startswith("host_") for t in data):
         decoded = _label_run(inner[:MAX_LABELS])
         if decoded is not None or sum(1 for label in inner if _random_label(label)) >= 3:
@@ -552,6 +554,25 @@ def _host_labels(host: str, data: list[str], secrets: set[str]) -> float:
             if decoded is not None:
                 _scan_secrets(decoded[1], secrets)
     return round(entropy, 2)
+
+
+def _base32_shaped(label: str) -> bool:
+    """A label that is base32 even though it does not decode to text (a key, a digest, compressed
+    data): 16+ characters of the base32 alphabet with digits, written in capitals as encoders print
+    it (host names are written in lower case), or 32+ such characters (20 bytes) of high entropy in
+    lower case. Content ids (IPFS CIDv1: `b` + base32 of bytes starting 0x01) are names, not data."""
+    if len(label) < MIN_TOKEN or not _B32.match(label) or sum(c in "234567" for c in label) < 2:
+        return False
+    if label.isupper():
+        return True
+    if len(label) < 32 or _entropy(label) < 3.5:
+        return False
+    body = label[1:].upper()
+    try:
+        cid = label[0] in "bB" and base64.b32decode(body + "=" * (-len(body) % 8))[:1] == b"\x01"
+    except binascii.Error:
+        cid = False
+    return not cid
 
 
 def _label_run(labels: list[str]) -> tuple[str, str] | None:
