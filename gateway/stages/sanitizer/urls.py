@@ -45,7 +45,7 @@ from gateway.stages.sanitizer.hosts import CLASSES, HostFacts, host_facts
 from gateway.stages.sanitizer.paths import child_path
 from gateway.stages.sanitizer.secrets import detect_secrets
 
-__all__ = ["MAX_URLS", "UrlAnalysis", "is_fetch_tool", "urls_for"]
+__all__ = ["MAX_URLS", "UrlAnalysis", "analyse_urls", "decode_token", "urls_for"]
 
 MAX_URLS: Final = 64
 MAX_STRINGS: Final = 4096
@@ -89,6 +89,9 @@ _URL_KEYS: Final = frozenset({"url", "uri", "urls", "uris", "endpoint", "endpoin
                               "proxy", "remote", "link_url", "base"})
 _URL_KEY_ENDS: Final = ("url", "uri", "urls", "uris", "endpoint", "webhook", "callback")
 _HOST_KEYS: Final = frozenset({"host", "hostname", "hosts", "server", "domain", "ip", "target_host", "remote_host"})
+#: Tools that resolve names: a name looked up is a name sent to every resolver on the way.
+_DNS_WORDS: Final = frozenset({"dns", "nslookup", "dig", "resolve", "resolver", "whois"})
+_DNS_KEYS: Final = frozenset({"name", "fqdn", "query", "target", "record", "domains", "names"})
 
 _FIND: Final = re.compile(
     r"""(?<![A-Za-z0-9+.\-])(?:
@@ -120,17 +123,12 @@ _RECORD_WORDS: Final = frozenset({
 })  # fmt: skip
 
 
-def is_fetch_tool(tool: str) -> bool:
-    """Whether a tool's name says it fetches what its URLs name (fetch, http, request, browser, …)."""
-    return bool(tool_words(tool) & _FETCH_WORDS)
-
-
 def _url_key(key: str) -> bool:
     return key in _URL_KEYS or key.endswith(_URL_KEY_ENDS)
 
 
-def _host_key(key: str) -> bool:
-    return key in _HOST_KEYS or key.endswith(("_host", "hostname"))
+def _host_key(key: str, resolver: bool = False) -> bool:
+    return key in _HOST_KEYS or key.endswith(("_host", "hostname")) or (resolver and key in _DNS_KEYS)
 
 
 @dataclass(slots=True)
@@ -157,15 +155,18 @@ def urls_for(tool: str, arguments: dict[str, Any], references: frozenset[str]) -
 def analyse_urls(tool: str, arguments: Any) -> UrlAnalysis:
     """Every URL-like string of `arguments` (see the module docstring)."""
     out = UrlAnalysis()
-    fetcher = is_fetch_tool(tool)
-    records = not fetcher and bool(tool_words(tool) & _RECORD_WORDS)
+    words = tool_words(tool)
+    fetcher = bool(words & _FETCH_WORDS)
+    resolver = bool(words & _DNS_WORDS)
+    records = not fetcher and bool(words & _RECORD_WORDS)
     for where, key, text in _strings(arguments):
-        body = key in _BODY_KEYS
-        url_field = _url_key(key) or _host_key(key)
+        host_field = _host_key(key, resolver)
+        url_field = _url_key(key) or host_field
+        body = key in _BODY_KEYS and not host_field
         if ":" not in text and "%" not in text and not url_field:
             continue
         destination = not body and (fetcher or url_field and not records)
-        for url, via in _found(text, key, fetcher):
+        for url, via in _found(text, _url_key(key), host_field and (fetcher or resolver)):
             scheme = url.partition(":")[0].lower()
             here = destination and (scheme != "file" or fetcher)
             if not _add(out, url, where(), here, via, nested=False):
@@ -190,8 +191,9 @@ def _strings(value: Any) -> Iterator[tuple[Any, str, str]]:
             stack.extend((v, here, i, key) for i, v in reversed(list(enumerate(item))))
 
 
-def _found(text: str, key: str, fetcher: bool) -> Iterator[tuple[str, str]]:
-    """(URL, how it was found) for each URL in one string: "" plain, "url" percent-decoded, "bare" scheme-less."""
+def _found(text: str, url_field: bool, host_field: bool) -> Iterator[tuple[str, str]]:
+    """(URL, how it was found) for each URL in one string: "" plain, "url" percent-decoded, "bare"
+    scheme-less (in a URL field, or a host field of a tool that connects to or resolves it)."""
     whole = text.strip()
     spans: list[tuple[int, int]] = []
     decoded_any = False
@@ -222,8 +224,8 @@ def _found(text: str, key: str, fetcher: bool) -> Iterator[tuple[str, str]]:
                 if scheme in NETWORK_SCHEMES or scheme in LOCAL_SCHEMES:
                     decoded_any = True
                     yield _trim(m.group()), "url"
-    if not spans and not decoded_any and whole and (_url_key(key) or (fetcher and _host_key(key))):
-        bare_url = _bare(whole, _host_key(key))
+    if not spans and not decoded_any and whole and (url_field or host_field):
+        bare_url = _bare(whole, host_field)
         if bare_url is not None:
             yield bare_url, "bare"
 
