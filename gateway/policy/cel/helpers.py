@@ -272,6 +272,8 @@ def egress_pattern(text: str) -> EgressPattern:
     if not isinstance(text, str):
         raise TypeError(f"an egress list entry is a string, got {type(text).__name__}")
     entry = text.strip().lower()
+    if "://" in entry:
+        raise ValueError(f"egress entry {text!r} is a URL: list its host (and :port), e.g. {entry.split('://', 1)[1].split('/', 1)[0]!r}")
     host, port = entry, ""
     if entry.startswith("["):
         end = entry.find("]")
