@@ -123,10 +123,6 @@ _RECORD_WORDS: Final = frozenset({
 })  # fmt: skip
 
 
-def _url_key(key: str) -> bool:
-    return key in _URL_KEYS or key.endswith(_URL_KEY_ENDS)
-
-
 def _host_key(key: str, resolver: bool = False) -> bool:
     return key in _HOST_KEYS or key.endswith(("_host", "hostname")) or (resolver and key in _DNS_KEYS)
 
@@ -159,30 +155,34 @@ def analyse_urls(tool: str, arguments: Any) -> UrlAnalysis:
     fetcher = bool(words & _FETCH_WORDS)
     resolver = bool(words & _DNS_WORDS)
     records = not fetcher and bool(words & _RECORD_WORDS)
-    for where, key, text in _strings(arguments):
+    for parent, step, key, text in _strings(arguments):
+        url_key = key in _URL_KEYS or key.endswith(_URL_KEY_ENDS)
         host_field = _host_key(key, resolver)
-        url_field = _url_key(key) or host_field
-        body = key in _BODY_KEYS and not host_field
-        if ":" not in text and "%" not in text and not url_field:
-            continue
-        destination = not body and (fetcher or url_field and not records)
-        for url, via in _found(text, _url_key(key), host_field and (fetcher or resolver)):
-            scheme = url.partition(":")[0].lower()
-            here = destination and (scheme != "file" or fetcher)
-            if not _add(out, url, where(), here, via, nested=False):
+        if not url_key and not host_field and ":" not in text and "%" not in text:
+            continue  # the cheap test most strings stop at
+        destination = (fetcher or (url_key or host_field) and not records) and (host_field or key not in _BODY_KEYS)
+        where = parent if step is None else child_path(parent, step)
+        for url, via in _found(text, url_key, host_field and (fetcher or resolver)):
+            here = destination and (fetcher or url.partition(":")[0].lower() != "file")
+            if not _add(out, url, where, here, via, nested=False):
                 return out
     return out
 
 
-def _strings(value: Any) -> Iterator[tuple[Any, str, str]]:
-    """(a function giving the JSON path, nearest key in lower case, string) for each string, bounded."""
+def _strings(value: Any) -> Iterator[tuple[str, str | int | None, str, str]]:
+    """(parent path, key or index, nearest key in lower case, string) for each string, bounded."""
+    if type(value) is dict and all(type(v) is not dict and type(v) is not list for v in value.values()):
+        for k, v in list(value.items())[:MAX_STRINGS]:  # flat arguments, the common case
+            if type(v) is str:
+                yield "$", k, k.lower(), v[:MAX_SCAN]
+        return
     stack: list[tuple[Any, str, str | int | None, str]] = [(value, "$", None, "")]
     seen = 0
     while stack and seen < MAX_STRINGS:
         item, parent, step, key = stack.pop()
         if isinstance(item, str):
             seen += 1
-            yield (lambda p=parent, s=step: p if s is None else child_path(p, s)), key, item[:MAX_SCAN]
+            yield parent, step, key, item[:MAX_SCAN]
             continue
         here = parent if step is None else child_path(parent, step)
         if isinstance(item, dict):
