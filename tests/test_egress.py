@@ -153,6 +153,12 @@ def test_a_url_a_destination_carries_is_a_destination_too() -> None:
     assert (inner["host"], inner["nested"], inner["destination"], inner["via"]) == ("10.0.0.5", True, True, "query>base64")
 
 
+def test_the_archive_a_jar_url_names_is_a_destination() -> None:
+    jar, archive = _urls("fetch", {"url": "jar:http://127.0.0.1:8080/x.jar!/META-INF/MANIFEST.MF"})
+    assert (jar["scheme"], jar["kind"]) == ("jar", "none")
+    assert (archive["host"], archive["nested"], archive["destination"], archive["via"]) == ("127.0.0.1", True, True, "jar")
+
+
 def test_two_readings_of_a_host_both_count() -> None:
     url = _one("fetch", {"url": "http://public.example\\@127.0.0.1/"})
     assert url["host"] == "public.example" and url["alt_host"] == "127.0.0.1" and url["loopback"]

@@ -136,10 +136,6 @@ class UrlAnalysis:
     def as_cel(self) -> list[dict[str, Any]]:
         return self.urls
 
-    @property
-    def destinations(self) -> list[dict[str, Any]]:
-        return [u for u in self.urls if u["destination"]]
-
 
 def urls_for(tool: str, arguments: dict[str, Any], references: frozenset[str]) -> UrlAnalysis | None:
     """The URL analysis of a call whose rules read `args_urls` (None when none does)."""
@@ -353,6 +349,8 @@ def _analyse(url: str) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:
     entry = _entry(parts, facts)
     entry["url"] = url[:512]
     carried: list[tuple[str, str]] = []
+    if parts.scheme == "jar":  # jar:<url of the archive>!/<entry>: the archive is fetched
+        carried.append((parts.path.split("!", 1)[0], "jar"))
     data, secrets, entropy = _carried(url, parts, facts, carried)
     entry["data"], entry["secrets"], entry["label_entropy"] = data, secrets, entropy
     entry["site"] = _site(facts.name, data, secrets)
