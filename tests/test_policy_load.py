@@ -227,7 +227,7 @@ def test_an_extending_profile_adds_principals_and_keeps_everything_else(tmp_path
 @pytest.mark.parametrize(
     "extending, line, needle",
     [
-        ("tiers: []\n", 5, "may only add `principals`; `tiers` comes from base/base.yaml"),
+        ("tiers: []\n", 5, "may only add `principals` and `egress` lists; `tiers` comes from base/base.yaml"),
         ("principals:\n  - {id: local, tier: reader}\n", 6, "principal 'local' is already defined at"),
         ("principals:\n  - {id: bot, tier: writer}\n", 6, "principal 'bot' has unknown tier 'writer'"),
     ],

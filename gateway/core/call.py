@@ -278,6 +278,8 @@ class CallContext:
     classes: set[str] = field(default_factory=set)
     class_paths: dict[str, list[str]] = field(default_factory=dict)
     shell: Any = None  # the shell analysis of a command bound for a shell-like tool, if any
+    urls: Any = None  # the URLs of the arguments (sanitizer/urls.py), when a rule reads `args_urls`
+    egress: dict[str, list[str]] | None = None  # the caller's egress lists (the `egress` variable)
     warnings: list[str] = field(default_factory=list)
     session: list[dict[str, Any]] = field(default_factory=list)
     karma: dict[str, int] = field(default_factory=dict)

@@ -32,12 +32,16 @@ from gateway.policy.models import (
     SanitizerSettings,
 )
 
-CALL_VARIABLES = frozenset({"principal", "tool", "args", "args_shell", "request", "session", "findings", "now", "call"})
+CALL_VARIABLES = frozenset(
+    {"principal", "tool", "args", "args_shell", "args_urls", "egress", "request", "session", "findings", "now", "call"}
+)
 RESPONSE_VARIABLES = CALL_VARIABLES | {"response"}
 ESCALATION_VARIABLES = frozenset({"principal", "tool", "args", "request", "now"})
 #: What a visibility rule (`effect: hide`) sees: it decides per tool at `tools/list`, before any call.
 VISIBILITY_VARIABLES = frozenset({"principal", "tool", "now"})
 RESTRICTIVE = (Effect.DENY, Effect.REQUIRE_APPROVAL, Effect.REDACT)
+#: `egress` of a caller whose profile sets no lists.
+NO_EGRESS: dict[str, list[str]] = {"allow": [], "deny": []}
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +192,8 @@ class CompiledPolicy:
     approval_elicitation: bool | frozenset[str] = False
     backend_timeout_seconds: float = 30.0
     disclosure_modes: tuple[str, ...] = ("direct", "summary", "none")
+    #: The `egress` variable per tier ("" for a caller without one): the profile's lists plus the tier's.
+    egress: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     warnings: tuple[PolicyProblem, ...] = ()
     _memo: dict[tuple[str, Any], Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -199,6 +205,13 @@ class CompiledPolicy:
             if len(self._memo) < 65_536:
                 self._memo[key] = hit
         return hit
+
+    def egress_for(self, tier: str | None) -> dict[str, list[str]]:
+        """The caller's egress lists (`egress` in CEL): its tier's, else the profile-wide ones."""
+        found = self.egress.get(tier or "")
+        if found is None:
+            found = self.egress.get("", NO_EGRESS)
+        return found
 
     def call_references(self, tool: str, classes: frozenset[str] | None = None) -> frozenset[str]:
         """Top-level variables the call-phase rules for `tool` read: only these are converted.
@@ -354,7 +367,7 @@ def class_guard(source: str | None) -> str | None:
     return match.group(1) or match.group(2)
 
 
-_EMPTY_GUARD = re.compile(r"\s*(findings|response\s*\.\s*findings)\s*\.\s*exists\s*\(")
+_EMPTY_GUARD = re.compile(r"\s*(findings|args_urls|response\s*\.\s*findings)\s*\.\s*exists\s*\(")
 
 
 def empty_guard(source: str | None) -> tuple[str, ...] | None:
@@ -698,7 +711,41 @@ def _compile_profile(doc: LoadedDocument, c: _Compiler, layers: Sequence[LoadedD
         "approval_elicitation": _elicitation(doc, model, tiers, c),
         "backend_timeout_seconds": model.backend_timeout_seconds,
         "disclosure_modes": tuple(model.disclosure_modes),
+        "egress": _egress(layers, tier_specs, c),
     }
+
+
+def _egress(layers: Sequence[LoadedDocument], tier_specs: dict[str, tuple[int, Any]], c: _Compiler) -> dict[str, dict[str, list[str]]]:
+    """The `egress` variable of each tier: the profile-wide lists of every profile of the chain,
+    plus the lists they give the tier and each tier it inherits (a tier naming none of the
+    profile's tiers is an error)."""
+    wide: dict[str, list[str]] = {"allow": [], "deny": []}
+    per_tier: dict[str, dict[str, list[str]]] = {}
+    for layer in layers:
+        assert isinstance(layer.model, Policy)
+        settings = layer.model.egress
+        for which in ("allow", "deny"):
+            wide[which].extend(e for e in getattr(settings, which) if e not in wide[which])
+        for name, lists in settings.tiers.items():
+            if name not in tier_specs:
+                c.problems.append(PolicyProblem(layer.path, layer.line_of(("egress", "tiers", name)), "",
+                                                f"egress.tiers names unknown tier {name!r}"))
+                continue
+            mine = per_tier.setdefault(name, {"allow": [], "deny": []})
+            for which in ("allow", "deny"):
+                mine[which].extend(e for e in getattr(lists, which) if e not in mine[which])
+    out = {"": wide}
+    for name in tier_specs:
+        lists = {"allow": list(wide["allow"]), "deny": list(wide["deny"])}
+        current: str | None = name
+        seen: set[str] = set()
+        while current is not None and current not in seen and current in tier_specs:
+            seen.add(current)
+            for which in ("allow", "deny"):
+                lists[which].extend(e for e in per_tier.get(current, {}).get(which, ()) if e not in lists[which])
+            current = tier_specs[current][1].inherits
+        out[name] = lists
+    return out
 
 
 def _elicitation(doc: LoadedDocument, model: Policy, tiers: dict[str, CompiledTier], c: _Compiler) -> bool | frozenset[str]:
@@ -741,7 +788,7 @@ def _unadmittable_costs(doc: LoadedDocument, model: Policy) -> list[PolicyProble
 
 
 #: What a profile that `extends` another may set itself; everything else comes from the base.
-EXTENDING_KEYS = frozenset({"apiVersion", "kind", "metadata", "extends", "principals"})
+EXTENDING_KEYS = frozenset({"apiVersion", "kind", "metadata", "extends", "principals", "egress"})
 
 
 def read_profile(path: Path) -> LoadedDocument:
@@ -755,9 +802,9 @@ def read_profile(path: Path) -> LoadedDocument:
 def profile_chain(path: Path) -> list[LoadedDocument]:
     """The profile at `path` and the profiles it `extends`, nearest first.
 
-    A profile that extends another only adds principals (so a deployment's credentials live in
-    its own file while the shipped tiers, rules and limits stay the shipped ones); setting any
-    other key there, a missing base or a cycle is an error naming file:line.
+    A profile that extends another only adds principals and egress lists (so a deployment's
+    credentials and its own internal hosts live in its own file while the shipped tiers, rules and
+    limits stay the shipped ones); setting any other key there, a missing base or a cycle is an error naming file:line.
     """
     chain = [read_profile(path)]
     seen = {path.resolve()}
@@ -768,7 +815,7 @@ def profile_chain(path: Path) -> list[LoadedDocument]:
         if ref is None:
             return chain
         problems = [
-            PolicyProblem(doc.path, doc.line_of((key,)), "", f"a profile that `extends` another may only add `principals`; "
+            PolicyProblem(doc.path, doc.line_of((key,)), "", f"a profile that `extends` another may only add `principals` and `egress` lists; "
                           f"`{key}` comes from {ref} (edit that profile, or drop `extends`)")
             for key in sorted(doc.model.model_fields_set - EXTENDING_KEYS)
         ]

@@ -57,6 +57,8 @@ def call_variables(
     classes: set[str] | frozenset[str] = frozenset(),
     class_paths: dict[str, list[str]] | None = None,
     shell: dict[str, Any] | None = None,
+    urls: list[dict[str, Any]] | None = None,
+    egress: dict[str, list[str]] | None = None,
     names: frozenset[str] | None = None,
 ) -> dict[str, Any]:
     """The call-phase variables, as plain JSON-like values (only those in `names`, if given).
@@ -64,7 +66,8 @@ def call_variables(
     `call` is what this call does (its classes and, for each, the paths it touches: every class
     has a key); `session.now` is this call's time in epoch seconds, which the session helpers
     measure `within` from (gateway.policy.cel.helpers); `shell` is the shell analysis's
-    `as_cel()`, for `args_shell` (an empty map when the call had none). A rule set reads a few of
+    `as_cel()`, for `args_shell` (an empty map when the call had none); `urls` the URL analysis's, for
+    `args_urls` (an empty list); `egress` the caller's egress lists. A rule set reads a few of
     them: building only those is most of what building them costs.
     """
     want = CALL_VARIABLES if names is None else names
@@ -77,6 +80,10 @@ def call_variables(
         out["args"] = arguments
     if "args_shell" in want:
         out["args_shell"] = shell if shell is not None else {}
+    if "args_urls" in want:
+        out["args_urls"] = urls if urls is not None else []
+    if "egress" in want:
+        out["egress"] = egress if egress is not None else {"allow": [], "deny": []}
     if "request" in want:
         out["request"] = {
             "purpose": call.purpose,
@@ -455,6 +462,8 @@ def variables_for(ctx: CallContext, names: frozenset[str] | None = None) -> dict
             classes=ctx.classes,
             class_paths=ctx.class_paths,
             shell=ctx.shell.as_cel() if ctx.shell is not None and "args_shell" in missing else None,
+            urls=ctx.urls.as_cel() if ctx.urls is not None else None,
+            egress=ctx.egress,
             names=missing,
         )
         if built is None:

@@ -208,6 +208,32 @@ class ApprovalSettings(Strict):
     )
 
 
+class EgressList(Strict):
+    """Destinations by domain suffix, address or CIDR block, each with an optional port (see
+    `gateway.policy.cel.helpers.egress_pattern`): `allow` are the operator's own services (past the
+    internal-destination rules; in `strict`, the only destinations that are not held), `deny` are
+    never reached."""
+
+    allow: list[str] = Field(default_factory=list, description="example.com, *.example.com, 10.0.0.0/8, localhost:8080 ...")
+    deny: list[str] = Field(default_factory=list)
+
+    @field_validator("allow", "deny")
+    @classmethod
+    def _entries(cls, value: list[str]) -> list[str]:
+        from gateway.policy.cel.helpers import egress_pattern
+
+        for entry in value:
+            egress_pattern(entry)
+        return value
+
+
+class EgressSettings(EgressList):
+    """A profile's `egress:` section: lists for every tier, and per tier (a tier also gets the lists
+    of the tiers it inherits). Rules read the caller's lists as `egress.allow` and `egress.deny`."""
+
+    tiers: dict[str, EgressList] = Field(default_factory=dict)
+
+
 class Policy(Document):
     """A profile: who may call what, how sensitive it is, limits, and which rule sets apply."""
 
@@ -233,6 +259,10 @@ class Policy(Document):
         default_factory=lambda: ["direct", "summary", "none"],
         min_length=1,
         description="known disclosure modes, least restrictive first; unknown ones count as the last",
+    )
+    egress: EgressSettings = Field(
+        default_factory=EgressSettings,
+        description="where calls may go (docs/detection.md, Egress); a profile that `extends` another adds its lists",
     )
     rule_sets: list[str] = Field(default_factory=list)
 
@@ -288,6 +318,8 @@ class CaseCall(Strict):
         default=None, description="the MCP tool definition (description, inputSchema, ...) scanned into tool.findings")
     other_tools: list[str] = Field(default_factory=list, description="the other tools the same server lists")
     tool_accepted: bool = False
+    egress: EgressList | None = Field(
+        default=None, description="the caller's egress lists for a case without a `policy` (with one: the profile's)")
     prior_calls: int = Field(
         default=0, ge=0, le=10_000,
         description="whole-pipeline cases: this many identical calls went through just before (rate limits)",

@@ -42,6 +42,7 @@ from gateway.policy.whole import Decider, decide_call, outcome_status
 from gateway.stages.classify import classify_call, merge_classes
 from gateway.stages.sanitizer.instructions import scan_definition, scan_result
 from gateway.stages.sanitizer.shell import shell_for
+from gateway.stages.sanitizer.urls import urls_for
 from gateway.stages.sanitizer.walk import SanitizeError, SanitizerLimits, detect_secrets, sanitize
 
 FIXED_NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -103,10 +104,13 @@ def evaluate_case(
     shell = shell_for(call.tool, arguments, policy.call_references(call.tool))
     if shell is not None:
         merge_classes(classes, class_paths, shell.classes, shell.class_paths)
+    urls = urls_for(call.tool, arguments, policy.call_references(call.tool))
+    egress = call.egress.model_dump(include={"allow", "deny"}) if call.egress is not None else policy.egress_for(principal.tier)
     base: dict[str, Any] = dict(
         call=tool_call, principal=principal, tool=tool, annotations=annotations, arguments=arguments,
         disclosure_mode=mode, findings=findings, session=session, karma=karma, now=now,
         classes=classes, class_paths=class_paths, shell=shell.as_cel() if shell is not None else None,
+        urls=urls.as_cel() if urls is not None else None, egress=egress,
     )
     probe = cel.make_activation(call_variables(sensitivity=Sensitivity.STANDARD, **base), policy.engine)
     sensitivity, _ = classify(policy, call.tool, probe)
@@ -181,7 +185,7 @@ async def evaluate_whole(
     )
 
 
-_PATH = re.compile(r"\b(?:args_shell|args|principal|tool|request|session|response|findings|call)(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+_PATH = re.compile(r"\b(?:args_shell|args_urls|egress|args|principal|tool|request|session|response|findings|call)(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 def deciding_values(source: str, variables: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import ipaddress
 import posixpath
 import re
 from collections.abc import Callable, Iterable
@@ -240,6 +241,94 @@ def session_paths(session: Any, classes: Any, within: Any) -> list[str]:
     return list(out)
 
 
+# --------------------------------------------------------------------------- egress helpers
+#
+# Egress rules ask whether a URL of `args_urls` is on one of the caller's lists (`egress.allow`,
+# `egress.deny`: the profile's `egress:` section for the caller's tier, docs/detection.md "Egress"):
+# `egress_listed(u, egress.allow)`. An entry is a domain (`example.com`: it and every name under
+# it; `*.example.com` or `.example.com`: only the names under it), an IP address or a CIDR block
+# (`10.20.0.0/16`, `fd00::/8`: matched against the address the host is or spells), each optionally
+# with a port (`localhost:8080`, `[::1]:8080`, `10.0.0.0/8:5432`; without one, any port).
+
+_PATTERN_NAME = re.compile(r"[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?)*")
+
+
+@dataclass(frozen=True, slots=True)
+class EgressPattern:
+    """One parsed entry of an egress list (see above)."""
+
+    domain: str = ""
+    under_only: bool = False
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None
+    port: int = 0
+
+
+def egress_pattern(text: str) -> EgressPattern:
+    """Parse one egress list entry.
+
+    Raises:
+        ValueError: the entry is none of the forms above (the message says which forms there are).
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"an egress list entry is a string, got {type(text).__name__}")
+    entry = text.strip().lower()
+    if "://" in entry:
+        raise ValueError(f"egress entry {text!r} is a URL: list its host (and :port), e.g. {entry.split('://', 1)[1].split('/', 1)[0]!r}")
+    host, port = entry, ""
+    if entry.startswith("["):
+        end = entry.find("]")
+        host, port = entry[1:end] if end > 0 else entry, entry[end + 1:] if end > 0 else ""
+        if port and not port.startswith(":"):
+            raise ValueError(f"egress entry {text!r}: only a port may follow an IPv6 address in brackets")
+        port = port[1:]
+    elif entry.count(":") == 1:
+        host, _, port = entry.partition(":")
+    if port and not (port.isdigit() and 0 < int(port) <= 65535):
+        raise ValueError(f"egress entry {text!r}: the port must be a number from 1 to 65535")
+    try:
+        return EgressPattern(network=ipaddress.ip_network(host, strict=False), port=int(port or 0))
+    except ValueError:
+        pass
+    under_only = host.startswith(("*.", "."))
+    name = host[2:] if host.startswith("*.") else host[1:] if host.startswith(".") else host
+    if not name or not _PATTERN_NAME.fullmatch(name.rstrip(".")):
+        raise ValueError(f"egress entry {text!r} is not a domain (example.com, *.example.com; IDNs in punycode, "
+                         "xn--...), an IP address or CIDR block (10.0.0.0/8, fd00::/8), with an optional :port")
+    return EgressPattern(domain=name.rstrip("."), under_only=under_only, port=int(port or 0))
+
+
+@functools.lru_cache(maxsize=256)
+def _egress_patterns(entries: tuple[str, ...]) -> tuple[EgressPattern, ...]:
+    return tuple(egress_pattern(e) for e in entries)
+
+
+@functools.lru_cache(maxsize=1024)
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def egress_listed(url: Any, entries: Any) -> bool:
+    """Whether a URL of `args_urls` (its `host`, `ip` and `port`) is on an egress list."""
+    if not isinstance(url, dict) or not all(k in url for k in ("host", "ip", "port")):
+        raise TypeError("egress_listed() takes a URL of args_urls (a map with host, ip and port) and a list")
+    if not isinstance(entries, list):
+        raise TypeError(f"egress_listed(): the list must be a list of entries, got {type(entries).__name__}")
+    host, port = str(url["host"]), url["port"]
+    address = _address(str(url["ip"])) if url["ip"] else None
+    for p in _egress_patterns(tuple(entries)):
+        if p.port and p.port != port:
+            continue
+        if p.network is not None:
+            if address is not None and address.version == p.network.version and address in p.network:
+                return True
+        elif host.endswith("." + p.domain) or (host == p.domain and not p.under_only):
+            return True
+    return False
+
+
 # --------------------------------------------------------------------------- the helper registry
 
 #: Result types a helper may declare: what both engines carry back into CEL without loss.
@@ -308,6 +397,7 @@ register_helper("matches", regex_matches, bool, overrides_builtin=True)
 register_helper("seen", session_seen, bool)
 register_helper("count", session_count, int)
 register_helper("paths", session_paths, list)
+register_helper("egress_listed", egress_listed, bool)
 
 
 # --------------------------------------------------------------------------- shared checks

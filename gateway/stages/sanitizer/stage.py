@@ -7,6 +7,7 @@ from gateway.core.call import BlockClass, CallContext, Decision
 from gateway.core.errors import ErrorCode
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages.classify import classify_call, merge_classes
+from gateway.stages.sanitizer.urls import urls_for
 from gateway.stages.sanitizer.walk import SanitizeError, SanitizerLimits, sanitize
 
 
@@ -52,4 +53,6 @@ class Sanitizer:
         if shell is not None:  # a shell-like tool: what its command does, for rules and sequences
             ctx.shell = shell
             merge_classes(ctx.classes, ctx.class_paths, shell.classes, shell.class_paths)
+        ctx.urls = urls_for(tool, result.arguments, policy.call_references(tool))
+        ctx.egress = policy.egress_for(ctx.principal.tier if ctx.principal else None)
         return None
