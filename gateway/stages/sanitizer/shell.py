@@ -31,6 +31,18 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gateway.memo import Memo
+from gateway.sensitive_paths import sensitive_path
+from gateway.stages.sanitizer.text import SHELL_SYNTAX, clean_shell_text
+from gateway.stages.sanitizer.shell_paths import (
+    REMOTE as _REMOTE,
+    SYSTEM_BIN as _SYSTEM_BIN,
+    after_cd,
+    command_paths,
+    find_targets,
+    inline_commands,
+    inline_paths,
+    resolve,
+)
 
 __all__ = [
     "EMPTY_CEL",
@@ -49,7 +61,8 @@ __all__ = [
 #: rules/shell.yaml; a test keeps the two equal).
 SHELL_TOOLS: Final = (
     "run_command", "run_*command*", "run_shell*", "run_script", "run_terminal*", "execute_*", "exec",
-    "exec_*", "*_exec", "shell*", "*_shell", "bash*", "sh", "terminal*",
+    "exec_*", "*_exec", "shell*", "*_shell", "bash*", "sh", "terminal*", "Bash", "run_in_terminal", "start_process",
+    "run_cmd", "execute", "run",
 )  # fmt: skip
 #: Arguments that carry the command text (a string, or an argv list of strings).
 SHELL_ARGUMENTS: Final = ("command", "cmd", "script")
@@ -61,6 +74,7 @@ MAX_WORDS: Final = 4_096
 MAX_COMMANDS: Final = 1_024
 MAX_BRACE: Final = 1_024  # words one brace expression may expand to
 MAX_DEPTH: Final = 6  # nesting of substitutions and payloads
+MAX_PATHS: Final = 512  # file operands recorded (args_shell.paths)
 
 SHELLS: Final = frozenset({"sh", "bash", "zsh", "dash", "ksh", "ash", "mksh", "fish", "csh", "tcsh", "yash", "rbash"})
 #: Interpreters and the flags that give them code on the command line.
@@ -84,18 +98,11 @@ WRAPPERS: Final = {
 _WRAPPER_POSITIONAL: Final = frozenset({"timeout", "chrt", "taskset"})
 _KEYWORDS_SKIP_LINE: Final = frozenset({"for", "select"})
 _RESERVED: Final = frozenset({"then", "do", "else", "elif", "if", "while", "until", "!", "time", "fi", "done"})
-_SYSTEM_BIN: Final = re.compile(r"^/(usr/)?(local/)?s?bin/")
 _ASSIGN: Final = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _URL: Final = re.compile(r"(?i)\b(?:https?|ftps?|sftp|scp|tftp|wss?|gopher|dict|ldaps?|smb|file)://[^\s'\"<>`]+")
 _SECRETISH_VAR: Final = re.compile(
     r"(?i)\$\{?[A-Za-z0-9_]*(secret|token|passw|pwd|api_?key|private|credential|auth|session|cookie|aws_|gh_|github_)"
-)
-_CREDENTIAL_PATH: Final = re.compile(
-    r"(?i)(^|/)(\.ssh/|id_(rsa|dsa|ecdsa|ed25519)\b|\.aws/(credentials|config)|\.env(\.[\w.-]+)?$|\.netrc$|"
-    r"\.git-credentials$|\.docker/config\.json$|\.kube/config$|\.npmrc$|\.pypirc$|\.pgpass$|\.gnupg/|"
-    r"[^/]*\.(pem|key|p12|pfx|keystore|jks)$|etc/(shadow|gshadow|sudoers|master\.passwd)$|"
-    r"\.config/gcloud/|\.azure/|credentials\.json$|\.vault-token$|\.bash_history$|\.zsh_history$)"
 )
 _ENVIRON_PATH: Final = re.compile(r"^/proc/[^/]+/environ$")
 _RECON_FILES: Final = re.compile(r"^(/etc/(passwd|group|hosts|hostname|os-release|issue|resolv\.conf|crontab)|/proc/(version|cpuinfo|self/status|net/.*))$")
@@ -112,7 +119,6 @@ _RECON: Final = frozenset({
     "nbtscan", "enum4linux", "traceroute", "dig", "nslookup", "host", "zmap", "lsmod", "crontab", "hostnamectl",
 })  # fmt: skip
 _NET_TOOLS: Final = frozenset({"nc", "ncat", "netcat", "socat", "telnet", "ftp", "sftp", "tftp"})
-_REMOTE: Final = re.compile(r"^([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.-]+:[^/]?")
 _CURL_VALUE: Final = frozenset({
     "-o", "--output", "-H", "--header", "-d", "--data", "--data-binary", "--data-raw", "--data-ascii",
     "--data-urlencode", "-X", "--request", "-u", "--user", "-A", "--user-agent", "-e", "--referer", "-F", "--form",
@@ -133,20 +139,20 @@ _WGET_VALUE: Final = frozenset({
 _WGET_SEND: Final = frozenset({"--post-data", "--post-file", "--body-data", "--body-file"})
 _DISCARD: Final = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"})
 
-# Look-alike letters NFKC leaves alone: Cyrillic and Greek homoglyphs of Latin letters, dashes,
-# slashes and the like. Private-use code points this module uses as markers are replaced too.
+# Look-alike letters NFKC leaves alone: Cyrillic, Greek and Armenian homoglyphs of Latin
+# letters, dashes, slashes and tildes. Private-use code points this module uses as markers are
+# replaced too.
 _CONFUSABLES: Final = {
     **dict(zip("аеорсухіјѕԁһӏԛԝкмнтвпгѵ", "aeopcyxijsdhlqwkmhtbnrv")),
     **dict(zip("АВЕКМНОРСТХІЈЅУԌԚԜ", "ABEKMHOPCTXIJSYGQW")),
     **dict(zip("οαινκρτυχεβγμ", "oaivkptuxebym")),
     **dict(zip("ΑΒΕΖΗΙΚΜΝΟΡΤΥΧ", "ABEZHIKMNOPTYX")),
+    **dict(zip("ıɑɡօսոհ", "iagounh")),
     "‐": "-", "‑": "-", "‒": "-", "–": "-", "—": "-", "―": "-", "−": "-", "⁃": "-", "﹘": "-",
-    "∕": "/", "⁄": "/", "⧸": "/", "˜": "~", "∼": "~", "′": "'", "‵": "`", "ˋ": "`", "ǀ": "|", "∣": "|",
-    "\u00a0": " ", "\u2028": "\n", "\u2029": "\n",
+    "∕": "/", "⁄": "/", "⧸": "/", "˜": "~", "∼": "~",
 }  # fmt: skip
 _MARK_LO, _MARK_HI = 0xE000, 0xE00F
 _CONFUSABLE_TABLE: Final = {ord(k): v for k, v in _CONFUSABLES.items()}
-_FOLD_TABLE: Final = _CONFUSABLE_TABLE | {c: "?" for c in range(_MARK_LO, _MARK_HI + 1)}
 _ZERO_WIDTH: Final = re.compile("[\u200b-\u200f\u2060-\u2064\ufeff\u00ad\u180e\u034f]")
 
 # Markers inside expanded words: brace/comma characters that must not expand (quoted or from a
@@ -163,18 +169,54 @@ _PLAIN_RUN: Final = re.compile("[^" + re.escape(" \t\n;&|()<>\\'\"`$" + _UNK_OPE
 
 
 def fold(text: str) -> str:
-    """Unicode folded to ASCII look-alikes: NFKC, zero-width characters dropped, confusables mapped."""
+    """Unicode folded to ASCII look-alikes, character by character: NFKC, zero-width characters
+    dropped, confusables mapped; a character whose fold would be shell syntax stays as it is."""
     if text.isascii():
         return text
-    text = unicodedata.normalize("NFKC", _ZERO_WIDTH.sub("", text))
-    return text.translate(_FOLD_TABLE)
+    return _NON_ASCII.sub(lambda m: _fold_char(m.group(), False), text)
 
 
 def _fold_keep(text: str) -> str:
     """`fold` for text this module built: its own markers survive (input never carries them)."""
     if text.isascii():
         return text
-    return unicodedata.normalize("NFKC", _ZERO_WIDTH.sub("", text)).translate(_CONFUSABLE_TABLE)
+    return _NON_ASCII.sub(lambda m: _fold_char(m.group(), True), text)
+
+
+def fold_mapped(text: str) -> tuple[str, list[int] | None]:
+    """`fold(text)` and, for non-ASCII text, where each of its characters came from in `text`
+    (one more entry at the end: `len(text)`), so a word of the folded text can be shown as
+    written. None for ASCII text (the two are the same)."""
+    if text.isascii():
+        return text, None
+    out: list[str] = []
+    origin: list[int] = []
+    pos = 0
+    for m in _NON_ASCII.finditer(text):
+        out.append(text[pos : m.start()])
+        origin.extend(range(pos, m.start()))
+        folded = _fold_char(m.group(), False)
+        out.append(folded)
+        origin.extend([m.start()] * len(folded))
+        pos = m.end()
+    out.append(text[pos:])
+    origin.extend(range(pos, len(text) + 1))
+    return "".join(out), origin
+
+
+_NON_ASCII: Final = re.compile(r"[^\x00-\x7f]")
+
+
+@functools.lru_cache(maxsize=4096)
+def _fold_char(ch: str, keep_marks: bool) -> str:
+    if _ZERO_WIDTH.match(ch):
+        return ""
+    if not keep_marks and _MARK_LO <= ord(ch) <= _MARK_HI:
+        return "?"  # the analysis's own markers cannot be smuggled in
+    folded = unicodedata.normalize("NFKC", ch).translate(_CONFUSABLE_TABLE)
+    if folded != ch and any(c in SHELL_SYNTAX for c in folded):
+        return ch  # bash takes `（`, `；` or `＇` as letters: folding never makes syntax bash would not see
+    return folded
 
 
 @functools.lru_cache(maxsize=4096)
@@ -185,6 +227,10 @@ def is_shell_tool(name: str) -> bool:
 
 class Unparsed(Exception):
     """The command does not lex, or is over a bound: the analysis fails closed."""
+
+
+class Unlexed(Unparsed):
+    """The command does not lex (a syntax error, as opposed to a bound)."""
 
 
 # ---------------------------------------------------------------- the syntax tree
@@ -208,18 +254,21 @@ class Redirect:
     target: list[Part]
     heredoc: str | None = None
     strip_tabs: bool = False
+    raw: str = ""  # the target as written in the input ("" inside a payload)
 
 
 @dataclass(slots=True)
 class Simple:
     words: list[list[Part]] = field(default_factory=list)
     redirects: list[Redirect] = field(default_factory=list)
+    raws: list[str] = field(default_factory=list)  # each word as written in the input (empty inside a payload)
 
 
 @dataclass(slots=True)
 class Group:
     body: list[Any]  # a list of pipelines
     redirects: list[Redirect] = field(default_factory=list)
+    subshell: bool = False  # `( … )`: a `cd` inside does not outlast it
 
 
 @dataclass(slots=True)
@@ -237,15 +286,25 @@ class Pipeline:
 class _Lexer:
     """A recursive-descent reader of the bash subset that matters for analysis."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, raw: str | None = None, origin: list[int] | None = None) -> None:
         self.s = text
         self.i = 0
         self.n = len(text)
         self.pending: list[Redirect] = []
         self.case_depth = 0
+        self.raw = raw  # the input as given, when `text` is its fold (`origin` maps one to the other)
+        self.origin = origin
+
+    def span(self, start: int, end: int) -> str:
+        """The input as given between two positions of the text read ("" inside a payload)."""
+        if self.raw is None:
+            return ""
+        if self.origin is None:
+            return self.raw[start:end]
+        return self.raw[self.origin[start] : self.origin[end]]
 
     def error(self, what: str) -> Unparsed:
-        return Unparsed(f"{what} at character {self.i}")
+        return Unlexed(f"{what} at character {self.i}")
 
     def peek(self, k: int = 0) -> str:
         j = self.i + k
@@ -365,13 +424,15 @@ class _Lexer:
                     continue
                 if current is not None:
                     raise self.error("unexpected '('")
-                elements.append(Group(self.parse_list(")")))
+                elements.append(Group(self.parse_list(")"), subshell=True))
                 continue
             if c in "<>":
                 if self.peek(1) == "(":
+                    start = self.i
                     word = self.read_word()
                     current = current or Simple()
                     current.words.append(word)
+                    current.raws.append(self.span(start, self.i))
                     continue
                 self.read_redirect(current := current or Simple())
                 continue
@@ -419,6 +480,7 @@ class _Lexer:
                     continue
             current = current or Simple()
             current.words.append(word)
+            current.raws.append(self.span(start, self.i))
             expect_command = False
 
     def parse_compound(self) -> Any:
@@ -427,7 +489,7 @@ class _Lexer:
             return Group(self.parse_list("}"))
         if self.peek() == "(":
             self.i += 1
-            return Group(self.parse_list(")"))
+            return Group(self.parse_list(")"), subshell=True)
         raise self.error("expected a function body")
 
     def skip_header(self, keyword: str) -> None:
@@ -481,8 +543,9 @@ class _Lexer:
             if op in (">&", "<&"):
                 raise self.error("missing redirection target")
             raise self.error(f"missing target after {op!r}")
+        start = self.i
         target = self.read_word()
-        redirect = Redirect(op, target, strip_tabs=op == "<<-")
+        redirect = Redirect(op, target, strip_tabs=op == "<<-", raw=self.span(start, self.i))
         if op in ("<<", "<<-"):
             self.pending.append(redirect)
         into.redirects.append(redirect)
@@ -790,6 +853,26 @@ class ShellCommand:
         }  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class PathUse:
+    """A file a command touches: what it does to it (`read`, `write`, `delete`, `execute`,
+    `list`), the path resolved (`~` for the home, relative to the workspace, look-alike letters
+    folded), the word as written (`raw`), the command, whether the path lies `outside` the
+    workspace (absolute, in a home, or climbing out with `..`) and whether it is `sensitive`
+    (`gateway.sensitive_paths`: credentials and system secrets)."""
+
+    op: str
+    path: str
+    raw: str
+    command: str
+    outside: bool
+    sensitive: bool
+
+    def as_cel(self) -> dict[str, Any]:
+        return {"op": self.op, "path": self.path, "raw": self.raw, "command": self.command,
+                "outside": self.outside, "sensitive": self.sensitive}  # fmt: skip
+
+
 @dataclass(slots=True)
 class ShellAnalysis:
     """What a shell would run, for the rules (`args_shell`) and the sequence classes."""
@@ -804,16 +887,19 @@ class ShellAnalysis:
     urls: list[str] = field(default_factory=list)
     classes: set[str] = field(default_factory=set)
     class_paths: dict[str, list[str]] = field(default_factory=dict)
+    paths: list[PathUse] = field(default_factory=list)
 
     def as_cel(self) -> dict[str, Any]:
         """The CEL variable `args_shell`. No field repeats another (see `ShellCommand.as_cel`):
         every word is in `commands[].args`, `names` is the one deliberate copy (the rules' cheap
-        `"rm" in args_shell.names` gate), and `urls` stays on the Python side."""
+        `"rm" in args_shell.names` gate), `paths` the resolved form of the words that are files,
+        and `urls` stays on the Python side."""
         return {
             "present": self.present, "unparsed": self.unparsed, "reason": self.reason, "source": self.source,
             "names": [c.name for c in self.commands], "commands": [c.as_cel() for c in self.commands],
             "redirects": self.redirects, "functions": self.functions, "classes": sorted(self.classes),
             "class_paths": {k: list(v) for k, v in sorted(self.class_paths.items())},
+            "paths": [p.as_cel() for p in self.paths],
         }  # fmt: skip
 
     def add_class(self, cls: str, path: str = "") -> None:
@@ -822,6 +908,24 @@ class ShellAnalysis:
             paths = self.class_paths.setdefault(cls, [])
             if path not in paths and len(paths) < 64:
                 paths.append(path)
+
+    def add_path(self, op: str, word: str, raw: str, command: str, cwd: str) -> None:
+        """Record that `command` does `op` to the file `word` names from directory `cwd`
+        (pseudo-devices and words that are not paths are left out; repeats are kept once)."""
+        resolved = resolve(word, cwd)
+        if resolved is None or resolved[0] in _PSEUDO_FILES or resolved[0].startswith(_PSEUDO_DIRS):
+            return
+        path, outside = resolved
+        use = PathUse(op, path, raw or word, command, outside, sensitive_path(path))
+        if use not in self.paths:
+            if len(self.paths) >= MAX_PATHS:
+                raise Unparsed(f"more than {MAX_PATHS} file operands")
+            self.paths.append(use)
+
+
+_PSEUDO_FILES: Final = frozenset({"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom", "/dev/stdin", "/dev/stdout",
+                                  "/dev/stderr", "/dev/tty", "/dev/full"})  # fmt: skip
+_PSEUDO_DIRS: Final = ("/dev/fd/", "/proc/self/fd/", "/dev/tcp/", "/dev/udp/")
 
 
 EMPTY_CEL: Final = ShellAnalysis().as_cel()
@@ -835,6 +939,8 @@ class _Walker:
         self.env: dict[str, str] = {}
         self.budget = MAX_INPUT
         self.words = 0
+        self.cwd = ""  # the working directory (shell_paths.resolve): "" is the workspace
+        self.dirs: list[str] = []  # pushd's stack
 
     def charge(self, text: str) -> None:
         self.budget -= len(text)
@@ -846,7 +952,14 @@ class _Walker:
         if depth > MAX_DEPTH:
             raise Unparsed(f"nested deeper than {MAX_DEPTH} levels of substitutions and payloads")
         self.charge(text)
-        self.pipelines(_Lexer(fold(text) if outside else text).parse_list(None), depth, via, parent, "")
+        if outside:
+            folded, origin = fold_mapped(text)
+            lexer = _Lexer(folded, raw=text, origin=origin)
+        else:
+            lexer = _Lexer(text)
+        cwd = self.cwd  # a payload runs in a shell of its own: its `cd` does not last
+        self.pipelines(lexer.parse_list(None), depth, via, parent, "")
+        self.cwd = cwd
 
     def pipelines(self, items: list[Pipeline], depth: int, via: str, parent: str, function: str) -> str | None:
         """Walk the pipelines; return what they print together, when every part of it is known."""
@@ -875,8 +988,10 @@ class _Walker:
             calls = [c.name for c in self.result.commands[start:]]
             self.result.functions.append({"name": element.name.lower(), "calls": calls})
             return None, False
-        start = len(self.result.commands)
+        start, cwd = len(self.result.commands), self.cwd
         self.pipelines(element.body, depth, via, parent, function)
+        if element.subshell:
+            self.cwd = cwd
         upstream.extend(c.name for c in self.result.commands[start:])
         for redirect in element.redirects:
             self.redirect(redirect, "", depth)
@@ -913,7 +1028,9 @@ class _Walker:
             assert part.body is not None
             if depth + 1 > MAX_DEPTH:
                 raise Unparsed(f"nested deeper than {MAX_DEPTH} levels of substitutions and payloads")
+            cwd = self.cwd
             value = self.pipelines(part.body, depth + 1, "subst" if part.kind == "sub" else "procsub", "", "")
+            self.cwd = cwd
             subs.extend(self.result.commands[start:])
             if part.kind == "procsub":
                 return "/dev/fd/63"
@@ -949,19 +1066,7 @@ class _Walker:
         stdin: str | None, decoded: bool,
     ) -> tuple[str | None, bool]:  # fmt: skip
         subs: list[ShellCommand] = []
-        argv: list[str] = []
-        assigning = True
-        for word in cmd.words:
-            if assigning and word and word[0].kind == "lit" and not word[0].quoted:
-                match = _ASSIGN.match(word[0].text)
-                if match:
-                    rest = [Part("lit", word[0].text[match.end() :]), *word[1:]]
-                    value = _strip_unknown("".join(self.expand(rest, depth, subs)), keep=True)
-                    prior = self.env.get(match.group(1), "") if match.group(2) else ""
-                    self.env[match.group(1)] = prior + value
-                    continue
-            assigning = False
-            argv.extend(self.expand(word, depth, subs))
+        argv, raws = self.command_words(cmd, depth, subs)
         heredoc: str | None = None
         for redirect in cmd.redirects:
             if redirect.op == "<<<":
@@ -976,6 +1081,12 @@ class _Walker:
         marked = argv
         argv = [_strip_unknown_name(argv[0])] + [_strip_unknown(a, keep=True) for a in argv[1:]]
         wrappers, rest = _unwrap(argv)
+        offset = len(argv) - len(rest)
+        payload_args, raws = marked[offset + 1 :], raws[offset:]
+        if "xargs" in wrappers and stdin is not None and not any(a in ("-I", "-i") or a.startswith("--replace")
+                                                                 for a in argv[:offset]):
+            extra = stdin.split()[:256]  # xargs appends the words it reads to the command
+            rest, raws, payload_args = rest + extra, raws + extra, payload_args + extra
         path = rest[0]
         name = path.rsplit("/", 1)[-1].lower() or path.lower()
         command = ShellCommand(
@@ -985,13 +1096,52 @@ class _Walker:
         command.runs_stdin = _runs_stdin(command)
         self.add(command)
         self.adopt(subs, name)
+        self.files(command, raws)
         for redirect in cmd.redirects:
             self.redirect(redirect, name, depth)
         upstream.append(name)
-        self.payloads(command, marked[len(argv) - len(rest) + 1 :], depth, stdin if heredoc is None else heredoc,
-                      decoded, heredoc is not None)
+        self.payloads(command, payload_args, depth, stdin if heredoc is None else heredoc, decoded, heredoc is not None)
         output = _command_output(command, stdin if heredoc is None else heredoc)
         return output, decoded or (output is not None and name not in ("echo", "printf", "cat"))
+
+    def command_words(self, cmd: Simple, depth: int, subs: list[ShellCommand]) -> tuple[list[str], list[str]]:
+        """The command's words after expansion (assignments taken into `env`), and each one as
+        written in the input (the expanded word where the input does not show it)."""
+        argv: list[str] = []
+        raws: list[str] = []
+        assigning = True
+        for i, word in enumerate(cmd.words):
+            if assigning and word and word[0].kind == "lit" and not word[0].quoted:
+                match = _ASSIGN.match(word[0].text)
+                if match:
+                    rest = [Part("lit", word[0].text[match.end() :]), *word[1:]]
+                    value = _strip_unknown("".join(self.expand(rest, depth, subs)), keep=True)
+                    prior = self.env.get(match.group(1), "") if match.group(2) else ""
+                    self.env[match.group(1)] = prior + value
+                    continue
+            assigning = False
+            fields = self.expand(word, depth, subs)
+            raw = cmd.raws[i] if i < len(cmd.raws) else ""
+            argv.extend(fields)
+            raws.extend(raw or _strip_unknown(f, keep=True) for f in fields)
+        return argv, raws
+
+    def files(self, c: ShellCommand, raws: list[str]) -> None:
+        """Record the files the command touches (`ShellAnalysis.paths`), then follow a `cd`."""
+        name = c.name
+        if name in SHELLS and _dash_c(c.args) is not None:
+            uses = command_paths(name, c.path, [], frozenset())  # the payload is analysed as a script
+        else:
+            uses = command_paths(name, c.path, c.args, _inline_flags(name))
+        for op, word, index in uses:
+            raw = raws[index + 1] if 0 <= index < len(raws) - 1 else raws[0] if index < 0 and word == c.path else word
+            self.result.add_path(op, word, raw, name, self.cwd)
+        if name in ("cd", "pushd", "chdir"):
+            if name == "pushd":
+                self.dirs.append(self.cwd)
+            self.cwd = after_cd(self.cwd, next((a for a in c.args if a == "-" or not a.startswith("-")), None))
+        elif name == "popd":
+            self.cwd = self.dirs.pop() if self.dirs else "$OLDPWD"
 
     def add(self, command: ShellCommand) -> None:
         if len(self.result.commands) >= MAX_COMMANDS:
@@ -1010,6 +1160,9 @@ class _Walker:
             subs: list[ShellCommand] = []
             target = _strip_unknown(" ".join(self.expand(redirect.target, depth, subs)), keep=True)
             self.adopt(subs, name)
+            op = _REDIRECT_OPS.get(redirect.op)
+            if op is not None and not (redirect.op in (">&", "<&") and (target.isdigit() or target == "-")):
+                self.result.add_path(op, target, redirect.raw, name, self.cwd)
         self.result.redirects.append({"op": redirect.op, "target": target, "command": name})
 
     def payloads(
@@ -1029,10 +1182,29 @@ class _Walker:
                 self.script(text, depth + 1, "payload", name)
             return
         if name in ("find", "fd") and ("-exec" in c.args or "-execdir" in c.args or "-ok" in c.args or "-x" in c.args):
+            targets = find_targets(c.args)  # what `{}` stands for
             for sub_argv in _find_exec(c.args):
-                self.synthetic(sub_argv, depth + 1, "exec", name)
+                self.synthetic([x for a in sub_argv for x in (targets if a == "{}" else [a])], depth + 1, "exec", name)
+        code = _inline_code(c) if _PYTHON.match(name) or name in SCRIPT_FLAGS else None
+        if code is not None:
+            self.inline(code, name, depth)
         if c.runs_stdin and stdin is not None and (name in SHELLS or name in ("source", ".")):
             self.script(stdin, depth + 1, "heredoc" if heredoc else ("decoded" if decoded else "stdin"), name)
+
+    def inline(self, code: str, name: str, depth: int) -> None:
+        """Code on an interpreter's command line: the files its string literals name, and the
+        shell commands it hands to `os.system`, `subprocess`, `execSync`, `system`… (a command
+        line that does not lex would not run either, and is left out)."""
+        for op, literal in inline_paths(code, _language(name)):
+            self.result.add_path(op, literal, literal, name, self.cwd)
+        for command in inline_commands(code, _language(name)):
+            if isinstance(command, list):
+                self.synthetic([fold(w) for w in command], depth + 1, "payload", name)
+                continue
+            try:
+                self.script(fold(command), depth + 1, "payload", name)
+            except Unlexed:
+                continue
 
     def synthetic(self, argv: list[str], depth: int, via: str, parent: str) -> None:
         if not argv:
@@ -1044,7 +1216,35 @@ class _Walker:
         )  # fmt: skip
         command.runs_stdin = _runs_stdin(command)
         self.add(command)
+        self.files(command, [rest[0], *command.args])
         self.payloads(command, command.args, depth, None, False, False)
+
+
+_REDIRECT_OPS: Final = {">": "write", ">>": "write", ">|": "write", "&>": "write", "&>>": "write", "<>": "write",
+                         ">&": "write", "<": "read", "<&": "read"}  # fmt: skip
+
+
+def _inline_flags(name: str) -> frozenset[str] | None:
+    """The flags that give an interpreter its code on the command line; None for a command that
+    is not an interpreter (`source` and `.` run their first operand: no flags)."""
+    if name in SHELLS or _PYTHON.match(name):
+        return frozenset({"-c"})
+    if name in SCRIPT_FLAGS:
+        return frozenset(SCRIPT_FLAGS[name])
+    return None
+
+
+def _inline_code(c: ShellCommand) -> str | None:
+    """The code given on an interpreter's command line (`python3 -c CODE`, `node -e CODE`…)."""
+    flags = {"-c"} if _PYTHON.match(c.name) else SCRIPT_FLAGS[c.name]
+    return next((c.args[i + 1] for i, a in enumerate(c.args[:-1]) if a in flags), None)
+
+
+def _language(name: str) -> str:
+    """The language family of an interpreter, for `shell_paths.inline_commands`."""
+    if _PYTHON.match(name):
+        return "python"
+    return {"nodejs": "node", "deno": "node", "bun": "node"}.get(name, name)
 
 
 def _split_marks(value: str) -> str:
@@ -1315,7 +1515,7 @@ def _classify(result: ShellAnalysis) -> None:
                 add("network_send", target)
             else:
                 add("write", _plain_path(target))
-        if op == "<" and _CREDENTIAL_PATH.search(target):
+        if op == "<" and sensitive_path(target):
             add("credential_read", target)
         if op == "<" and target.startswith("/dev/tcp/"):
             add("network_send", target)
@@ -1331,7 +1531,7 @@ def _classify(result: ShellAnalysis) -> None:
         for o in operands if name not in DOWNLOADERS else ():
             if _ENVIRON_PATH.match(o):
                 add("env_read", o)
-            elif name in _READERS and _CREDENTIAL_PATH.search(o):
+            elif name in _READERS and sensitive_path(o):
                 add("credential_read", o)
         if name in ("source", ".") and operands and re.search(r"(^|/)\.env", operands[0]):
             add("credential_read", operands[0])
@@ -1431,7 +1631,7 @@ def _classify_download(c: ShellCommand, result: ShellAnalysis) -> None:
             send = True
             files = [value] if key in _UPLOADS else re.findall(r"@([^;,\s]+)", value)
             for token in files:
-                if _CREDENTIAL_PATH.search(token):
+                if sensitive_path(token):
                     add("credential_read", token)
                 elif _ENVIRON_PATH.match(token):
                     add("env_read", token)
@@ -1599,15 +1799,14 @@ def _classify_inline_code(c: ShellCommand, result: ShellAnalysis) -> None:
     """Code given on the command line (`python3 -c`, `node -e`, `perl -e`, `php -r`, `pwsh -c`):
     a network API with data or a socket is a send, without it a download; the environment or a
     credential path it names is a read."""
-    flags = {"-c"} if _PYTHON.match(c.name) else SCRIPT_FLAGS[c.name]
-    code = next((c.args[i + 1] for i, a in enumerate(c.args[:-1]) if a in flags), None)
+    code = _inline_code(c)
     if code is None:
         return
     add = result.add_class
     if _CODE_ENV.search(code):
         add("env_read", c.name)
     for m in _CODE_STRING.finditer(code):
-        if _CREDENTIAL_PATH.search(m.group(1)):
+        if sensitive_path(m.group(1)):
             add("credential_read", m.group(1))
     urls = _URL.findall(code)
     if _CODE_SOCKET.search(code) or (_CODE_NET.search(code) and (_CODE_SEND.search(code) or any("?" in u for u in urls))):
@@ -1684,6 +1883,7 @@ def _copy(done: ShellAnalysis) -> ShellAnalysis:
         present=done.present, unparsed=done.unparsed, reason=done.reason, source=done.source,
         commands=list(done.commands), redirects=list(done.redirects), functions=list(done.functions),
         urls=list(done.urls), classes=set(done.classes), class_paths={k: list(v) for k, v in done.class_paths.items()},
+        paths=list(done.paths),
     )  # fmt: skip
 
 
@@ -1694,6 +1894,27 @@ def shell_for(tool: str, arguments: dict[str, Any], references: frozenset[str], 
     if is_shell_tool(tool) or "args_shell" in references:
         return analyse_call(arguments, remember=remember)
     return None
+
+
+def bash_arguments(tool: str, references: frozenset[str], raw: dict[str, Any], cleaned: dict[str, Any]) -> dict[str, Any]:
+    """The sanitizer's cleaned arguments, with the command arguments of a call `shell_for`
+    analyses cleaned as bash reads them (`text.clean_shell_text`: NFKC never makes shell syntax
+    out of a letter), so the command analysed and forwarded is the one the agent wrote."""
+    if not (is_shell_tool(tool) or "args_shell" in references):
+        return cleaned
+    out = cleaned
+    for key in (*SHELL_ARGUMENTS, *EXTRA_ARGV):
+        value = raw.get(key)
+        if isinstance(value, str) and not value.isascii():
+            fixed: Any = clean_shell_text(value)
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value) and not all(v.isascii() for v in value):
+            fixed = [clean_shell_text(v) for v in value]
+        else:
+            continue
+        if key in out and out[key] != fixed:
+            out = dict(out) if out is cleaned else out
+            out[key] = fixed
+    return out
 
 
 def _run(items: list[tuple[str, Any]], source: str) -> ShellAnalysis:
