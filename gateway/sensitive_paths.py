@@ -36,6 +36,11 @@ CREDENTIAL_FILE: Final = re.compile(
       | \.env(?!\.(?:example|sample|template|dist|defaults)$)(?:\.[\w.-]+)?
       | _?\.?netrc | \.pgpass | \.my\.cnf | \.git-credentials | \.npmrc | \.pypirc | \.vault-token | \.boto
       | \.docker/config\.json | \.kube/config | \.terraform\.d/credentials\.tfrc\.json | \.config/gh/hosts\.yml
+      | \.cargo/credentials(?:\.toml)? | \.gem/credentials | \.m2/settings(?:-security)?\.xml | \.gradle/gradle\.properties
+      | (?:\.composer|\.config/composer)/auth\.json | \.terraformrc | \.databrickscfg | \.oci/config | \.s3cfg
+      | \.config/rclone/rclone\.conf | \.config/hub | \.config/github-copilot/(?:hosts|apps)\.json | \.dockercfg
+      | \.config/doctl/config\.yaml | \.kaggle/kaggle\.json | (?:\.cache/)?huggingface/token | \.htpasswd
+      | \.config/git/credentials
       | etc/(?:shadow|gshadow|sudoers|master\.passwd)- ? | etc/ssh/ssh_host_[^/]*_key
       | \.gnupg/[^/]+ | \.password-store/.+ | \.local/share/keyrings/[^/]+ | library/keychains/.+
       | [^/]*\.keychain(?:-db)? | kwallet[^/]*
@@ -57,7 +62,7 @@ _STORE: Final = re.compile(
       | \.config/(?:google-chrome|chromium|bravesoftware/brave-browser|microsoft-edge)
       | library/application\ support/(?:google/chrome|chromium|bravesoftware/brave-browser|microsoft\ edge)
       | appdata/(?:local|roaming)/(?:google/chrome|microsoft/edge|bravesoftware/brave-browser|mozilla/firefox)
-      | \.bitcoin | \.ethereum/keystore | \.electrum | \.config/solana
+      | \.bitcoin | \.ethereum/keystore | \.electrum | \.config/solana | \.config/op | \.config/bitwarden\ cli | \.lpass
     )(?:/(?!.*\.pub$).*)?$""",
     re.X,
 )
@@ -67,7 +72,8 @@ _SYSTEM: Final = re.compile(
     r"""(?:
         ^(?:/|(?:~[^/]*/)?(?:\.\./)+)etc/(?:
             passwd-?|shadow-?|gshadow-?|master\.passwd|sudoers|sudoers\.d(?:/.*)?|security/opasswd
-          | ssh/ssh_host_[^/]*_key|krb5\.keytab|kubernetes/admin\.conf|rancher/k3s/k3s\.yaml)
+          | ssh/ssh_host_[^/]*_key|krb5\.keytab|kubernetes/(?:admin\.conf|pki(?:/.*)?)|rancher/k3s/k3s\.yaml
+          | ssl/private(?:/.*)?|networkmanager/system-connections(?:/.*)?|wpa_supplicant/[^/]*\.conf|mysql/debian\.cnf)
       | ^/proc/[^/]+/environ | ^(?:/var)?/run/secrets(?:/.*)?
       | (?:^|/)\.(?:bash|zsh|sh|psql|mysql|python|node_repl|sqlite)_history
     )$""",
@@ -90,6 +96,8 @@ EXEMPLARS: Final = (
     ".env", ".env.local", ".env.production", "/etc/passwd", "/etc/shadow", "/etc/gshadow", "/etc/sudoers",
     "/etc/master.passwd", "/etc/ssh/ssh_host_rsa_key", "/etc/ssh/ssh_host_ed25519_key", "/proc/self/environ",
     "/proc/1/environ", "/var/run/secrets/kubernetes.io/serviceaccount/token", "/run/secrets/db_password",
+    "~/.cargo/credentials.toml", "~/.m2/settings.xml", "~/.config/op/config", "/etc/ssl/private/server.key",
+    "/etc/networkmanager/system-connections/home.nmconnection",
 )  # fmt: skip
 """A sample of every kind of sensitive path, in the home's `~` form where it lives in a home: a
 glob is sensitive when it matches one (a test checks each one is `sensitive_path`)."""

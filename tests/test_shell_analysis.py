@@ -154,6 +154,8 @@ def test_is_shell_tool_matches_the_rule_files_globs() -> None:
     docs = list(yaml.safe_load_all((ROOT / "rules" / "shell.yaml").read_text(encoding="utf-8")))
     globs = tuple(docs[0]["rules"][0]["tools"])
     assert globs == shell.SHELL_TOOLS
+    strict = yaml.safe_load((ROOT / "rules" / "strict.yaml").read_text(encoding="utf-8"))["rules"]
+    assert tuple(next(r for r in strict if r["id"] == "strict-hold-shell-read-outside-roots")["tools"]) == shell.SHELL_TOOLS
     assert is_shell_tool("run_command") and is_shell_tool("bash_exec") and not is_shell_tool("read_file")
 
 

@@ -36,11 +36,13 @@ from gateway.stages.sanitizer.text import SHELL_SYNTAX, clean_shell_text
 from gateway.stages.sanitizer.shell_paths import (
     REMOTE as _REMOTE,
     SYSTEM_BIN as _SYSTEM_BIN,
-    after_cd,
     command_paths,
     find_targets,
     inline_commands,
     inline_paths,
+    is_outside,
+    listing,
+    normpath,
     resolve,
 )
 
@@ -62,7 +64,7 @@ __all__ = [
 SHELL_TOOLS: Final = (
     "run_command", "run_*command*", "run_shell*", "run_script", "run_terminal*", "execute_*", "exec",
     "exec_*", "*_exec", "shell*", "*_shell", "bash*", "sh", "terminal*", "Bash", "run_in_terminal", "start_process",
-    "run_cmd", "execute", "run",
+    "run_cmd", "execute", "run", "run_bash*", "run_sh",
 )  # fmt: skip
 #: Arguments that carry the command text (a string, or an argv list of strings).
 SHELL_ARGUMENTS: Final = ("command", "cmd", "script")
@@ -278,6 +280,15 @@ class FuncDef:
 
 
 @dataclass(slots=True)
+class LoopVar:
+    """`for NAME in WORDS` (or `select`): the variable takes the words, all of them at once (a
+    rule sees what any iteration would do)."""
+
+    name: str
+    words: list[list[Part]]
+
+
+@dataclass(slots=True)
 class Pipeline:
     elements: list[Any]
     background: bool = False
@@ -461,7 +472,9 @@ class _Lexer:
                     self.case_depth = max(0, self.case_depth - 1)
                     continue
                 if raw in _KEYWORDS_SKIP_LINE or raw == "case":
-                    self.skip_header(raw)
+                    header = self.skip_header(raw)
+                    if raw in _KEYWORDS_SKIP_LINE and len(header) >= 2 and header[1][0] == "in":
+                        out.append(Pipeline([LoopVar(header[0][0], [w for _, w in header[2:]])]))
                     continue
                 if raw == "function":
                     self.skip_blanks()
@@ -492,26 +505,30 @@ class _Lexer:
             return Group(self.parse_list(")"), subshell=True)
         raise self.error("expected a function body")
 
-    def skip_header(self, keyword: str) -> None:
-        """Skip `for x in …;`, `select …;` or `case WORD in` (their words are not commands)."""
+    def skip_header(self, keyword: str) -> list[tuple[str, list[Part]]]:
+        """Read past `for x in …;`, `select …;` or `case WORD in` (their words are not commands);
+        return the words read, each as written and lexed."""
+        words: list[tuple[str, list[Part]]] = []
         while self.i < self.n:
             self.skip_blanks()
             c = self.peek()
             if c in ("\n", ";") and keyword != "case":
                 self.i += 1
-                return
+                return words
             if c == "":
-                return
+                return words
             if c in "();&|<>" and keyword != "case":
-                return
+                return words
             start = self.i
             if c in "();&|<>":
                 self.i += 1
                 continue
-            self.read_word()
-            if keyword == "case" and self.s[start : self.i] == "in":
+            words.append(("", self.read_word()))
+            words[-1] = (self.s[start : self.i], words[-1][1])
+            if keyword == "case" and words[-1][0] == "in":
                 self.case_depth += 1
-                return
+                return words
+        return words
 
     def skip_arith(self, opened: int) -> None:
         depth = 0
@@ -909,14 +926,12 @@ class ShellAnalysis:
             if path not in paths and len(paths) < 64:
                 paths.append(path)
 
-    def add_path(self, op: str, word: str, raw: str, command: str, cwd: str) -> None:
-        """Record that `command` does `op` to the file `word` names from directory `cwd`
-        (pseudo-devices and words that are not paths are left out; repeats are kept once)."""
-        resolved = resolve(word, cwd)
-        if resolved is None or resolved[0] in _PSEUDO_FILES or resolved[0].startswith(_PSEUDO_DIRS):
+    def add_path(self, op: str, path: str, outside: bool, raw: str, command: str) -> None:
+        """Record that `command` does `op` to the file at `path` (resolved: `shell_paths.resolve`);
+        pseudo-devices are left out and repeats kept once."""
+        if path in _PSEUDO_FILES or path.startswith(_PSEUDO_DIRS):
             return
-        path, outside = resolved
-        use = PathUse(op, path, raw or word, command, outside, sensitive_path(path))
+        use = PathUse(op, path, raw, command, outside, sensitive_path(path))
         if use not in self.paths:
             if len(self.paths) >= MAX_PATHS:
                 raise Unparsed(f"more than {MAX_PATHS} file operands")
@@ -941,6 +956,9 @@ class _Walker:
         self.words = 0
         self.cwd = ""  # the working directory (shell_paths.resolve): "" is the workspace
         self.dirs: list[str] = []  # pushd's stack
+        self.links: dict[str, str] = {}  # symlinks this command made: link path -> target path
+        self.bodies: dict[str, Any] = {}  # functions defined so far, by name
+        self.calling: set[str] = set()  # functions being walked for a call (no recursion)
 
     def charge(self, text: str) -> None:
         self.budget -= len(text)
@@ -982,11 +1000,16 @@ class _Walker:
     ) -> tuple[str | None, bool]:  # fmt: skip
         if isinstance(element, Simple):
             return self.simple(element, depth, via, parent, function, upstream, stdin, decoded)
+        if isinstance(element, LoopVar):
+            fields = [f for w in element.words for f in self.expand(w, depth, [])]
+            self.env[element.name] = _SPLIT.join(_strip_unknown(f, keep=True) for f in fields)
+            return None, False
         if isinstance(element, FuncDef):
             start = len(self.result.commands)
             self.pipelines(element.body.body, depth, via, parent, element.name)
             calls = [c.name for c in self.result.commands[start:]]
             self.result.functions.append({"name": element.name.lower(), "calls": calls})
+            self.bodies[element.name.lower()] = element.body  # after its own walk: a call runs it again
             return None, False
         start, cwd = len(self.result.commands), self.cwd
         self.pipelines(element.body, depth, via, parent, function)
@@ -1045,7 +1068,7 @@ class _Walker:
         value = self.env.get(name)
         if name == "IFS" and value is None:
             value = " "
-        if name in ("@", "*"):
+        if name in ("@", "*") and value is None:
             value = ""
         if part.op in (":-", "-", ":=", "="):
             if not value:
@@ -1096,13 +1119,16 @@ class _Walker:
         command.runs_stdin = _runs_stdin(command)
         self.add(command)
         self.adopt(subs, name)
-        self.files(command, raws)
+        self.files(command, raws, payload_args)
         for redirect in cmd.redirects:
             self.redirect(redirect, name, depth)
         upstream.append(name)
+        self.assigns(command, stdin if heredoc is None else heredoc)
         self.payloads(command, payload_args, depth, stdin if heredoc is None else heredoc, decoded, heredoc is not None)
+        if name in self.bodies and name not in self.calling:
+            self.call(name, command.args, depth)
         output = _command_output(command, stdin if heredoc is None else heredoc)
-        return output, decoded or (output is not None and name not in ("echo", "printf", "cat"))
+        return output, decoded or (output is not None and name not in ("echo", "printf", "cat", "find", "fd", "ls"))
 
     def command_words(self, cmd: Simple, depth: int, subs: list[ShellCommand]) -> tuple[list[str], list[str]]:
         """The command's words after expansion (assignments taken into `env`), and each one as
@@ -1126,22 +1152,113 @@ class _Walker:
             raws.extend(raw or _strip_unknown(f, keep=True) for f in fields)
         return argv, raws
 
-    def files(self, c: ShellCommand, raws: list[str]) -> None:
-        """Record the files the command touches (`ShellAnalysis.paths`), then follow a `cd`."""
+    def files(self, c: ShellCommand, raws: list[str], marked: list[str]) -> None:
+        """Record the files the command touches (`ShellAnalysis.paths`), then follow a `cd` or a
+        symlink it makes. `marked` are its arguments with unknown expansions still marked: one
+        inside the letters of a path (`/etc/pa${x}sswd`) is empty, as the shell makes it."""
         name = c.name
         if name in SHELLS and _dash_c(c.args) is not None:
             uses = command_paths(name, c.path, [], frozenset())  # the payload is analysed as a script
         else:
             uses = command_paths(name, c.path, c.args, _inline_flags(name))
+        for op, path, raw in _credential_stores(c):
+            self.add_path(op, path, raw, name)
         for op, word, index in uses:
             raw = raws[index + 1] if 0 <= index < len(raws) - 1 else raws[0] if index < 0 and word == c.path else word
-            self.result.add_path(op, word, raw, name, self.cwd)
+            if 0 <= index < len(marked) and word == c.args[index]:
+                word = _strip_unknown_inner(marked[index])
+            self.add_path(op, word, raw, name)
         if name in ("cd", "pushd", "chdir"):
             if name == "pushd":
                 self.dirs.append(self.cwd)
-            self.cwd = after_cd(self.cwd, next((a for a in c.args if a == "-" or not a.startswith("-")), None))
+            self.cwd = self.directory(next((a for a in c.args if a == "-" or not a.startswith("-")), None))
         elif name == "popd":
             self.cwd = self.dirs.pop() if self.dirs else "$OLDPWD"
+        elif name == "ln":
+            self.link(uses)
+
+    def resolve(self, word: str) -> tuple[str, bool] | None:
+        """`shell_paths.resolve` from the working directory, through the symlinks made so far."""
+        resolved = resolve(word, self.cwd)
+        if resolved is None or not self.links:
+            return resolved
+        path = resolved[0]
+        for link, target in self.links.items():
+            if path == link or path.startswith(link + "/"):
+                path = normpath(target + path[len(link) :])
+                return path, is_outside(path)
+        return resolved
+
+    def add_path(self, op: str, word: str, raw: str, command: str) -> None:
+        resolved = self.resolve(word)
+        if resolved is not None:
+            self.result.add_path(op, resolved[0], resolved[1], raw or word, command)
+
+    def directory(self, target: str | None) -> str:
+        """The working directory after `cd TARGET` (`cd` alone: the home; `cd -`: unknown)."""
+        if target is None or target == "":
+            return "~"
+        if target == "-":
+            return "$OLDPWD"
+        resolved = self.resolve(target)
+        if resolved is None:
+            return self.cwd
+        return "" if resolved[0] == "." else resolved[0]
+
+    def link(self, uses: list[tuple[str, str, int]]) -> None:
+        """`ln -s TARGET LINK`: later paths under LINK lead to TARGET (a link into a directory is
+        named after its target)."""
+        targets = [w for op, w, _ in uses if op == "read"]
+        links = [w for op, w, _ in uses if op == "write"]
+        if len(targets) != 1 or len(links) != 1:
+            return
+        target, link = self.resolve(targets[0]), self.resolve(links[0])
+        if target is None or link is None or len(self.links) >= 64:
+            return
+        where = link[0]
+        if links[0].endswith("/") or links[0] in (".", ".."):
+            where = normpath(where + "/" + target[0].rstrip("/").rsplit("/", 1)[-1])
+        self.links[where] = target[0]
+
+    def assigns(self, c: ShellCommand, stdin: str | None) -> None:
+        """Variables set by builtins: `export/declare/local/typeset/readonly NAME=VALUE`, `printf
+        -v NAME FORMAT ARGS`, `read NAME… <<< WORD` (or from known input)."""
+        name, args = c.name, c.args
+        if name in ("export", "declare", "local", "typeset", "readonly"):
+            for a in args:
+                match = _ASSIGN.match(a)
+                if match:
+                    prior = self.env.get(match.group(1), "") if match.group(2) else ""
+                    self.env[match.group(1)] = prior + a[match.end() :]
+        elif name == "printf" and len(args) >= 3 and args[0] == "-v" and _NAME.fullmatch(args[1]):
+            self.env[args[1]] = _printf(args[2], args[3:])
+        elif name == "read" and stdin is not None:
+            names = [a for a in _read_names(args) if _NAME.fullmatch(a)]
+            if names:
+                line = stdin.split("\n", 1)[0]
+                ifs = self.env.get("IFS", " \t")
+                fields = re.split("[" + re.escape(ifs) + "]+", line.strip(ifs), maxsplit=len(names) - 1) if ifs else [line]
+                for var, value in zip(names, fields + [""] * len(names)):
+                    self.env[var] = value
+
+    def call(self, name: str, args: list[str], depth: int) -> None:
+        """A function this command defined, called: its body again, with `$1…`, `$@`, `$#` set."""
+        if depth + 1 > MAX_DEPTH:
+            raise Unparsed(f"nested deeper than {MAX_DEPTH} levels of substitutions and payloads")
+        saved = {k: self.env.get(k) for k in (*_POSITIONAL, "@", "*", "#")}
+        for i, key in enumerate(_POSITIONAL):
+            self.env[key] = args[i] if i < len(args) else ""
+        self.env["@"], self.env["*"], self.env["#"] = _SPLIT.join(args), " ".join(args), str(len(args))
+        self.calling.add(name)
+        try:
+            self.pipelines(self.bodies[name].body, depth + 1, "call", name, name)
+        finally:
+            self.calling.discard(name)
+            for k, v in saved.items():
+                if v is None:
+                    self.env.pop(k, None)
+                else:
+                    self.env[k] = v
 
     def add(self, command: ShellCommand) -> None:
         if len(self.result.commands) >= MAX_COMMANDS:
@@ -1162,7 +1279,7 @@ class _Walker:
             self.adopt(subs, name)
             op = _REDIRECT_OPS.get(redirect.op)
             if op is not None and not (redirect.op in (">&", "<&") and (target.isdigit() or target == "-")):
-                self.result.add_path(op, target, redirect.raw, name, self.cwd)
+                self.add_path(op, target, redirect.raw, name)
         self.result.redirects.append({"op": redirect.op, "target": target, "command": name})
 
     def payloads(
@@ -1196,7 +1313,7 @@ class _Walker:
         shell commands it hands to `os.system`, `subprocess`, `execSync`, `system`… (a command
         line that does not lex would not run either, and is left out)."""
         for op, literal in inline_paths(code, _language(name)):
-            self.result.add_path(op, literal, literal, name, self.cwd)
+            self.add_path(op, literal, literal, name)
         for command in inline_commands(code, _language(name)):
             if isinstance(command, list):
                 self.synthetic([fold(w) for w in command], depth + 1, "payload", name)
@@ -1216,7 +1333,7 @@ class _Walker:
         )  # fmt: skip
         command.runs_stdin = _runs_stdin(command)
         self.add(command)
-        self.files(command, [rest[0], *command.args])
+        self.files(command, [rest[0], *command.args], command.args)
         self.payloads(command, command.args, depth, None, False, False)
 
 
@@ -1259,6 +1376,32 @@ def _strip_unknown(text: str, keep: bool) -> str:
     if keep:
         return text.replace(_UNK_OPEN, "").replace(_UNK_CLOSE, "")
     return _UNKNOWN.sub("", text)
+
+
+_INNER_UNKNOWN: Final = re.compile(f"(?<=[^/\\s{_UNK_CLOSE}]){_UNK_OPEN}[^{_UNK_CLOSE}]*{_UNK_CLOSE}(?=[^/\\s{_UNK_OPEN}])")
+_POSITIONAL: Final = tuple(str(i) for i in range(1, 10))
+
+
+def _strip_unknown_inner(word: str) -> str:
+    """A path word like `/etc/pa${x}sswd`: an unknown variable between other letters of one
+    segment counts as empty (the shell expands an unset one to nothing); one that is a whole
+    segment or starts the word (`$DIR/x`, `/home/$USER`) stays `$NAME`."""
+    if _UNK_OPEN not in word:
+        return word
+    return _strip_unknown(_INNER_UNKNOWN.sub("", word), keep=True)
+
+
+def _read_names(args: list[str]) -> list[str]:
+    """The variable names of `read [-r] [-p PROMPT] [-d DELIM] … NAME…`."""
+    names, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("-p", "-d", "-n", "-N", "-t", "-u", "-a", "-i"):
+            skip = True
+        elif not a.startswith("-"):
+            names.append(a)
+    return names
 
 
 def _strip_unknown_name(word: str) -> str:
@@ -1448,8 +1591,11 @@ def _command_output(c: ShellCommand, stdin: str | None) -> str | None:
             text = _ansi_c(text)
         return text if "n" in flags else text + "\n"
     if name == "printf" and args:
-        fmt_args = args[2:] if args[0] == "-v" else args
-        return _printf(fmt_args[0], fmt_args[1:]) if fmt_args else None
+        if args[0] == "-v":
+            return ""  # printf -v assigns a variable and prints nothing
+        return _printf(args[0], args[1:])
+    if name in ("find", "fd", "ls"):
+        return listing(name, args)
     if stdin is None:
         return None
     if name == "cat" and not c.operands:
@@ -1728,21 +1874,54 @@ _CODE_ENV: Final = re.compile(r"os\.environ|getenv|process\.env|%ENV|\bENV\[|\$e
 _CODE_STRING: Final = re.compile(r"['\"]([^'\"\n]{1,256})['\"]")
 
 
-def _classify_credential_command(c: ShellCommand, result: ShellAnalysis) -> None:
-    """A command that prints a credential (`kubectl config view --raw`, `gh auth token`, `aws
-    ecr get-login-password`, `security find-generic-password -w`...) is a credential read."""
+def _credential_command(c: ShellCommand) -> str | None:
+    """The words of a command that prints a credential (`kubectl config view --raw`, `gh auth
+    token`, `aws ecr get-login-password`, `security find-generic-password -w`...), or None."""
     operands, flags = c.operands, c.flags
     if c.name.startswith("docker-credential-"):
-        if "get" in operands:
-            result.add_class("credential_read", c.name + " get")
-        return
-    for words, needs in _CREDENTIAL_COMMANDS[c.name]:
+        return c.name + " get" if "get" in operands else None
+    for words, needs in _CREDENTIAL_COMMANDS.get(c.name, ()):
         n = len(words)
         if any(tuple(operands[i : i + n]) == words for i in range(len(operands) - n + 1)) and (
             not needs or any(f in needs for f in flags)
         ):
-            result.add_class("credential_read", " ".join((c.name, *words)))
-            return
+            return " ".join((c.name, *words))
+    return None
+
+
+def _classify_credential_command(c: ShellCommand, result: ShellAnalysis) -> None:
+    """A command that prints a credential is a credential read."""
+    words = _credential_command(c)
+    if words is not None:
+        result.add_class("credential_read", words)
+
+
+#: Where the credential a command prints is kept (the store it reads, or uses to fetch it): the
+#: command is a read of that file for `args_shell.paths`, as `cat FILE` would be.
+_CREDENTIAL_STORES: Final = {
+    "kubectl": "~/.kube/config", "oc": "~/.kube/config", "gh": "~/.config/gh/hosts.yml",
+    "gcloud": "~/.config/gcloud/credentials.db", "az": "~/.azure/msal_token_cache.json", "aws": "~/.aws/credentials",
+    "git": "~/.git-credentials", "security": "~/Library/Keychains/login.keychain-db",
+    "secret-tool": "~/.local/share/keyrings/login.keyring", "pass": "~/.password-store", "gopass": "~/.password-store",
+    "op": "~/.config/op", "bw": "~/.config/Bitwarden CLI/data.json", "lpass": "~/.lpass", "vault": "~/.vault-token",
+    "heroku": "~/.netrc",
+}  # fmt: skip
+#: `getent DATABASE` without a key dumps it (`getent shadow KEY` still prints a hash).
+_GETENT: Final = {"passwd": "/etc/passwd", "shadow": "/etc/shadow", "gshadow": "/etc/gshadow"}
+
+
+def _credential_stores(c: ShellCommand) -> list[tuple[str, str, str]]:
+    """A credential-printing command or a `getent` dump as a read of the file it comes from:
+    (op, path, the command words that do it)."""
+    if c.name in _CREDENTIAL_COMMANDS or c.name.startswith("docker-credential-"):
+        words = _credential_command(c)
+        if words is not None:
+            return [("read", _CREDENTIAL_STORES.get(c.name, "~/.docker/config.json"), words)]
+    if c.name == "getent":
+        operands = c.operands
+        if operands and operands[0] in _GETENT and (len(operands) == 1 or operands[0] != "passwd"):
+            return [("read", _GETENT[operands[0]], "getent " + operands[0])]
+    return []
 
 
 def _git_subcommand(args: list[str]) -> tuple[str, list[str]]:

@@ -16,8 +16,8 @@ import posixpath
 import re
 from typing import Final
 
-__all__ = ["REMOTE", "SYSTEM_BIN", "after_cd", "command_paths", "find_targets", "inline_commands", "inline_paths",
-           "normpath", "resolve"]
+__all__ = ["REMOTE", "SYSTEM_BIN", "command_paths", "find_targets", "inline_commands", "inline_paths", "is_outside",
+           "listing", "normpath", "resolve"]
 
 #: Programs installed by the system: running one is not "executing a path" worth listing.
 SYSTEM_BIN: Final = re.compile(r"^/(usr/)?(local/)?s?bin/")
@@ -270,6 +270,22 @@ def find_targets(args: list[str]) -> list[str]:
     return [(s.rstrip("/") or "/") + ("/**/" + name if name else "/**") for s in starts or ["."]]
 
 
+def listing(name: str, args: list[str]) -> str:
+    """What `find`/`fd`/`ls` print, as globs of the paths they list (`find ~ -name x` prints
+    `~/**/x`; `ls DIR` prints `DIR/*`): so `rm $(find ~ -name x)` and `find ~ | xargs rm` name
+    the files they delete."""
+    if name in ("find", "fd"):
+        return "\n".join(find_targets(args)) + "\n"
+    _, operands = _scan(args, _VALUES["ls"])
+    dirs_only = any(a.startswith("-") and not a.startswith("--") and "d" in a for a in args)
+    words = [w for w, _ in operands] or ["."]
+    out = [w if dirs_only or _GLOB_CHARS.search(w) else (w.rstrip("/") or "/") + "/*" for w in words]
+    return "\n".join(o[2:] if o.startswith("./") else o for o in out) + "\n"
+
+
+_GLOB_CHARS: Final = re.compile(r"[*?\[]")
+
+
 def _dd(key: str, args: list[str]) -> list[Use]:
     return [("read" if a.startswith("if=") else "write", a[3:], i) for i, a in enumerate(args)
             if a.startswith(("if=", "of=")) and len(a) > 3]
@@ -301,6 +317,20 @@ def _zip(key: str, args: list[str]) -> list[Use]:
     return uses + [("read", _tree(w) if recursive else w, i) for w, i in operands[1:]]
 
 
+def _sevenzip(key: str, args: list[str]) -> list[Use]:
+    """7z a ARCHIVE FILES… writes the archive from the files; 7z x ARCHIVE -oDIR writes DIR."""
+    operands = [(w, i) for i, w in enumerate(args) if not w.startswith("-")]
+    if len(operands) < 2:
+        return []
+    (mode, _), (archive, at), files = operands[0], operands[1], operands[2:]
+    if mode in ("a", "u"):
+        return [("write", archive, at)] + [("read", _tree(w), i) for w, i in files]
+    if mode in ("x", "e"):
+        out = [("write", a[2:], i) for i, a in enumerate(args) if a.startswith("-o") and len(a) > 2]
+        return [("read", archive, at), *out]
+    return [("read", archive, at)]
+
+
 def _uniq(key: str, args: list[str]) -> list[Use]:
     _, operands = _scan(args, frozenset({"-f", "-s", "-w"}))
     return [("read" if n == 0 else "write", w, i) for n, (w, i) in enumerate(operands[:2])]
@@ -327,11 +357,17 @@ def _openssl(key: str, args: list[str]) -> list[Use]:
 
 
 def _git(key: str, args: list[str]) -> list[Use]:
-    """git clone writes its directory; git rm deletes its operands; git mv moves."""
+    """git clone writes its directory; git rm deletes its operands; git mv moves; `clean`,
+    `reset --hard`, `checkout`/`restore` in another tree (`-C DIR`, `--work-tree=DIR`) delete
+    there."""
     opts, operands = _scan(args, _VALUES["git"])
     if not operands:
         return []
     sub, rest = operands[0][0], operands[1:]
+    tree = [(v, i) for k, v, i in opts if k in ("-C", "--work-tree") and v]
+    words = {w for w, _ in rest}
+    if tree and (sub == "clean" or (sub == "reset" and "--hard" in args) or (sub in ("checkout", "restore") and "." in words)):
+        return [("delete", w, i) for w, i in tree]
     if sub == "clone" and len(rest) >= 2:
         return [("write", rest[-1][0], rest[-1][1])]
     if sub == "rm":
@@ -345,7 +381,7 @@ _SPECIAL: Final = {
     "cp": _copy, "mv": _copy, "install": _copy, "ln": _copy, "rsync": _copy, "scp": _copy, "tar": _tar,
     "find": _find, "fd": _find, "dd": _dd, "curl": _curl, "wget": _curl, "zip": _zip, "unzip": _zip, "uniq": _uniq,
     "openssl": _openssl, "git": _git, "sqlite3": _first, "gzip": _compress, "gunzip": _compress, "bzip2": _compress,
-    "bunzip2": _compress, "xz": _compress, "unxz": _compress,
+    "bunzip2": _compress, "xz": _compress, "unxz": _compress, "7z": _sevenzip, "7za": _sevenzip, "7zz": _sevenzip,
 }  # fmt: skip
 
 
@@ -470,6 +506,7 @@ def inline_commands(code: str, language: str) -> list[str | list[str]]:
 
 #: Variables whose value the analysis cannot know but whose meaning it does: the home and the
 #: directories the XDG spec puts under it, the working directory, the temporary directory.
+_PROC_SELF: Final = re.compile(r"^/+proc/+(?:self|thread-self|\d+)/+(root|cwd)(?=/|$)")
 _KNOWN_PREFIX: Final = re.compile(r"^\$(HOME|USERPROFILE|XDG_CONFIG_HOME|XDG_DATA_HOME|XDG_CACHE_HOME|XDG_STATE_HOME|PWD|TMPDIR)(?=/|$)")
 _PREFIX_VALUE: Final = {"HOME": "~", "USERPROFILE": "~", "XDG_CONFIG_HOME": "~/.config", "XDG_DATA_HOME": "~/.local/share",
                         "XDG_CACHE_HOME": "~/.cache", "XDG_STATE_HOME": "~/.local/state", "TMPDIR": "/tmp"}  # fmt: skip
@@ -492,10 +529,19 @@ def resolve(word: str, cwd: str) -> tuple[str, bool] | None:
         word = value + word[m.end() :]
     elif word.startswith("~+") and (len(word) == 2 or word[2] == "/"):
         word = (cwd or ".") + word[2:]
+    proc = _PROC_SELF.match(word)
+    if proc:  # /proc/self/root is /, /proc/self/cwd the working directory
+        rest = word[proc.end() :].lstrip("/")
+        word = ("/" + rest) if proc.group(1) == "root" else ((cwd.rstrip("/") + "/" if cwd else "") + (rest or "."))
     if not word.startswith(("/", "~", "$")) and cwd:
         word = cwd.rstrip("/") + "/" + word
     path = normpath(word)
-    return path, path.startswith(("/", "~")) or path == ".." or path.startswith("../")
+    return path, is_outside(path)
+
+
+def is_outside(path: str) -> bool:
+    """Whether a resolved path lies outside the workspace: absolute, in a home, or climbing out."""
+    return path.startswith(("/", "~")) or path == ".." or path.startswith("../")
 
 
 def normpath(path: str) -> str:
@@ -508,14 +554,3 @@ def normpath(path: str) -> str:
         rest = posixpath.normpath(rest) if rest else "."
         return head if rest == "." else head + "/" + rest
     return posixpath.normpath(re.sub(r"/{2,}", "/", path)) if path.startswith("/") else posixpath.normpath(path)
-
-
-def after_cd(cwd: str, target: str | None) -> str:
-    """The working directory after `cd TARGET` from `cwd` (`cd` alone: the home)."""
-    if target is None or target == "":
-        return "~"
-    resolved = resolve(target, cwd)
-    if resolved is None:
-        return "$OLDPWD" if target == "-" else cwd
-    path = resolved[0]
-    return "" if path == "." else path
