@@ -752,7 +752,8 @@ def _param(inner: str, quoted: bool) -> Part:
     if inner.startswith("#") and _NAME.fullmatch(inner[1:]):
         return Part("var", inner[1:], quoted=quoted, op="len")
     if inner.startswith("!"):
-        return Part("var", "?indirect", quoted=quoted)
+        name = inner[1:]
+        return Part("var", name if _NAME.fullmatch(name) else "?indirect", quoted=quoted, op="indirect")
     match = _NAME.match(inner) or re.match(r"[@*#?$!0-9]", inner)
     if not match:
         return Part("lit", "${" + inner + "}", quoted=quoted)
@@ -1070,7 +1071,9 @@ class _Walker:
             value = " "
         if name in ("@", "*") and value is None:
             value = ""
-        if part.op in (":-", "-", ":=", "="):
+        if part.op == "indirect":  # ${!name}: the variable whose name `name` holds
+            value = self.env.get(value) if value and _NAME.fullmatch(value) else None
+        elif part.op in (":-", "-", ":=", "="):
             if not value:
                 value = "".join(self.expand(part.arg or [], depth, subs)) if part.arg else ""
                 if part.op in (":=", "="):
@@ -1106,10 +1109,8 @@ class _Walker:
         wrappers, rest = _unwrap(argv)
         offset = len(argv) - len(rest)
         payload_args, raws = marked[offset + 1 :], raws[offset:]
-        if "xargs" in wrappers and stdin is not None and not any(a in ("-I", "-i") or a.startswith("--replace")
-                                                                 for a in argv[:offset]):
-            extra = stdin.split()[:256]  # xargs appends the words it reads to the command
-            rest, raws, payload_args = rest + extra, raws + extra, payload_args + extra
+        if "xargs" in wrappers and stdin is not None:
+            rest, raws, payload_args = _xargs(argv[:offset], stdin, rest, raws, payload_args)
         path = rest[0]
         name = path.rsplit("/", 1)[-1].lower() or path.lower()
         command = ShellCommand(
@@ -1302,7 +1303,7 @@ class _Walker:
             targets = find_targets(c.args)  # what `{}` stands for
             for sub_argv in _find_exec(c.args):
                 self.synthetic([x for a in sub_argv for x in (targets if a == "{}" else [a])], depth + 1, "exec", name)
-        code = _inline_code(c) if _PYTHON.match(name) or name in SCRIPT_FLAGS else None
+        code = _inline_code(c) if _PYTHON.match(name) or name in SCRIPT_FLAGS or name in _AWKS else None
         if code is not None:
             self.inline(code, name, depth)
         if c.runs_stdin and stdin is not None and (name in SHELLS or name in ("source", ".")):
@@ -1352,15 +1353,28 @@ def _inline_flags(name: str) -> frozenset[str] | None:
 
 
 def _inline_code(c: ShellCommand) -> str | None:
-    """The code given on an interpreter's command line (`python3 -c CODE`, `node -e CODE`…)."""
+    """The code given on an interpreter's command line (`python3 -c CODE`, `node -e CODE`, an
+    awk program)."""
+    if c.name in _AWKS:
+        args, i = c.args, 0
+        while i < len(args) and args[i].startswith("-") and args[i] != "--":
+            if args[i] == "-f":
+                return None
+            i += 2 if args[i] in ("-F", "-v") else 1
+        return args[i] if i < len(args) else None
     flags = {"-c"} if _PYTHON.match(c.name) else SCRIPT_FLAGS[c.name]
     return next((c.args[i + 1] for i, a in enumerate(c.args[:-1]) if a in flags), None)
+
+
+_AWKS: Final = frozenset({"awk", "gawk", "mawk", "nawk"})
 
 
 def _language(name: str) -> str:
     """The language family of an interpreter, for `shell_paths.inline_commands`."""
     if _PYTHON.match(name):
         return "python"
+    if name in _AWKS:
+        return "awk"
     return {"nodejs": "node", "deno": "node", "bun": "node"}.get(name, name)
 
 
@@ -1389,6 +1403,26 @@ def _strip_unknown_inner(word: str) -> str:
     if _UNK_OPEN not in word:
         return word
     return _strip_unknown(_INNER_UNKNOWN.sub("", word), keep=True)
+
+
+def _xargs(options: list[str], stdin: str, *argvs: list[str]) -> tuple[list[str], ...]:
+    """The command xargs runs on known input: the input's words appended, or with `-I R` (`-i`,
+    `--replace`) each R in the arguments replaced by the first line (every line runs alike)."""
+    replace = None
+    for i, a in enumerate(options):
+        if a == "-I" and i + 1 < len(options):
+            replace = options[i + 1]
+        elif a.startswith("-I") and len(a) > 2:
+            replace = a[2:]
+        elif a in ("-i", "--replace"):
+            replace = "{}"
+        elif a.startswith(("--replace=", "-i")):
+            replace = a.split("=", 1)[1] if a.startswith("--") else a[2:]
+    if not replace:
+        extra = stdin.split()[:256]
+        return tuple(list(v) + extra for v in argvs)
+    line = next((x.strip() for x in stdin.split("\n") if x.strip()), "")
+    return tuple([w.replace(replace, line) for w in v] for v in argvs)
 
 
 def _read_names(args: list[str]) -> list[str]:
@@ -1906,6 +1940,8 @@ _CREDENTIAL_STORES: Final = {
     "op": "~/.config/op", "bw": "~/.config/Bitwarden CLI/data.json", "lpass": "~/.lpass", "vault": "~/.vault-token",
     "heroku": "~/.netrc",
 }  # fmt: skip
+#: Where `crontab` keeps the user's table (outside any workspace).
+_CRONTABS: Final = "/var/spool/cron/crontabs"
 #: `getent DATABASE` without a key dumps it (`getent shadow KEY` still prints a hash).
 _GETENT: Final = {"passwd": "/etc/passwd", "shadow": "/etc/shadow", "gshadow": "/etc/gshadow"}
 
@@ -1921,6 +1957,8 @@ def _credential_stores(c: ShellCommand) -> list[tuple[str, str, str]]:
         operands = c.operands
         if operands and operands[0] in _GETENT and (len(operands) == 1 or operands[0] != "passwd"):
             return [("read", _GETENT[operands[0]], "getent " + operands[0])]
+    if c.name == "crontab" and not {"-l", "-e"} & set(c.flags):  # -r removes the crontab, FILE or - replaces it
+        return [("delete" if "-r" in c.flags else "write", _CRONTABS, "crontab " + " ".join(c.args))]
     return []
 
 

@@ -286,15 +286,29 @@ def listing(name: str, args: list[str]) -> str:
 _GLOB_CHARS: Final = re.compile(r"[*?\[]")
 
 
+def file_url_path(url: str) -> str:
+    """The local path of a `file://` URL (`file:///etc/x`, `file://localhost/etc/x`), else ""."""
+    if url[:7].lower() != "file://":
+        return ""
+    rest = url[7:]
+    host, slash, path = rest.partition("/")
+    return "/" + path if slash and host.lower() in ("", "localhost", "127.0.0.1") else ""
+
+
 def _dd(key: str, args: list[str]) -> list[Use]:
     return [("read" if a.startswith("if=") else "write", a[3:], i) for i, a in enumerate(args)
             if a.startswith(("if=", "of=")) and len(a) > 3]
 
 
 def _curl(key: str, args: list[str]) -> list[Use]:
-    """curl/wget: the files they write (`-o`) and upload (`-T`, `-d @file`, `-F x=@file`)."""
-    opts, _ = _scan(args, _VALUES[key])
+    """curl/wget: the files they write (`-o`), upload (`-T`, `-d @file`, `-F x=@file`) and read
+    through a `file://` URL."""
+    opts, operands = _scan(args, _VALUES[key])
     uses = _option_paths(key, opts)
+    for url, i in [*operands, *((v, i) for k, v, i in opts if k == "--url")]:
+        local = file_url_path(url)
+        if local:
+            uses.append(("read", local, i))
     for k, v, i in opts:
         if key == "curl" and k in _CURL_DATA:
             for m in re.finditer(r"(?:^|=)[@<]([^;,\s]+)", v):
@@ -415,8 +429,10 @@ def _interpreter(name: str, args: list[str], inline: frozenset[str]) -> list[Use
 
 _LITERAL: Final = re.compile(r"""(?P<q>['"`])(?P<s>(?:\\.|(?!(?P=q))[^\\\n])*)(?P=q)""")
 #: The calls a literal sits in, innermost last (`shutil.rmtree(os.path.expanduser('~/x'))`).
-_CALLS_BEFORE: Final = re.compile(r"((?:[A-Za-z_][\w.]*\s*\(\s*)+)(?:[rRbBuUfF]{0,2})?$")
-_CALL_NAME: Final = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+_CALLS_BEFORE: Final = re.compile(r"((?:[A-Za-z_][\w.:]*(?:\s*\(\s*|\s+))+)(?:[rRbBuUfF]{0,2})?$")
+_CALL_NAME: Final = re.compile(r"([A-Za-z_][\w.:]*)(?=\s*\(|\s)")
+#: A literal right after `>`/`>>` (awk `print > "f"`, perl `open(F, ">", "f")`) is written.
+_WRITE_BEFORE: Final = re.compile(r""">>?\s*$|['"][+]?>>?['"]\s*,\s*$""")
 _DELETE_CALLS: Final = re.compile(
     r"(?:^|\.|\s)(rmtree|remove|removedirs|unlink|rmdir|rmSync|rmdirSync|unlinkSync|rm|rm_rf|rm_r|remove_dir|"
     r"remove_file|rimraf|delete|deleteSync|remove_tree)(?=\s|$)"
@@ -433,8 +449,9 @@ _SHELL_CALLS: Final = {
     "python": re.compile(r"\b(?:os\.system|os\.popen|subprocess\.\w+|commands\.getoutput|getoutput|getstatusoutput|"
                          r"pty\.spawn|os\.exec\w+)\s*\(\s*(\[)?"),
     "node": re.compile(r"\b(?:execSync|exec|spawnSync|spawn|execFileSync|execFile)\s*\(\s*(\[)?"),
-    "perl": re.compile(r"\b(?:system|exec|readpipe|qx)\s*\(\s*(\[)?"),
-    "ruby": re.compile(r"\b(?:system|exec|spawn|IO\.popen|Open3\.\w+)\s*\(\s*(\[)?"),
+    "perl": re.compile(r"\b(?:system|exec|readpipe|qx)(?:\s*\(\s*|\s+)(\[)?"),
+    "ruby": re.compile(r"\b(?:system|exec|spawn|IO\.popen|Open3\.\w+)(?:\s*\(\s*|\s+)(\[)?"),
+    "awk": re.compile(r"\bsystem\s*\(\s*(\[)?"),
     "php": re.compile(r"\b(?:system|exec|shell_exec|passthru|popen|proc_open)\s*\(\s*(\[)?"),
 }  # fmt: skip
 #: Languages where a backtick string runs a shell command.
@@ -454,6 +471,7 @@ def inline_paths(code: str, language: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for m in _LITERAL.finditer(code[:65_536]):
         text = _unquote(m.group("s"))
+        text = file_url_path(text) or text
         if not text or "://" in text or "\n" in text or len(text) > 1024 or (m.group("q") == "`" and language in _BACKTICK_SHELL):
             continue
         if not (text.startswith(("/", "~", ".")) or ("/" in text and not any(ch.isspace() for ch in text))):
@@ -464,9 +482,9 @@ def inline_paths(code: str, language: str) -> list[tuple[str, str]]:
         method = after.group(1) if after else ""
         if _DELETE_CALLS.search(func) or _DELETE_CALLS.search("." + method):
             op = "delete"
-        elif _WRITE_CALLS.search(func) or _WRITE_CALLS.search("." + method) or (
-            re.search(r"(?:^|\.|\s)open$", func) and _OPEN_MODE.match(code, m.end())
-        ):
+        elif _WRITE_CALLS.search(func) or _WRITE_CALLS.search("." + method) or _WRITE_BEFORE.search(
+            code, max(0, m.start() - 12), m.start()
+        ) or (re.search(r"(?:^|\.|\s)open$", func) and _OPEN_MODE.match(code, m.end())):
             op = "write"
         else:
             op = "read"
