@@ -104,7 +104,7 @@ glob is sensitive when it matches one (a test checks each one is `sensitive_path
 
 _HOMES: Final = ("~", "/root", "/home/user", "/users/user")
 _HOME_DIR: Final = re.compile(r"^/(home|users)/[^/]+(?=/|$)")
-_GLOB: Final = re.compile(r"\*\*|[*?]|\[!?\]?[^\]]*\]")
+_GLOB: Final = re.compile(r"\*\*/?|[*?]|\[!?\]?[^\]]*\]")
 
 
 def normalise(path: str) -> str:
@@ -133,31 +133,50 @@ def sensitive_path(path: str) -> bool:
     if not _GLOB.search(p):
         return False
     pattern = glob_pattern(_HOME_DIR.sub("/home/user", p))
-    return any(pattern.fullmatch(e) or any(pattern.fullmatch(h + e[1:]) for h in _HOMES[1:])
-               for e in EXEMPLARS if e.startswith("~")) or any(
-        pattern.fullmatch(e) for e in EXEMPLARS if not e.startswith("~"))
+    return any(pattern.fullmatch(e) for e in _exemplars_for(p))
+
+
+def _exemplars_for(glob: str) -> list[str]:
+    """The exemplars a glob could name: absolute ones (and home ones under /root, /home/user,
+    /Users/user) for an absolute glob, home ones for a `~` glob, relative ones for a relative
+    glob unless it is a bare tree (`**`, `src/**`: everything find lists under a workspace
+    directory, not a request for `.env`; a named pattern such as `**/.env*` is)."""
+    homes = [e for e in EXEMPLARS if e.startswith("~")]
+    if glob.startswith("/"):
+        return [e for e in EXEMPLARS if e.startswith("/")] + [h + e[1:] for e in homes for h in _HOMES[1:]]
+    if glob.startswith("~"):
+        return homes
+    if glob == "**" or glob.endswith("/**"):
+        return []
+    return [e for e in EXEMPLARS if not e.startswith(("/", "~"))]
 
 
 @functools.lru_cache(maxsize=1024)
 def glob_pattern(glob: str) -> re.Pattern[str]:
     """A shell glob as a regular expression: `*` and `?` stay within one path segment, `**`
-    crosses segments, `[…]`/`[!…]` are character classes; everything else is literal."""
+    crosses segments (`**/` also none), `[…]`/`[!…]` are character classes; everything else is
+    literal."""
     out: list[str] = []
     pos = 0
     for m in _GLOB.finditer(glob):
         out.append(re.escape(glob[pos : m.start()]))
         token = m.group()
-        if token == "**":
+        if token == "**/":
+            out.append("(?:.*/)?")  # any depth, none included
+        elif token == "**":
             out.append(".*")
-        elif token == "*":
-            out.append("[^/]*")
-        elif token == "?":
-            out.append("[^/]")
-        else:
-            body = token[1:-1]
-            negate = body.startswith("!")
-            body = body[1:] if negate else body
-            out.append("[" + ("^" if negate else "") + body.replace("\\", "\\\\").replace("[", "\\[") + "]")
+        elif token in ("*", "?") or token.startswith("["):
+            if m.start() == 0 or glob[m.start() - 1] == "/":
+                out.append("(?!\\.)")  # as in bash, a glob does not match a segment's leading dot
+            out.append("[^/]*" if token == "*" else "[^/]" if token == "?" else _bracket(token))
         pos = m.end()
     out.append(re.escape(glob[pos:]))
     return re.compile("".join(out), re.S)
+
+
+def _bracket(token: str) -> str:
+    """A glob's `[…]` / `[!…]` as a regular expression character class."""
+    body = token[1:-1]
+    negate = body.startswith("!")
+    body = body[1:] if negate else body
+    return "[" + ("^" if negate else "") + body.replace("\\", "\\\\").replace("[", "\\[") + "]"

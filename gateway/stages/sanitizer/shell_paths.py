@@ -441,8 +441,8 @@ _WRITE_CALLS: Final = re.compile(
     r"(?:^|\.|\s)(writeFile|writeFileSync|appendFile|appendFileSync|write_text|write_bytes|file_put_contents|"
     r"mkdir|mkdirSync|makedirs|copyfile|copy|copy2|copytree|copyFileSync|symlink|symlinkSync|chmod|chmodSync)(?=\s|$)"
 )
-_OPEN_MODE: Final = re.compile(r"""^\s*,\s*(?:mode\s*=\s*)?['"][rb]*[wax+]""")
-_METHOD_AFTER: Final = re.compile(r"^\s*\)\s*(?:\.\s*expanduser\s*\(\s*\)\s*)?\.\s*(\w+)\s*\(")
+_OPEN_MODE: Final = re.compile(r"""\s*,\s*(?:mode\s*=\s*)?['"][rb]*[wax+]""")
+_METHOD_AFTER: Final = re.compile(r"\s*\)\s*(?:\.\s*expanduser\s*\(\s*\)\s*)?\.\s*(\w+)\s*\(")
 #: Per language, the calls that hand a string to a shell (`os.system`, `subprocess.run(...,
 #: shell=True)`, `child_process.execSync`, `system`) or an argv list to a program.
 _SHELL_CALLS: Final = {
