@@ -154,6 +154,8 @@ def test_is_shell_tool_matches_the_rule_files_globs() -> None:
     docs = list(yaml.safe_load_all((ROOT / "rules" / "shell.yaml").read_text(encoding="utf-8")))
     globs = tuple(docs[0]["rules"][0]["tools"])
     assert globs == shell.SHELL_TOOLS
+    strict = yaml.safe_load((ROOT / "rules" / "strict.yaml").read_text(encoding="utf-8"))["rules"]
+    assert tuple(next(r for r in strict if r["id"] == "strict-hold-shell-read-outside-roots")["tools"]) == shell.SHELL_TOOLS
     assert is_shell_tool("run_command") and is_shell_tool("bash_exec") and not is_shell_tool("read_file")
 
 
@@ -338,10 +340,11 @@ def test_args_shell_carries_each_word_once() -> None:
     another (the old `words`, `text`, `urls` and per-command `operands` did)."""
     value = analyse_call({"command": "cd /srv/app && git pull --ff-only && npm ci && npm run build > build.log 2>&1"}).as_cel()
     assert set(value) == {"present", "unparsed", "reason", "source", "names", "commands", "redirects", "functions",
-                          "classes", "class_paths"}
+                          "classes", "class_paths", "paths"}
     assert {k for c in value["commands"] for k in c} == {"name", "args", "flags", "wrappers", "via", "parent",
                                                           "upstream", "runs_stdin"}
-    assert _values(value) == 110  # 139 with the repeated fields
+    assert {k for p in value["paths"] for k in p} == {"op", "path", "raw", "command", "outside", "sensitive"}
+    assert _values(value) == 124  # 139 with the repeated fields; 110 before `paths` (one write: build.log)
 
 
 # ---- properties ------------------------------------------------------------------------------

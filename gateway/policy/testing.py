@@ -41,7 +41,7 @@ from gateway.policy.models import CaseCall, CaseSessionCall, RuleCase, RuleTest
 from gateway.policy.whole import Decider, decide_call, outcome_status
 from gateway.stages.classify import classify_call, merge_classes
 from gateway.stages.sanitizer.instructions import scan_definition, scan_result
-from gateway.stages.sanitizer.shell import shell_for
+from gateway.stages.sanitizer.shell import bash_arguments, shell_for
 from gateway.stages.sanitizer.urls import urls_for
 from gateway.stages.sanitizer.walk import SanitizeError, SanitizerLimits, detect_secrets, sanitize
 
@@ -100,6 +100,7 @@ def evaluate_case(
     mode = policy.normalise_disclosure_mode(call.disclosure_mode)
     session = session_history(call.session, now)
     karma = {"calls": len(session), "denials": sum(1 for c in session if c["decision"] == "deny")}
+    arguments = bash_arguments(call.tool, policy.call_references(call.tool), call.args, arguments)
     classes, class_paths = classify_call(call.tool, call.annotations, arguments)
     shell = shell_for(call.tool, arguments, policy.call_references(call.tool))
     if shell is not None:

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from gateway.memo import Memo
+from gateway.sensitive_paths import CREDENTIAL_FILE
 
 if TYPE_CHECKING:
     from gateway.core.call import CallContext
@@ -85,24 +86,6 @@ _DEST_KEYS: Final = frozenset({"destination", "dest", "target", "output", "outpu
 _BODY_KEYS: Final = frozenset({"body", "data", "json", "payload", "form", "content", "contents", "message", "text", "attachment", "attachments", "file", "files", "params", "fields"})
 _URL: Final = re.compile(r"\b(?:https?|ftp|wss?)://[^\s\"'<>`]+", re.I)
 
-_CREDENTIAL_PATH: Final = re.compile(
-    r"""(?:^|/)(?:
-        \.ssh/(?!.*\.pub$)(?!known_hosts)(?!authorized_keys)[^/]+
-      | id_(?:rsa|dsa|ecdsa|ed25519)(?:_sk)?
-      | \.aws/(?:credentials|config) | \.azure/[^/]+ | \.config/gcloud/[^/]*(?:credentials|token)[^/]*
-      | \.env(?!\.(?:example|sample|template|dist|defaults)$)(?:\.[\w.-]+)?
-      | _?\.?netrc | \.pgpass | \.my\.cnf | \.git-credentials | \.npmrc | \.pypirc | \.vault-token | \.boto
-      | \.docker/config\.json | \.kube/config | \.terraform\.d/credentials\.tfrc\.json | \.config/gh/hosts\.yml
-      | etc/(?:shadow|gshadow|sudoers|master\.passwd)- ? | etc/ssh/ssh_host_[^/]*_key
-      | \.gnupg/[^/]+ | \.password-store/.+ | \.local/share/keyrings/[^/]+ | library/keychains/.+
-      | [^/]*\.keychain(?:-db)? | kwallet[^/]*
-      | (?:google-chrome|chromium|bravesoftware/brave-browser|microsoft/edge|chrome)/.*/(?:cookies|login\ data|web\ data)
-      | \.mozilla/firefox/.*/(?:cookies\.sqlite|logins\.json|key[34]\.db) | cookies\.sqlite
-      | wallet\.dat | \.bitcoin/.+ | \.ethereum/keystore/.* | electrum/wallets/.+ | solana/id\.json
-      | credentials(?:\.json)? | [^/]*\.(?:pem|key|p12|pfx|jks|keystore|kdbx)
-    )$""",
-    re.X,
-)
 _ENV_PATH: Final = re.compile(r"^/proc/(?:self|\d+|thread-self)/environ$")
 _RECON_PATH: Final = re.compile(
     r"""(?:^|/)(?:
@@ -231,7 +214,7 @@ def _classify(
     for key, path in file_paths:
         low = path.lower()
         if reads and key not in _DEST_KEYS:
-            if _CREDENTIAL_PATH.search(low):
+            if CREDENTIAL_FILE.search(low):
                 _add(classes, paths, "credential_read", path)
             elif _ENV_PATH.match(low):
                 _add(classes, paths, "env_read", path)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.memo import Memo
+from gateway.sensitive_paths import sensitive_path
 
 _MAX_MESSAGE = 300
 
@@ -167,7 +168,8 @@ def regex_matches(s: str, pattern: str) -> bool:
 # `paths` (class → list), `at` (epoch seconds) and `ran` (it reached its backend), and `now`.
 # `class` is one class name or a list of them; `within` is a duration string ("90s", "10m",
 # "1h30m") measured back from this call, or a positive int: the last N calls of the session.
-# Only calls that ran count: a refused read put nothing in the agent's hands.
+# Only calls that ran count: a refused read put nothing in the agent's hands. The one exception
+# is `session.refused(class, within)`, which looks at the calls that did not run.
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
@@ -187,8 +189,9 @@ def _field(value: Any, key: str, default: Any = None) -> Any:
     return value[key] if isinstance(value, dict) and key in value else default
 
 
-def _session_window(fn: str, session: Any, within: Any) -> list[Any]:
-    """The calls of `session` inside `within` that reached their backend, oldest first."""
+def _session_window(fn: str, session: Any, within: Any, *, ran: bool = True) -> list[Any]:
+    """The calls of `session` inside `within` that reached their backend (`ran`), or that did not
+    (refused, held, dry runs), oldest first."""
     if not isinstance(_field(session, "calls"), list):
         raise TypeError(f"{fn}() is called on the session: session.{fn}(class, within)")
     calls = session["calls"]
@@ -201,7 +204,7 @@ def _session_window(fn: str, session: Any, within: Any) -> list[Any]:
     else:
         since = float(_field(session, "now", 0)) - duration_seconds(str(within))
         chosen = [c for c in calls if float(_field(c, "at", float("-inf"))) >= since]
-    return [c for c in chosen if isinstance(c, dict) and bool(_field(c, "ran", True))]
+    return [c for c in chosen if isinstance(c, dict) and bool(_field(c, "ran", True)) is ran]
 
 
 def _class_names(fn: str, classes: Any) -> tuple[str, ...]:
@@ -221,6 +224,19 @@ def session_seen(session: Any, classes: Any, within: Any) -> bool:
     """Whether a call of this session within `within` had one of `classes` (see above)."""
     names = _class_names("seen", classes)
     return any(_has_class(c, names) for c in _session_window("seen", session, within))
+
+
+def session_refused(session: Any, classes: Any, within: Any) -> bool:
+    """Whether a call of this session within `within` had one of `classes` and was refused or
+    held (it did not reach its backend and its decision was deny or require_approval; a dry run
+    of an allowed call is neither): an attempt that put nothing in the agent's hands, but says
+    what the agent is after."""
+    names = _class_names("refused", classes)
+    return any(_has_class(c, names) and _field(c, "decision") in _REFUSING
+               for c in _session_window("refused", session, within, ran=False))
+
+
+_REFUSING = frozenset({"deny", "require_approval"})
 
 
 def session_count(session: Any, classes: Any, within: Any) -> int:
@@ -392,9 +408,11 @@ register_helper("glob", glob, bool)
 register_helper("lower", lower, str)
 register_helper("path_normalize", path_normalize, str)
 register_helper("path_within", path_within, bool)
+register_helper("sensitive_path", sensitive_path, bool)
 register_helper("upper", upper, str)
 register_helper("matches", regex_matches, bool, overrides_builtin=True)
 register_helper("seen", session_seen, bool)
+register_helper("refused", session_refused, bool)
 register_helper("count", session_count, int)
 register_helper("paths", session_paths, list)
 register_helper("egress_listed", egress_listed, bool)

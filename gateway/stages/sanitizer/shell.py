@@ -31,6 +31,20 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gateway.memo import Memo
+from gateway.sensitive_paths import sensitive_path
+from gateway.stages.sanitizer.text import SHELL_SYNTAX, clean_shell_text
+from gateway.stages.sanitizer.shell_paths import (
+    REMOTE as _REMOTE,
+    SYSTEM_BIN as _SYSTEM_BIN,
+    command_paths,
+    find_targets,
+    inline_commands,
+    inline_paths,
+    is_outside,
+    listing,
+    normpath,
+    resolve,
+)
 
 __all__ = [
     "EMPTY_CEL",
@@ -49,7 +63,8 @@ __all__ = [
 #: rules/shell.yaml; a test keeps the two equal).
 SHELL_TOOLS: Final = (
     "run_command", "run_*command*", "run_shell*", "run_script", "run_terminal*", "execute_*", "exec",
-    "exec_*", "*_exec", "shell*", "*_shell", "bash*", "sh", "terminal*",
+    "exec_*", "*_exec", "shell*", "*_shell", "bash*", "sh", "terminal*", "Bash", "run_in_terminal", "start_process",
+    "run_cmd", "execute", "run", "run_bash*", "run_sh",
 )  # fmt: skip
 #: Arguments that carry the command text (a string, or an argv list of strings).
 SHELL_ARGUMENTS: Final = ("command", "cmd", "script")
@@ -61,6 +76,7 @@ MAX_WORDS: Final = 4_096
 MAX_COMMANDS: Final = 1_024
 MAX_BRACE: Final = 1_024  # words one brace expression may expand to
 MAX_DEPTH: Final = 6  # nesting of substitutions and payloads
+MAX_PATHS: Final = 512  # file operands recorded (args_shell.paths)
 
 SHELLS: Final = frozenset({"sh", "bash", "zsh", "dash", "ksh", "ash", "mksh", "fish", "csh", "tcsh", "yash", "rbash"})
 #: Interpreters and the flags that give them code on the command line.
@@ -84,18 +100,11 @@ WRAPPERS: Final = {
 _WRAPPER_POSITIONAL: Final = frozenset({"timeout", "chrt", "taskset"})
 _KEYWORDS_SKIP_LINE: Final = frozenset({"for", "select"})
 _RESERVED: Final = frozenset({"then", "do", "else", "elif", "if", "while", "until", "!", "time", "fi", "done"})
-_SYSTEM_BIN: Final = re.compile(r"^/(usr/)?(local/)?s?bin/")
 _ASSIGN: Final = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _URL: Final = re.compile(r"(?i)\b(?:https?|ftps?|sftp|scp|tftp|wss?|gopher|dict|ldaps?|smb|file)://[^\s'\"<>`]+")
 _SECRETISH_VAR: Final = re.compile(
     r"(?i)\$\{?[A-Za-z0-9_]*(secret|token|passw|pwd|api_?key|private|credential|auth|session|cookie|aws_|gh_|github_)"
-)
-_CREDENTIAL_PATH: Final = re.compile(
-    r"(?i)(^|/)(\.ssh/|id_(rsa|dsa|ecdsa|ed25519)\b|\.aws/(credentials|config)|\.env(\.[\w.-]+)?$|\.netrc$|"
-    r"\.git-credentials$|\.docker/config\.json$|\.kube/config$|\.npmrc$|\.pypirc$|\.pgpass$|\.gnupg/|"
-    r"[^/]*\.(pem|key|p12|pfx|keystore|jks)$|etc/(shadow|gshadow|sudoers|master\.passwd)$|"
-    r"\.config/gcloud/|\.azure/|credentials\.json$|\.vault-token$|\.bash_history$|\.zsh_history$)"
 )
 _ENVIRON_PATH: Final = re.compile(r"^/proc/[^/]+/environ$")
 _RECON_FILES: Final = re.compile(r"^(/etc/(passwd|group|hosts|hostname|os-release|issue|resolv\.conf|crontab)|/proc/(version|cpuinfo|self/status|net/.*))$")
@@ -112,7 +121,6 @@ _RECON: Final = frozenset({
     "nbtscan", "enum4linux", "traceroute", "dig", "nslookup", "host", "zmap", "lsmod", "crontab", "hostnamectl",
 })  # fmt: skip
 _NET_TOOLS: Final = frozenset({"nc", "ncat", "netcat", "socat", "telnet", "ftp", "sftp", "tftp"})
-_REMOTE: Final = re.compile(r"^([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.-]+:[^/]?")
 _CURL_VALUE: Final = frozenset({
     "-o", "--output", "-H", "--header", "-d", "--data", "--data-binary", "--data-raw", "--data-ascii",
     "--data-urlencode", "-X", "--request", "-u", "--user", "-A", "--user-agent", "-e", "--referer", "-F", "--form",
@@ -133,20 +141,20 @@ _WGET_VALUE: Final = frozenset({
 _WGET_SEND: Final = frozenset({"--post-data", "--post-file", "--body-data", "--body-file"})
 _DISCARD: Final = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"})
 
-# Look-alike letters NFKC leaves alone: Cyrillic and Greek homoglyphs of Latin letters, dashes,
-# slashes and the like. Private-use code points this module uses as markers are replaced too.
+# Look-alike letters NFKC leaves alone: Cyrillic, Greek and Armenian homoglyphs of Latin
+# letters, dashes, slashes and tildes. Private-use code points this module uses as markers are
+# replaced too.
 _CONFUSABLES: Final = {
     **dict(zip("аеорсухіјѕԁһӏԛԝкмнтвпгѵ", "aeopcyxijsdhlqwkmhtbnrv")),
     **dict(zip("АВЕКМНОРСТХІЈЅУԌԚԜ", "ABEKMHOPCTXIJSYGQW")),
     **dict(zip("οαινκρτυχεβγμ", "oaivkptuxebym")),
     **dict(zip("ΑΒΕΖΗΙΚΜΝΟΡΤΥΧ", "ABEZHIKMNOPTYX")),
+    **dict(zip("ıɑɡօսոհ", "iagounh")),
     "‐": "-", "‑": "-", "‒": "-", "–": "-", "—": "-", "―": "-", "−": "-", "⁃": "-", "﹘": "-",
-    "∕": "/", "⁄": "/", "⧸": "/", "˜": "~", "∼": "~", "′": "'", "‵": "`", "ˋ": "`", "ǀ": "|", "∣": "|",
-    "\u00a0": " ", "\u2028": "\n", "\u2029": "\n",
+    "∕": "/", "⁄": "/", "⧸": "/", "˜": "~", "∼": "~",
 }  # fmt: skip
 _MARK_LO, _MARK_HI = 0xE000, 0xE00F
 _CONFUSABLE_TABLE: Final = {ord(k): v for k, v in _CONFUSABLES.items()}
-_FOLD_TABLE: Final = _CONFUSABLE_TABLE | {c: "?" for c in range(_MARK_LO, _MARK_HI + 1)}
 _ZERO_WIDTH: Final = re.compile("[\u200b-\u200f\u2060-\u2064\ufeff\u00ad\u180e\u034f]")
 
 # Markers inside expanded words: brace/comma characters that must not expand (quoted or from a
@@ -163,18 +171,54 @@ _PLAIN_RUN: Final = re.compile("[^" + re.escape(" \t\n;&|()<>\\'\"`$" + _UNK_OPE
 
 
 def fold(text: str) -> str:
-    """Unicode folded to ASCII look-alikes: NFKC, zero-width characters dropped, confusables mapped."""
+    """Unicode folded to ASCII look-alikes, character by character: NFKC, zero-width characters
+    dropped, confusables mapped; a character whose fold would be shell syntax stays as it is."""
     if text.isascii():
         return text
-    text = unicodedata.normalize("NFKC", _ZERO_WIDTH.sub("", text))
-    return text.translate(_FOLD_TABLE)
+    return _NON_ASCII.sub(lambda m: _fold_char(m.group(), False), text)
 
 
 def _fold_keep(text: str) -> str:
     """`fold` for text this module built: its own markers survive (input never carries them)."""
     if text.isascii():
         return text
-    return unicodedata.normalize("NFKC", _ZERO_WIDTH.sub("", text)).translate(_CONFUSABLE_TABLE)
+    return _NON_ASCII.sub(lambda m: _fold_char(m.group(), True), text)
+
+
+def fold_mapped(text: str) -> tuple[str, list[int] | None]:
+    """`fold(text)` and, for non-ASCII text, where each of its characters came from in `text`
+    (one more entry at the end: `len(text)`), so a word of the folded text can be shown as
+    written. None for ASCII text (the two are the same)."""
+    if text.isascii():
+        return text, None
+    out: list[str] = []
+    origin: list[int] = []
+    pos = 0
+    for m in _NON_ASCII.finditer(text):
+        out.append(text[pos : m.start()])
+        origin.extend(range(pos, m.start()))
+        folded = _fold_char(m.group(), False)
+        out.append(folded)
+        origin.extend([m.start()] * len(folded))
+        pos = m.end()
+    out.append(text[pos:])
+    origin.extend(range(pos, len(text) + 1))
+    return "".join(out), origin
+
+
+_NON_ASCII: Final = re.compile(r"[^\x00-\x7f]")
+
+
+@functools.lru_cache(maxsize=4096)
+def _fold_char(ch: str, keep_marks: bool) -> str:
+    if _ZERO_WIDTH.match(ch):
+        return ""
+    if not keep_marks and _MARK_LO <= ord(ch) <= _MARK_HI:
+        return "?"  # the analysis's own markers cannot be smuggled in
+    folded = unicodedata.normalize("NFKC", ch).translate(_CONFUSABLE_TABLE)
+    if folded != ch and any(c in SHELL_SYNTAX for c in folded):
+        return ch  # bash takes `（`, `；` or `＇` as letters: folding never makes syntax bash would not see
+    return folded
 
 
 @functools.lru_cache(maxsize=4096)
@@ -185,6 +229,10 @@ def is_shell_tool(name: str) -> bool:
 
 class Unparsed(Exception):
     """The command does not lex, or is over a bound: the analysis fails closed."""
+
+
+class Unlexed(Unparsed):
+    """The command does not lex (a syntax error, as opposed to a bound)."""
 
 
 # ---------------------------------------------------------------- the syntax tree
@@ -208,24 +256,36 @@ class Redirect:
     target: list[Part]
     heredoc: str | None = None
     strip_tabs: bool = False
+    raw: str = ""  # the target as written in the input ("" inside a payload)
 
 
 @dataclass(slots=True)
 class Simple:
     words: list[list[Part]] = field(default_factory=list)
     redirects: list[Redirect] = field(default_factory=list)
+    raws: list[str] = field(default_factory=list)  # each word as written in the input (empty inside a payload)
 
 
 @dataclass(slots=True)
 class Group:
     body: list[Any]  # a list of pipelines
     redirects: list[Redirect] = field(default_factory=list)
+    subshell: bool = False  # `( … )`: a `cd` inside does not outlast it
 
 
 @dataclass(slots=True)
 class FuncDef:
     name: str
     body: Any
+
+
+@dataclass(slots=True)
+class LoopVar:
+    """`for NAME in WORDS` (or `select`): the variable takes the words, all of them at once (a
+    rule sees what any iteration would do)."""
+
+    name: str
+    words: list[list[Part]]
 
 
 @dataclass(slots=True)
@@ -237,15 +297,25 @@ class Pipeline:
 class _Lexer:
     """A recursive-descent reader of the bash subset that matters for analysis."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, raw: str | None = None, origin: list[int] | None = None) -> None:
         self.s = text
         self.i = 0
         self.n = len(text)
         self.pending: list[Redirect] = []
         self.case_depth = 0
+        self.raw = raw  # the input as given, when `text` is its fold (`origin` maps one to the other)
+        self.origin = origin
+
+    def span(self, start: int, end: int) -> str:
+        """The input as given between two positions of the text read ("" inside a payload)."""
+        if self.raw is None:
+            return ""
+        if self.origin is None:
+            return self.raw[start:end]
+        return self.raw[self.origin[start] : self.origin[end]]
 
     def error(self, what: str) -> Unparsed:
-        return Unparsed(f"{what} at character {self.i}")
+        return Unlexed(f"{what} at character {self.i}")
 
     def peek(self, k: int = 0) -> str:
         j = self.i + k
@@ -365,13 +435,15 @@ class _Lexer:
                     continue
                 if current is not None:
                     raise self.error("unexpected '('")
-                elements.append(Group(self.parse_list(")")))
+                elements.append(Group(self.parse_list(")"), subshell=True))
                 continue
             if c in "<>":
                 if self.peek(1) == "(":
+                    start = self.i
                     word = self.read_word()
                     current = current or Simple()
                     current.words.append(word)
+                    current.raws.append(self.span(start, self.i))
                     continue
                 self.read_redirect(current := current or Simple())
                 continue
@@ -400,7 +472,9 @@ class _Lexer:
                     self.case_depth = max(0, self.case_depth - 1)
                     continue
                 if raw in _KEYWORDS_SKIP_LINE or raw == "case":
-                    self.skip_header(raw)
+                    header = self.skip_header(raw)
+                    if raw in _KEYWORDS_SKIP_LINE and len(header) >= 2 and header[1][0] == "in":
+                        out.append(Pipeline([LoopVar(header[0][0], [w for _, w in header[2:]])]))
                     continue
                 if raw == "function":
                     self.skip_blanks()
@@ -419,6 +493,7 @@ class _Lexer:
                     continue
             current = current or Simple()
             current.words.append(word)
+            current.raws.append(self.span(start, self.i))
             expect_command = False
 
     def parse_compound(self) -> Any:
@@ -427,29 +502,33 @@ class _Lexer:
             return Group(self.parse_list("}"))
         if self.peek() == "(":
             self.i += 1
-            return Group(self.parse_list(")"))
+            return Group(self.parse_list(")"), subshell=True)
         raise self.error("expected a function body")
 
-    def skip_header(self, keyword: str) -> None:
-        """Skip `for x in …;`, `select …;` or `case WORD in` (their words are not commands)."""
+    def skip_header(self, keyword: str) -> list[tuple[str, list[Part]]]:
+        """Read past `for x in …;`, `select …;` or `case WORD in` (their words are not commands);
+        return the words read, each as written and lexed."""
+        words: list[tuple[str, list[Part]]] = []
         while self.i < self.n:
             self.skip_blanks()
             c = self.peek()
             if c in ("\n", ";") and keyword != "case":
                 self.i += 1
-                return
+                return words
             if c == "":
-                return
+                return words
             if c in "();&|<>" and keyword != "case":
-                return
+                return words
             start = self.i
             if c in "();&|<>":
                 self.i += 1
                 continue
-            self.read_word()
-            if keyword == "case" and self.s[start : self.i] == "in":
+            words.append(("", self.read_word()))
+            words[-1] = (self.s[start : self.i], words[-1][1])
+            if keyword == "case" and words[-1][0] == "in":
                 self.case_depth += 1
-                return
+                return words
+        return words
 
     def skip_arith(self, opened: int) -> None:
         depth = 0
@@ -481,8 +560,9 @@ class _Lexer:
             if op in (">&", "<&"):
                 raise self.error("missing redirection target")
             raise self.error(f"missing target after {op!r}")
+        start = self.i
         target = self.read_word()
-        redirect = Redirect(op, target, strip_tabs=op == "<<-")
+        redirect = Redirect(op, target, strip_tabs=op == "<<-", raw=self.span(start, self.i))
         if op in ("<<", "<<-"):
             self.pending.append(redirect)
         into.redirects.append(redirect)
@@ -672,7 +752,8 @@ def _param(inner: str, quoted: bool) -> Part:
     if inner.startswith("#") and _NAME.fullmatch(inner[1:]):
         return Part("var", inner[1:], quoted=quoted, op="len")
     if inner.startswith("!"):
-        return Part("var", "?indirect", quoted=quoted)
+        name = inner[1:]
+        return Part("var", name if _NAME.fullmatch(name) else "?indirect", quoted=quoted, op="indirect")
     match = _NAME.match(inner) or re.match(r"[@*#?$!0-9]", inner)
     if not match:
         return Part("lit", "${" + inner + "}", quoted=quoted)
@@ -790,6 +871,26 @@ class ShellCommand:
         }  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class PathUse:
+    """A file a command touches: what it does to it (`read`, `write`, `delete`, `execute`,
+    `list`), the path resolved (`~` for the home, relative to the workspace, look-alike letters
+    folded), the word as written (`raw`), the command, whether the path lies `outside` the
+    workspace (absolute, in a home, or climbing out with `..`) and whether it is `sensitive`
+    (`gateway.sensitive_paths`: credentials and system secrets)."""
+
+    op: str
+    path: str
+    raw: str
+    command: str
+    outside: bool
+    sensitive: bool
+
+    def as_cel(self) -> dict[str, Any]:
+        return {"op": self.op, "path": self.path, "raw": self.raw, "command": self.command,
+                "outside": self.outside, "sensitive": self.sensitive}  # fmt: skip
+
+
 @dataclass(slots=True)
 class ShellAnalysis:
     """What a shell would run, for the rules (`args_shell`) and the sequence classes."""
@@ -804,16 +905,19 @@ class ShellAnalysis:
     urls: list[str] = field(default_factory=list)
     classes: set[str] = field(default_factory=set)
     class_paths: dict[str, list[str]] = field(default_factory=dict)
+    paths: list[PathUse] = field(default_factory=list)
 
     def as_cel(self) -> dict[str, Any]:
         """The CEL variable `args_shell`. No field repeats another (see `ShellCommand.as_cel`):
         every word is in `commands[].args`, `names` is the one deliberate copy (the rules' cheap
-        `"rm" in args_shell.names` gate), and `urls` stays on the Python side."""
+        `"rm" in args_shell.names` gate), `paths` the resolved form of the words that are files,
+        and `urls` stays on the Python side."""
         return {
             "present": self.present, "unparsed": self.unparsed, "reason": self.reason, "source": self.source,
             "names": [c.name for c in self.commands], "commands": [c.as_cel() for c in self.commands],
             "redirects": self.redirects, "functions": self.functions, "classes": sorted(self.classes),
             "class_paths": {k: list(v) for k, v in sorted(self.class_paths.items())},
+            "paths": [p.as_cel() for p in self.paths],
         }  # fmt: skip
 
     def add_class(self, cls: str, path: str = "") -> None:
@@ -822,6 +926,22 @@ class ShellAnalysis:
             paths = self.class_paths.setdefault(cls, [])
             if path not in paths and len(paths) < 64:
                 paths.append(path)
+
+    def add_path(self, op: str, path: str, outside: bool, raw: str, command: str) -> None:
+        """Record that `command` does `op` to the file at `path` (resolved: `shell_paths.resolve`);
+        pseudo-devices are left out and repeats kept once."""
+        if path in _PSEUDO_FILES or path.startswith(_PSEUDO_DIRS):
+            return
+        use = PathUse(op, path, raw, command, outside, sensitive_path(path))
+        if use not in self.paths:
+            if len(self.paths) >= MAX_PATHS:
+                raise Unparsed(f"more than {MAX_PATHS} file operands")
+            self.paths.append(use)
+
+
+_PSEUDO_FILES: Final = frozenset({"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom", "/dev/stdin", "/dev/stdout",
+                                  "/dev/stderr", "/dev/tty", "/dev/full"})  # fmt: skip
+_PSEUDO_DIRS: Final = ("/dev/fd/", "/proc/self/fd/", "/dev/tcp/", "/dev/udp/")
 
 
 EMPTY_CEL: Final = ShellAnalysis().as_cel()
@@ -835,6 +955,11 @@ class _Walker:
         self.env: dict[str, str] = {}
         self.budget = MAX_INPUT
         self.words = 0
+        self.cwd = ""  # the working directory (shell_paths.resolve): "" is the workspace
+        self.dirs: list[str] = []  # pushd's stack
+        self.links: dict[str, str] = {}  # symlinks this command made: link path -> target path
+        self.bodies: dict[str, Any] = {}  # functions defined so far, by name
+        self.calling: set[str] = set()  # functions being walked for a call (no recursion)
 
     def charge(self, text: str) -> None:
         self.budget -= len(text)
@@ -846,7 +971,14 @@ class _Walker:
         if depth > MAX_DEPTH:
             raise Unparsed(f"nested deeper than {MAX_DEPTH} levels of substitutions and payloads")
         self.charge(text)
-        self.pipelines(_Lexer(fold(text) if outside else text).parse_list(None), depth, via, parent, "")
+        if outside:
+            folded, origin = fold_mapped(text)
+            lexer = _Lexer(folded, raw=text, origin=origin)
+        else:
+            lexer = _Lexer(text)
+        cwd = self.cwd  # a payload runs in a shell of its own: its `cd` does not last
+        self.pipelines(lexer.parse_list(None), depth, via, parent, "")
+        self.cwd = cwd
 
     def pipelines(self, items: list[Pipeline], depth: int, via: str, parent: str, function: str) -> str | None:
         """Walk the pipelines; return what they print together, when every part of it is known."""
@@ -869,14 +1001,21 @@ class _Walker:
     ) -> tuple[str | None, bool]:  # fmt: skip
         if isinstance(element, Simple):
             return self.simple(element, depth, via, parent, function, upstream, stdin, decoded)
+        if isinstance(element, LoopVar):
+            fields = [f for w in element.words for f in self.expand(w, depth, [])]
+            self.env[element.name] = _SPLIT.join(_strip_unknown(f, keep=True) for f in fields)
+            return None, False
         if isinstance(element, FuncDef):
             start = len(self.result.commands)
             self.pipelines(element.body.body, depth, via, parent, element.name)
             calls = [c.name for c in self.result.commands[start:]]
             self.result.functions.append({"name": element.name.lower(), "calls": calls})
+            self.bodies[element.name.lower()] = element.body  # after its own walk: a call runs it again
             return None, False
-        start = len(self.result.commands)
+        start, cwd = len(self.result.commands), self.cwd
         self.pipelines(element.body, depth, via, parent, function)
+        if element.subshell:
+            self.cwd = cwd
         upstream.extend(c.name for c in self.result.commands[start:])
         for redirect in element.redirects:
             self.redirect(redirect, "", depth)
@@ -913,7 +1052,9 @@ class _Walker:
             assert part.body is not None
             if depth + 1 > MAX_DEPTH:
                 raise Unparsed(f"nested deeper than {MAX_DEPTH} levels of substitutions and payloads")
+            cwd = self.cwd
             value = self.pipelines(part.body, depth + 1, "subst" if part.kind == "sub" else "procsub", "", "")
+            self.cwd = cwd
             subs.extend(self.result.commands[start:])
             if part.kind == "procsub":
                 return "/dev/fd/63"
@@ -928,9 +1069,11 @@ class _Walker:
         value = self.env.get(name)
         if name == "IFS" and value is None:
             value = " "
-        if name in ("@", "*"):
+        if name in ("@", "*") and value is None:
             value = ""
-        if part.op in (":-", "-", ":=", "="):
+        if part.op == "indirect":  # ${!name}: the variable whose name `name` holds
+            value = self.env.get(value) if value and _NAME.fullmatch(value) else None
+        elif part.op in (":-", "-", ":=", "="):
             if not value:
                 value = "".join(self.expand(part.arg or [], depth, subs)) if part.arg else ""
                 if part.op in (":=", "="):
@@ -949,19 +1092,7 @@ class _Walker:
         stdin: str | None, decoded: bool,
     ) -> tuple[str | None, bool]:  # fmt: skip
         subs: list[ShellCommand] = []
-        argv: list[str] = []
-        assigning = True
-        for word in cmd.words:
-            if assigning and word and word[0].kind == "lit" and not word[0].quoted:
-                match = _ASSIGN.match(word[0].text)
-                if match:
-                    rest = [Part("lit", word[0].text[match.end() :]), *word[1:]]
-                    value = _strip_unknown("".join(self.expand(rest, depth, subs)), keep=True)
-                    prior = self.env.get(match.group(1), "") if match.group(2) else ""
-                    self.env[match.group(1)] = prior + value
-                    continue
-            assigning = False
-            argv.extend(self.expand(word, depth, subs))
+        argv, raws = self.command_words(cmd, depth, subs)
         heredoc: str | None = None
         for redirect in cmd.redirects:
             if redirect.op == "<<<":
@@ -976,6 +1107,10 @@ class _Walker:
         marked = argv
         argv = [_strip_unknown_name(argv[0])] + [_strip_unknown(a, keep=True) for a in argv[1:]]
         wrappers, rest = _unwrap(argv)
+        offset = len(argv) - len(rest)
+        payload_args, raws = marked[offset + 1 :], raws[offset:]
+        if "xargs" in wrappers and stdin is not None:
+            rest, raws, payload_args = _xargs(argv[:offset], stdin, rest, raws, payload_args)
         path = rest[0]
         name = path.rsplit("/", 1)[-1].lower() or path.lower()
         command = ShellCommand(
@@ -985,13 +1120,146 @@ class _Walker:
         command.runs_stdin = _runs_stdin(command)
         self.add(command)
         self.adopt(subs, name)
+        self.files(command, raws, payload_args)
         for redirect in cmd.redirects:
             self.redirect(redirect, name, depth)
         upstream.append(name)
-        self.payloads(command, marked[len(argv) - len(rest) + 1 :], depth, stdin if heredoc is None else heredoc,
-                      decoded, heredoc is not None)
+        self.assigns(command, stdin if heredoc is None else heredoc)
+        self.payloads(command, payload_args, depth, stdin if heredoc is None else heredoc, decoded, heredoc is not None)
+        if name in self.bodies and name not in self.calling:
+            self.call(name, command.args, depth)
         output = _command_output(command, stdin if heredoc is None else heredoc)
-        return output, decoded or (output is not None and name not in ("echo", "printf", "cat"))
+        return output, decoded or (output is not None and name not in ("echo", "printf", "cat", "find", "fd", "ls"))
+
+    def command_words(self, cmd: Simple, depth: int, subs: list[ShellCommand]) -> tuple[list[str], list[str]]:
+        """The command's words after expansion (assignments taken into `env`), and each one as
+        written in the input (the expanded word where the input does not show it)."""
+        argv: list[str] = []
+        raws: list[str] = []
+        assigning = True
+        for i, word in enumerate(cmd.words):
+            if assigning and word and word[0].kind == "lit" and not word[0].quoted:
+                match = _ASSIGN.match(word[0].text)
+                if match:
+                    rest = [Part("lit", word[0].text[match.end() :]), *word[1:]]
+                    value = _strip_unknown("".join(self.expand(rest, depth, subs)), keep=True)
+                    prior = self.env.get(match.group(1), "") if match.group(2) else ""
+                    self.env[match.group(1)] = prior + value
+                    continue
+            assigning = False
+            fields = self.expand(word, depth, subs)
+            raw = cmd.raws[i] if i < len(cmd.raws) else ""
+            argv.extend(fields)
+            raws.extend(raw or _strip_unknown(f, keep=True) for f in fields)
+        return argv, raws
+
+    def files(self, c: ShellCommand, raws: list[str], marked: list[str]) -> None:
+        """Record the files the command touches (`ShellAnalysis.paths`), then follow a `cd` or a
+        symlink it makes. `marked` are its arguments with unknown expansions still marked: one
+        inside the letters of a path (`/etc/pa${x}sswd`) is empty, as the shell makes it."""
+        name = c.name
+        if name in SHELLS and _dash_c(c.args) is not None:
+            uses = command_paths(name, c.path, [], frozenset())  # the payload is analysed as a script
+        else:
+            uses = command_paths(name, c.path, c.args, _inline_flags(name))
+        for op, path, raw in _credential_stores(c):
+            self.add_path(op, path, raw, name)
+        for op, word, index in uses:
+            raw = raws[index + 1] if 0 <= index < len(raws) - 1 else raws[0] if index < 0 and word == c.path else word
+            if 0 <= index < len(marked) and word == c.args[index]:
+                word = _strip_unknown_inner(marked[index])
+            self.add_path(op, word, raw, name)
+        if name in ("cd", "pushd", "chdir"):
+            if name == "pushd":
+                self.dirs.append(self.cwd)
+            self.cwd = self.directory(next((a for a in c.args if a == "-" or not a.startswith("-")), None))
+        elif name == "popd":
+            self.cwd = self.dirs.pop() if self.dirs else "$OLDPWD"
+        elif name == "ln":
+            self.link(uses)
+
+    def resolve(self, word: str) -> tuple[str, bool] | None:
+        """`shell_paths.resolve` from the working directory, through the symlinks made so far."""
+        resolved = resolve(word, self.cwd)
+        if resolved is None or not self.links:
+            return resolved
+        path = resolved[0]
+        for link, target in self.links.items():
+            if path == link or path.startswith(link + "/"):
+                path = normpath(target + path[len(link) :])
+                return path, is_outside(path)
+        return resolved
+
+    def add_path(self, op: str, word: str, raw: str, command: str) -> None:
+        resolved = self.resolve(word)
+        if resolved is not None:
+            self.result.add_path(op, resolved[0], resolved[1], raw or word, command)
+
+    def directory(self, target: str | None) -> str:
+        """The working directory after `cd TARGET` (`cd` alone: the home; `cd -`: unknown)."""
+        if target is None or target == "":
+            return "~"
+        if target == "-":
+            return "$OLDPWD"
+        resolved = self.resolve(target)
+        if resolved is None:
+            return self.cwd
+        return "" if resolved[0] == "." else resolved[0]
+
+    def link(self, uses: list[tuple[str, str, int]]) -> None:
+        """`ln -s TARGET LINK`: later paths under LINK lead to TARGET (a link into a directory is
+        named after its target)."""
+        targets = [w for op, w, _ in uses if op == "read"]
+        links = [w for op, w, _ in uses if op == "write"]
+        if len(targets) != 1 or len(links) != 1:
+            return
+        target, link = self.resolve(targets[0]), self.resolve(links[0])
+        if target is None or link is None or len(self.links) >= 64:
+            return
+        where = link[0]
+        if links[0].endswith("/") or links[0] in (".", ".."):
+            where = normpath(where + "/" + target[0].rstrip("/").rsplit("/", 1)[-1])
+        self.links[where] = target[0]
+
+    def assigns(self, c: ShellCommand, stdin: str | None) -> None:
+        """Variables set by builtins: `export/declare/local/typeset/readonly NAME=VALUE`, `printf
+        -v NAME FORMAT ARGS`, `read NAME… <<< WORD` (or from known input)."""
+        name, args = c.name, c.args
+        if name in ("export", "declare", "local", "typeset", "readonly"):
+            for a in args:
+                match = _ASSIGN.match(a)
+                if match:
+                    prior = self.env.get(match.group(1), "") if match.group(2) else ""
+                    self.env[match.group(1)] = prior + a[match.end() :]
+        elif name == "printf" and len(args) >= 3 and args[0] == "-v" and _NAME.fullmatch(args[1]):
+            self.env[args[1]] = _printf(args[2], args[3:])
+        elif name == "read" and stdin is not None:
+            names = [a for a in _read_names(args) if _NAME.fullmatch(a)]
+            if names:
+                line = stdin.split("\n", 1)[0]
+                ifs = self.env.get("IFS", " \t")
+                fields = re.split("[" + re.escape(ifs) + "]+", line.strip(ifs), maxsplit=len(names) - 1) if ifs else [line]
+                for var, value in zip(names, fields + [""] * len(names)):
+                    self.env[var] = value
+
+    def call(self, name: str, args: list[str], depth: int) -> None:
+        """A function this command defined, called: its body again, with `$1…`, `$@`, `$#` set."""
+        if depth + 1 > MAX_DEPTH:
+            raise Unparsed(f"nested deeper than {MAX_DEPTH} levels of substitutions and payloads")
+        saved = {k: self.env.get(k) for k in (*_POSITIONAL, "@", "*", "#")}
+        for i, key in enumerate(_POSITIONAL):
+            self.env[key] = args[i] if i < len(args) else ""
+        self.env["@"], self.env["*"], self.env["#"] = _SPLIT.join(args), " ".join(args), str(len(args))
+        self.calling.add(name)
+        try:
+            self.pipelines(self.bodies[name].body, depth + 1, "call", name, name)
+        finally:
+            self.calling.discard(name)
+            for k, v in saved.items():
+                if v is None:
+                    self.env.pop(k, None)
+                else:
+                    self.env[k] = v
 
     def add(self, command: ShellCommand) -> None:
         if len(self.result.commands) >= MAX_COMMANDS:
@@ -1010,6 +1278,9 @@ class _Walker:
             subs: list[ShellCommand] = []
             target = _strip_unknown(" ".join(self.expand(redirect.target, depth, subs)), keep=True)
             self.adopt(subs, name)
+            op = _REDIRECT_OPS.get(redirect.op)
+            if op is not None and not (redirect.op in (">&", "<&") and (target.isdigit() or target == "-")):
+                self.add_path(op, target, redirect.raw, name)
         self.result.redirects.append({"op": redirect.op, "target": target, "command": name})
 
     def payloads(
@@ -1029,10 +1300,29 @@ class _Walker:
                 self.script(text, depth + 1, "payload", name)
             return
         if name in ("find", "fd") and ("-exec" in c.args or "-execdir" in c.args or "-ok" in c.args or "-x" in c.args):
+            targets = find_targets(c.args)  # what `{}` stands for
             for sub_argv in _find_exec(c.args):
-                self.synthetic(sub_argv, depth + 1, "exec", name)
+                self.synthetic([x for a in sub_argv for x in (targets if a == "{}" else [a])], depth + 1, "exec", name)
+        code = _inline_code(c) if _PYTHON.match(name) or name in SCRIPT_FLAGS or name in _AWKS else None
+        if code is not None:
+            self.inline(code, name, depth)
         if c.runs_stdin and stdin is not None and (name in SHELLS or name in ("source", ".")):
             self.script(stdin, depth + 1, "heredoc" if heredoc else ("decoded" if decoded else "stdin"), name)
+
+    def inline(self, code: str, name: str, depth: int) -> None:
+        """Code on an interpreter's command line: the files its string literals name, and the
+        shell commands it hands to `os.system`, `subprocess`, `execSync`, `system`… (a command
+        line that does not lex would not run either, and is left out)."""
+        for op, literal in inline_paths(code, _language(name)):
+            self.add_path(op, literal, literal, name)
+        for command in inline_commands(code, _language(name)):
+            if isinstance(command, list):
+                self.synthetic([fold(w) for w in command], depth + 1, "payload", name)
+                continue
+            try:
+                self.script(fold(command), depth + 1, "payload", name)
+            except Unlexed:
+                continue
 
     def synthetic(self, argv: list[str], depth: int, via: str, parent: str) -> None:
         if not argv:
@@ -1044,7 +1334,48 @@ class _Walker:
         )  # fmt: skip
         command.runs_stdin = _runs_stdin(command)
         self.add(command)
+        self.files(command, [rest[0], *command.args], command.args)
         self.payloads(command, command.args, depth, None, False, False)
+
+
+_REDIRECT_OPS: Final = {">": "write", ">>": "write", ">|": "write", "&>": "write", "&>>": "write", "<>": "write",
+                         ">&": "write", "<": "read", "<&": "read"}  # fmt: skip
+
+
+def _inline_flags(name: str) -> frozenset[str] | None:
+    """The flags that give an interpreter its code on the command line; None for a command that
+    is not an interpreter (`source` and `.` run their first operand: no flags)."""
+    if name in SHELLS or _PYTHON.match(name):
+        return frozenset({"-c"})
+    if name in SCRIPT_FLAGS:
+        return frozenset(SCRIPT_FLAGS[name])
+    return None
+
+
+def _inline_code(c: ShellCommand) -> str | None:
+    """The code given on an interpreter's command line (`python3 -c CODE`, `node -e CODE`, an
+    awk program)."""
+    if c.name in _AWKS:
+        args, i = c.args, 0
+        while i < len(args) and args[i].startswith("-") and args[i] != "--":
+            if args[i] == "-f":
+                return None
+            i += 2 if args[i] in ("-F", "-v") else 1
+        return args[i] if i < len(args) else None
+    flags = {"-c"} if _PYTHON.match(c.name) else SCRIPT_FLAGS[c.name]
+    return next((c.args[i + 1] for i, a in enumerate(c.args[:-1]) if a in flags), None)
+
+
+_AWKS: Final = frozenset({"awk", "gawk", "mawk", "nawk"})
+
+
+def _language(name: str) -> str:
+    """The language family of an interpreter, for `shell_paths.inline_commands`."""
+    if _PYTHON.match(name):
+        return "python"
+    if name in _AWKS:
+        return "awk"
+    return {"nodejs": "node", "deno": "node", "bun": "node"}.get(name, name)
 
 
 def _split_marks(value: str) -> str:
@@ -1059,6 +1390,52 @@ def _strip_unknown(text: str, keep: bool) -> str:
     if keep:
         return text.replace(_UNK_OPEN, "").replace(_UNK_CLOSE, "")
     return _UNKNOWN.sub("", text)
+
+
+_INNER_UNKNOWN: Final = re.compile(f"(?<=[^/\\s{_UNK_CLOSE}]){_UNK_OPEN}[^{_UNK_CLOSE}]*{_UNK_CLOSE}(?=[^/\\s{_UNK_OPEN}])")
+_POSITIONAL: Final = tuple(str(i) for i in range(1, 10))
+
+
+def _strip_unknown_inner(word: str) -> str:
+    """A path word like `/etc/pa${x}sswd`: an unknown variable between other letters of one
+    segment counts as empty (the shell expands an unset one to nothing); one that is a whole
+    segment or starts the word (`$DIR/x`, `/home/$USER`) stays `$NAME`."""
+    if _UNK_OPEN not in word:
+        return word
+    return _strip_unknown(_INNER_UNKNOWN.sub("", word), keep=True)
+
+
+def _xargs(options: list[str], stdin: str, *argvs: list[str]) -> tuple[list[str], ...]:
+    """The command xargs runs on known input: the input's words appended, or with `-I R` (`-i`,
+    `--replace`) each R in the arguments replaced by the first line (every line runs alike)."""
+    replace = None
+    for i, a in enumerate(options):
+        if a == "-I" and i + 1 < len(options):
+            replace = options[i + 1]
+        elif a.startswith("-I") and len(a) > 2:
+            replace = a[2:]
+        elif a in ("-i", "--replace"):
+            replace = "{}"
+        elif a.startswith(("--replace=", "-i")):
+            replace = a.split("=", 1)[1] if a.startswith("--") else a[2:]
+    if not replace:
+        extra = stdin.split()[:256]
+        return tuple(list(v) + extra for v in argvs)
+    line = next((x.strip() for x in stdin.split("\n") if x.strip()), "")
+    return tuple([w.replace(replace, line) for w in v] for v in argvs)
+
+
+def _read_names(args: list[str]) -> list[str]:
+    """The variable names of `read [-r] [-p PROMPT] [-d DELIM] … NAME…`."""
+    names, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("-p", "-d", "-n", "-N", "-t", "-u", "-a", "-i"):
+            skip = True
+        elif not a.startswith("-"):
+            names.append(a)
+    return names
 
 
 def _strip_unknown_name(word: str) -> str:
@@ -1248,8 +1625,11 @@ def _command_output(c: ShellCommand, stdin: str | None) -> str | None:
             text = _ansi_c(text)
         return text if "n" in flags else text + "\n"
     if name == "printf" and args:
-        fmt_args = args[2:] if args[0] == "-v" else args
-        return _printf(fmt_args[0], fmt_args[1:]) if fmt_args else None
+        if args[0] == "-v":
+            return ""  # printf -v assigns a variable and prints nothing
+        return _printf(args[0], args[1:])
+    if name in ("find", "fd", "ls"):
+        return listing(name, args)
     if stdin is None:
         return None
     if name == "cat" and not c.operands:
@@ -1315,7 +1695,7 @@ def _classify(result: ShellAnalysis) -> None:
                 add("network_send", target)
             else:
                 add("write", _plain_path(target))
-        if op == "<" and _CREDENTIAL_PATH.search(target):
+        if op == "<" and sensitive_path(target):
             add("credential_read", target)
         if op == "<" and target.startswith("/dev/tcp/"):
             add("network_send", target)
@@ -1331,7 +1711,7 @@ def _classify(result: ShellAnalysis) -> None:
         for o in operands if name not in DOWNLOADERS else ():
             if _ENVIRON_PATH.match(o):
                 add("env_read", o)
-            elif name in _READERS and _CREDENTIAL_PATH.search(o):
+            elif name in _READERS and sensitive_path(o):
                 add("credential_read", o)
         if name in ("source", ".") and operands and re.search(r"(^|/)\.env", operands[0]):
             add("credential_read", operands[0])
@@ -1431,7 +1811,7 @@ def _classify_download(c: ShellCommand, result: ShellAnalysis) -> None:
             send = True
             files = [value] if key in _UPLOADS else re.findall(r"@([^;,\s]+)", value)
             for token in files:
-                if _CREDENTIAL_PATH.search(token):
+                if sensitive_path(token):
                     add("credential_read", token)
                 elif _ENVIRON_PATH.match(token):
                     add("env_read", token)
@@ -1528,21 +1908,58 @@ _CODE_ENV: Final = re.compile(r"os\.environ|getenv|process\.env|%ENV|\bENV\[|\$e
 _CODE_STRING: Final = re.compile(r"['\"]([^'\"\n]{1,256})['\"]")
 
 
-def _classify_credential_command(c: ShellCommand, result: ShellAnalysis) -> None:
-    """A command that prints a credential (`kubectl config view --raw`, `gh auth token`, `aws
-    ecr get-login-password`, `security find-generic-password -w`...) is a credential read."""
+def _credential_command(c: ShellCommand) -> str | None:
+    """The words of a command that prints a credential (`kubectl config view --raw`, `gh auth
+    token`, `aws ecr get-login-password`, `security find-generic-password -w`...), or None."""
     operands, flags = c.operands, c.flags
     if c.name.startswith("docker-credential-"):
-        if "get" in operands:
-            result.add_class("credential_read", c.name + " get")
-        return
-    for words, needs in _CREDENTIAL_COMMANDS[c.name]:
+        return c.name + " get" if "get" in operands else None
+    for words, needs in _CREDENTIAL_COMMANDS.get(c.name, ()):
         n = len(words)
         if any(tuple(operands[i : i + n]) == words for i in range(len(operands) - n + 1)) and (
             not needs or any(f in needs for f in flags)
         ):
-            result.add_class("credential_read", " ".join((c.name, *words)))
-            return
+            return " ".join((c.name, *words))
+    return None
+
+
+def _classify_credential_command(c: ShellCommand, result: ShellAnalysis) -> None:
+    """A command that prints a credential is a credential read."""
+    words = _credential_command(c)
+    if words is not None:
+        result.add_class("credential_read", words)
+
+
+#: Where the credential a command prints is kept (the store it reads, or uses to fetch it): the
+#: command is a read of that file for `args_shell.paths`, as `cat FILE` would be.
+_CREDENTIAL_STORES: Final = {
+    "kubectl": "~/.kube/config", "oc": "~/.kube/config", "gh": "~/.config/gh/hosts.yml",
+    "gcloud": "~/.config/gcloud/credentials.db", "az": "~/.azure/msal_token_cache.json", "aws": "~/.aws/credentials",
+    "git": "~/.git-credentials", "security": "~/Library/Keychains/login.keychain-db",
+    "secret-tool": "~/.local/share/keyrings/login.keyring", "pass": "~/.password-store", "gopass": "~/.password-store",
+    "op": "~/.config/op", "bw": "~/.config/Bitwarden CLI/data.json", "lpass": "~/.lpass", "vault": "~/.vault-token",
+    "heroku": "~/.netrc",
+}  # fmt: skip
+#: Where `crontab` keeps the user's table (outside any workspace).
+_CRONTABS: Final = "/var/spool/cron/crontabs"
+#: `getent DATABASE` without a key dumps it (`getent shadow KEY` still prints a hash).
+_GETENT: Final = {"passwd": "/etc/passwd", "shadow": "/etc/shadow", "gshadow": "/etc/gshadow"}
+
+
+def _credential_stores(c: ShellCommand) -> list[tuple[str, str, str]]:
+    """A credential-printing command or a `getent` dump as a read of the file it comes from:
+    (op, path, the command words that do it)."""
+    if c.name in _CREDENTIAL_COMMANDS or c.name.startswith("docker-credential-"):
+        words = _credential_command(c)
+        if words is not None:
+            return [("read", _CREDENTIAL_STORES.get(c.name, "~/.docker/config.json"), words)]
+    if c.name == "getent":
+        operands = c.operands
+        if operands and operands[0] in _GETENT and (len(operands) == 1 or operands[0] != "passwd"):
+            return [("read", _GETENT[operands[0]], "getent " + operands[0])]
+    if c.name == "crontab" and not {"-l", "-e"} & set(c.flags):  # -r removes the crontab, FILE or - replaces it
+        return [("delete" if "-r" in c.flags else "write", _CRONTABS, "crontab " + " ".join(c.args))]
+    return []
 
 
 def _git_subcommand(args: list[str]) -> tuple[str, list[str]]:
@@ -1599,15 +2016,14 @@ def _classify_inline_code(c: ShellCommand, result: ShellAnalysis) -> None:
     """Code given on the command line (`python3 -c`, `node -e`, `perl -e`, `php -r`, `pwsh -c`):
     a network API with data or a socket is a send, without it a download; the environment or a
     credential path it names is a read."""
-    flags = {"-c"} if _PYTHON.match(c.name) else SCRIPT_FLAGS[c.name]
-    code = next((c.args[i + 1] for i, a in enumerate(c.args[:-1]) if a in flags), None)
+    code = _inline_code(c)
     if code is None:
         return
     add = result.add_class
     if _CODE_ENV.search(code):
         add("env_read", c.name)
     for m in _CODE_STRING.finditer(code):
-        if _CREDENTIAL_PATH.search(m.group(1)):
+        if sensitive_path(m.group(1)):
             add("credential_read", m.group(1))
     urls = _URL.findall(code)
     if _CODE_SOCKET.search(code) or (_CODE_NET.search(code) and (_CODE_SEND.search(code) or any("?" in u for u in urls))):
@@ -1684,6 +2100,7 @@ def _copy(done: ShellAnalysis) -> ShellAnalysis:
         present=done.present, unparsed=done.unparsed, reason=done.reason, source=done.source,
         commands=list(done.commands), redirects=list(done.redirects), functions=list(done.functions),
         urls=list(done.urls), classes=set(done.classes), class_paths={k: list(v) for k, v in done.class_paths.items()},
+        paths=list(done.paths),
     )  # fmt: skip
 
 
@@ -1694,6 +2111,27 @@ def shell_for(tool: str, arguments: dict[str, Any], references: frozenset[str], 
     if is_shell_tool(tool) or "args_shell" in references:
         return analyse_call(arguments, remember=remember)
     return None
+
+
+def bash_arguments(tool: str, references: frozenset[str], raw: dict[str, Any], cleaned: dict[str, Any]) -> dict[str, Any]:
+    """The sanitizer's cleaned arguments, with the command arguments of a call `shell_for`
+    analyses cleaned as bash reads them (`text.clean_shell_text`: NFKC never makes shell syntax
+    out of a letter), so the command analysed and forwarded is the one the agent wrote."""
+    if not (is_shell_tool(tool) or "args_shell" in references):
+        return cleaned
+    out = cleaned
+    for key in (*SHELL_ARGUMENTS, *EXTRA_ARGV):
+        value = raw.get(key)
+        if isinstance(value, str) and not value.isascii():
+            fixed: Any = clean_shell_text(value)
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value) and not all(v.isascii() for v in value):
+            fixed = [clean_shell_text(v) for v in value]
+        else:
+            continue
+        if key in out and out[key] != fixed:
+            out = dict(out) if out is cleaned else out
+            out[key] = fixed
+    return out
 
 
 def _run(items: list[tuple[str, Any]], source: str) -> ShellAnalysis:

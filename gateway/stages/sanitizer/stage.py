@@ -40,16 +40,18 @@ class Sanitizer:
                 BlockClass.SAFETY_CONTENT,
                 stage=self.name,
             )
-        ctx.arguments = result.arguments
-        ctx.argument_digest = digest(result.arguments)
+        tool = ctx.tool.name if ctx.tool else ctx.call.tool
+        from gateway.stages.sanitizer.shell import bash_arguments, shell_for  # its patterns compile on the first call, not at start-up
+
+        references = policy.call_references(tool)
+        arguments = bash_arguments(tool, references, ctx.call.arguments, result.arguments)
+        ctx.arguments = arguments
+        ctx.argument_digest = digest(arguments)
         ctx.findings.extend(result.findings)
         remember = not result.findings  # arguments holding a secret stay out of the memos
         merge_classes(ctx.classes, ctx.class_paths, *classify_call(
-            ctx.call.tool, ctx.tool.annotations if ctx.tool else {}, result.arguments, remember=remember))
-        tool = ctx.tool.name if ctx.tool else ctx.call.tool
-        from gateway.stages.sanitizer.shell import shell_for  # its patterns compile on the first call, not at start-up
-
-        shell = shell_for(tool, result.arguments, policy.call_references(tool), remember=remember)
+            ctx.call.tool, ctx.tool.annotations if ctx.tool else {}, arguments, remember=remember))
+        shell = shell_for(tool, arguments, references, remember=remember)
         if shell is not None:  # a shell-like tool: what its command does, for rules and sequences
             ctx.shell = shell
             merge_classes(ctx.classes, ctx.class_paths, shell.classes, shell.class_paths)

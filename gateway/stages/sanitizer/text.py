@@ -13,7 +13,7 @@ from typing import Final
 
 from gateway.stages.sanitizer.errors import SanitizeError
 
-__all__ = ["STRIPPED_RANGES", "clean_text"]
+__all__ = ["SHELL_SYNTAX", "STRIPPED_RANGES", "clean_shell_text", "clean_text"]
 
 # Unicode category Cf as of Unicode 14 (Python 3.11); a test checks this against unicodedata.
 _CF_RANGES: Final = (
@@ -64,6 +64,30 @@ def clean_or_raise(s: str) -> str:
         stripped = _STRIP.sub("", n)  # NFKC can map to a stripped char (U+FFA0 -> U+1160)
         t = n if stripped == n else unicodedata.normalize("NFKC", stripped)
     return s if t == s else t
+
+
+#: What bash reads as syntax (quotes, grouping, separators, expansions, globs). NFKC turns some
+#: letters into these (`（` → `(`, `＂` → `"`, `；` → `;`, NBSP → space), which bash would not.
+SHELL_SYNTAX: Final = frozenset(" \t\n\r;&|()<>'\"`$\\{}[]*?!#=,")
+_NON_ASCII: Final = re.compile(r"[^\x00-\x7f]+")
+
+
+def clean_shell_text(s: str) -> str:
+    """`clean_text` for a command bound for a shell: the same stripping and NFKC, except that a
+    character whose NFKC form holds shell syntax stays as it is. Bash reads `（` or `＂` as a
+    letter; rewriting it to `(` or `"` would hand the shell a different command (often one that
+    does not parse) from the one the agent wrote. Raises BadChar as `clean_or_raise` does."""
+    if s.isascii() or unicodedata.is_normalized("NFKC", _STRIP.sub("", s)):
+        return clean_or_raise(s)
+    bad = _SURROGATE.search(s)
+    if bad is not None:
+        raise BadChar(bad.start(), bad.group())
+    return _NON_ASCII.sub(lambda m: "".join(_clean_shell_char(ch) for ch in m.group()), _ASCII_CTRL.sub("", s))
+
+
+def _clean_shell_char(ch: str) -> str:
+    cleaned = clean_or_raise(ch)
+    return ch if cleaned != ch and any(c in SHELL_SYNTAX for c in cleaned) else cleaned
 
 
 def bad_char_message(what: str, exc: BadChar) -> str:
