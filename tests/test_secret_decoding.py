@@ -409,6 +409,10 @@ OBFUSCATIONS = [
     ("joined", f'const k = "{ANT24[:7]}" +\n  "{ANT24[7:50]}" + "{ANT24[50:]}";'),
     ("joined", "T = ''.join([" + ", ".join(repr(GH24[i : i + 9]) for i in range(0, 40, 9)) + "])"),
     ("base64", base64.encodebytes(f"[prod]\naws_access_key_id={AWS24}\nregion=eu-west-1\n".encode()).decode()),
+    ("base64>gzip", json.dumps({"data": base64.encodebytes(gzip.compress(PEM24.encode(), mtime=0)).decode()})),  # `\n` escapes
+    ("base32", "https://cdn.example.net/i/" + base64.b32encode(STRIPE24.encode()).decode().rstrip("=") + "/p.gif"),
+    ("rot13", "https://relay.example.net/r/" + codecs.encode(SLACK24, "rot13") + "/ok"),
+    ("charcodes", "codes: " + " ".join(str(ord(c)) for c in NPM24)),
 ]
 
 
@@ -586,6 +590,8 @@ NON_SECRETS_24 = [
     {"issue": "fails on C:\\Users\\dev\\AppData\\Local\\Temp\\x41b2 with ^\\d{3}-\\w+$ and perms \\755"},
     {"b64": base64.encodebytes(random.Random(6).randbytes(400)).decode()},
     {"csv": "id, price, qty\n1001, 250, 3\n1002, 99, 12\n1003, 120, 7\n1004, 80, 1\n1005, 75, 2\n"},
+    {"msg": "temps: 21 22 23 22 21 20 19 18 18 19 21 24 26 | rgb: 255 128 64 32 100 110 97 109 101 115 200 210"},
+    {"body": json.dumps({"data": base64.encodebytes(b"\x89PNG\r\n\x1a\n" + random.Random(7).randbytes(900)).decode()})},
 ]
 
 

@@ -55,7 +55,7 @@ WINDOW: Final = 256  # characters around an escape scanned again once it is undo
 MAX_TURNED: Final = 1_024  # runs longer than this are not tried in rot13 or backwards (blobs, not tokens)
 
 _BASE64_RUN: Final = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,6}")
-_WRAPPED_TAIL: Final = re.compile(r"\r?\n([A-Za-z0-9+/_-]{1,15}={0,2})(?![A-Za-z0-9+/_=-])")
+_WRAPPED_TAIL: Final = re.compile(r"(?:\r?\n|(?:\\r)?\\n)([A-Za-z0-9+/_-]{1,15}={0,2})(?![A-Za-z0-9+/_=-])")
 _BASE32_RUN: Final = re.compile(r"(?:[A-Z2-7]+|[a-z2-7]+)=*")
 _HEX_ESCAPES: Final = re.compile(r"(?:\\x[0-9A-Fa-f]{2}){8,}")
 _URL_RUN: Final = re.compile(r"[A-Za-z0-9%+._~!*'()/:@,;$-]*%[0-9A-Fa-f]{2}[A-Za-z0-9%+._~!*'()/:@,;$-]*")
@@ -73,9 +73,10 @@ _QUOTED_PRINTABLE: Final = re.compile(r"=(?:([0-9A-F]{2})|\r?\n)")
 # What only quoted-printable has: a soft line break, an encoded `=`, three escapes in a row, or a
 # UTF-8 sequence (`x=10, y=20` in code is not quoted-printable).
 _QP_EVIDENCE: Final = re.compile(r"=(?:\r?\n|3D|[0-9A-F]{2}=[0-9A-F]{2}=[0-9A-F]{2}|[C-F][0-9A-F]=[89AB][0-9A-F])")
-_CODES_HINT: Final = re.compile(r",\s*(?:0[xX])?[0-9A-Fa-f]{2,7}\s*,\s*(?:0[xX])?[0-9A-Fa-f]{2,7}\s*,")
+_DIGITS_AS_ZERO: Final = bytes.maketrans(b"123456789", b"000000000")
 _CODE: Final = r"(?:0[xX][0-9A-Fa-f]{1,6}|[0-9]{1,7})"
 _CODE_LIST: Final = re.compile(rf"(?<![\w.]){_CODE}(?:\s*,\s*{_CODE}){{7,}}(?![\w.])")
+_CODE_WORDS: Final = re.compile(r"(?<![\w.])(?:[0-9]{2,3}[ \t]+){7,}[0-9]{2,3}(?![\w.])")  # `110 112 109 95 ...`
 _CODE_CALLS: Final = re.compile(rf"(?:(?:[Cc]hr[Ww]?|CHR|[Cc]har|CHAR)\(\s*{_CODE}\s*\)\s*[-+.&,|]*\s*){{8,}}")
 _CODE_NUMBER: Final = re.compile(_CODE)
 # Separators a token may be cut by (and concatenation syntax): removed to rejoin it.
@@ -93,22 +94,26 @@ class Prefixes:
 
     words: tuple[str, ...]
     heads: frozenset[str]  # their first characters: a run that cannot start one is not turned
-    encoded: tuple[bytes, ...]
     marks: Callable[[bytes], re.Match[bytes] | None]  # "_", "-" or a word without either: in any text holding a word
     search: Callable[[bytes], re.Match[bytes] | None]  # any of the words
+    by_head: tuple[Callable[[bytes], re.Match[bytes] | None], ...]  # the words of one first character each
 
     @classmethod
     def of(cls, words: Sequence[str]) -> Prefixes:
-        encoded = tuple(w.encode() for w in words)
+        encoded = [w.encode() for w in words]
         marks = b"|".join([b"[_-]", *(re.escape(w) for w in encoded if b"_" not in w and b"-" not in w)])
-        return cls(tuple(words), frozenset(w[0] for w in words), encoded, re.compile(marks).search,
-                   re.compile(b"|".join(re.escape(w) for w in encoded)).search)
+        groups: dict[bytes, list[bytes]] = {}
+        for w in encoded:
+            groups.setdefault(w[:1], []).append(re.escape(w[1:]))
+        by_head = tuple(re.compile(re.escape(h) + b"(?:" + b"|".join(rest) + b")").search for h, rest in groups.items())
+        return cls(tuple(words), frozenset(w[0] for w in words), re.compile(marks).search,
+                   re.compile(b"|".join(re.escape(w) for w in encoded)).search, by_head)
 
     def in_bytes(self, data: bytes) -> bool:
-        """Whether any of the words is in `data` (on a short text, two regexes, the first of which
-        most texts fail; on a long one, a byte-string test per word, each a fast search)."""
+        """Whether any of the words is in `data`: on a short text two regexes, the first of which
+        most texts fail; on a long one a regex per first character (each skips to that character)."""
         if len(data) > 256:
-            return any(w in data for w in self.encoded)
+            return any(search(data) is not None for search in self.by_head)
         return self.marks(data) is not None and self.search(data) is not None
 
 
@@ -268,7 +273,7 @@ def _candidates(s: str, prefixes: Prefixes | None, top: bool) -> Iterator[Layer]
         yield from _reassembled(s, prefixes, top)
         if "\\" in s or "&#" in s or "=" in s:
             yield from _escaped(s)
-        if "," in s or "(" in s:
+        if "," in s or "(" in s or " " in s:
             yield from _charcodes(s)
     if len(s) >= MIN_BASE64:
         yield from _runs(s, prefixes)
@@ -282,37 +287,47 @@ def _runs(s: str, prefixes: Prefixes | None) -> Iterator[Layer]:
     while i < len(runs):
         m = runs[i]
         if prefixes is not None:
-            block = _wrapped(s, runs, i) if s[m.end() : m.end() + 1] in ("\n", "\r") else None
+            block = _wrapped(s, runs, i) if s[m.end() : m.end() + 1] in ("\n", "\r", "\\") else None
             if block is not None:
                 i, layer = block
                 yield layer
                 continue
-            yield from _turned(m.group(), m.start(), prefixes)
+            run = m.group()
+            if run[0].translate(_ROT13) in prefixes.heads or run.rstrip("=")[-1] in prefixes.heads:
+                yield from _turned(run, m.start(), prefixes)
         run = m.group()
         decoded = _decode_run(run, extended)
         if decoded is not None:
             yield Layer(m.start(), m.end(), decoded[0], decoded[1])
         if "/" in run:  # `/` is base64 and a path separator: a URL or path segment may be the encoded part
-            yield from _segments(run, m.start(), decoded)
+            yield from _segments(run, m.start(), decoded, prefixes)
         i += 1
 
 
 def _wrapped(s: str, runs: list[re.Match[str]], i: int) -> tuple[int, Layer] | None:
     """Base64 wrapped over lines (runs[i] and the next runs, one line break apart, all but the last
-    of one length divisible by 4): (index of the run after the block, its layer), or None."""
-    width = runs[i].end() - runs[i].start()
+    of one length divisible by 4): (index of the run after the block, its layer), or None. In JSON
+    text a line break is the escape `\\n`, whose `n` the next run starts with."""
+    lines = [runs[i].group()]
+    width = len(lines[0])
     j = i
-    while (j + 1 < len(runs) and runs[j].end() - runs[j].start() == width
-           and s[runs[j].end() : runs[j + 1].start()] in ("\n", "\r\n")):  # fmt: skip
+    while j + 1 < len(runs) and len(lines[-1]) == width:
+        gap, following = s[runs[j].end() : runs[j + 1].start()], runs[j + 1].group()
+        if gap in ("\n", "\r\n"):
+            lines.append(following)
+        elif gap in ("\\", "\\r\\") and following.startswith("n"):
+            lines.append(following[1:])
+        else:
+            break
         j += 1
-    if j == i or width % 4 or "=" in runs[i].group():
+    if j == i or width % 4 or "=" in lines[0]:
         return None
-    body = "".join(m.group() for m in runs[i : j + 1])
     end = runs[j].end()
-    tail = _WRAPPED_TAIL.match(s, end) if runs[j].end() - runs[j].start() == width else None
+    tail = _WRAPPED_TAIL.match(s, end) if len(lines[-1]) == width else None
     if tail is not None:  # a last line shorter than a run
-        body, end = body + tail.group(1), tail.end()
-    decoded = _base64_text(body, True)
+        lines.append(tail.group(1))
+        end = tail.end()
+    decoded = _base64_text("".join(lines), True)
     if decoded is None:
         return None
     return j + 1, Layer(runs[i].start(), end, decoded[0], decoded[1])
@@ -331,16 +346,19 @@ def _turned(run: str, start: int, prefixes: Prefixes) -> Iterator[Layer]:
         yield Layer(start, end, "reversed", backwards, True, range(end - 1, start - 2, -1))
 
 
-def _segments(run: str, offset: int, whole: tuple[str, str] | None) -> Iterator[Layer]:
-    """The `/`-separated segments of a base64-looking run that decode on their own
-    (`host.example/c2stYW50...`: the run starts in the host name, the key is the last segment)."""
+def _segments(run: str, offset: int, whole: tuple[str, str] | None, prefixes: Prefixes | None) -> Iterator[Layer]:
+    """The `/`-separated segments of a base64-looking run that decode (or, with `prefixes`, turn)
+    on their own (`host.example/c2stYW50...`: the run starts in the host name, the key is the
+    last segment)."""
     pos = 0
     for segment in run.split("/")[:MAX_SEGMENTS]:
         body = segment.rstrip("=")
         if len(body) >= MIN_BASE64 and len(segment) < len(run):
-            decoded = _decode_run(segment)
+            decoded = _decode_run(segment, prefixes is not None)
             if decoded is not None and decoded != whole:
                 yield Layer(offset + pos, offset + pos + len(segment), decoded[0], decoded[1])
+            if prefixes is not None:
+                yield from _turned(segment, offset + pos, prefixes)
         pos += len(segment) + 1
 
 
@@ -445,12 +463,16 @@ def charcode_text(codes: Sequence[int]) -> str | None:
 
 
 def _charcodes(s: str) -> Iterator[Layer]:
-    """Lists of character codes (`115, 107, 95`, `String.fromCharCode(...)`, `chr(115)+chr(107)`)."""
+    """Lists of character codes (`115, 107, 95`, `String.fromCharCode(...)`, `chr(115)+chr(107)`,
+    `115 107 95 ...`)."""
     found: list[re.Match[str]] = []
-    if s.count(",") >= 7 and _CODES_HINT.search(s, 0, MAX_LAYER_CHARS) is not None:
+    shape = s[:MAX_LAYER_CHARS].encode("utf-8", "surrogatepass").translate(_DIGITS_AS_ZERO)  # a fast first look
+    if (b"0, 0" in shape or b"0,0" in shape) and s.count(",") >= 7:
         found += _CODE_LIST.finditer(s, 0, MAX_LAYER_CHARS)
     if "hr(" in s or "har(" in s or "HR(" in s or "HAR(" in s or "hrW(" in s:
         found += _CODE_CALLS.finditer(s, 0, MAX_LAYER_CHARS)
+    if b"00 00" in shape:
+        found += _CODE_WORDS.finditer(s, 0, MAX_LAYER_CHARS)
     for m in found:
         codes = [int(n, 0) if n[:2] in ("0x", "0X") else int(n) for n in _CODE_NUMBER.findall(m.group())]
         text = charcode_text(codes)
