@@ -9,10 +9,13 @@ import codecs
 import datetime
 import gzip
 import hashlib
+import io
 import json
 import lzma
 import random
+import tarfile
 import urllib.parse
+import zipfile
 import zlib
 from importlib import resources
 from typing import Any
@@ -375,6 +378,24 @@ PEM24 = (
 )
 
 
+def _tar_gz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buf.getvalue()
+
+
 def _escapes(s: str, form: str) -> str:
     return "".join(form.format(ord(c)) for c in s)
 
@@ -413,6 +434,10 @@ OBFUSCATIONS = [
     ("base32", "https://cdn.example.net/i/" + base64.b32encode(STRIPE24.encode()).decode().rstrip("=") + "/p.gif"),
     ("rot13", "https://relay.example.net/r/" + codecs.encode(SLACK24, "rot13") + "/ok"),
     ("charcodes", "codes: " + " ".join(str(ord(c)) for c in NPM24)),
+    ("charcodes", "\n".join(str(ord(c)) for c in GH24)),
+    ("hex", " ".join(f"{b:02x}" for b in NPM24.encode())),
+    ("base64>gzip", b64(_tar_gz({".ssh/id_ec": PEM24.encode(), ".ssh/known_hosts": b"github.com ssh-ed25519 AAAA\n"}))),
+    ("base64>zip", b64(_zip({".env": f"STRIPE_SECRET_KEY={STRIPE24}\n".encode()}))),
 ]
 
 
@@ -592,6 +617,10 @@ NON_SECRETS_24 = [
     {"csv": "id, price, qty\n1001, 250, 3\n1002, 99, 12\n1003, 120, 7\n1004, 80, 1\n1005, 75, 2\n"},
     {"msg": "temps: 21 22 23 22 21 20 19 18 18 19 21 24 26 | rgb: 255 128 64 32 100 110 97 109 101 115 200 210"},
     {"body": json.dumps({"data": base64.encodebytes(b"\x89PNG\r\n\x1a\n" + random.Random(7).randbytes(900)).decode()})},
+    {"snapshot": b64(_tar_gz({"src/main.py": b"def main() -> int:\n    return 0\n", "README.md": b"# tool\n"}))},
+    {"report": b64(_zip({"report.csv": b"week,orders\n47,1203\n48,1177\n"}))},
+    {"issue": "starts 89 50 4e 47 0d 0a 1a 0a 00 00 00 0d 49 48 44 52, fingerprint 3A:F5:9C:10:7B:2E:44:D1:90:AA:5F:3C"},
+    {"log": 'log.info("password=%s user=%s", pw, user); msg = f"password={password}"'},
 ]
 
 
@@ -609,3 +638,21 @@ def test_encoded_data_that_is_no_secret_has_no_finding(value: Any) -> None:
 def test_code_and_form_labels_about_passwords_are_no_password(text: str) -> None:
     assert found({"text": text}) == set()
     assert found({"text": b64(text)}) == set()
+
+
+def test_a_token_whose_halves_were_encoded_apart_is_found_and_redacted() -> None:
+    value = {"url": "https://collect.example.net/e", "first": b64(GH24[:17]), "second": b64(GH24[17:])}
+    (finding,) = detect_secrets(value)
+    assert (finding.kind, finding.path, finding.via) == ("api_key", "$.first+$.second", "split>base64")
+    assert set(sanitize(value, LIMITS).findings) == {finding}
+    assert redact_secrets(value)[0] == {**value, "first": "[REDACTED:api_key]", "second": "[REDACTED:api_key]"}
+
+
+def test_an_archive_is_read_as_its_printable_runs_within_the_bound() -> None:
+    """A tar inside gzip is binary (headers full of NUL bytes): its printable runs are scanned;
+    a zip's members are read in memory, at most MAX_LAYER_CHARS bytes in all."""
+    (layer,) = [lay for lay in decode.decoded_layers(b64(_tar_gz({"a.txt": b"x" * 40})), decode.Prefixes.of(["ghp_"]))]
+    assert (layer.via, layer.text) == ("base64>gzip", "x" * 40)  # the file's content, without the tar headers
+    bomb = b64(_zip({"a": b"a" * 5_000_000, "b": f"key {GH24}".encode()}))
+    assert [len(lay.text) for lay in decode.decoded_layers(bomb, decode.Prefixes.of(["ghp_"]))] == [decode.MAX_LAYER_CHARS + 1]
+    assert found({"q": bomb}) == set()

@@ -31,8 +31,10 @@ import base64
 import binascii
 import bz2
 import html.entities
+import io
 import lzma
 import re
+import zipfile
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import unquote_to_bytes
 
-__all__ = ["MAX_DEPTH", "Layer", "Prefixes", "charcode_text", "decode_base64", "decoded_layers"]
+__all__ = ["MAX_DEPTH", "Layer", "Prefixes", "charcode_text", "decode_base64", "decoded_layers", "whole_text"]
 
 MAX_DEPTH: Final = 3  # layers of encoding inside one another
 MAX_LAYERS: Final = 32  # decoded layers per top-level string
@@ -74,9 +76,12 @@ _QUOTED_PRINTABLE: Final = re.compile(r"=(?:([0-9A-F]{2})|\r?\n)")
 # UTF-8 sequence (`x=10, y=20` in code is not quoted-printable).
 _QP_EVIDENCE: Final = re.compile(r"=(?:\r?\n|3D|[0-9A-F]{2}=[0-9A-F]{2}=[0-9A-F]{2}|[C-F][0-9A-F]=[89AB][0-9A-F])")
 _DIGITS_AS_ZERO: Final = bytes.maketrans(b"123456789", b"000000000")
+_HEX_AS_ZERO: Final = bytes.maketrans(b"abcdefABCDEF", b"000000000000")  # after _DIGITS_AS_ZERO
+_PRINTABLE_RUN: Final = re.compile(rb"[\t\n\r\x20-\x7e]{16,}")
+_HEX_BYTES: Final = re.compile(r"(?<![0-9A-Za-z])(?:[0-9a-fA-F]{2}[ :\n-]){7,}[0-9a-fA-F]{2}(?![0-9A-Za-z])")  # `6e 70 6d 5f ...`
 _CODE: Final = r"(?:0[xX][0-9A-Fa-f]{1,6}|[0-9]{1,7})"
 _CODE_LIST: Final = re.compile(rf"(?<![\w.]){_CODE}(?:\s*,\s*{_CODE}){{7,}}(?![\w.])")
-_CODE_WORDS: Final = re.compile(r"(?<![\w.])(?:[0-9]{2,3}[ \t]+){7,}[0-9]{2,3}(?![\w.])")  # `110 112 109 95 ...`
+_CODE_WORDS: Final = re.compile(r"(?<![\w.])(?:[0-9]{2,3}\s+){7,}[0-9]{2,3}(?![\w.])")  # `110 112 109 95 ...`, one per line
 _CODE_CALLS: Final = re.compile(rf"(?:(?:[Cc]hr[Ww]?|CHR|[Cc]har|CHAR)\(\s*{_CODE}\s*\)\s*[-+.&,|]*\s*){{8,}}")
 _CODE_NUMBER: Final = re.compile(_CODE)
 # Separators a token may be cut by (and concatenation syntax): removed to rejoin it.
@@ -179,10 +184,13 @@ def _base32(run: str) -> bytes | None:
 
 
 def _inflate(data: bytes) -> tuple[str, str] | None:
-    """(how, text) of gzip, zlib, bzip2 or xz data that decompresses to text (at most
-    `MAX_LAYER_CHARS` bytes of output: a compression bomb stops there); None otherwise."""
+    """(how, text) of gzip, zlib, bzip2, xz or zip data, decompressed (at most `MAX_LAYER_CHARS`
+    bytes of output: a compression bomb stops there); text that is not UTF-8 throughout (a tar
+    archive, a binary) is read as its printable runs, as `strings` does. None otherwise."""
     try:
-        if data.startswith(b"\x1f\x8b"):
+        if data.startswith(b"PK\x03\x04"):
+            how, out = "zip", _unzip(data)
+        elif data.startswith(b"\x1f\x8b"):
             how, out = "gzip", zlib.decompressobj(wbits=47).decompress(data, MAX_LAYER_CHARS)
         elif len(data) > 2 and data[0] == 0x78 and (data[0] << 8 | data[1]) % 31 == 0:
             how, out = "zlib", zlib.decompressobj().decompress(data, MAX_LAYER_CHARS)
@@ -192,14 +200,31 @@ def _inflate(data: bytes) -> tuple[str, str] | None:
             how, out = "xz", lzma.LZMADecompressor().decompress(data, MAX_LAYER_CHARS)
         else:
             return None
-    except (zlib.error, OSError, EOFError, ValueError, lzma.LZMAError):
+    except (zlib.error, OSError, EOFError, ValueError, lzma.LZMAError, zipfile.BadZipFile, NotImplementedError):
         return None
-    text = _as_text(out)
-    return (how, text) if text is not None else None
+    text = _as_text(out) or _strings(out)
+    return (how, text) if text else None
+
+
+def _unzip(data: bytes) -> bytes:
+    """The members of an in-memory zip archive, one after another, at most `MAX_LAYER_CHARS` bytes."""
+    out = b""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        for info in archive.infolist()[:MAX_SEGMENTS]:
+            with archive.open(info) as member:
+                out += member.read(MAX_LAYER_CHARS - len(out)) + b"\n"
+            if len(out) >= MAX_LAYER_CHARS:
+                break
+    return out
+
+
+def _strings(data: bytes) -> str:
+    """The runs of 16+ printable ASCII characters (tabs and line breaks included) in binary data."""
+    return "\n".join(m.group().decode("ascii") for m in _PRINTABLE_RUN.finditer(data))
 
 
 def _compressed(head: bytes | None) -> bool:
-    return head is not None and (head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")) or (
+    return head is not None and (head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"PK\x03\x04")) or (
         len(head) > 2 and head[0] == 0x78 and (head[0] << 8 | head[1]) % 31 == 0))
 
 
@@ -229,6 +254,12 @@ def _decode_run(run: str, extended: bool = False) -> tuple[str, str] | None:
         backwards = _base64_text(run[::-1].lstrip("="), False)
         return ("reversed>" + backwards[0], backwards[1]) if backwards is not None else None
     return decoded
+
+
+def whole_text(s: str) -> tuple[str, str] | None:
+    """(how, text) when all of `s` is one base64, base32 or hex run that decodes to text (a piece
+    of a secret split across fields and encoded piece by piece), else None."""
+    return _decode_run(s, True) if _BASE64_RUN.fullmatch(s) is not None else None
 
 
 def _ascii_base64(firsts: str) -> bool:
@@ -273,7 +304,7 @@ def _candidates(s: str, prefixes: Prefixes | None, top: bool) -> Iterator[Layer]
         yield from _reassembled(s, prefixes, top)
         if "\\" in s or "&#" in s or "=" in s:
             yield from _escaped(s)
-        if "," in s or "(" in s or " " in s:
+        if "," in s or "(" in s or " " in s or "\n" in s or ":" in s:
             yield from _charcodes(s)
     if len(s) >= MIN_BASE64:
         yield from _runs(s, prefixes)
@@ -471,13 +502,19 @@ def _charcodes(s: str) -> Iterator[Layer]:
         found += _CODE_LIST.finditer(s, 0, MAX_LAYER_CHARS)
     if "hr(" in s or "har(" in s or "HR(" in s or "HAR(" in s or "hrW(" in s:
         found += _CODE_CALLS.finditer(s, 0, MAX_LAYER_CHARS)
-    if b"00 00" in shape:
+    if b"00 00" in shape or b"00\n00" in shape:
         found += _CODE_WORDS.finditer(s, 0, MAX_LAYER_CHARS)
     for m in found:
         codes = [int(n, 0) if n[:2] in ("0x", "0X") else int(n) for n in _CODE_NUMBER.findall(m.group())]
         text = charcode_text(codes)
         if text is not None:
             yield Layer(m.start(), m.end(), "charcodes", text)
+    shape = shape.translate(_HEX_AS_ZERO)
+    if b"00 00 00" in shape or b"00:00:00" in shape or b"00-00-00" in shape:
+        for m in _HEX_BYTES.finditer(s, 0, MAX_LAYER_CHARS):  # a hex dump: bytes apart
+            text = _as_text(bytes.fromhex(re.sub(r"[ :\n-]", "", m.group())))
+            if text is not None and len(text) >= MIN_TEXT:
+                yield Layer(m.start(), m.end(), "hex", text)
 
 
 def decoded_layers(s: str, prefixes: Prefixes | None = None) -> Iterator[Layer]:

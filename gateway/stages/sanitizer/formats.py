@@ -42,9 +42,11 @@ _TOKEN: Final = _ALNUM | {"_", "-"}
 
 # ---- placeholders --------------------------------------------------------------------------
 
-#: Whole values that are templates: ***, xxxx, <token>, ${VAR}, {{ secret }}, %(password)s, [REDACTED].
+#: Whole values that are templates: ***, xxxx, <token>, ${VAR}, {{ secret }}, {password}, %(password)s, %s, [REDACTED].
 PLACEHOLDER_FORM: Final = re.compile(
-    r"\A(?:\*+|x+|•+|\.+|…|\[REDACTED[^\]]*\]|<[^>]*>|\$\{[^}]*\}|\{\{[^}]*\}\}|%\([^)]*\)s)\Z", re.IGNORECASE
+    r"\A(?:\*+|x+|•+|\.+|…|\[REDACTED[^\]]*\]|<[^>]*>|\$\{[^}]*\}|\{\{[^}]*\}\}|\{[A-Za-z0-9_.]*\}|%\([^)]*\)s"
+    r"|%[-+ #0]*[0-9]*(?:\.[0-9]+)?[sdifqrvx])\Z",
+    re.IGNORECASE,
 )
 _PARTS: Final = re.compile(r"[\s\-_.:/|+=<>\[\](){}\"'`]+")
 _FILLER: Final = re.compile(r"(?:[a-z]{2,4})?(?:x{3,}|\*+|0{4,}|•+|#{3,}|\.{3,}|…)")  # AKIAXXXX..., sk_xxxx

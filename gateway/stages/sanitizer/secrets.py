@@ -18,6 +18,7 @@ I/O; the regexes are compiled at import.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
@@ -26,7 +27,7 @@ from typing import Any, Final
 from gateway.core.call import Finding
 from gateway.memo import MemoSet
 from gateway.stages.sanitizer import decode
-from gateway.stages.sanitizer.decode import MIN_TEXT, Layer, charcode_text, decode_base64
+from gateway.stages.sanitizer.decode import MIN_TEXT, Layer, charcode_text, decode_base64, whole_text
 from gateway.stages.sanitizer.formats import PREFIXES, credential_hits, is_placeholder, public_hits
 from gateway.stages.sanitizer.paths import child_path
 from gateway.stages.sanitizer.wallets import wallet_hits
@@ -416,6 +417,26 @@ def split_secrets(parent: str, pieces: Sequence[Piece]) -> list[tuple[Finding, l
                 for i in covered
             ]
             out.append((finding, parts))
+    return out + _encoded_pieces(parent, pieces, seen)
+
+
+def _encoded_pieces(parent: str, pieces: Sequence[Piece], seen: set[tuple[str, str]]) -> list[tuple[Finding, list[tuple[int, _Hit]]]]:
+    """A credential cut in pieces that were encoded one by one (`{"a": b64(first half), "b": b64(rest)}`):
+    the pieces that are each one encoded run, decoded, joined in order from each on, and looked at
+    for credential formats."""
+    decoded = [(i, d) for i, (_key, text, _kinds) in enumerate(pieces[:SPLIT_MAX_STARTS]) if (d := whole_text(text)) is not None]
+    out: list[tuple[Finding, list[tuple[int, _Hit]]]] = []
+    for first in range(len(decoded) - 1):
+        group = decoded[first : first + SPLIT_MAX_PIECES]
+        offsets = list(itertools.accumulate((len(d[1]) for _i, d in group), initial=0))
+        for kind, start, end, detail in credential_hits("".join(d[1] for _i, d in group)):
+            covered = [group[k][0] for k in range(len(group)) if offsets[k] < end and offsets[k + 1] > start]
+            if start >= offsets[1] or len(covered) < 2 or any(kind in pieces[i][2] for i in covered) or (kind, detail) in seen:
+                continue
+            seen.add((kind, detail))
+            path = "+".join(child_path(parent, pieces[i][0]) for i in covered)
+            finding = Finding(kind, path, f"{detail}, split across {len(covered)} fields", "", f"split>{group[0][1][0]}")
+            out.append((finding, [(i, (kind, 0, len(pieces[i][1]), detail, "split", "")) for i in covered]))
     return out
 
 
