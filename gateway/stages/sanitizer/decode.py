@@ -496,8 +496,11 @@ def charcode_text(codes: Sequence[int]) -> str | None:
 def _charcodes(s: str) -> Iterator[Layer]:
     """Lists of character codes (`115, 107, 95`, `String.fromCharCode(...)`, `chr(115)+chr(107)`,
     `115 107 95 ...`)."""
+    raw = s[:MAX_LAYER_CHARS].encode("utf-8", "surrogatepass")
+    if len(raw) - len(raw.translate(None, b"0123456789abcdefABCDEF")) < 2 * MIN_TEXT:  # 8 codes: 16 digits
+        return
     found: list[re.Match[str]] = []
-    shape = s[:MAX_LAYER_CHARS].encode("utf-8", "surrogatepass").translate(_DIGITS_AS_ZERO)  # a fast first look
+    shape = raw.translate(_DIGITS_AS_ZERO)  # a fast first look
     if (b"0, 0" in shape or b"0,0" in shape) and s.count(",") >= 7:
         found += _CODE_LIST.finditer(s, 0, MAX_LAYER_CHARS)
     if "hr(" in s or "har(" in s or "HR(" in s or "HAR(" in s or "hrW(" in s:
