@@ -4,10 +4,19 @@ broken checksums, redaction of what decoding revealed, and the benign look-alike
 from __future__ import annotations
 
 import base64
+import bz2
+import codecs
+import datetime
+import gzip
 import hashlib
+import io
 import json
+import lzma
 import random
+import tarfile
 import urllib.parse
+import zipfile
+import zlib
 from importlib import resources
 from typing import Any
 
@@ -348,3 +357,302 @@ def test_the_memo_of_clean_strings_is_bounded(monkeypatch: pytest.MonkeyPatch) -
         assert detect_secrets({"text": f"plain words number {i}"}) == ()
         assert len(secrets._CLEAN) <= 3
     assert [f.kind for f in detect_secrets({"text": TEXT})] == ["api_key"]
+
+
+# ---- issue 24: the encodings and obfuscations the decoder did not undo ------------------------
+# Random values in each vendor's format (tests/corpus/tools/token_values.py, seeds 80-82): no account
+# is behind them, and none is a documented example value.
+
+GH24 = "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"
+NPM24 = "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"
+SLACK24 = "xoxb-84672660393-8282014114739-db1zf40oKzSqCmfs9dwIJvHy"
+STRIPE24 = "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"
+ANT24 = "sk-ant-api03-2n6BrozhCg8LbQIHfZXwRPLGaFdPnvlisnITcNVOfE0zu6zSt7z-Z3n0Ejy4cqBRHoYQhIwovgo0ZlXeWckwSRk1oY0PpAA"
+GOOGLE24 = "AIza2kKyy_XuqOw9vjDUlrfo-3qEUejF1IKPOqI"
+GITLAB24 = "glpat-t_oOzyhoniBM7Oujzl6v"
+AWS24 = "AKIARZ2XXZXBYODYPKAJ"
+PEM24 = (
+    "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgFPhzyBWNHhNqnBl3\n"
+    "NzmzNporA6PTxPxXPgKdEZYFyHuhRANCAARaJFUnb2HGMI2DK9UI3NaP6zMtpSeN\n"
+    "GMRDg7rDPDLOUaw9/1VAk9CVgqCruJoHuJIO9TPGgyHr1mZuC5tIe9HS\n-----END PRIVATE KEY-----\n"
+)
+
+
+def _tar_gz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buf.getvalue()
+
+
+def _escapes(s: str, form: str) -> str:
+    return "".join(form.format(ord(c)) for c in s)
+
+
+OBFUSCATIONS = [
+    ("base32", base64.b32encode(f"token={GH24}".encode()).decode()),
+    ("base32", base64.b32encode(f"token={GH24}".encode()).decode().rstrip("=").lower()),
+    ("base64>gzip", b64(gzip.compress(f"key={ANT24}".encode(), mtime=0))),
+    ("base64>zlib", b64(zlib.compress(f"STRIPE_SECRET_KEY={STRIPE24}\n".encode()))),
+    ("base64>bzip2", b64(bz2.compress(f"npmrc _authToken={NPM24}".encode()))),
+    ("base64>xz", b64(lzma.compress(f"slack {SLACK24}".encode()))),
+    ("hex>gzip", gzip.compress(f"key {GH24}".encode(), mtime=0).hex()),
+    ("escape", _escapes(ANT24, "\\u{:04x}")),
+    ("escape", GITLAB24.replace("-", "\\u002d").replace("_", "\\u005f")),
+    ("escape", _escapes(STRIPE24, "\\{:03o}")),
+    ("escape", _escapes(GOOGLE24, "\\u{{{:x}}}")),
+    ("html", _escapes(SLACK24, "&#{};")),
+    ("html", _escapes(GH24, "&#x{:x};")),
+    ("quoted-printable", "".join(f"={b:02X}" for b in STRIPE24.encode())),
+    ("quoted-printable", f"Content-Transfer-Encoding: quoted-printable\n\nkey=3D{GOOGLE24[:20]}=\n{GOOGLE24[20:]}\n"),
+    ("charcodes", "String.fromCharCode(" + ", ".join(str(ord(c)) for c in NPM24) + ")"),
+    ("charcodes", "[" + ",".join(hex(ord(c)) for c in GITLAB24) + "]"),
+    ("charcodes", "+".join(f"chr({ord(c)})" for c in GH24)),
+    ("rot13", codecs.encode(SLACK24, "rot13")),
+    ("rot13", codecs.encode(PEM24, "rot13")),
+    ("reversed", GH24[::-1]),
+    ("reversed", f"{AWS24} and more"[::-1]),
+    ("reversed>base64", b64(f"token={GITLAB24}")[::-1]),
+    ("joined", " ".join(AWS24[i : i + 4] for i in range(0, 20, 4))),
+    ("joined", "|".join(STRIPE24[i : i + 12] for i in range(0, len(STRIPE24), 12))),
+    ("joined", ".".join(SLACK24)),
+    ("joined", f'const k = "{ANT24[:7]}" +\n  "{ANT24[7:50]}" + "{ANT24[50:]}";'),
+    ("joined", "T = ''.join([" + ", ".join(repr(GH24[i : i + 9]) for i in range(0, 40, 9)) + "])"),
+    ("base64", base64.encodebytes(f"[prod]\naws_access_key_id={AWS24}\nregion=eu-west-1\n".encode()).decode()),
+    ("base64>gzip", json.dumps({"data": base64.encodebytes(gzip.compress(PEM24.encode(), mtime=0)).decode()})),  # `\n` escapes
+    ("base32", "https://cdn.example.net/i/" + base64.b32encode(STRIPE24.encode()).decode().rstrip("=") + "/p.gif"),
+    ("rot13", "https://relay.example.net/r/" + codecs.encode(SLACK24, "rot13") + "/ok"),
+    ("charcodes", "codes: " + " ".join(str(ord(c)) for c in NPM24)),
+    ("charcodes", "\n".join(str(ord(c)) for c in GH24)),
+    ("hex", " ".join(f"{b:02x}" for b in NPM24.encode())),
+    ("base64>gzip", b64(_tar_gz({".ssh/id_ec": PEM24.encode(), ".ssh/known_hosts": b"github.com ssh-ed25519 AAAA\n"}))),
+    ("base64>zip", b64(_zip({".env": f"STRIPE_SECRET_KEY={STRIPE24}\n".encode()}))),
+]
+
+
+@pytest.mark.parametrize(("via", "encoded"), OBFUSCATIONS)
+def test_each_obfuscation_reveals_the_secret_and_says_how(via: str, encoded: str) -> None:
+    value = {"q": f"payload {encoded} end"}
+    kinds = {kind for kind, how in found(value) if how == via}
+    assert kinds & {"api_key", "private_key"}, found(value)
+    assert all(via in f.via or f.via == "" for f in detect_secrets(value))
+    assert_redacted(value, encoded.strip())
+
+
+def test_undone_escapes_map_back_exactly_so_only_the_secret_is_redacted() -> None:
+    """Escapes, character references, rot13, reversal and rejoining map each character back: the
+    redaction replaces the secret's own characters, and the text around it stays."""
+    for encoded in (GITLAB24.replace("-", "\\u002d"), _escapes(SLACK24, "&#{};"), codecs.encode(SLACK24, "rot13"),
+                    GH24[::-1], " ".join(AWS24[i : i + 4] for i in range(0, 20, 4))):
+        redacted, _ = redact_secrets({"q": f"first words {encoded} last words"})
+        assert redacted["q"].startswith("first words [REDACTED:api_key]") and redacted["q"].endswith(" last words")
+
+
+def test_the_plain_decoder_is_unchanged_for_the_instruction_scanner() -> None:
+    """`decode.decoded_layers` without prefixes (the instruction scanner's call) decodes base64, hex
+    and URL-encoding only; the other decodings and the reassemblies need the credential prefixes."""
+    for encoded in (codecs.encode(SLACK24, "rot13"), _escapes(ANT24, "\\u{:04x}"), base64.b32encode(GH24.encode()).decode()):
+        assert list(decode.decoded_layers(f"payload {encoded}")) == []
+    assert [layer.via for layer in decode.decoded_layers(b64(TEXT))] == ["base64"]
+
+
+def test_decompression_is_bounded() -> None:
+    """A compression bomb yields at most MAX_LAYER_CHARS decoded bytes; a key past that is not seen."""
+    bomb = b64(zlib.compress(b"a" * 50_000_000 + f" {GH24}".encode(), 9))
+    layers = list(decode.decoded_layers(bomb, decode.Prefixes.of(["ghp_"])))
+    assert [len(layer.text) for layer in layers if layer.via == "base64>zlib"] == [decode.MAX_LAYER_CHARS]
+    assert found({"q": bomb}) == set()
+
+
+def test_an_escape_is_rescanned_only_near_itself() -> None:
+    """One escape in a long text re-scans WINDOW characters around it, not the whole text."""
+    text = "lorem ipsum " * 5_000 + "caf\\u00e9 " + "dolor sit " * 5_000
+    (layer,) = [lay for lay in decode.decoded_layers(text, decode.Prefixes.of(["ghp_"])) if lay.via == "escape"]
+    assert len(layer.text) <= 2 * decode.WINDOW + 1 and "café" in layer.text
+
+
+def test_runs_too_long_to_be_tokens_are_not_turned() -> None:
+    long_run = codecs.encode(SLACK24, "rot13") + "a" * decode.MAX_TURNED
+    assert "rot13" not in {via for _, via in found({"q": long_run})}
+
+
+SSH_ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIP2l/rloynul1wk/E/fMOin3xLD7/XL/BwJ1SWKgj9go dev@laptop"
+PGP_PUBLIC = (
+    "-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nmDMEawt07hYJKwYBBAHaRw8BAQdAMMeLeBcMHT0ytkZR7z0XBdQosiWeajFHUqZO\n"
+    "NN+UE8+0HURldiBFeGFtcGxlIDxkZXZAZXhhbXBsZS5vcmc+iJAEExYIADgWIQRJ\n"
+    "f5yl9RhiIb72AfLMibPIBuC+rAUCawt07gIbAwULCQgHAgYVCgkICwIEFgIDAQIe\n"
+    "AQIXgAAKCRDMibPIBuC+rJKJAQCDYGzQvRXCIMYjwlQ/wm8xQsX1sgPaAmZ1lm6Z\n"
+    "wBm2JAEA0W+vSyR0RRx1cgHbsG06peXcOfnRxetAXnPU7p8PGQg=\n=KCUy\n-----END PGP PUBLIC KEY BLOCK-----\n"
+)
+PUBLISHABLE = "pk_live_51zbCLBcQEmGzUOZ3TYNJCUrloglFfAYqms0yHuh8Z4WXXldFlwrSnewKaCA0NctznUd28gALfHRzCf7ERxsdIzynjCUEDtHR9W"
+
+
+def _public_material() -> list[str]:
+    """Fresh SSH public keys, a PEM public key and a self-signed certificate (all public by design)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+    from cryptography.x509.oid import NameOID
+
+    out = []
+    for key in (ed25519.Ed25519PrivateKey.generate(), rsa.generate_private_key(65537, 2048), ec.generate_private_key(ec.SECP256R1())):
+        pub = key.public_key()
+        out.append(pub.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode() + " ci@build")
+        out.append(pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode())
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "api.internal.example")])
+    now = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=90)).sign(key, hashes.SHA256()))
+    return [*out, cert.public_bytes(serialization.Encoding.PEM).decode()]
+
+
+def test_public_key_material_is_no_finding() -> None:
+    for material in [*_public_material(), SSH_ED25519, PGP_PUBLIC, PUBLISHABLE, "pk_test_" + PUBLISHABLE[8:]]:
+        assert found({"key": material, "body": f"my public key:\n{material}\nthanks"}) == set(), material
+    assert found({"stripe_api_key": PUBLISHABLE, "api_key": SSH_ED25519}) == set()  # public whatever the field says
+
+
+def test_a_fake_public_block_does_not_hide_a_secret() -> None:
+    """Public key material is not skipped: what is found inside it still counts."""
+    fake = f"-----BEGIN CERTIFICATE-----\n{b64('aws_access_key_id=' + AWS24)}\n-----END CERTIFICATE-----\n"
+    assert ("api_key", "base64") in found({"cert": fake})
+    assert ("api_key", "") in found({"key": f"-----BEGIN PUBLIC KEY-----\n{GH24}\n-----END PUBLIC KEY-----"})
+
+
+PLACEHOLDERS = [
+    "sk_live_xxxxxxxxxxxxxxxxxxxxxxxx",
+    "ghp_" + "X" * 36,
+    "AKIA" + "X" * 16,
+    "sk-proj-your-api-key-here",
+    "sk-ant-api03-" + "x" * 40,
+    "STRIPE_SECRET_KEY=sk_live_xxxxxxxxxxxxxxxxxxxxxxxx\nOPENAI_API_KEY=sk-proj-your-api-key-here\nSESSION_SECRET=change-this\n"
+    f"NEXT_PUBLIC_STRIPE_KEY={PUBLISHABLE}\nDB_PASSWORD=changeme\n",
+    'api_key: "your-api-key-here"',
+    "DATABASE_URL=postgres://user:password@localhost:5432/app",
+    "REDIS_URL=redis://:changeme@localhost:6379/0",
+    "password: <your-password>",
+]
+
+
+@pytest.mark.parametrize("text", PLACEHOLDERS)
+def test_placeholders_are_no_secret(text: str) -> None:
+    assert found({"text": text}) == set()
+
+
+@pytest.mark.parametrize("value", [{"password": "changeme"}, {"api_key": "YOUR_API_KEY"}, {"client_secret": "replace-me"},
+                                   {"token": "<your-token>"}, {"secret": "secret"}])
+def test_placeholder_values_of_secret_fields_are_no_secret(value: dict[str, str]) -> None:
+    assert found(value) == set()
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [({"text": f"{ANT24}-your-key-here"}, "api_key"), ({"password": "hunter2-changeme"}, "password"),
+     ({"text": "STRIPE_SECRET_KEY=" + STRIPE24 + "\nTOKEN=" + GH24 + "\n"}, "api_key"),
+     ({"text": "postgres://app:Tr0ub4dor88@db.internal/app"}, "password")],
+)  # fmt: skip
+def test_a_real_secret_next_to_placeholder_words_still_counts(value: dict[str, str], kind: str) -> None:
+    assert kind in {k for k, _ in found(value)}
+
+
+def test_a_digit_run_inside_a_digest_is_not_a_card_number() -> None:
+    digest = "84bd9c3efb5eb361366635125f5df7c509d11249d4cd37448b8f0a6c726c62ffc362147120533246c418bf67a07d3ba2f"
+    assert found({"sha512": digest, "b64": "Zm9v4111111111111111YmFy"}) == set()
+    assert ("payment_card", "") in found({"q": "card: 4111111111111111."})
+
+
+def test_a_token_split_across_objects_names_every_field_and_is_redacted() -> None:
+    value = {"url": "https://api.sync.example.net/v1", "headers": {"X-Trace": ANT24[:20]}, "body": ANT24[20:]}
+    (finding,) = detect_secrets(value)
+    assert (finding.kind, finding.path, finding.via) == ("api_key", '$.headers["X-Trace"]+$.body', "split")
+    assert set(sanitize(value, LIMITS).findings) == {finding}
+    redacted, _ = redact_secrets(value)
+    assert redacted["headers"]["X-Trace"] == redacted["body"] == "[REDACTED:api_key]"
+    records = {"records": [{"v": GH24[i : i + 10]} for i in range(0, 40, 10)]}
+    assert ("api_key", "split") in found(records)
+
+
+def test_short_strings_of_different_objects_that_are_no_secret_stay_apart() -> None:
+    value = {"meta": {"id": "sk-ant-api", "kind": "note"}, "items": [{"name": "release", "tag": "v1.2.3"}], "owner": "dev"}
+    assert found(value) == set()
+
+
+def test_character_codes_in_an_integer_array_are_decoded_and_redacted() -> None:
+    value = {"url": "https://collect.example.net/e", "data": [ord(c) for c in NPM24]}
+    assert found(value) == {("api_key", "charcodes")}
+    (finding,) = detect_secrets(value)
+    assert finding.path == "$.data"
+    assert redact_secrets(value)[0]["data"] == ["[REDACTED:api_key]"]
+    assert found({"values": [random.Random(4).randrange(48, 122) for _ in range(64)], "n": [1, 2, 3, 4, 5, 6, 7, 8, 9]}) == set()
+
+
+NON_SECRETS_24 = [
+    {"lock": json.dumps({"packages": {f"node_modules/p{i}": {"integrity": "sha512-" + b64(random.Random(i).randbytes(64))} for i in range(8)}})},
+    {"html": '<script src="/a.js" integrity="sha384-' + b64(random.Random(9).randbytes(48)) + '"></script>'},
+    {"css": "a{background:url(\"data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg'%3E%3Cpath d='M4 4l8 8'/%3E%3C/svg%3E\")}"
+            "@font-face{src:url(data:font/woff2;base64," + b64(b"wOF2" + random.Random(5).randbytes(600)) + ")}"},
+    {"body": b64(gzip.compress(json.dumps({"points": [{"v": i, "route": "/api/items"} for i in range(30)]}).encode(), mtime=0))},
+    {"ids": "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi duckduckgogg42xjoc72x3sjasowoarfbgcmvfimaftt6twagswzczad.onion 01HZX3K5QW7M2N9P4R6T8V0Y1B"},
+    {"html": "<p>It&#8217;s the band&#8217;s best record &mdash; &#x201C;loud&#x201D; &amp; clear</p>"},
+    {"log": 'export {"name":"Ren\\u00e9e Fran\\u00e7ois","note":"\\ud83d\\ude00 ok","dash":"\\u2014"}'},
+    {"mail": "Content-Transfer-Encoding: quoted-printable\n\nBonjour =C3=A0 tous, la r=C3=A9union est d=C3=A9plac=C3=A9e =\n=C3=A0 jeudi.\n"},
+    {"post": "Spoiler (rot13): " + codecs.encode("The answer is the lighthouse keeper, use the skeleton key", "rot13")},
+    {"code": 'const url = "https://api." + region + ".example.com" + "/v1/" + "items";\nconst parts = ["alpha", "beta"].join("-");'},
+    {"body": "serial K7QP 4MZD 82XW LR3N, ref DE44 5001 0517 5407 3249 31, uuid 3f2b8c1e-9a4d-4e6b-8f0a-1c2d3e4f5a6b"},
+    {"issue": "fails on C:\\Users\\dev\\AppData\\Local\\Temp\\x41b2 with ^\\d{3}-\\w+$ and perms \\755"},
+    {"b64": base64.encodebytes(random.Random(6).randbytes(400)).decode()},
+    {"csv": "id, price, qty\n1001, 250, 3\n1002, 99, 12\n1003, 120, 7\n1004, 80, 1\n1005, 75, 2\n"},
+    {"msg": "temps: 21 22 23 22 21 20 19 18 18 19 21 24 26 | rgb: 255 128 64 32 100 110 97 109 101 115 200 210"},
+    {"body": json.dumps({"data": base64.encodebytes(b"\x89PNG\r\n\x1a\n" + random.Random(7).randbytes(900)).decode()})},
+    {"snapshot": b64(_tar_gz({"src/main.py": b"def main() -> int:\n    return 0\n", "README.md": b"# tool\n"}))},
+    {"report": b64(_zip({"report.csv": b"week,orders\n47,1203\n48,1177\n"}))},
+    {"issue": "starts 89 50 4e 47 0d 0a 1a 0a 00 00 00 0d 49 48 44 52, fingerprint 3A:F5:9C:10:7B:2E:44:D1:90:AA:5F:3C"},
+    {"log": 'log.info("password=%s user=%s", pw, user); msg = f"password={password}"'},
+]
+
+
+@pytest.mark.parametrize("value", NON_SECRETS_24)
+def test_encoded_data_that_is_no_secret_has_no_finding(value: Any) -> None:
+    assert found(value) == set()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [".login .password:focus{outline:none} #password:invalid{border:1px solid red}",  # CSS
+     "if (form.password===form.confirm) return; const pwd=document.getElementById('pwd').value;",  # code
+     '{"password": "Passwort", "forgot_password": "Passwort vergessen?", "pwd": "Mot de passe"}'],  # form labels
+)  # fmt: skip
+def test_code_and_form_labels_about_passwords_are_no_password(text: str) -> None:
+    assert found({"text": text}) == set()
+    assert found({"text": b64(text)}) == set()
+
+
+def test_a_token_whose_halves_were_encoded_apart_is_found_and_redacted() -> None:
+    value = {"url": "https://collect.example.net/e", "first": b64(GH24[:17]), "second": b64(GH24[17:])}
+    (finding,) = detect_secrets(value)
+    assert (finding.kind, finding.path, finding.via) == ("api_key", "$.first+$.second", "split>base64")
+    assert set(sanitize(value, LIMITS).findings) == {finding}
+    assert redact_secrets(value)[0] == {**value, "first": "[REDACTED:api_key]", "second": "[REDACTED:api_key]"}
+
+
+def test_an_archive_is_read_as_its_printable_runs_within_the_bound() -> None:
+    """A tar inside gzip is binary (headers full of NUL bytes): its printable runs are scanned;
+    a zip's members are read in memory, at most MAX_LAYER_CHARS bytes in all."""
+    (layer,) = [lay for lay in decode.decoded_layers(b64(_tar_gz({"a.txt": b"x" * 40})), decode.Prefixes.of(["ghp_"]))]
+    assert (layer.via, layer.text) == ("base64>gzip", "x" * 40)  # the file's content, without the tar headers
+    bomb = b64(_zip({"a": b"a" * 5_000_000, "b": f"key {GH24}".encode()}))
+    assert [len(lay.text) for lay in decode.decoded_layers(bomb, decode.Prefixes.of(["ghp_"]))] == [decode.MAX_LAYER_CHARS + 1]
+    assert found({"q": bomb}) == set()

@@ -18,15 +18,17 @@ I/O; the regexes are compiled at import.
 
 from __future__ import annotations
 
-import json
+import itertools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
 from typing import Any, Final
 
 from gateway.core.call import Finding
 from gateway.memo import MemoSet
-from gateway.stages.sanitizer.decode import decode_base64, decoded_layers
+from gateway.stages.sanitizer import decode
+from gateway.stages.sanitizer.decode import MIN_TEXT, Layer, charcode_text, decode_base64, whole_text
+from gateway.stages.sanitizer.formats import PREFIXES, credential_hits, is_placeholder, public_hits
 from gateway.stages.sanitizer.paths import child_path
 from gateway.stages.sanitizer.wallets import wallet_hits
 
@@ -37,26 +39,8 @@ __all__ = ["detect_secrets", "redact_secrets"]
 _Hit = tuple[str, int, int, str, str, str]
 MIN_SCAN: Final = 6  # shorter strings cannot hold anything we detect (key-name rules aside)
 
-_AWS: Final = re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])")
-_GITHUB: Final = re.compile(
-    r"(?<![A-Za-z0-9])(?:(gh[pousr]_)[A-Za-z0-9]{36,251}|(github_pat_)[A-Za-z0-9_]{22,255})(?![A-Za-z0-9_])"
-)
-_SLACK: Final = re.compile(r"(?<![A-Za-z0-9])(xox[bpas]-)(?=[A-Za-z0-9-]*\d)[A-Za-z0-9-]{10,}")
-_STRIPE: Final = re.compile(r"(?<![A-Za-z0-9])((?:sk|rk)_live_)[A-Za-z0-9]{16,}")
-_ANTHROPIC: Final = re.compile(r"(?<![A-Za-z0-9])sk-ant-[A-Za-z0-9_-]{20,}")
-_OPENAI: Final = re.compile(r"(?<![A-Za-z0-9])sk-(?!ant-)((?:proj|svcacct|admin)-)?([A-Za-z0-9_-]{20,})")
-_GOOGLE: Final = re.compile(r"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_-])")
 _GENERIC_KEY: Final = re.compile(
     r"(?<![a-z0-9])api[_-]?key(?![a-z0-9])[\"']?\s*[:=]\s*[\"']?([^\s\"',;&]{16,})", re.IGNORECASE
-)
-_PRIVATE_KEY: Final = re.compile(
-    r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY( BLOCK)?-----(?:.*?-----END \1PRIVATE KEY\2-----|.*)",
-    re.DOTALL,
-)
-_JWT: Final = re.compile(r"(?<![A-Za-z0-9_-])(eyJ[A-Za-z0-9_-]{5,})=*\.([A-Za-z0-9_-]{5,})=*\.[A-Za-z0-9_-]*")
-_JWT_IO_SAMPLE: Final = (  # jwt.io's default token (header, payload), quoted in every JWT tutorial
-    "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9",
-    "eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ",
 )
 _BASIC_AUTH: Final = re.compile(r"(?<![A-Za-z0-9])[Bb]asic\s+([A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])")
 _ENV_LINE: Final = re.compile(r"^[ \t]*(?:export[ \t]+)?([A-Za-z_][A-Za-z0-9_]{0,63})=(.*)$", re.MULTILINE)
@@ -65,6 +49,7 @@ _ENV_PLACEHOLDER: Final = re.compile(
     r"\A[\"']?(?:|\*+|x+|\.+|<[^>]*>|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|\{\{[^}]*\}\}|.*(?:example|your[_-]|changeme|placeholder|redacted).*)[\"']?\Z",
     re.IGNORECASE,
 )
+_ENV_PUBLIC_NAME: Final = re.compile(r"PUBLIC|PUBLISHABLE", re.IGNORECASE)
 _ENV_OUTPUT_NAMES: Final = frozenset({"PATH", "HOME", "USER", "SHELL", "PWD", "OLDPWD", "LANG", "HOSTNAME", "TERM", "LOGNAME", "SHLVL", "_"})
 # Not after `$` when a `:` follows: `"$PWD":/app` is the shell's working directory, not a key
 # (`$password = "…"` in PHP or Perl is an assignment and still counts).
@@ -77,6 +62,11 @@ _PASSWORD_TEXT: Final = re.compile(
 # `$Summer2024` may be a literal), `$(…)` and backticks: `--password=$DB_PASS` names a variable,
 # it is not the password itself.
 _SHELL_REFERENCE: Final = re.compile(r"\A(?:\$[A-Z_][A-Z0-9_]*|\$\([^()]*\)|`[^`]*`)\Z")
+# An unquoted value that is code, not a literal: a comparison (`password===other`), a CSS rule
+# (`.password:focus{...}`), a call (`pwd=document.getElementById(...)`).
+_CODE_VALUE: Final = re.compile(r"\A=|[(){}\[\];]")
+# A form label, not a password: one capitalised word, then lower-case words ("Passwort vergessen?").
+_LABEL: Final = re.compile(r"[A-ZÀ-Þ][a-zß-ÿ]+(?:[ -][a-zß-ÿ]+)*[?.!:]?")
 _URL_PASSWORD: Final = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:([^\s/@]+)@")
 # `[0-9](?<![0-9][0-9])` = a digit not preceded by one, written so the engine can skip to digits.
 _DIGIT_BYTES: Final = b"0123456789"
@@ -88,9 +78,6 @@ _OTP_CANDIDATE: Final = re.compile(r"[0-9](?<![\w.,/-][0-9])[0-9]{5,7}(?![\w/]|[
 _OTP_WORDS: Final = re.compile(
     r"(?<![a-z0-9])(?:otp|totp|2fa|mfa|one[- ]time|verification|verify|passcode|code)(?![a-z0-9])",
     re.IGNORECASE,
-)
-_PLACEHOLDER: Final = re.compile(
-    r"\A(?:\*+|x+|•+|\.+|\[REDACTED[^\]]*\]|<[^>]*>|\$\{[^}]*\}|\{\{[^}]*\}\}|%\([^)]*\)s)\Z", re.IGNORECASE
 )
 _DIGITS: Final = re.compile(r"[0-9]+")
 _KEY_NOISE: Final = re.compile(r"[\s_.\-]+")
@@ -183,17 +170,6 @@ def _cards(s: str, start: int, end: int, hits: list[_Hit]) -> None:
         i += 1
 
 
-def _jwt_alg(header: str) -> str | None:
-    """The `alg` a JWT header segment names, or None if it is not a JSON object with one."""
-    data = decode_base64(header)
-    try:
-        parsed = json.loads(data) if data else None
-    except ValueError:
-        return None
-    alg = parsed.get("alg") if isinstance(parsed, dict) else None
-    return alg if isinstance(alg, str) else None
-
-
 def _basic_auth(s: str, hits: list[_Hit]) -> None:
     """`Basic <base64 of user:password>` (an HTTP Authorization header) is a password."""
     for m in _BASIC_AUTH.finditer(s):
@@ -203,8 +179,16 @@ def _basic_auth(s: str, hits: list[_Hit]) -> None:
         except UnicodeDecodeError:
             continue
         user, colon, password = text.partition(":")
-        if colon and password and text.isprintable() and _PLACEHOLDER.match(password) is None:
+        if colon and password and text.isprintable() and not is_placeholder(password):
             hits.append(("password", m.start(1), m.end(1), "HTTP Basic credentials", "base64", ""))
+
+
+def _env_secret(name: str, value: str) -> bool:
+    """Whether `NAME=value` holds a secret: a secret-like name that does not say it is public
+    (`NEXT_PUBLIC_*`, `*_PUBLISHABLE_KEY`), with a value that is no placeholder and no public key."""
+    if _ENV_SECRET_NAME.search(name) is None or _ENV_PUBLIC_NAME.search(name) is not None:
+        return False
+    return _ENV_PLACEHOLDER.match(value.strip()) is None and not is_placeholder(value) and not _public(value)
 
 
 def _env_dump(s: str, hits: list[_Hit]) -> None:
@@ -212,7 +196,7 @@ def _env_dump(s: str, hits: list[_Hit]) -> None:
     lines = list(_ENV_LINE.finditer(s))
     if len(lines) < 3:
         return
-    secret = sum(1 for m in lines if _ENV_SECRET_NAME.search(m.group(1)) and _ENV_PLACEHOLDER.match(m.group(2).strip()) is None)
+    secret = sum(1 for m in lines if _env_secret(m.group(1), m.group(2)))
     env_names = sum(1 for m in lines if m.group(1) in _ENV_OUTPUT_NAMES)
     if secret >= 2 or (env_names >= 3 and len(lines) >= 5):
         detail = f"environment dump, {len(lines)} KEY=VALUE lines, {secret} with secret-like names"
@@ -221,49 +205,11 @@ def _env_dump(s: str, hits: list[_Hit]) -> None:
 
 def _scan_plain(s: str) -> list[_Hit]:
     """Find secrets and personal data in the text of one (cleaned) string, as it is."""
-    hits: list[_Hit] = []
+    hits: list[_Hit] = [(kind, start, end, detail, "", "") for kind, start, end, detail in credential_hits(s)]
 
     def add(hit: tuple[str, int, int, str]) -> None:
         hits.append((*hit, "", ""))
 
-    if "AKIA" in s or "ASIA" in s:
-        for m in _AWS.finditer(s):
-            if m.group().endswith("EXAMPLE"):  # AWS's documentation convention, e.g. AKIAIOSFODNN7EXAMPLE
-                add(("example_secret", m.start(), m.end(), "AWS documentation example access key id"))
-            else:
-                add(("api_key", m.start(), m.end(), "AWS access key id, 20 chars"))
-    if "gh" in s or "github_pat_" in s:
-        for m in _GITHUB.finditer(s):
-            add(("api_key", m.start(), m.end(), f"GitHub token ({m.group(1) or m.group(2)}), {m.end() - m.start()} chars"))
-    if "xox" in s:
-        for m in _SLACK.finditer(s):
-            add(("api_key", m.start(), m.end(), f"Slack token ({m.group(1)}), {m.end() - m.start()} chars"))
-    if "_live_" in s:
-        for m in _STRIPE.finditer(s):
-            add(("api_key", m.start(), m.end(), f"Stripe live key ({m.group(1)}), {m.end() - m.start()} chars"))
-    if "sk-" in s:
-        for m in _ANTHROPIC.finditer(s):
-            add(("api_key", m.start(), m.end(), f"Anthropic API key, {m.end() - m.start()} chars"))
-        for m in _OPENAI.finditer(s):
-            body = m.group(2)
-            if any(c.isdigit() for c in body) and any(c.isalpha() for c in body):
-                add(("api_key", m.start(), m.end(), f"OpenAI API key, {m.end() - m.start()} chars"))
-    if "AIza" in s:
-        for m in _GOOGLE.finditer(s):
-            add(("api_key", m.start(), m.end(), "Google API key, 39 chars"))
-    if "-----BEGIN" in s:
-        for m in _PRIVATE_KEY.finditer(s):
-            label = m.group(1).strip()
-            add(("private_key", m.start(), m.end(), f"{label + ' ' if label else ''}private key block"))
-    if "eyJ" in s:
-        for m in _JWT.finditer(s):
-            alg = _jwt_alg(m.group(1))
-            if alg is None:
-                continue
-            if m.group(1, 2) == _JWT_IO_SAMPLE:
-                add(("example_secret", m.start(), m.end(), "jwt.io's sample JWT"))
-            else:
-                add(("jwt", m.start(), m.end(), f"JWT (alg {alg[:16]}), {m.end() - m.start()} chars"))
     if "asic" in s:
         _basic_auth(s, hits)
     if "=" in s and "\n" in s:
@@ -272,37 +218,58 @@ def _scan_plain(s: str) -> list[_Hit]:
         hits += [(kind, start, end, detail, "", excerpt) for kind, start, end, detail, excerpt in wallet_hits(s)]
     if "://" in s and "@" in s:
         for m in _URL_PASSWORD.finditer(s):
-            if _PLACEHOLDER.match(m.group(1)) is None:
+            if not is_placeholder(m.group(1)):
                 add(("password", m.start(1), m.end(1), "password in a URL's userinfo"))
     low = s.lower()
     if "api" in low:
         for m in _GENERIC_KEY.finditer(s):
-            if _PLACEHOLDER.match(m.group(1)) is None:
+            if not is_placeholder(m.group(1)):
                 add(("api_key", m.start(1), m.end(1), f"api_key assignment in text, {m.end(1) - m.start(1)} chars"))
     if "pass" in low or "pwd" in low:
         for m in _PASSWORD_TEXT.finditer(s):
             g = 1 if m.group(1) is not None else 2 if m.group(2) is not None else 3
-            if _PLACEHOLDER.match(m.group(g)) is None and (g == 2 or _SHELL_REFERENCE.match(m.group(g)) is None):
+            if _password_literal(m.group(g), quoted=g < 3, single=g == 2):
                 add(("password", m.start(g), m.end(g), f"password assignment in text, {m.end(g) - m.start(g)} chars"))
+    _numbers(s, hits)
+    return hits
+
+
+def _password_literal(value: str, quoted: bool, single: bool) -> bool:
+    """Whether the value of a `password: ...` in text is a password: not a placeholder, a form label,
+    nor (unquoted) code or (unquoted or in double quotes) a shell variable."""
+    if is_placeholder(value) or _LABEL.fullmatch(value) is not None:
+        return False
+    if not quoted and _CODE_VALUE.search(value) is not None:
+        return False
+    return single or _SHELL_REFERENCE.match(value) is None
+
+
+def _numbers(s: str, hits: list[_Hit]) -> None:
+    """Payment cards, SSNs and one-time codes. A run of digits glued to letters (inside a hex digest,
+    a base64 string or an identifier) is not a card number."""
     raw = s.encode("utf-8", "surrogatepass")
     if len(raw) - len(raw.translate(None, _DIGIT_BYTES)) < 6:  # fewer digits than the shortest code
-        return hits
+        return
     for region in _NUMERIC.finditer(s):  # one pass over the text; the rest looks only at regions
         a, b = region.span()
         for m in _NUMBER_RUN.finditer(s, a, b):
-            if m.end() - m.start() >= 13:
+            if m.end() - m.start() >= 13 and not _glued(s, m.start(), m.end()):
                 _cards(s, m.start(), m.end(), hits)
         if "-" in region.group():
             for m in _SSN.finditer(s, a, b):
                 area, group, serial = m.group()[:3], m.group()[4:6], m.group()[7:]
                 if area not in ("000", "666") and area[0] != "9" and group != "00" and serial != "0000":
-                    add(("ssn", m.start(), m.end(), "US social security number"))
+                    hits.append(("ssn", m.start(), m.end(), "US social security number", "", ""))
         for m in _OTP_CANDIDATE.finditer(s, a, b):
             start, end = m.start(), m.end()
             word = _OTP_WORDS.search(s, max(0, start - 40), start) or _OTP_WORDS.search(s, end, end + 30)
             if word is not None:
-                add(("otp_code", start, end, f"{end - start}-digit code near {word.group().lower()!r}"))
-    return hits
+                hits.append(("otp_code", start, end, f"{end - start}-digit code near {word.group().lower()!r}", "", ""))
+
+
+def _glued(s: str, start: int, end: int) -> bool:
+    """Whether s[start:end] touches a letter on either side."""
+    return (start > 0 and s[start - 1].isalpha()) or (end < len(s) and s[end].isalpha())
 
 
 #: Strings up to `_CLEAN_MAX_LEN` characters that `_scan` found nothing in. The same short strings
@@ -323,6 +290,22 @@ def _scan(s: str) -> list[_Hit]:
     return hits
 
 
+_PREFIXES: Final = decode.Prefixes.of(PREFIXES)
+
+
+def decoded_layers(s: str) -> Iterator[Layer]:
+    """The decoded layers the secret scanner reads: every decoding and reassembly `decode` knows."""
+    return decode.decoded_layers(s, _PREFIXES)
+
+
+def _layer_hits(layer: Layer, s: str) -> list[_Hit]:
+    """Hits in one layer's text, in that text's coordinates."""
+    if not layer.formats_only:
+        return _scan_plain(layer.text)
+    glued = layer.index if layer.glued else None
+    return [(kind, a, b, detail, "", "") for kind, a, b, detail in credential_hits(layer.text, glued, s)]
+
+
 def _scan_hits(s: str) -> list[_Hit]:
     """`_scan` without the memo of clean strings."""
     hits = _scan_plain(s)
@@ -333,10 +316,16 @@ def _scan_hits(s: str) -> list[_Hit]:
     for layer in decoded_layers(s):
         if any(a <= layer.start and layer.end <= b for a, b in jwts):
             continue
-        for kind, _start, _end, detail, via, excerpt in _scan_plain(layer.text):
-            if (kind, detail) not in seen:
-                seen.add((kind, detail))
-                hits.append((kind, layer.start, layer.end, detail, f"{layer.via}>{via}" if via else layer.via, excerpt))
+        for kind, a, b, detail, via, excerpt in _layer_hits(layer, s):
+            start, end = layer.span_of(a, b)
+            if (kind, detail) in seen:
+                continue
+            if layer.glued and end - start == b - a:
+                continue  # nothing was rejoined: the token was found as it is
+            if layer.index is not None and any(h[0] == kind and h[1] < end and start < h[2] for h in hits):
+                continue  # the same secret, found already
+            seen.add((kind, detail))
+            hits.append((kind, start, end, detail, f"{layer.via}>{via}" if via else layer.via, excerpt))
     return hits
 
 
@@ -344,7 +333,7 @@ def value_hits(value: Any, key_kind: str | None) -> list[_Hit]:
     """Hits for a scalar value: its text, plus what its key's name says it is."""
     if type(value) is str:
         hits = _scan(value) if len(value) >= MIN_SCAN else []
-        if key_kind is not None and value and _PLACEHOLDER.match(value) is None:
+        if key_kind is not None and value and not is_placeholder(value) and not _public(value):
             if key_kind == "password":
                 hit: _Hit | None = ("password", 0, len(value), f"password-like field, {len(value)} chars", "", "")
             elif key_kind == "otp_code":
@@ -362,6 +351,11 @@ def value_hits(value: Any, key_kind: str | None) -> list[_Hit]:
     return []
 
 
+def _public(value: str) -> bool:
+    """Whether all of `value` is public key material (a publishable key under a field named `api_key`)."""
+    return any(start == 0 and end == len(value.strip()) for _kind, start, end, _detail in public_hits(value.strip()))
+
+
 def add_findings(hits: list[_Hit], path: str, out: list[Finding]) -> None:
     seen: set[tuple[str, str, str]] = set()
     for kind, _start, _end, detail, via, excerpt in hits:
@@ -375,7 +369,10 @@ def split_piece(v: str) -> bool:
     return 0 < len(v) <= SPLIT_MAX_PIECE and _SPACE.search(v) is None
 
 
-def split_secrets(parent: str, pieces: Sequence[tuple[str | int, str, frozenset[str]]]) -> list[tuple[Finding, list[tuple[int, _Hit]]]]:
+Piece = tuple[str | int, str, frozenset[str]]  # (key, text, kinds found in that text alone)
+
+
+def split_secrets(parent: str, pieces: Sequence[Piece]) -> list[tuple[Finding, list[tuple[int, _Hit]]]]:
     """Secrets that only show when a container's string fields are joined, in order.
 
     `pieces` are (key, text, kinds found in that text alone) for the container at `parent`. Each
@@ -420,7 +417,89 @@ def split_secrets(parent: str, pieces: Sequence[tuple[str | int, str, frozenset[
                 for i in covered
             ]
             out.append((finding, parts))
+    return out + _encoded_pieces(parent, pieces, seen)
+
+
+def _encoded_pieces(parent: str, pieces: Sequence[Piece], seen: set[tuple[str, str]]) -> list[tuple[Finding, list[tuple[int, _Hit]]]]:
+    """A credential cut in pieces that were encoded one by one (`{"a": b64(first half), "b": b64(rest)}`):
+    the pieces that are each one encoded run, decoded, joined in order from each on, and looked at
+    for credential formats."""
+    decoded = [(i, d) for i, (_key, text, _kinds) in enumerate(pieces[:SPLIT_MAX_STARTS]) if (d := whole_text(text)) is not None]
+    out: list[tuple[Finding, list[tuple[int, _Hit]]]] = []
+    for first in range(len(decoded) - 1):
+        group = decoded[first : first + SPLIT_MAX_PIECES]
+        offsets = list(itertools.accumulate((len(d[1]) for _i, d in group), initial=0))
+        for kind, start, end, detail in credential_hits("".join(d[1] for _i, d in group)):
+            covered = [group[k][0] for k in range(len(group)) if offsets[k] < end and offsets[k + 1] > start]
+            if start >= offsets[1] or len(covered) < 2 or any(kind in pieces[i][2] for i in covered) or (kind, detail) in seen:
+                continue
+            seen.add((kind, detail))
+            path = "+".join(child_path(parent, pieces[i][0]) for i in covered)
+            finding = Finding(kind, path, f"{detail}, split across {len(covered)} fields", "", f"split>{group[0][1][0]}")
+            out.append((finding, [(i, (kind, 0, len(pieces[i][1]), detail, "split", "")) for i in covered]))
     return out
+
+
+class Spread:
+    """The short strings of a whole JSON value, for a secret split across fields of different
+    objects (`$.headers.a` + `$.body`): added per container as the walk meets them, joined in
+    document order at the end."""
+
+    __slots__ = ("containers",)
+
+    def __init__(self) -> None:
+        self.containers: list[tuple[tuple[int, ...], str, list[Piece], list[int], Any]] = []
+
+    def add(self, order: tuple[int, ...], parent: str, pieces: list[Piece], indexes: list[int], place: Any = None) -> None:
+        """A container's pieces: `order` is its indexes from the root, `indexes` each piece's index in
+        it, `place` what a redaction must change (the rebuilt container), if any."""
+        self.containers.append((order, parent, pieces, indexes, place))
+
+    def secrets(self) -> list[tuple[Finding, list[tuple[Any, str | int, str]]]]:
+        """Credentials spanning pieces of two containers, each with the (place, key, kind) of every
+        piece it covers. One pass: the pieces, in document order, are joined with nothing between
+        them and looked at for credential formats as a text whose separators were removed (a line
+        break between pieces: a token must start at a piece's start or after a non-letter)."""
+        if len(self.containers) < 2:
+            return []
+        entries = sorted(
+            (order + (index,), group, parent, piece, place)
+            for group, (order, parent, pieces, indexes, place) in enumerate(self.containers)
+            for piece, index in zip(pieces, indexes)
+        )
+        texts, offsets, index, pos = [], [], [], 0
+        for entry in entries:
+            text = entry[3][1]
+            if pos + len(text) > SPLIT_MAX_TOTAL:
+                break
+            texts.append(text)
+            offsets.append(pos)
+            index.extend(range(pos, pos + len(text)))
+            pos += len(text) + 1
+        index.append(pos - 1)
+        out: list[tuple[Finding, list[tuple[Any, str | int, str]]]] = []
+        seen: set[tuple[str, str]] = set()
+        for kind, a, b, detail in credential_hits("".join(texts), index, "\n".join(texts)):
+            start, end = index[a], index[b - 1] + 1
+            covered = [i for i, off in enumerate(offsets) if off < end and off + len(texts[i]) > start]
+            if len({entries[i][1] for i in covered}) < 2 or any(kind in entries[i][3][2] for i in covered) or (kind, detail) in seen:
+                continue
+            seen.add((kind, detail))
+            path = "+".join(child_path(entries[i][2], entries[i][3][0]) for i in covered)
+            finding = Finding(kind, path, f"{detail}, split across {len(covered)} fields", "", "split")
+            out.append((finding, [(entries[i][4], entries[i][3][0], kind) for i in covered]))
+        return out
+
+
+def charcode_hits(values: Sequence[Any]) -> list[_Hit]:
+    """Secrets spelled by a list of integers (character codes, e.g. `[115, 107, 45, ...]`)."""
+    if len(values) < MIN_TEXT or type(values[0]) is not int or not all(type(v) is int for v in values):
+        return []
+    text = charcode_text(values)
+    if text is None:
+        return []
+    return [(kind, 0, 0, detail, f"charcodes>{via}" if via else "charcodes", excerpt)
+            for kind, _a, _b, detail, via, excerpt in _scan(text)]
 
 
 def _redact_string(s: str, hits: list[_Hit]) -> str:
@@ -441,68 +520,85 @@ def _redact_string(s: str, hits: list[_Hit]) -> str:
     return "".join(parts)
 
 
+def _leaf(v: Any, hits: list[_Hit], extra: list[_Hit], key_kind: str | None) -> Any:
+    """A scalar's redacted copy: its hits' spans replaced (a value flagged by its key: whole)."""
+    if not (hits or extra):
+        return v
+    if type(v) is not str:
+        return f"[REDACTED:{hits[0][0]}]"
+    for kind, start, end, *_ in hits:
+        if kind == key_kind and start == 0 and end == len(v):  # flagged by its key: replace whole
+            return f"[REDACTED:{kind}]"
+    return _redact_string(v, hits + extra)
+
+
 def _secret_walk(value: Any, path: str, rebuild: bool) -> tuple[Any, list[Finding]]:
     """Walk any JSON value (iteratively) collecting findings; optionally build a redacted copy."""
     findings: list[Finding] = []
-
-    def leaf(v: Any, hits: list[_Hit], extra: list[_Hit], key_kind: str | None) -> Any:
-        if not rebuild or not (hits or extra):
-            return v
-        if type(v) is not str:
-            return f"[REDACTED:{hits[0][0]}]"
-        for kind, start, end, *_ in hits:
-            if kind == key_kind and start == 0 and end == len(v):  # flagged by its key: replace whole
-                return f"[REDACTED:{kind}]"
-        return _redact_string(v, hits + extra)
-
     if not isinstance(value, (dict, list, tuple)):
         hits = value_hits(value, None)
         add_findings(hits, path, findings)
-        return leaf(value, hits, [], None), findings
+        return (_leaf(value, hits, [], None) if rebuild else value), findings
     root: Any = {} if isinstance(value, dict) else []
-    stack: list[tuple[Any, Any, str]] = [(value, root, path)]
+    spread = Spread()
+    stack: list[tuple[Any, Any, str, tuple[int, ...]]] = [(value, root, path, ())]
     while stack:
-        src, dst, here = stack.pop()
-        pairs: list[tuple[Any, Any]] = list(src.items() if isinstance(src, dict) else enumerate(src))
-        scalar_hits: dict[int, tuple[list[_Hit], str | None]] = {}
-        pieces: list[tuple[str | int, str, frozenset[str]]] = []
-        piece_index: list[int] = []
-        nested: list[int] = []
-        for i, (key, v) in enumerate(pairs):
-            if isinstance(v, (dict, list, tuple)):
-                nested.append(i)
-            else:
-                key_kind = kind_of_key(key) if type(key) is str else None
-                hits = value_hits(v, key_kind)
-                scalar_hits[i] = (hits, key_kind)
-                if hits and isinstance(key, (str, int)):
-                    add_findings(hits, child_path(here, key), findings)
-                if type(v) is str and isinstance(key, (str, int)) and split_piece(v):
-                    pieces.append((key, v, frozenset(h[0] for h in hits) if hits else NO_KINDS))
-                    piece_index.append(i)
-        extra: dict[int, list[_Hit]] = {}
-        if len(pieces) > 1:
-            for finding, parts in split_secrets(here, pieces):
-                findings.append(finding)
-                for piece, hit in parts:
-                    extra.setdefault(piece_index[piece], []).append(hit)
-        if not rebuild:  # only the nested containers are left to walk, in the same order
-            for i in nested:
-                key, v = pairs[i]
-                stack.append((v, None, child_path(here, key) if isinstance(key, (str, int)) else here))
-            continue
-        for i, (key, v) in enumerate(pairs):
-            if isinstance(v, (dict, list, tuple)):
-                new: Any = {} if isinstance(v, dict) else []
-                stack.append((v, new, child_path(here, key) if isinstance(key, (str, int)) else here))
-            else:
-                hits, key_kind = scalar_hits[i]
-                new = leaf(v, hits, extra.get(i, []), key_kind)
-            if type(dst) is dict:
-                dst[key] = new
-            else:
-                dst.append(new)
+        _walk_container(*stack.pop(), rebuild, stack, spread, findings)
+    for finding, places in spread.secrets():
+        findings.append(finding)
+        for place, key, kind in places:
+            if rebuild:
+                place[key] = f"[REDACTED:{kind}]"
     return (root if rebuild else value), findings
+
+
+def _walk_container(src: Any, dst: Any, here: str, order: tuple[int, ...], rebuild: bool,
+                    stack: list[tuple[Any, Any, str, tuple[int, ...]]], spread: Spread, findings: list[Finding]) -> None:
+    """One container of `_secret_walk`: its scalars' findings (alone, joined, as character codes),
+    its pieces for `spread`, its nested containers pushed on `stack`, and its redacted copy in `dst`."""
+    pairs: list[tuple[Any, Any]] = list(src.items() if isinstance(src, dict) else enumerate(src))
+    scalar_hits: dict[int, tuple[list[_Hit], str | None]] = {}
+    pieces: list[Piece] = []
+    piece_index: list[int] = []
+    for i, (key, v) in enumerate(pairs):
+        if isinstance(v, (dict, list, tuple)):
+            continue
+        key_kind = kind_of_key(key) if type(key) is str else None
+        hits = value_hits(v, key_kind)
+        scalar_hits[i] = (hits, key_kind)
+        if hits and isinstance(key, (str, int)):
+            add_findings(hits, child_path(here, key), findings)
+        if type(v) is str and isinstance(key, (str, int)) and split_piece(v):
+            kinds = frozenset(h[0] for h in hits) if hits else NO_KINDS
+            pieces.append((key, v, kinds))
+            piece_index.append(i)
+    if pieces:
+        spread.add(order, here, pieces, piece_index, dst)
+    extra: dict[int, list[_Hit]] = {}
+    if len(pieces) > 1:
+        for finding, parts in split_secrets(here, pieces):
+            findings.append(finding)
+            for piece, hit in parts:
+                extra.setdefault(piece_index[piece], []).append(hit)
+    codes = charcode_hits(src) if type(src) is not dict and len(scalar_hits) == len(pairs) else []
+    add_findings(codes, here, findings)
+    for i, (key, v) in enumerate(pairs):
+        if isinstance(v, (dict, list, tuple)):
+            new: Any = ({} if isinstance(v, dict) else []) if rebuild else None
+            stack.append((v, new, child_path(here, key) if isinstance(key, (str, int)) else here, order + (i,)))
+            if not rebuild:
+                continue
+        elif rebuild:
+            hits, key_kind = scalar_hits[i]
+            new = _leaf(v, hits, extra.get(i, []), key_kind)
+        else:
+            continue
+        if type(dst) is dict:
+            dst[key] = new
+        else:
+            dst.append(new)
+    if codes and rebuild:
+        dst[:] = [f"[REDACTED:{codes[0][0]}]"]
 
 
 def detect_secrets(value: Any, path: str = "$") -> tuple[Finding, ...]:

@@ -35,7 +35,9 @@ from gateway.stages.sanitizer.schema import SchemaValidator, compile_schema
 from gateway.stages.sanitizer.secrets import (
     MIN_SCAN,
     NO_KINDS,
+    Spread,
     add_findings,
+    charcode_hits,
     detect_secrets,
     kind_of_key,
     redact_secrets,
@@ -141,9 +143,10 @@ def _walk(root: dict[Any, Any], limits: SanitizerLimits) -> tuple[dict[str, Any]
     changed = False
     items = size = 0
     out: dict[str, Any] = {}
-    stack: list[tuple[Any, Any, str, int]] = [(root, out, "$", 1)]
+    stack: list[tuple[Any, Any, str, int, tuple[int, ...]]] = [(root, out, "$", 1, ())]
+    spread = Spread()  # short strings of every object: a secret split across objects
     while stack:
-        src, dst, path, depth = stack.pop()
+        src, dst, path, depth, order = stack.pop()
         is_object = type(dst) is dict
         n = len(src)
         items += 2 * n if is_object else n
@@ -152,7 +155,8 @@ def _walk(root: dict[Any, Any], limits: SanitizerLimits) -> tuple[dict[str, Any]
             raise SanitizeError(f"more than {max_items} values in total", path)
         entries: Iterable[tuple[Any, Any]] = src.items() if is_object else enumerate(src)
         pieces: list[tuple[str | int, str, frozenset[str]]] = []  # short strings: a secret may be split across them
-        for key, v in entries:
+        indexes: list[int] = []
+        for i, (key, v) in enumerate(entries):
             key_kind = None
             if is_object:
                 raw = key
@@ -194,12 +198,13 @@ def _walk(root: dict[Any, Any], limits: SanitizerLimits) -> tuple[dict[str, Any]
                     add_findings(hits, child_path(path, key), findings)
                 if split_piece(v):
                     pieces.append((key, v, frozenset(h[0] for h in hits) if hits else NO_KINDS))
+                    indexes.append(i)
             elif t is dict or t is list or t is tuple:
                 child = child_path(path, key)
                 if depth >= max_depth:
                     raise SanitizeError(f"nesting deeper than {max_depth}", child)
                 new: Any = {} if t is dict else []
-                stack.append((v, new, child, depth + 1))
+                stack.append((v, new, child, depth + 1, order + (i,)))
                 v = new
             elif t is int:
                 if not -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT:
@@ -219,9 +224,21 @@ def _walk(root: dict[Any, Any], limits: SanitizerLimits) -> tuple[dict[str, Any]
                 dst[key] = v
             else:
                 dst.append(v)
-        if len(pieces) > 1:
-            findings.extend(finding for finding, _parts in split_secrets(path, pieces))
+        _joined_findings(path, order, pieces, indexes, dst, spread, findings)
+    findings.extend(finding for finding, _places in spread.secrets())
     return out, findings, changed
+
+
+def _joined_findings(path: str, order: tuple[int, ...], pieces: list[tuple[str | int, str, frozenset[str]]],
+                     indexes: list[int], dst: Any, spread: Spread, findings: list[Finding]) -> None:
+    """A container's secrets that show only joined: split across its short strings (and, later,
+    `spread`: across objects), or spelled by a list of character codes."""
+    if pieces:
+        spread.add(order, path, pieces, indexes)
+    if len(pieces) > 1:
+        findings.extend(finding for finding, _parts in split_secrets(path, pieces))
+    if type(dst) is list and dst and type(dst[0]) is int:
+        add_findings(charcode_hits(dst), path, findings)
 
 
 def sanitize(

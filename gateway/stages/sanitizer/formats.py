@@ -1,0 +1,285 @@
+"""Credentials in the formats vendors issue, placeholders that only look like them, and public keys.
+
+`credential_hits(s)` finds vendor-format credentials (AWS, GitHub, GitLab, npm, Slack, Stripe,
+Anthropic, OpenAI, Google, Hugging Face, SendGrid, PyPI, ... and PEM private keys and JWTs) in a
+string. Each format is a literal that every match contains (a cheap `in` test first), the token's
+grammar, the characters that may not touch it on either side, and a check of its body: a value
+made only of placeholder words and filler (`sk_live_xxxx`, `sk-proj-your-api-key-here`,
+`AKIAXXXXXXXXXXXXXXXX`) is no credential, and neither is a documented example value (AWS's
+`...EXAMPLE` key ids, jwt.io's token): those are `example_secret`. Stripe test-mode keys
+(`sk_test_`) are not live secrets and are not looked for.
+
+With `glued` (a text whose separators were removed to rejoin a token cut by spaces, pipes,
+quotes or concatenation), a match may touch the text after it, and the character before it is
+checked in the original string instead.
+
+`public_hits(s)` finds public key material: PEM certificates and public keys, PGP public key
+blocks, SSH public keys (the blob must name its key type), Stripe publishable keys and age
+recipients: public by design, so a value that is one is no secret whatever its field is called
+(`stripe_api_key: pk_live_...`). What is found inside such material still counts: real public
+keys hold nothing a credential format matches, and a fake one must not hide a secret.
+
+`is_placeholder(value)` is the one test of "this is a template value, not a secret".
+
+Hits are `(kind, start, end, detail)`; a detail never holds the value. No I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from gateway.stages.sanitizer.decode import decode_base64
+
+__all__ = ["FORMATS", "PREFIXES", "credential_hits", "is_placeholder", "jwt_alg", "public_hits"]
+
+FormatHit = tuple[str, int, int, str]
+_ALNUM: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_TOKEN: Final = _ALNUM | {"_", "-"}
+
+# ---- placeholders --------------------------------------------------------------------------
+
+#: Whole values that are templates: ***, xxxx, <token>, ${VAR}, {{ secret }}, {password}, %(password)s, %s, [REDACTED].
+PLACEHOLDER_FORM: Final = re.compile(
+    r"\A(?:\*+|x+|•+|\.+|…|\[REDACTED[^\]]*\]|<[^>]*>|\$\{[^}]*\}|\{\{[^}]*\}\}|\{[A-Za-z0-9_.]*\}|%\([^)]*\)s"
+    r"|%[-+ #0]*[0-9]*(?:\.[0-9]+)?[sdifqrvx])\Z",
+    re.IGNORECASE,
+)
+_PARTS: Final = re.compile(r"[\s\-_.:/|+=<>\[\](){}\"'`]+")
+_FILLER: Final = re.compile(r"(?:[a-z]{2,4})?(?:x{3,}|\*+|0{4,}|•+|#{3,}|\.{3,}|…)")  # AKIAXXXX..., sk_xxxx
+#: Words that say "put the real value here", or name the value instead of being it (`user:password@`).
+_MARKER_WORDS: Final = frozenset(
+    {"your", "my", "example", "sample", "placeholder", "changeme", "changeit", "change", "replace", "replaceme",
+     "redacted", "dummy", "fake", "insert", "todo", "tbd", "fixme", "here", "goes", "enter", "xxx", "foo", "bar",
+     "password", "passwd", "pass", "pwd", "secret", "token", "apikey", "credential", "credentials", "username"}
+)  # fmt: skip
+#: Words a template puts around them ("your-api-key-here", "sk_live_xxxx", "REPLACE_WITH_YOUR_TOKEN").
+_NEUTRAL_WORDS: Final = frozenset(
+    {"a", "an", "the", "me", "with", "this", "that", "to", "of", "for", "and", "or", "in", "value", "string", "api",
+     "key", "keys", "access", "id", "user", "app", "client", "private", "public", "bot", "auth", "account",
+     "project", "service", "org", "db", "database", "sk", "pk", "rk", "live", "test", "proj", "ant", "api03",
+     "admin", "svcacct", "ghp", "github", "pat", "npm", "xoxb", "xoxp", "akia", "aiza", "hf", "glpat", "whsec",
+     "real", "actual", "new", "own", "personal", "env", "var", "name", "s", "1", "2"}
+)  # fmt: skip
+
+
+def is_placeholder(value: str) -> bool:
+    """Whether `value` is a template value rather than a secret: a placeholder form (`<token>`,
+    `${VAR}`, `***`), or only placeholder words and filler with at least one of them ("your",
+    "example", "changeme", "xxxx", or a word that names the value: "password", "secret"). A value
+    with one part that is neither (a random body) is not a placeholder, whatever words surround it."""
+    v = value.strip().strip("\"'`")
+    if not v or PLACEHOLDER_FORM.match(v) is not None:
+        return True
+    marked = False
+    for part in _PARTS.split(v.lower()):
+        if not part:
+            continue
+        if part in _MARKER_WORDS or _FILLER.fullmatch(part) is not None:
+            marked = True
+        elif part not in _NEUTRAL_WORDS:
+            return False
+    return marked
+
+
+# ---- credential formats --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Format:
+    """One vendor format: `gate` (a literal every match holds), its grammar, what it is."""
+
+    gate: str
+    pattern: re.Pattern[str]
+    label: str
+    kind: str = "api_key"
+    prefix: int = 0  # characters of the match that are the vendor prefix (the rest is checked for placeholders)
+    left: frozenset[str] = _ALNUM  # may not come right before the match
+    right: frozenset[str] = _ALNUM  # may not come right after it
+    named: bool = False  # the detail names the prefix the match starts with (`GitHub token (ghp_)`)
+    check: Callable[[str], bool] | None = None  # on the whole match
+    example: Callable[[str], bool] | None = None  # a documented example value (example_secret)
+    glueable: bool = True  # may be rejoined from pieces cut by separators
+
+
+def _mixed(token: str) -> bool:
+    """Upper case, lower case and a digit: what a random base62 body has and words do not."""
+    return any(c.isupper() for c in token) and any(c.islower() for c in token) and any(c.isdigit() for c in token)
+
+
+def _hex_and_digit(token: str) -> bool:
+    return any(c.isdigit() for c in token) and any(c in "abcdefABCDEF" for c in token)
+
+
+def _f(gate: str, pattern: str, label: str, **kw: object) -> _Format:
+    return _Format(gate, re.compile(pattern), label, **kw)  # type: ignore[arg-type]
+
+
+FORMATS: Final[tuple[_Format, ...]] = (
+    _f("AKIA", r"AKIA[0-9A-Z]{16}", "AWS access key id", prefix=4,
+       example=lambda t: t.endswith("EXAMPLE")),  # AWS's documentation convention: AKIAIOSFODNN7EXAMPLE
+    _f("ASIA", r"ASIA[0-9A-Z]{16}", "AWS access key id", prefix=4, example=lambda t: t.endswith("EXAMPLE")),
+    _f("gh", r"gh[pousr]_[A-Za-z0-9]{36,251}", "GitHub token", prefix=4, named=True, right=_TOKEN - {"-"}),
+    _f("github_pat_", r"github_pat_[A-Za-z0-9_]{22,255}", "GitHub token", prefix=11, named=True, right=_TOKEN - {"-"}),
+    _f("gl", r"gl(?:pat|ptt|dt|rt)-[A-Za-z0-9_-]{20,}", "GitLab token", prefix=6, named=True, right=_TOKEN),
+    _f("npm_", r"npm_[A-Za-z0-9]{36}", "npm access token", prefix=4, check=_mixed),
+    _f("xox", r"xox[bpaser]-(?=[A-Za-z0-9-]*[0-9])[A-Za-z0-9-]{10,}", "Slack token", prefix=5, named=True),
+    _f("xapp-", r"xapp-[0-9]-[A-Z0-9]+-[0-9]+-[a-z0-9]{16,}", "Slack app token", prefix=5),
+    _f("_live_", r"(?:sk|rk)_live_[A-Za-z0-9]{16,}", "Stripe live key", prefix=8, named=True),
+    _f("whsec_", r"whsec_[A-Za-z0-9+/]{24,}={0,2}", "Stripe webhook signing secret", prefix=6),
+    _f("sk-", r"sk-ant-[A-Za-z0-9_-]{20,}", "Anthropic API key", prefix=7, right=_TOKEN),
+    _f("sk-", r"sk-(?!ant-)(?:(?:proj|svcacct|admin)-)?[A-Za-z0-9_-]{20,}", "OpenAI API key", prefix=3,
+       right=_TOKEN, check=lambda m: _mixed(m[3:])),
+    _f("AIza", r"AIza[0-9A-Za-z_-]{35}", "Google API key", prefix=4, left=_TOKEN, right=_TOKEN),
+    _f("hf_", r"hf_[A-Za-z]{34,40}", "Hugging Face token", prefix=3,
+       check=lambda m: any(c.isupper() for c in m[3:]) and any(c.islower() for c in m[3:])),
+    _f("SG.", r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}", "SendGrid API key", prefix=3, right=_TOKEN, glueable=False),
+    _f("pypi-", r"pypi-AgE[A-Za-z0-9_-]{50,}", "PyPI API token", prefix=5, right=_TOKEN),
+    _f("_v1_", r"do[opr]_v1_[a-f0-9]{64}", "DigitalOcean token", prefix=7),
+    _f("shp", r"shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}", "Shopify access token", prefix=6),
+    _f(":AA", r"[0-9]{8,10}:AA[A-Za-z0-9_-]{33}", "Telegram bot token", right=_TOKEN, glueable=False),
+    _f("AGE-SECRET-KEY-1", r"AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}", "age secret key",
+       kind="private_key", prefix=16),
+)
+#: (gate, the formats it gates), each gate tested once per string.
+_GATED: Final = tuple((gate, tuple(f for f in FORMATS if f.gate == gate)) for gate in dict.fromkeys(f.gate for f in FORMATS))
+#: The literal starts of the formats above (and of PEM blocks and JWTs), for finding them rotated
+#: (rot13) or reversed before decoding.
+PREFIXES: Final = (
+    "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "npm_", "xoxb-", "xoxp-", "xoxa-",
+    "xoxs-", "xoxe-", "xapp-", "sk_live_", "rk_live_", "whsec_", "sk-ant-", "sk-proj-",
+    "sk-svcacct-", "sk-admin-", "AIza", "hf_", "SG.", "pypi-AgE", "dop_v1_", "shpat_", "shpss_", "AGE-SECRET-KEY-1",
+    "eyJ",
+)  # fmt: skip
+
+_PRIVATE_KEY: Final = re.compile(
+    r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY( BLOCK)?-----(?:.*?-----END \1PRIVATE KEY\2-----|.*)",
+    re.DOTALL,
+)
+_JWT: Final = re.compile(r"(?<![A-Za-z0-9_-])(eyJ[A-Za-z0-9_-]{5,})=*\.([A-Za-z0-9_-]{5,})=*\.[A-Za-z0-9_-]*")
+_JWT_IO_SAMPLE: Final = (  # jwt.io's default token (header, payload), quoted in every JWT tutorial
+    "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9",
+    "eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ",
+)
+
+
+def jwt_alg(header: str) -> str | None:
+    """The `alg` a JWT header segment names, or None if it is not a JSON object with one."""
+    data = decode_base64(header)
+    try:
+        parsed = json.loads(data) if data else None
+    except ValueError:
+        return None
+    alg = parsed.get("alg") if isinstance(parsed, dict) else None
+    return alg if isinstance(alg, str) else None
+
+
+def _describe(fmt: _Format, token: str) -> tuple[str, str] | None:
+    """(kind, detail) for one match of `fmt`, or None when it is a placeholder or fails its check."""
+    if fmt.example is not None and fmt.example(token):
+        return "example_secret", f"{fmt.label}: a documented example value"
+    if (fmt.check is not None and not fmt.check(token)) or is_placeholder(token[fmt.prefix :]):
+        return None
+    name = f" ({token[: fmt.prefix]})" if fmt.named else ""
+    return fmt.kind, f"{fmt.label}{name}, {len(token)} chars"
+
+
+def credential_hits(s: str, glued: Sequence[int] | None = None, original: str = "") -> list[FormatHit]:
+    """Vendor-format credentials, PEM private keys and JWTs in `s` (see the module doc).
+
+    `glued`: `s` is `original` with separators removed and `glued[i]` the offset in `original`
+    of `s[i]`; then a match may run into the text after it, the character before it is looked up
+    in `original`, and PEM blocks and JWTs (whose own separators are gone) are not looked for.
+    """
+    hits: list[FormatHit] = []
+    for gate, formats in _GATED:
+        if gate in s:
+            for fmt in formats:
+                if glued is None or fmt.glueable:
+                    _format_hits(fmt, s, glued, original, hits)
+    if glued is None:
+        _pem_and_jwt(s, hits)
+    return hits
+
+
+def _format_hits(fmt: _Format, s: str, glued: Sequence[int] | None, original: str, hits: list[FormatHit]) -> None:
+    """The matches of one format in `s` (see `credential_hits`)."""
+    for m in fmt.pattern.finditer(s):
+        a, b = m.span()
+        before = (original[glued[a] - 1] if glued[a] > 0 else "") if glued is not None else (s[a - 1] if a else "")
+        if before in fmt.left or (glued is None and b < len(s) and s[b] in fmt.right):
+            continue
+        if glued is not None and _placeholder_head(fmt, s, glued, a, b):
+            continue
+        described = _describe(fmt, m.group())
+        if described is not None:
+            hits.append((described[0], a, b, described[1]))
+
+
+def _placeholder_head(fmt: _Format, s: str, glued: Sequence[int], a: int, b: int) -> bool:
+    """Whether the first piece of a rejoined match (up to the first removed separator) is a
+    placeholder: `sk_live_xxxx` at the end of a line, glued to the next line's name, is still one."""
+    k = a + 1
+    while k < b and glued[k] == glued[k - 1] + 1:
+        k += 1
+    return k - a > fmt.prefix and is_placeholder(s[a + fmt.prefix : k])
+
+
+def _pem_and_jwt(s: str, hits: list[FormatHit]) -> None:
+    if "-----BEGIN" in s:
+        for m in _PRIVATE_KEY.finditer(s):
+            label = m.group(1).strip()
+            hits.append(("private_key", m.start(), m.end(), f"{label + ' ' if label else ''}private key block"))
+    if "eyJ" in s:
+        for m in _JWT.finditer(s):
+            alg = jwt_alg(m.group(1))
+            if alg is None:
+                continue
+            if m.group(1, 2) == _JWT_IO_SAMPLE:
+                hits.append(("example_secret", m.start(), m.end(), "jwt.io's sample JWT"))
+            else:
+                hits.append(("jwt", m.start(), m.end(), f"JWT (alg {alg[:16]}), {m.end() - m.start()} chars"))
+
+
+# ---- public key material -------------------------------------------------------------------
+
+_PUBLIC_PEM: Final = re.compile(
+    r"-----BEGIN ((?:TRUSTED |X509 )?CERTIFICATE(?: REQUEST)?|NEW CERTIFICATE REQUEST|(?:RSA |DSA |EC )?PUBLIC KEY"
+    r"|PGP PUBLIC KEY BLOCK|PGP SIGNATURE|X509 CRL|PKCS7|CMS|SSH2 PUBLIC KEY)-----.*?-----END \1-----",
+    re.DOTALL,
+)
+_SSH_PUBLIC: Final = re.compile(
+    r"(?<![A-Za-z0-9_-])((?:ssh-(?:rsa|dss|ed25519|ed448)|ecdsa-sha2-nistp(?:256|384|521)"
+    r"|sk-(?:ssh-ed25519|ecdsa-sha2-nistp256)@openssh\.com)(?:-cert-v01@openssh\.com)?)[ \t]+(AAAA[A-Za-z0-9+/]{16,}={0,3})"
+)
+_PUBLISHABLE: Final = re.compile(r"(?<![A-Za-z0-9])pk_(?:live|test)_[A-Za-z0-9]{16,}")
+_AGE_RECIPIENT: Final = re.compile(r"(?<![A-Za-z0-9])age1[02-9ac-hj-np-z]{58}(?![A-Za-z0-9])")
+
+
+def _ssh_blob_names(blob: str, key_type: str) -> bool:
+    """Whether an SSH public key's base64 blob starts with its length-prefixed key type, as every one does."""
+    data = decode_base64(blob[:64])
+    if data is None or len(data) < 4:
+        return False
+    n = int.from_bytes(data[:4], "big")
+    return data[4 : 4 + n].decode("ascii", "replace") == key_type
+
+
+def public_hits(s: str) -> list[FormatHit]:
+    """Public key material in `s`, as hits of kind `public_key` (see the module doc)."""
+    hits: list[FormatHit] = []
+    if "-----BEGIN" in s:
+        hits += [("public_key", m.start(), m.end(), f"PEM {m.group(1)} block") for m in _PUBLIC_PEM.finditer(s)]
+    if "ssh-" in s or "ecdsa-" in s:
+        for m in _SSH_PUBLIC.finditer(s):
+            if _ssh_blob_names(m.group(2), m.group(1)):
+                hits.append(("public_key", m.start(), m.end(), f"SSH public key ({m.group(1)[:32]})"))
+    if "pk_" in s:
+        hits += [("public_key", m.start(), m.end(), "Stripe publishable key") for m in _PUBLISHABLE.finditer(s)]
+    if "age1" in s:
+        hits += [("public_key", m.start(), m.end(), "age recipient (public key)") for m in _AGE_RECIPIENT.finditer(s)]
+    return hits
+
