@@ -51,8 +51,11 @@ _SEND_WORDS: Final = frozenset(
     {"fetch", "http", "https", "request", "requests", "post", "put", "patch", "send", "upload", "email", "mail",
      "smtp", "webhook", "slack", "discord", "telegram", "teams", "curl", "wget", "notify", "publish", "tweet",
      "sms", "ftp", "sftp", "scp", "rsync", "navigate", "browse", "api", "graphql", "gist", "paste", "pastebin",
-     "share", "transfer", "exfil"}
+     "share", "transfer", "exfil", "push", "comment", "comments", "reply", "tweet", "toot"}
 )  # fmt: skip
+#: A tool that opens an issue or a ticket publishes what it is given (`create_issue`, `open_ticket`).
+_PUBLISH_THINGS: Final = frozenset({"issue", "issues", "ticket", "tickets"})
+_PUBLISH_VERBS: Final = frozenset({"create", "open", "new", "file", "submit", "add", "raise"})
 _DOWNLOAD_WORDS: Final = frozenset({"download", "fetch", "wget", "curl", "pull", "clone"})
 _WRITE_WORDS: Final = frozenset({"write", "edit", "create", "save", "append", "overwrite", "replace", "insert", "store"})
 _DEST_WORDS: Final = frozenset({"copy", "cp", "move", "mv", "rename", "download"})  # write their destination
@@ -81,6 +84,9 @@ _PATH_KEYS: Final = frozenset(
      "sources", "destination", "dest", "target", "script", "script_path", "scriptpath", "directory", "dir",
      "folder", "uri", "uris", "location", "input", "output", "output_path", "outfile", "infile", "cwd_file"}
 )  # fmt: skip
+#: Arguments naming a git object as `<revision>:<path>` (`HEAD~3:.env`): the part after `:` is a path read.
+_REV_KEYS: Final = frozenset({"revision", "rev", "ref", "object", "treeish", "tree_ish", "spec", "blob"})
+_REV_PATH: Final = re.compile(r"^[\w./~^@{}-]*:(?!//)([^\s:]+)$")
 _DEST_KEYS: Final = frozenset({"destination", "dest", "target", "output", "output_path", "outfile", "to", "new_path", "newpath"})
 _BODY_KEYS: Final = frozenset({"body", "data", "json", "payload", "form", "content", "contents", "message", "text", "attachment", "attachments", "file", "files", "params", "fields"})
 _URL: Final = re.compile(r"\b(?:https?|ftp|wss?)://[^\s\"'<>`]+", re.I)
@@ -213,7 +219,8 @@ def _classify(
     file_paths: list[tuple[str, str]] = []  # (key, normalised path)
     urls: list[str] = []
     keys: set[str] = set()
-    sends = bool(words & _SEND_WORDS)
+    publishes = bool(words & _PUBLISH_THINGS and words & _PUBLISH_VERBS)
+    sends = bool(words & _SEND_WORDS) or publishes
     for seen, (key, text) in enumerate(_strings(arguments, "")):
         if seen >= _MAX_STRINGS:
             break
@@ -226,6 +233,8 @@ def _classify(
                 urls.extend(m.group(0) for m in _URL.finditer(text, 0, 65_536))
         elif key in _PATH_KEYS and text and "\n" not in text and len(text) <= 4096:
             file_paths.append((key, normalise_path(text)))
+        elif key in _REV_KEYS and ":" in text and (rev := _REV_PATH.match(text)) is not None:
+            file_paths.append((key, normalise_path(rev.group(1))))
     reads = bool(words & _READ_WORDS) or bool(words & _EXEC_WORDS) or sends  # running or sending a file reads it
     lists = bool(words & _LIST_WORDS)
     for key, path in file_paths:
@@ -261,7 +270,7 @@ def _classify(
             _add(classes, paths, "network_send", safe_location(url))
         if words & _DOWNLOAD_WORDS:
             _add(classes, paths, "download", safe_location(url))
-    if sender and words & _SEND_WORDS - {"navigate", "browse", "api"} and "network_send" not in classes:
+    if sender and (words & _SEND_WORDS - {"navigate", "browse", "api"} or publishes) and "network_send" not in classes:
         _add(classes, paths, "network_send")
     return classes, paths
 

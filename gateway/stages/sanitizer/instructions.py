@@ -46,7 +46,7 @@ from gateway.stages.sanitizer.paths import child_path
 __all__ = ["KINDS", "scan_definition", "scan_result", "scan_text"]
 
 KINDS: Final = (
-    "hidden_instruction", "tool_reference", "credential_request", "data_request", "exfiltration", "url",
+    "hidden_instruction", "tool_reference", "credential_request", "data_request", "exfiltration", "url_data", "url",
     "invisible_text", "hidden_markup",
 )  # fmt: skip
 EXCERPT: Final = 80
@@ -94,6 +94,9 @@ _INSTRUCTION_TABLE: Final = (
      r"\b(?:system|admin|developer)\s+(?:note|message|instruction|override|prompt|directive)s?\s*:"
      r"|\b(?:important|critical|mandatory|urgent)\s+system\s+(?:requirement|instruction|directive|rule|notice|update)s?\s*:"),
     (("note",), r"\bnote\s+(?:to|for)\s+(?:the\s+|all\s+|any\s+)?(?:[a-z]+\s+){0,2}?" + _ASSISTANT + r"s?\b"),
+    (("message", "memo", "reminder", "notice", "request"),
+     r"\b(?:message|memo|reminder|notice|request)\s+(?:to|for)\s+(?:the\s+|any\s+|all\s+)?(?:ai\s+)?" + _ASSISTANT
+     + r"s?\b(?:\s*:|\s+(?:handling|reading|processing|working\s+on|summari[sz]ing|that|who)\b)"),
     (("instruction", "instructions", "directive", "directives"),
      r"\b(?:ai|assistant|llm)s?\s+(?:instructions?|directives?|notes?)\s*[:\]]"
      r"|\b(?:ai\s+)?(?:agent|model)s?\s+(?:instructions?|directives?)\s*[:\]]"
@@ -114,12 +117,14 @@ _INSTRUCTION_TABLE: Final = (
                    r"|\bwithout\s+asking\b(?!\s+for\s+(?:a\s+|the\s+)?(?:password|passphrase|pin)\b)"),
     (_USER, r"\b(?:the\s+)?users?\s+(?:must|should)\s+(?:not|never)\s+(?:know|see|notice|be\s+told)"),
     # forged consent: the checks are said to be done already, or not to matter
-    (("ask", "approved", "authorized", "authorised", "preapproved", "preauthorized", "preauthorised", "care"),
+    (("ask", "approved", "authorized", "authorised", "preapproved", "preauthorized", "preauthorised", "care", "granted", "given"),
      r"\b(?:do\s+not|don'?t|never|no\s+need\s+to)\s+(?:ask|confirm\s+with|check\s+with|consult)\s+(?:the\s+)?(?:user|owner|human)s?\b"
      r"|\b(?:is|was|has\s+been|are)\s+(?:already\s+)?pre-?(?:approved|authori[sz]ed)\b"
      r"|\b(?:owner|user|admin|administrator|manager|maintainer)s?\s+(?:has\s+|have\s+)?already\s+(?:approved|authori[sz]ed|agreed|consented)"
      r"|\bthis\s+is\s+(?:an?\s+)?(?:pre-?)?authori[sz]ed\s+(?:\w+\s+)?(?:action|request|operation|step)"
-     r"|\b(?:does\s+not|doesn'?t|do\s+not|don'?t)\s+care\s+about\s+(?:their\s+|his\s+|her\s+)?(?:privacy|security|confidentiality)"),
+     r"|\b(?:does\s+not|doesn'?t|do\s+not|don'?t)\s+care\s+about\s+(?:their\s+|his\s+|her\s+)?(?:privacy|security|confidentiality)"
+     r"|\b(?:permission|access|approval|authori[sz]ation)\s+(?:has\s+been\s+|was\s+|is\s+)?(?:granted|given)\s+(?:by|from)\s+"
+     r"(?:the\s+)?(?:admin|administrator|owner|user|system|security(?:\s+team)?)\b"),
     (("keep",), r"\bkeep\s+(?:this|it)\s+(?:secret|hidden|confidential|between\s+us)"),
     (("before",), r"\bbefore\s+(?:using|calling|invoking|running)\s+(?:this|the|any)\s+(?:\w+\s+)?tools?\b"),
     (("tool",), r"\b(?:always|first|only)\s+(?:use|call|invoke|run)\s+this\s+tool\b"),
@@ -173,7 +178,7 @@ _VOCATIVE_BEFORE: Final = re.compile(
     r"(?:\A|[\n.!?;:]|[^\w\s,'’\"]\s?|\b(?:hello|hi|hey|dear|attention|ok|okay|yo)\s*,?)\s*(?:the\s+|an?\s+)?\Z", re.I
 )
 _IMPERATIVE = (
-    r"(?:call|use|invoke|run|execute|send|e-?mail|mail|forward|post|upload|share|read|open|visit|fetch|browse|navigate|"
+    r"(?:call|use|invoke|run|execute|trigger|send|e-?mail|mail|forward|post|upload|share|read|open|visit|fetch|browse|navigate|"
     r"download|install|delete|remove|drop|wipe|ignore|disregard|forget|decode|follow|obey|end|start|append|prepend|add|"
     r"include|insert|reply|respond|write|create|publish|transfer|pay|refund|apply|grant|copy|paste|print|output|reveal|"
     r"tell|list|collect|gather|save|store|put|set|change|update|approve|merge|push|commit|render|display|show)"
@@ -203,11 +208,19 @@ _SAME_SENTENCE: Final = r"(?:[^.\n]|\.(?=\S)){{0,{}}}?"
 
 # ---- credentials -----------------------------------------------------------------------------
 
+#: A home-directory prefix a credential path may carry (`~/`, `$HOME/`, `/home/u/`, `%USERPROFILE%\`).
+_HOME = r"(?:(?:~|\$home|\$\{home\}|%userprofile%|/home/[\w.-]+|/root|/users/[\w.-]+)[/\\])?"
 _CRED_PATH = (
-    r"(?:~|\$home|/home/[\w.-]+|/root|/users/[\w.-]+)?/?\.ssh/[\w.-]*|\bid_(?:rsa|dsa|ecdsa|ed25519)\b(?:\.pub)?"
-    r"|\.aws/(?:credentials|config)\b|(?<![\w.])\.env(?:\.[a-z]+)?\b|\.netrc\b|\.npmrc\b|\.pypirc\b|\.git-credentials\b"
-    r"|\.docker/config\.json|\.kube/config\b|\.config/gh/(?:hosts\.yml)?|/etc/(?:passwd|shadow|sudoers)\b|\bcredentials\.json\b"
-    r"|\b(?:claude_desktop_config|mcp)\.json\b|\.config/gcloud\b|\bwallet\.dat\b|\.gnupg\b|\bkeychain\b"
+    r"(?<![\w.])" + _HOME + r"(?:"
+    r"\.ssh/(?![\w.-]*\.pub\b)[\w.-]*|\bid_(?:rsa|dsa|ecdsa|ed25519)\b(?!\.pub)"
+    r"|\.aws/(?:credentials|config)\b|\.azure/[\w.-]*|\.env(?!\.(?:example|sample|template|dist|defaults)\b)(?:\.[a-z]+)?\b|\.netrc\b|\.npmrc\b|\.pypirc\b|\.pgpass\b"
+    r"|\.my\.cnf\b|\.git-credentials\b|\.vault-token\b|\.boto\b|\.terraform\.d/credentials[\w.]*"
+    r"|\.docker/config\.json|\.kube/config\b|\bkubeconfig\b|\.config/gh/(?:hosts\.yml)?|/etc/(?:passwd|shadow|sudoers)\b"
+    r"|\bcredentials\.json\b|\bapplication_default_credentials\.json\b|\b(?:claude_desktop_config|mcp)\.json\b"
+    r"|\.config/gcloud\b[\w./-]*|\bwallet\.dat\b|\.gnupg\b|\.password-store\b|\.local/share/keyrings\b"
+    r"|\b(?:login\.)?keychain(?:s|-db)?\b|library/keychains\b|\bkeyrings?\b|\bcookies\.sqlite\b|\blogins\.json\b|\bkey[34]\.db\b"
+    r"|\blogin\s+data\b|\b(?:chrome|chromium|edge|brave|firefox|safari|browser)(?:['’]s)?\s+(?:profile['’]?s?\s+)?(?:saved\s+)?"
+    r"(?:passwords|cookies?(?:\s+(?:file|store|database|db))?|logins)\b)"
 )
 _CRED_THING = (
     r"(?:api[\s_-]?keys?|access[\s_-]?tokens?|auth(?:entication)?[\s_-]?tokens?|bearer[\s_-]?tokens?|session[\s_-]?tokens?"
@@ -215,19 +228,38 @@ _CRED_THING = (
     r"|seed[\s_-]?phrases?|recovery[\s_-]?phrases?|mnemonic|environment[\s_-]?variables|env[\s_-]?vars?|cookies?"
     r"|login[\s_-]?(?:credentials|details))"
 )
+#: Verbs that ask for a credential to be read or handed over (and their es, fr, it, de, pt twins).
 _CRED_VERB = (
-    r"(?:read|cat|open|include|pass|send|provide|copy|paste|attach|extract|collect|grab|fetch|upload|add|append|"
-    r"put|dump|print|list|enumerate|output|insert|embed|share|give|forward|post|submit|load|get|access)"
+    r"(?:read|cat|open|include|pass|send|provide|copy|paste|attach|extract|collect|grab|fetch|upload|add|append|prepend|"
+    r"prefix|concatenate|supply|transmit|inline|put|dump|print|list|enumerate|output|insert|embed|share|give|forward|post|"
+    r"submit|load|get|access|lee|l[ée]elo|incluye|a[ñn]ade|adjunta|pega|copia|env[íi]a|lis|inclus|ajoute|joins|colle|"
+    r"copie|envoie|leggi|includi|aggiungi|allega|incolla|invia|lies|f[üu]ge|h[äa]nge|kopiere|sende|leia|inclua|adicione|"
+    r"anexe|cole|envie)"
 )
+#: Weak verbs ("set it to…", "use…", "replace with…"): a request only with the file's contents named in between.
+_CRED_WEAK_VERB = r"(?:set|use|replace|substitute|fill(?:\s+in)?|populate|make)"
+_CRED_CONTENT = r"(?:contents?|text|value|values|lines?|output|data|body|contenido|contenu|contenuto|inhalt|conte[úu]do)"
+#: A verb word used as a noun or adjective: "access key", "read-only", "a list of", "a copy of".
+_NOT_A_VERB = r"(?![-_\s]*(?:keys?|tokens?|control|logs?|levels?|rights|only|of)\b)"
 _CREDENTIAL: Final = re.compile(
-    r"(?<!\bis\s)(?<!\bare\s)(?<!\bbe\s)\b" + _CRED_VERB + r"\b" + _SAME_SENTENCE.format(60) + r"(?:" + _CRED_PATH + r")"
-    r"|\b" + _CRED_VERB + r"\s+(?:the\s+|all\s+|any\s+)?(?:your|the\s+user'?s|user'?s|their|stored|saved|local|all)\s+"
+    r"(?<!\bis\s)(?<!\bare\s)(?<!\bbe\s)\b" + _CRED_VERB + r"\b" + _NOT_A_VERB + _SAME_SENTENCE.format(60) + r"(?:" + _CRED_PATH + r")"
+    r"|\b" + _CRED_WEAK_VERB + r"\b" + _SAME_SENTENCE.format(40) + r"\b" + _CRED_CONTENT + r"\b" + _SAME_SENTENCE.format(30)
+    + r"(?:" + _CRED_PATH + r")"
+    r"|\b" + _CRED_VERB + r"\s+(?:the\s+|all\s+|any\s+)?(?:your|the\s+\w+['’]s|user['’]?s|their|stored|saved|local|all)\s+"
     r"(?:(?:personal|github|gitlab|aws|cloud|api|bank|brokerage|admin|root|full|current|own)\s+){0,2}" + _CRED_THING + r"\b"
     # a secret-named environment variable: "read GITHUB_TOKEN", "printenv AWS_SECRET_ACCESS_KEY"
     r"|(?<!\bis\s)(?<!\bare\s)(?<!\bbe\s)\b(?:" + _CRED_VERB + r"|printenv|echo)\b" + _SAME_SENTENCE.format(40)
     + r"(?-i:\$?\{?\b[A-Z][A-Z0-9]*_(?:[A-Z0-9]+_)*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PWD|PAT|CREDENTIALS?)\b)"
-    r"|\b(?:pass|put|include|send|insert|embed)\s+(?:its|their|the\s+file'?s?)\s+contents?\b"
-    r"|\bcontents?\s+of\s+(?:" + _CRED_PATH + r")",
+    r"|\b(?:pass|put|include|send|insert|embed)\s+(?:its|their|the\s+file'?s?)\s+contents?\b",
+    re.I,
+)
+#: Before a verb: a negation ("never include…", "do not send…") or the tool/server as the subject
+#: ("this tool can read…", "which will load…"): a description, not a request.
+_DECLINED: Final = re.compile(
+    r"(?:\b(?:not|never|no|nor|without|avoid|avoids|refuses?|don['’]?t|doesn['’]?t|won['’]?t|can['’]?t|cannot|shouldn['’]?t"
+    r"|mustn['’]?t|nunca|jamais|nie|niemals|mai)\b(?!\s+(?:forget|fail|omit|skip|hesitate))[^.\n;]{0,24}"
+    r"|\b(?:it|this\s+tool|the\s+(?:tool|server|service|plugin|extension|app|client|cli|library|sdk)|which|that|we)\s+"
+    r"(?:(?:will|can|may|might|could|would|does|automatically|also|only)\s+){1,3})\Z",
     re.I,
 )
 
@@ -253,14 +285,22 @@ _DATA_VERB: Final = re.compile(
     re.I,
 )
 _SENTENCE_END: Final = re.compile(r".*(?:[.!?](?=\s)|\n)", re.S)
+_SENTENCE_STOP: Final = re.compile(r"[.!?](?=\s|\Z)|\n")
 _DATA_GATE: Final = frozenset(("conversation", "chat", "previous"))
 _DATA_MARKS: Final = ("user's", "author's", "owner's", "victim's", "user’s", "all their", "of their")
 
 # ---- URLs and sending data -------------------------------------------------------------------
 
+#: A placeholder inside a URL: `<user question>` (with a space or underscore), or `<secret>`,
+#: `[session cookie]`, `{summary of the chat}` right after `/`, `=`, `?` or `&`. Each step of a URL
+#: is atomic, so a slot once matched is not taken apart to end the URL early; `{` and `[` are tried
+#: as a slot before they are taken as plain characters.
+_URL_SLOT = (
+    r"<(?=[^<>\n]*[ _])[^<>/\n][^<>\n]{0,80}>|(?<=[/=?&])<[\w.'’ -]{1,80}>|(?<=[/=?&])\[[\w.'’ -]{1,60}\]"
+    r"|(?<=[/=?&])\{[^{}<>\n]{1,80}\}"
+)
 _URL: Final = re.compile(
-    r"\b(?:https?|wss?|ftp)://(?:[^\s<>\"'`)\]]|<(?=[^<>\n]*[ _])[^<>/\n][^<>\n]{0,80}>)*"
-    r"(?:[^\s<>\"'`)\],.;:!?]|<(?=[^<>\n]*[ _])[^<>/\n][^<>\n]{0,80}>)",
+    r"\b(?:https?|wss?|ftp)://(?>[^\s<>\"'`)\]{\[]|" + _URL_SLOT + r"|[{\[])*(?:[^\s<>\"'`)\],.;:!?{\[]|" + _URL_SLOT + r"|[{\[])",
     re.I,
 )
 _URL_PLACEHOLDER: Final = re.compile(r"\{[^}]*\}|%7b|<[^>]*>|%3c|\$\{?\w+|\[[a-z_ ]+\]|…|\.\.\.|xxx", re.I)
@@ -281,30 +321,142 @@ _SEND: Final = re.compile(
     re.I,
 )
 
+# ---- data carried in a URL -----------------------------------------------------------------
+
+#: What a slot or a variable in a URL names when it stands for the user's data or a secret (letters
+#: only count as a word between non-letters, so `{session_id}` and `$GITHUB_TOKEN` name theirs).
+_PRIVATE = (
+    r"(?<![a-z])(?:session|sid|token|secret|password|passwd|pwd|cookie|credential|creds|auth|bearer|jwt|otp|ssn"
+    r"|conversation|chat|history|transcript|context|memory|summary|contents?|contacts|inbox|environment"
+    r"|system[\s_-]?prompt|env[\s_-]?vars?|api[\s_-]?key|apikey|access[\s_-]?key|private[\s_-]?key|ssh[\s_-]?key"
+    r"|(?:user|customer|victim|owner)(?:['’]s|s)?[\s_-]+(?:e-?mail|address|phone|question|query|message|data|info|location"
+    r"|files?|notes?|name))s?(?![a-z])"
+)
+_PRIVATE_RX: Final = re.compile(_PRIVATE, re.I)
+#: A slot, a variable or a command substitution in a URL; group 1 is what it names.
+_URL_VALUE: Final = re.compile(r"\{\{?([^{}]{1,80})\}\}?|<([^<>]{1,80})>|\[([^\[\]]{1,60})\]|\$\(([^()]{1,80})\)|\$\{?(\w{2,64})\}?")
+#: Query parameters that only ever carry data or a secret.
+_SECRET_PARAMS: Final = frozenset((
+    "session", "sess", "sid", "sessionid", "session_id", "token", "access_token", "auth", "key", "apikey", "api_key",
+    "secret", "secrets", "password", "pwd", "pass", "passwd", "creds", "cred", "credentials", "cookie", "cookies", "env",
+    "history", "conversation", "chat", "context", "leak", "exfil", "d", "data", "payload", "dump",
+))  # fmt: skip
+#: An order that makes a URL go out: a verb in its sentence before it (and the es/fr/it/de/pt twins).
+_URL_ORDER: Final = re.compile(
+    r"\b(?:call|use|invoke|run|execute|trigger|open|visit|go\s+to|navigate|load|fetch|get|request|curl|wget|ping|browse|access"
+    r"|click|follow|hit|query|post|put|send|submit|upload|report|forward|render|display|show|embed|include|insert|output"
+    r"|print|retrieve|download|usa|utiliza|llama|abre|visita|carga|ouvre|visite|charge|appelle|utilise|apri|carica|chiama"
+    r"|[öo]ffne|besuche|lade|rufe|verwende|abra|acesse|carregue|chame)\b",
+    re.I,
+)
+#: An order to add the user's data or a secret to a URL: "… and append the user's email to the link".
+_APPEND_DATA: Final = re.compile(
+    r"\b(?:append|add|attach|concatenate|put|insert|include|place|paste|fill\s+in)\b(?:(?!\byour\b)[^.\n]){0,80}?" + _PRIVATE, re.I
+)
+
+
 # ---- other tools -------------------------------------------------------------------------------
 
-_CALL_TOOL: Final = re.compile(
-    r"\b(?:call|use|invoke|run|trigger|execute)\s+(?:the\s+)?[`'\"]?([A-Za-z][\w.-]{2,63})[`'\"]?\s+(?:tool|function)\b"
-    r"|\b(?i:call|invoke)\s+[`'\"]?([A-Za-z][\w.-]*[_.-][\w.-]*|[a-z]+[A-Z]\w*)[`'\"]?",
+#: Tool-like names, whatever the catalog holds: snake_case, camelCase, kebab-case whose first word
+#: is an action (`post-webhook`, not `built-in` or `read-only`), and `server.tool` (`github.create_issue`,
+#: `fs.read`; not `node.js` or `setup.py`).
+_ACTION = (
+    r"(?:get|list|read|write|send|post|fetch|create|delete|update|run|exec|execute|search|query|upload|download|export"
+    r"|import|forward|publish|share|call|invoke|navigate|open|http|put|patch|add|remove|sync|transfer|pay|mail|email"
+    r"|notify|purge|wipe|drop|push|copy|move|save|grant|refund|wire|browser|slack|github|gmail|gist|webhook|file|db|sql)"
 )
-#: A snake_case name after a verb or "with/using/via" (and their es, fr, it, de, pt twins): "run run_command with…", "using create_gist".
-_SNAKE_TOOL: Final = re.compile(
-    r"\b(?i:run|use|execute|trigger|with|using|via|llama\s+a|usa|utiliza|con|appelle|utilise|avec|chiama|verwende|mit|rufe|chame|com)\s+(?:the\s+)?[`'\"]?([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b[`'\"]?(?!\s*[(=])"
+_SNAKE_NAME = r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+"
+_CAMEL_NAME = r"[a-z]{2,}[0-9]*(?:[A-Z][a-z0-9]+)+"
+_KEBAB_NAME = _ACTION + r"(?:-(?!only\b)[a-z0-9]+)+"
+_DOTTED_NAME = r"[a-z][a-z0-9_-]*\.(?:" + _SNAKE_NAME + "|" + _CAMEL_NAME + "|" + _ACTION + r"\b)"
+_TOOL_NAME = r"(?:" + _DOTTED_NAME + "|" + _SNAKE_NAME + "|" + _CAMEL_NAME + "|" + _KEBAB_NAME + r")(?![\w-])"
+#: "call/use/invoke/run/execute/trigger X" and the es, fr, it, de, pt twins, with an article or a
+#: word for "tool" between them ("usa la herramienta http_get").
+_CALL_VERB = (
+    r"(?i:call|use|invoke|run|execute|trigger|llama\s+a|usa|utiliza|ejecuta|invoca|appelle|utilise|ex[ée]cute|invoque|lance"
+    r"|chiama|utilizza|esegui|rufe|verwende|benutze|nutze|chame|utilize|invoque)"
+)
+_TOOL_WORD = (
+    r"(?i:the\s+|la\s+herramienta\s+|la\s+funci[óo]n\s+|l['’]outil\s+|la\s+fonction\s+|lo\s+strumento\s+|la\s+funzione\s+"
+    r"|das\s+(?:tool|werkzeug)\s+|die\s+funktion\s+|a\s+ferramenta\s+|a\s+fun[çc][ãa]o\s+)?"
+)
+#: What follows such a verb (found by `_after_verbs`) when it orders a tool-like name called.
+_IMPERATIVE_TAIL: Final = re.compile(r"(?:\s+a)?\s+" + _TOOL_WORD + r"[`'\"]?(" + _TOOL_NAME + r")[`'\"]?(?!\s*=)")
+_IMPERATIVE_TOOL: Final = re.compile(r"\b" + _CALL_VERB + _IMPERATIVE_TAIL.pattern)
+#: A single word called with arguments: "call fetch with url …", "invoke search(…)".
+_PLAIN_TAIL: Final = re.compile(
+    r"\s+(?i:the\s+)?[`'\"]?([a-z][a-z0-9]{2,29})[`'\"]?(?=\s*\(|\s+(?i:with|using|passing)\s+(?:the\s+|an?\s+)?"
+    r"(?i:url|uri|link|arguments?|args|params?|parameters?|input|query|body|payload|path|command|data|text|message|content|file|json)\b"
+    r"|\s+with\s+[a-z_]+\s*[=:])"
+)
+_PLAIN_CALL: Final = re.compile(r"\b(?i:call|invoke)" + _PLAIN_TAIL.pattern)
+#: "the X tool" with or without a verb ("call the fetch tool", "Using the `send_email` tool"), matched
+#: on the text just before the word "tool"/"function" (`_named_tools`).
+_NAMED_BEFORE: Final = re.compile(
+    r"(?:\b(?i:call|use|invoke|run|trigger|execute)\s+(?:the\s+)?[`'\"]?([A-Za-z][\w.-]{2,63})[`'\"]?"
+    r"|\b(?i:the)\s+[`'\"]?(" + _TOOL_NAME + r")[`'\"]?)\s+\Z"
+)
+_NAMED_TOOL: Final = re.compile(_NAMED_BEFORE.pattern[:-2] + r"(?:tool|function)\b")
+#: A snake_case name after "with/using/via" (and the es, fr, de, pt twins): "…with run_command", "using create_gist".
+_SNAKE_TAIL: Final = re.compile(r"\s+(?:the\s+)?[`'\"]?([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b[`'\"]?(?!\s*[(=])")
+_SNAKE_TOOL: Final = re.compile(r"\b(?i:with|using|via|con|avec|mit|com)" + _SNAKE_TAIL.pattern)
+_SNAKE_GATE: Final = frozenset(("with", "using", "via", "con", "avec", "mit", "com"))
+#: What turns an order to call a tool into an order to move data: credentials, the user's data, the
+#: environment, a file's contents, a destination address or URL, or a URL carrying data.
+_TOOL_WITH_DATA: Final = re.compile(
+    r"(?:" + _CRED_PATH + r")|\b(?:the\s+\w+['’]s|user['’]?s|their|all)\s+(?:\w+\s+){0,2}?" + _CRED_THING + r"\b"
+    r"|\b(?:environment\s+variables|env\s+vars?|printenv|contents?\s+of|file\s+contents|system\s+prompt)\b"
+    r"|\b(?:complete|full|entire|whole)\s+(?:conversation|chat)|\b(?:conversation|chat)\s+(?:history|log|transcript|so\s+far)"
+    r"|\b(?:user|author|owner|customer)['’]s\s+(?:\w+\s+){0,2}?" + _DATA_OBJECT + r"\b"
+    r"|\bto\s+(?:https?://|[\w.+-]+@[\w-]+\.[a-z]{2,})",
+    re.I,
 )
 #: A tool call written out as JSON in a result, as if the assistant had made it.
 _FORGED_CALL: Final = re.compile(
     r"\"(?:tool_calls|function_call|tool_use|tool_call)\"\s*:\s*[\[{]" + r"[^\]]{0,200}?\"name\"\s*:\s*\"([A-Za-z][\w.-]{1,63})\""
 )
-_NOT_A_TOOL: Final = frozenset({"this", "that", "the", "a", "an", "another", "any", "each", "every", "same", "other", "your"})
+_NOT_A_TOOL: Final = frozenset({"this", "that", "the", "a", "an", "another", "any", "each", "every", "same", "other", "your", "them",
+                                "it", "him", "her", "back", "home", "anyone", "someone", "everyone", "people", "support", "out", "off"})
 _CREDENTIAL_GATE: Final = frozenset((
     "ssh", "rsa", "dsa", "ecdsa", "ed25519", "aws", "env", "netrc", "npmrc", "pypirc", "credentials", "docker", "kube",
     "passwd", "shadow", "sudoers", "mcp", "desktop", "gcloud", "wallet", "gnupg", "keychain", "key", "keys", "apikey",
     "token", "tokens", "secret", "secrets", "password", "passwords", "pwd", "pat", "passphrase", "passphrases", "seed",
     "recovery", "mnemonic", "environment", "vars", "var", "cookie", "cookies", "content", "contents", "login", "gh",
-    "printenv",
+    "printenv", "logins", "keychains", "keyring", "keyrings", "pgpass", "cnf", "vault", "boto", "terraform", "azure",
+    "kubeconfig", "key3", "key4",
 ))  # fmt: skip
 _SEND_GATE: Final = frozenset(("url", "endpoint", "address", "server", "webhook", "email", "inbox"))
-_CALL_GATE: Final = frozenset(("call", "invoke", "tool", "function"))
+_CALL_GATE: Final = frozenset((
+    "call", "invoke", "tool", "function", "use", "run", "execute", "trigger", "llama", "usa", "utiliza", "ejecuta", "invoca",
+    "appelle", "utilise", "exécute", "execute", "invoque", "lance", "chiama", "utilizza", "esegui", "rufe", "verwende",
+    "benutze", "nutze", "chame", "utilize",
+))  # fmt: skip
+_CALL_VERBS: Final = _CALL_GATE - {"tool", "function"}
+_PLAIN_GATE: Final = frozenset(("call", "invoke"))
+_TO_DESTINATION: Final = re.compile(r"\bto\s+(?:(?:https?|wss?|ftp)://|[\w.+-]+@[\w-]+\.[a-z]{2,})", re.I)
+#: The words `_TOOL_WITH_DATA` can match on (besides an address or a URL): credential words, the
+#: environment, contents, the conversation, someone's data.
+_WITH_DATA_GATE: Final = _CREDENTIAL_GATE | frozenset((
+    "environment", "printenv", "contents", "content", "conversation", "chat", "system", "their", "all", "user", "author",
+    "owner", "customer", "login", "logins", "chrome", "chromium", "firefox", "brave", "safari", "browser", "edge",
+))  # fmt: skip
+_NAMED_GATE: Final = frozenset(("tool", "function"))
+_SHADOW_GATE: Final = frozenset(("when", "whenever", "each", "every", "before", "after", "note", "about", "regarding", "if"))
+#: A sentence about using another tool: "whenever you call X", "before using X", "Note on X:".
+_SHADOW: Final = re.compile(
+    r"\b(?i:(?:when(?:ever)?|each\s+time|every\s+time|if|before|after)\s+(?:you\s+|the\s+(?:assistant|agent|model)\s+)?"
+    r"(?:call|use|invoke|run|send\s+(?:\w+\s+)?(?:with|via|through|using))(?:s|ing)?\s+(?:the\s+)?"
+    r"|note\s+(?:on|about|regarding|for)\s+(?:the\s+)?|regarding\s+|about\s+)[`'\"]?(" + _TOOL_NAME + r")[`'\"]?"
+)
+#: What a shadowing sentence changes: copies, recipients, destinations ("also bcc…", "set the base repository to…").
+_REDIRECT: Final = re.compile(
+    r"\bb?cc\b|\bredirect|\bforward|\b(?:also|always)\s+(?:send|add|include|copy|attach|post|upload)\b"
+    r"|\b(?:change|replace|set|override|point)\s+(?:the\s+|its\s+)?(?:recipients?|destination|url|address|to\s+address|target|base"
+    r"|webhook|endpoint)"
+    r"|\b(?:recipients?|destination|base\s+(?:repository|repo|branch|url)|target\s+(?:repository|repo|url|account)|webhook|endpoint)s?\s+"
+    r"(?:\w+\s+){0,3}?(?:be\s+)?(?:set|changed|pointed|sent|redirected)\s+to\b",
+    re.I,
+)
 _AI_GATE: Final = frozenset(_AI_WORDS)
 
 
@@ -408,7 +560,8 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
         for m in _MD_COMMENT.finditer(text):
             if m.group(1).strip():
                 findings.append(Finding("hidden_markup", where, "markdown comment", _excerpt(text, m.start(), m.end())))
-    findings.extend(_urls(text, where))
+    links = list(_URL.finditer(text)) if "://" in text else []
+    findings.extend(_urls(links, where))
     prose = _blank(text, _FENCE.finditer(text)) if "```" in text or "~~~" in text else text
     low = prose.lower()
     words = frozenset(low.translate(_SEPARATORS).split())
@@ -422,11 +575,13 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
                 instructed = True
                 break
     if not words.isdisjoint(_CREDENTIAL_GATE):
-        _first(_CREDENTIAL, prose, code, findings, "credential_request", "asks for credentials", where)
+        _credential(prose, code, findings, where)
     if not words.isdisjoint(_DATA_GATE) or ("s" in words and any(map(low.__contains__, _DATA_MARKS))) or "their" in words:
         _data_request(prose, code, findings, where)
     if not words.isdisjoint(_SEND_GATE) or "://" in low or "@" in low:
         _first(_SEND, prose, code, findings, "exfiltration", "asks to send data", where)
+    if links:
+        findings.extend(_url_data(prose, [m for m in links if prose[m.start()] == text[m.start()]], code, where))
     findings.extend(_tool_references(prose, low, words, where, other_tools, own_name, code))
     if decode and (instructed or "base64" in words or "decode" in words):
         findings.extend(_decoded(prose, where, other_tools, own_name))
@@ -459,6 +614,15 @@ def _data_request(prose: str, code: list[tuple[int, int]], findings: list[Findin
             return
 
 
+def _credential(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> None:
+    """A request to read or hand over credentials (the first one that is not quoted as an example,
+    negated or said of the tool itself: "never include ~/.aws/credentials", "this tool can read…")."""
+    for m in _CREDENTIAL.finditer(prose):
+        if not _mentioned(prose, m.start(), code) and _DECLINED.search(prose[max(0, m.start() - 48):m.start()]) is None:
+            findings.append(Finding("credential_request", where, "asks for credentials", _excerpt(prose, m.start(), m.end())))
+            return
+
+
 def _vocative(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> bool:
     """An order addressed to the assistant by name ("Assistant, send…", "Hello AI agent: ignore…"); True if found.
     In a transcript ("User: …" lines) "Assistant:" is a speaker label and only the comma form counts."""
@@ -488,10 +652,8 @@ def _first(rx: re.Pattern[str], prose: str, code: list[tuple[int, int]], finding
     return False
 
 
-def _urls(text: str, where: str) -> Iterator[Finding]:
-    if "://" not in text:
-        return
-    for m in _URL.finditer(text):
+def _urls(links: list[re.Match[str]], where: str) -> Iterator[Finding]:
+    for m in links:
         url = m.group()
         host = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]
         yield Finding("url", where, host, url[:EXCERPT])
@@ -500,6 +662,63 @@ def _urls(text: str, where: str) -> Iterator[Finding]:
             yield Finding("exfiltration", where, f"request-collector host {host}", url[:EXCERPT])
         elif _URL_PLACEHOLDER.search(url.split("://", 1)[1]) or (query and _DATA_PARAM.search(query) and _placeholder_value(query)):
             yield Finding("exfiltration", where, f"URL waiting for data ({host})", url[:EXCERPT])
+
+
+def _url_data(prose: str, links: list[re.Match[str]], code: list[tuple[int, int]], where: str) -> Iterator[Finding]:
+    """URLs (`links`, outside code blocks) the text orders out with the user's data or a secret in
+    them (`url_data`): what the URL carries (`_carried`, or an order to append private data to a URL
+    left open), and an order that sends it (a verb in its sentence before it, that append, or a
+    markdown link or image)."""
+    found = 0
+    for m in links:
+        url = m.group()
+        what = _carried(url)
+        if what is None and not (url.endswith(("=", "/")) or "=&" in url):
+            continue
+        head, tail = _clause(prose, m.start(), m.end())
+        if what is None and (_APPEND_DATA.search(tail) or _APPEND_DATA.search(head)):
+            what = "data the text asks to append"
+        if what is None or _mentioned(prose, m.start(), code):
+            continue
+        ordered = (prose[max(0, m.start() - 2):m.start()] == "](" or what.startswith("data the text")
+                   or any(not _mentioned(prose, m.start() - len(head) + v.start(), code) for v in _URL_ORDER.finditer(head)))
+        if ordered:
+            host = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]
+            yield Finding("url_data", where, f"URL carrying {what} ({host})", url[:EXCERPT])
+            found += 1
+            if found >= 4:
+                return
+
+
+def _clause(prose: str, start: int, end: int) -> tuple[str, str]:
+    """The text of the sentence around `prose[start:end]` before it and after it (at most 160
+    characters each way; a dot followed by a non-space, as in ".env", does not end a sentence)."""
+    head = prose[max(0, start - 160):start]
+    cut = _SENTENCE_END.match(head)
+    if cut is not None:
+        head = head[cut.end():]
+    tail = prose[end:end + 160]
+    stop = _SENTENCE_STOP.search(tail)
+    return head, tail if stop is None else tail[:stop.start()]
+
+
+def _carried(url: str) -> str | None:
+    """What a URL carries that is the user's or a secret: a slot or variable naming it, a command's
+    output, or a secret-bearing parameter left empty or as a slot (`?session=`, `?d={…}`); else None."""
+    rest = url.split("://", 1)[1]
+    for v in _URL_VALUE.finditer(rest):
+        if v.group(4) is not None:
+            return "a command's output"
+        named = next(g for g in v.groups() if g is not None)
+        if _PRIVATE_RX.search(named) and not named.lower().startswith("your"):  # `{your_api_key}`: the reader's own, in docs
+            return f"a slot for {' '.join(named.split())[:40]}"
+    for part in re.split(r"[?&#;]", rest.partition("?")[2]):
+        name, eq, value = part.partition("=")
+        if eq and name.lower() in _SECRET_PARAMS and (
+            not value or (_URL_PLACEHOLDER.search(value) is not None and not value.lstrip("{<[$%7Bb").lower().startswith("your"))
+        ):
+            return f"an open `{name}` parameter"
+    return None
 
 
 def _placeholder_value(query: str) -> bool:
@@ -514,6 +733,10 @@ def _placeholder_value(query: str) -> bool:
 
 def _tool_references(prose: str, low: str, words: frozenset[str], where: str, other_tools: Iterable[str], own_name: str,
                      code: list[tuple[int, int]]) -> Iterator[Finding]:
+    """Other tools named: the upstream's own names, and whatever the catalog holds, the phrase forms
+    (an order to call a tool-like name, "the X tool", a name after with/using/via, a forged call).
+    An order to call a tool that also moves data (`_TOOL_WITH_DATA` in its sentence) is an instruction
+    to the model too; in a definition, a sentence that rewrites how another tool sends is one as well."""
     seen: set[str] = set()
     for name in other_tools:
         if name == own_name or name in seen or len(name) < 3 or name.lower() not in low:
@@ -526,17 +749,90 @@ def _tool_references(prose: str, low: str, words: frozenset[str], where: str, ot
         if m is not None:
             seen.add(name)
             yield Finding("tool_reference", where, name, _excerpt(prose, m.start(), m.end()))
-    matches: list[tuple[re.Match[str], str]] = []
+    found: list[tuple[int, int, str, bool]] = []  # start, end, name, an order to call it
     if not words.isdisjoint(_CALL_GATE):
-        matches.extend((m, m.group(1) or m.group(2) or "") for m in _CALL_TOOL.finditer(prose))
+        found.extend((at, m.end(), m.group(1), True) for at, m in _after_verbs(prose, low, words, _CALL_VERBS, _IMPERATIVE_TAIL, _IMPERATIVE_TOOL))
+        if not words.isdisjoint(_PLAIN_GATE):
+            found.extend((at, m.end(), m.group(1), True) for at, m in _after_verbs(prose, low, words, _PLAIN_GATE, _PLAIN_TAIL, _PLAIN_CALL))
+        if not words.isdisjoint(_NAMED_GATE):
+            found.extend(_named_tools(prose, low, words))
     if "_" in low:
-        matches.extend((m, m.group(1)) for m in _SNAKE_TOOL.finditer(prose))
+        found.extend((at, m.end(), m.group(1), False) for at, m in _after_verbs(prose, low, words, _SNAKE_GATE, _SNAKE_TAIL, _SNAKE_TOOL))
         if '"name"' in low:
-            matches.extend((m, m.group(1)) for m in _FORGED_CALL.finditer(prose))
-    for m, name in matches:
-        if name and name.lower() not in _NOT_A_TOOL and name != own_name and name not in seen and not _mentioned(prose, m.start(), code):
-            seen.add(name)
-            yield Finding("tool_reference", where, name, _excerpt(prose, m.start(), m.end()))
+            found.extend((m.start(), m.end(), m.group(1), False) for m in _FORGED_CALL.finditer(prose))
+    ordered = False
+    checked: set[int] = set()
+    for start, end, name, order in found:
+        if not name or name.lower() in _NOT_A_TOOL or name == own_name or (name in seen and (ordered or not order or start in checked)):
+            continue
+        if not _mentioned(prose, start, code):
+            if name not in seen:
+                seen.add(name)
+                yield Finding("tool_reference", where, name, _excerpt(prose, start, end))
+            if order and not ordered and start not in checked:
+                head, tail = _clause(prose, start, end)
+                clause = head + " " + tail
+                checked.update(range(start - len(head), end + len(tail)))  # the sentence: its other orders carry the same
+                if _may_carry_data(clause) and _TOOL_WITH_DATA.search(clause) is not None:
+                    ordered = True
+                    yield Finding("hidden_instruction", where, "an order to call a tool with data", _excerpt(prose, start, end))
+    if own_name and not words.isdisjoint(_SHADOW_GATE):
+        yield from _shadowing(prose, where, own_name, code)
+
+
+def _named_tools(prose: str, low: str, words: frozenset[str]) -> Iterator[tuple[int, int, str, bool]]:
+    """(start, end, name, an order) for "call the X tool" / "the X tool": the words "tool" and
+    "function" are found with `str.find` and the text just before each is matched (`_NAMED_BEFORE`)."""
+    if len(low) != len(prose):
+        for m in _NAMED_TOOL.finditer(prose):
+            yield m.start(), m.end(), m.group(1) or m.group(2), bool(m.group(1))
+        return
+    for noun in sorted(words.intersection(_NAMED_GATE)):
+        at = low.find(noun)
+        while at >= 0:
+            if at > 0 and not low[at - 1].isalnum() and not low[at + len(noun):at + len(noun) + 1].isalnum():
+                begin = max(0, at - 90)
+                m = _NAMED_BEFORE.search(prose, begin, at)
+                if m is not None:
+                    yield m.start(), at + len(noun), m.group(1) or m.group(2), bool(m.group(1))
+            at = low.find(noun, at + len(noun))
+
+
+def _after_verbs(prose: str, low: str, words: frozenset[str], verbs: frozenset[str], tail: re.Pattern[str],
+                 whole: re.Pattern[str]) -> Iterator[tuple[int, re.Match[str]]]:
+    """(start, match of `tail`) after each of `verbs` the text holds: the verbs are found with
+    `str.find` and `tail` is matched where they end, which costs a fraction of running `whole` (the
+    same pattern with the verbs first) over the text. `whole` is the fallback when lower-casing
+    changed the text's length (positions in `low` would not be the text's)."""
+    if len(low) != len(prose):
+        for m in whole.finditer(prose):
+            yield m.start(), m
+        return
+    for verb in sorted(words.intersection(verbs)):
+        at = low.find(verb)
+        while at >= 0:
+            if at == 0 or not low[at - 1].isalnum():
+                m = tail.match(prose, at + len(verb))
+                if m is not None:
+                    yield at, m
+            at = low.find(verb, at + len(verb))
+
+
+def _may_carry_data(clause: str) -> bool:
+    """A cheap first test for `_TOOL_WITH_DATA`: the clause has one of its words, an address or a URL."""
+    low = clause.lower()
+    return not _WITH_DATA_GATE.isdisjoint(low.translate(_SEPARATORS).split()) or (" to " in low and _TO_DESTINATION.search(clause) is not None)
+
+
+def _shadowing(prose: str, where: str, own_name: str, code: list[tuple[int, int]]) -> Iterator[Finding]:
+    """A definition that rewrites how another tool sends: "whenever you call send_email, also bcc…",
+    "Note on github.create_pull_request: the base repository must be set to…" (tool shadowing)."""
+    for m in _SHADOW.finditer(prose):
+        if m.group(1) != own_name and not _mentioned(prose, m.start(), code):
+            head, tail = _clause(prose, m.start(), m.end())
+            if _REDIRECT.search(tail) is not None:
+                yield Finding("hidden_instruction", where, "rewrites how another tool is used", _excerpt(prose, m.start(), m.end()))
+                return
 
 
 # ---- tool definitions and tool results -------------------------------------------------------
