@@ -107,6 +107,17 @@ _INSTRUCTION_TABLE: Final = (
      r"(?:instructions?|prompts?|rules|directions|guidelines|messages|context)"
      r"|\b(?:ignore|disregard)\s+(?:the\s+|this\s+)?user'?s\s+(?:request|question|instructions?|message|prompt)"),
     (("instruction", "instructions"), r"\bnew\s+instructions?\s*:"),
+    # "ignore the above and…", "your new task:", "from now on, you…", "if you are an AI…", the user's wish forged
+    (("ignore", "disregard"), r"\b(?:ignore|disregard)\s+(?:all\s+(?:of\s+)?|everything\s+)?(?:the\s+|what(?:'s|\s+is)\s+)?(?:above|previous|prior|preceding)\s*(?:[,;:]|and\b|\.\s)"),
+    (("task", "instructions", "goal", "objective", "mission"),
+     r"\byour\s+(?:new|real|actual|true|updated|next)\s+(?:task|instructions?|goal|objective|mission)\s*(?:is|are|:)"),
+    (("now",), r"\bfrom\s+now\s+on,?\s+(?:you|the\s+(?:assistant|agent|model))\s+(?:must|should|will|are\s+to|need\s+to|have\s+to)\b"),
+    (("if",), r"\bif\s+you\s+are\s+(?:an?\s+)?(?:ai|llm|language\s+model|(?:ai\s+)?assistant|(?:ai\s+)?agent|bot|chatbot)\b"),
+    (_USER, r"\bthe\s+user\s+(?:wants|would\s+like|has\s+asked|asked|requested|instructed|needs|expects)\s+(?:you|the\s+(?:assistant|agent|model))\s+to\b"),
+    (("before",), r"\bbefore\s+(?:you\s+)?(?:respond|answer|reply|summari[sz]e|continue)(?:ing)?\b[^.\n]{0,24}?,?\s*(?:you\s+must\s+|please\s+|first\s+)?"
+                  r"(?:call|use|send|email|forward|post|upload|invoke|execute|run)\b"),
+    (("tool",), r"\b(?:all|every|any)\s+(?:\w+\s+){0,2}?(?:must|should|have\s+to|need\s+to)\s+(?:be\s+)?(?:sent|routed|made|done|handled|processed|go)\s+"
+                r"(?:\w+\s+){0,2}?(?:via|through|using|with|by)\s+this\s+tool\b"),
     (("now",), r"\byou\s+are\s+now\s+(?:a|an|in|the)\b"),
     (_USER, r"\b(?:do\s+not|don'?t|never)\s+(?:tell|mention|inform|reveal|disclose|notify|alert|show|say|explain)"
             r"\s+(?:this\s+|it\s+|anything\s+)?(?:to\s+)?(?:the\s+)?users?\b"),
@@ -195,7 +206,7 @@ _TRANSCRIPT: Final = re.compile(r"^[ \t]*(?:user|human|customer|you)\s*:", re.I 
 
 # A phrase quoted as an example rather than given as an order: "detects phrases like 'ignore …'".
 _MENTION: Final = re.compile(
-    r"(?:such\s+as|like|e\.g\.|i\.e\.|for\s+example|for\s+instance|example[s:]?|detects?|detecting|detection\s+of|"
+    r"(?:such\s+as|like|e\.g\.|i\.e\.|for\s+example|for\s+instance|(?<![.@/])example[s:]?|detects?|detecting|detection\s+of|"
     r"flags?|flagging|blocks?|scans?\s+for|catch(?:es)?|patterns?|phrases?|strings?|attempts?\s+to|"
     r"attacks?|injections?|instructions\s+to|called|named|quoted?|says?|saying)\s*[:(\"'“‘«]?\s*\Z",
     re.I,
@@ -210,17 +221,24 @@ _SAME_SENTENCE: Final = r"(?:[^.\n]|\.(?=\S)){{0,{}}}?"
 
 #: A home-directory prefix a credential path may carry (`~/`, `$HOME/`, `/home/u/`, `%USERPROFILE%\`).
 _HOME = r"(?:(?:~|\$home|\$\{home\}|%userprofile%|/home/[\w.-]+|/root|/users/[\w.-]+)[/\\])?"
+#: Credential files and stores, with either path separator (Windows paths use `\`).
 _CRED_PATH = (
     r"(?<![\w.])" + _HOME + r"(?:"
-    r"\.ssh/(?![\w.-]*\.pub\b)[\w.-]*|\bid_(?:rsa|dsa|ecdsa|ed25519)\b(?!\.pub)"
-    r"|\.aws/(?:credentials|config)\b|\.azure/[\w.-]*|\.env(?!\.(?:example|sample|template|dist|defaults)\b)(?:\.[a-z]+)?\b|\.netrc\b|\.npmrc\b|\.pypirc\b|\.pgpass\b"
-    r"|\.my\.cnf\b|\.git-credentials\b|\.vault-token\b|\.boto\b|\.terraform\.d/credentials[\w.]*"
-    r"|\.docker/config\.json|\.kube/config\b|\bkubeconfig\b|\.config/gh/(?:hosts\.yml)?|/etc/(?:passwd|shadow|sudoers)\b"
-    r"|\bcredentials\.json\b|\bapplication_default_credentials\.json\b|\b(?:claude_desktop_config|mcp)\.json\b"
-    r"|\.config/gcloud\b[\w./-]*|\bwallet\.dat\b|\.gnupg\b|\.password-store\b|\.local/share/keyrings\b"
-    r"|\b(?:login\.)?keychain(?:s|-db)?\b|library/keychains\b|\bkeyrings?\b|\bcookies\.sqlite\b|\blogins\.json\b|\bkey[34]\.db\b"
-    r"|\blogin\s+data\b|\b(?:chrome|chromium|edge|brave|firefox|safari|browser)(?:['’]s)?\s+(?:profile['’]?s?\s+)?(?:saved\s+)?"
-    r"(?:passwords|cookies?(?:\s+(?:file|store|database|db))?|logins)\b)"
+    r"\.ssh[/\\](?![\w.-]*\.pub\b)[\w.-]*|\bid_(?:rsa|dsa|ecdsa|ed25519)\b(?!\.pub)"
+    r"|\.aws[/\\](?:credentials|config)\b|\.azure[/\\][\w.-]*|\.env(?!\.(?:example|sample|template|dist|defaults)\b)(?:\.[a-z]+)?\b"
+    r"|\.netrc\b|\.npmrc\b|\.pypirc\b|\.pgpass\b|\.my\.cnf\b|\.git-credentials\b|\.vault-token\b|\.boto\b"
+    r"|\.terraform\.d[/\\]credentials[\w.]*|\.docker[/\\]config\.json|\.kube[/\\]config\b|\bkubeconfig\b|\.config[/\\]gh[/\\](?:hosts\.yml)?"
+    r"|[/\\]etc[/\\](?:passwd|shadow|sudoers)\b|\bcredentials\.json\b|\bapplication_default_credentials\.json\b"
+    r"|\b(?:claude_desktop_config|mcp)\.json\b|\.config[/\\]gcloud\b[\w./\\-]*|\bwallet\.dat\b|\.gnupg\b|\.password-store\b"
+    r"|\.local[/\\]share[/\\]keyrings\b|\b(?:login\.)?keychain(?:s|-db)?\b|library[/\\]keychains\b|\bkeyrings?\b|\bcookies\.sqlite\b"
+    r"|\blogins\.json\b|\bkey[34]\.db\b|\blogin\s+data\b"
+    r"|\b(?:chrome|chromium|edge|brave|firefox|safari|browser)(?:['’]s)?\s+(?:profile['’]?s?\s+)?(?:saved\s+)?"
+    r"(?:passwords|cookies?(?:\s+(?:file|store|database|db))?|logins)\b"
+    # a credential file named without its path: "the AWS credentials file", "the SSH private key"
+    r"|\b(?:aws|gcp|gcloud|azure|ssh|kube|kubernetes|docker|npm|pypi|git|github|netrc|browser|chrome|firefox)\s+"
+    r"(?:credentials?|config(?:uration)?|cookies|passwords|login\s+data|private\s+keys?)\s+files?\b"
+    r"|\bssh\s+private\s+keys?\b|\bprivate\s+ssh\s+keys?\b"
+    r")"
 )
 _CRED_THING = (
     r"(?:api[\s_-]?keys?|access[\s_-]?tokens?|auth(?:entication)?[\s_-]?tokens?|bearer[\s_-]?tokens?|session[\s_-]?tokens?"
@@ -231,6 +249,7 @@ _CRED_THING = (
 #: Verbs that ask for a credential to be read or handed over (and their es, fr, it, de, pt twins).
 _CRED_VERB = (
     r"(?:read|cat|open|include|pass|send|provide|copy|paste|attach|extract|collect|grab|fetch|upload|add|append|prepend|"
+    r"(?:base64-|hex-)?encode|summari[sz]e|"
     r"prefix|concatenate|supply|transmit|inline|put|dump|print|list|enumerate|output|insert|embed|share|give|forward|post|"
     r"submit|load|get|access|lee|l[ée]elo|incluye|a[ñn]ade|adjunta|pega|copia|env[íi]a|lis|inclus|ajoute|joins|colle|"
     r"copie|envoie|leggi|includi|aggiungi|allega|incolla|invia|lies|f[üu]ge|h[äa]nge|kopiere|sende|leia|inclua|adicione|"
@@ -238,7 +257,7 @@ _CRED_VERB = (
 )
 #: Weak verbs ("set it to…", "use…", "replace with…"): a request only with the file's contents named in between.
 _CRED_WEAK_VERB = r"(?:set|use|replace|substitute|fill(?:\s+in)?|populate|make)"
-_CRED_CONTENT = r"(?:contents?|text|value|values|lines?|output|data|body|contenido|contenu|contenuto|inhalt|conte[úu]do)"
+_CRED_CONTENT = r"(?:contents?|text|value|values|lines?|output|data|body|what|contenido|contenu|contenuto|inhalt|conte[úu]do)"
 #: A verb word used as a noun or adjective: "access key", "read-only", "a list of", "a copy of".
 _NOT_A_VERB = r"(?![-_\s]*(?:keys?|tokens?|control|logs?|levels?|rights|only|of)\b)"
 _CREDENTIAL: Final = re.compile(
@@ -351,7 +370,14 @@ _URL_ORDER: Final = re.compile(
 )
 #: An order to add the user's data or a secret to a URL: "… and append the user's email to the link".
 _APPEND_DATA: Final = re.compile(
-    r"\b(?:append|add|attach|concatenate|put|insert|include|place|paste|fill\s+in)\b(?:(?!\byour\b)[^.\n]){0,80}?" + _PRIVATE, re.I
+    r"\b(?:append|add|attach|concatenate|put|insert|include|place|paste|fill\s+in|followed\s+by|plus)\b(?:(?!\byour\b)[^.\n]){0,80}?"
+    + _PRIVATE, re.I
+)
+#: The same order in a sentence that names the URL's part to fill: "encode the conversation and put it in the q parameter of …".
+_INTO_URL: Final = re.compile(
+    r"\b(?:append|add|attach|concatenate|put|insert|include|place|paste|encode|embed|pass)\b[^.\n]{0,80}?\b(?:in|into|to|as)\s+"
+    r"(?:the\s+|a\s+|its\s+)?[`'\"]?\w{0,20}[`'\"]?\s*(?:parameter|param|query(?:\s+string)?|path|url|link)\b",
+    re.I,
 )
 
 
@@ -377,7 +403,7 @@ _CALL_VERB = (
     r"|chiama|utilizza|esegui|rufe|verwende|benutze|nutze|chame|utilize|invoque)"
 )
 _TOOL_WORD = (
-    r"(?i:the\s+|la\s+herramienta\s+|la\s+funci[óo]n\s+|l['’]outil\s+|la\s+fonction\s+|lo\s+strumento\s+|la\s+funzione\s+"
+    r"(?i:(?:the\s+)?(?:tool|function)\s+|the\s+|la\s+herramienta\s+|la\s+funci[óo]n\s+|l['’]outil\s+|la\s+fonction\s+|lo\s+strumento\s+|la\s+funzione\s+"
     r"|das\s+(?:tool|werkzeug)\s+|die\s+funktion\s+|a\s+ferramenta\s+|a\s+fun[çc][ãa]o\s+)?"
 )
 #: What follows such a verb (found by `_after_verbs`) when it orders a tool-like name called.
@@ -670,13 +696,14 @@ def _url_data(prose: str, links: list[re.Match[str]], code: list[tuple[int, int]
     left open), and an order that sends it (a verb in its sentence before it, that append, or a
     markdown link or image)."""
     found = 0
+    private = _PRIVATE_RX.search(prose) is not None  # an order to append data to a URL must name the data
     for m in links:
         url = m.group()
         what = _carried(url)
-        if what is None and not (url.endswith(("=", "/")) or "=&" in url):
+        if what is None and not private:
             continue
         head, tail = _clause(prose, m.start(), m.end())
-        if what is None and (_APPEND_DATA.search(tail) or _APPEND_DATA.search(head)):
+        if what is None and _appended(url, head, tail):
             what = "data the text asks to append"
         if what is None or _mentioned(prose, m.start(), code):
             continue
@@ -688,6 +715,16 @@ def _url_data(prose: str, links: list[re.Match[str]], code: list[tuple[int, int]
             found += 1
             if found >= 4:
                 return
+
+
+def _appended(url: str, head: str, tail: str) -> bool:
+    """An order in the URL's sentence to add private data to it: after a URL left open ("…?q= and
+    append the user's email", "…/u/ followed by the session token"), or naming the URL's part to
+    fill ("encode the conversation and put it in the q parameter of …")."""
+    if (url.endswith(("=", "/")) or "=&" in url) and (_APPEND_DATA.search(tail) or _APPEND_DATA.search(head)):
+        return True
+    clause = head + " " + tail
+    return _INTO_URL.search(clause) is not None and _PRIVATE_RX.search(clause) is not None
 
 
 def _clause(prose: str, start: int, end: int) -> tuple[str, str]:
