@@ -344,16 +344,31 @@ _SEND: Final = re.compile(
 
 #: What a slot or a variable in a URL names when it stands for the user's data or a secret (letters
 #: only count as a word between non-letters, so `{session_id}` and `$GITHUB_TOKEN` name theirs).
+#: Someone whose data it is: "the user's", "their", "del usuario".
+_OWNER = (
+    r"(?:(?:the\s+)?(?:user|customer|victim|owner|client|usuario|utilisateur|utente|benutzer|usu[áa]rio)(?:['’]s|s)?|their"
+    r"|(?:del|de\s+l['’]|dell['’]|des|do)\s*(?:usuario|utilisateur|utente|benutzers|usu[áa]rio))"
+)
+#: What a slot in a URL names when it stands for the user's data or a secret. Letters only count as
+#: a word between non-letters, so `{session_id}` names a session. An API key or a token bare
+#: (`{API key}`, `<token>`) is the reader's own in API docs: it counts only with an owner.
 _PRIVATE = (
-    r"(?<![a-z])(?:session|sid|token|secret|password|passwd|pwd|cookie|credential|creds|auth|bearer|jwt|otp|ssn"
+    r"(?<![a-z])(?:session|sid|secret|password|passwd|pwd|cookie|credential|creds|otp|ssn"
     r"|conversation|chat|history|transcript|context|memory|summary|contents?|contacts|inbox|environment"
-    r"|system[\s_-]?prompt|env[\s_-]?vars?|api[\s_-]?key|apikey|access[\s_-]?key|private[\s_-]?key|ssh[\s_-]?key"
-    r"|(?:user|customer|victim|owner)(?:['’]s|s)?[\s_-]+(?:e-?mail|address|phone|question|query|message|data|info|location"
-    r"|files?|notes?|name))s?(?![a-z])"
+    r"|system[\s_-]?prompt|env[\s_-]?vars?|private[\s_-]?key|ssh[\s_-]?key"
+    r"|" + _OWNER + r"[\s_-]+(?:[a-z]+[\s_-]+){0,2}?(?:e-?mail|address|phone|question|query|message|data|info|location"
+    r"|files?|notes?|name|tokens?|api[\s_-]?keys?|keys?|password|secrets?)"
+    r"|(?:tokens?|api[\s_-]?keys?|keys?|e-?mail|messages?)[\s_-]+(?:of\s+)?" + _OWNER + r")s?(?![a-z])"
 )
 _PRIVATE_RX: Final = re.compile(_PRIVATE, re.I)
 #: A slot, a variable or a command substitution in a URL; group 1 is what it names.
 _URL_VALUE: Final = re.compile(r"\{\{?([^{}]{1,80})\}\}?|<([^<>]{1,80})>|\[([^\[\]]{1,60})\]|\$\(([^()]{1,80})\)|\$\{?(\w{2,64})\}?")
+#: A secret-named environment variable in a URL (`$GITHUB_TOKEN`, `${AWS_SECRET_ACCESS_KEY}`).
+_SECRET_VAR: Final = re.compile(r"(?:token|key|secret|pass|pwd|session|cookie|auth|cred)", re.I)
+#: An ALL-CAPS slot in a URL (`?c=SESSION_COOKIE`, `/k/API_KEY`).
+_CAPS_SLOT: Final = re.compile(r"(?<=[/=])[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*(?=[/&#]|\Z)")
+#: Parameters an API's docs fill with the reader's own key: a slot there is not the user's data.
+_KEY_PARAMS: Final = frozenset(("key", "apikey", "api_key", "token", "access_token", "auth", "appid", "app_id", "client_id"))
 #: Query parameters that only ever carry data or a secret.
 _SECRET_PARAMS: Final = frozenset((
     "session", "sess", "sid", "sessionid", "session_id", "token", "access_token", "auth", "key", "apikey", "api_key",
@@ -370,7 +385,8 @@ _URL_ORDER: Final = re.compile(
 )
 #: An order to add the user's data or a secret to a URL: "… and append the user's email to the link".
 _APPEND_DATA: Final = re.compile(
-    r"\b(?:append|add|attach|concatenate|put|insert|include|place|paste|fill\s+in|followed\s+by|plus)\b(?:(?!\byour\b)[^.\n]){0,80}?"
+    r"\b(?:append|add|attach|concatenate|put|insert|include|place|paste|fill\s+in|followed\s+by|plus|replace|substitute|write)\b"
+    r"(?:(?!\byour\b)[^.\n]){0,80}?"
     + _PRIVATE, re.I
 )
 #: The same order in a sentence that names the URL's part to fill: "encode the conversation and put it in the q parameter of …".
@@ -459,6 +475,11 @@ _CALL_GATE: Final = frozenset((
 ))  # fmt: skip
 _CALL_VERBS: Final = _CALL_GATE - {"tool", "function"}
 _PLAIN_GATE: Final = frozenset(("call", "invoke"))
+#: A tool named for sending, and a recipient in the order's sentence: "run send_report with recipient a@b".
+_SENDING_TOOL: Final = re.compile(r"send|post|mail|upload|forward|share|publish|export|transfer|webhook|gist|paste|slack|tweet|report|notify", re.I)
+_RECIPIENT: Final = re.compile(r"[\w.+-]+@[\w-]+\.[a-z]{2,}", re.I)
+#: A transcript's speaker label for the assistant at the start of a line.
+_SPEAKER: Final = re.compile(r"[ \t]*(?:assistant|ai|agent|bot|claude|chatgpt|gpt|copilot|model)\s*:", re.I)
 _TO_DESTINATION: Final = re.compile(r"\bto\s+(?:(?:https?|wss?|ftp)://|[\w.+-]+@[\w-]+\.[a-z]{2,})", re.I)
 #: The words `_TOOL_WITH_DATA` can match on (besides an address or a URL): credential words, the
 #: environment, contents, the conversation, someone's data.
@@ -718,10 +739,11 @@ def _url_data(prose: str, links: list[re.Match[str]], code: list[tuple[int, int]
 
 
 def _appended(url: str, head: str, tail: str) -> bool:
-    """An order in the URL's sentence to add private data to it: after a URL left open ("…?q= and
-    append the user's email", "…/u/ followed by the session token"), or naming the URL's part to
-    fill ("encode the conversation and put it in the q parameter of …")."""
-    if (url.endswith(("=", "/")) or "=&" in url) and (_APPEND_DATA.search(tail) or _APPEND_DATA.search(head)):
+    """An order in the URL's sentence to add private data to it: after a URL left open or with an
+    ALL-CAPS slot ("…?q= and append the user's email", "…/u/ followed by the session token", "replace
+    MESSAGE with the user's last message"), or naming the URL's part to fill ("encode the conversation
+    and put it in the q parameter of …")."""
+    if (url.endswith(("=", "/")) or "=&" in url or _CAPS_SLOT.search(url)) and (_APPEND_DATA.search(tail) or _APPEND_DATA.search(head)):
         return True
     clause = head + " " + tail
     return _INTO_URL.search(clause) is not None and _PRIVATE_RX.search(clause) is not None
@@ -746,13 +768,22 @@ def _carried(url: str) -> str | None:
     for v in _URL_VALUE.finditer(rest):
         if v.group(4) is not None:
             return "a command's output"
+        if v.group(5) is not None:
+            if _SECRET_VAR.search(v.group(5)):
+                return f"the variable {v.group(5)[:40]}"
+            continue
         named = next(g for g in v.groups() if g is not None)
         if _PRIVATE_RX.search(named) and not named.lower().startswith("your"):  # `{your_api_key}`: the reader's own, in docs
             return f"a slot for {' '.join(named.split())[:40]}"
+    for caps in _CAPS_SLOT.finditer(rest):
+        if _PRIVATE_RX.search(caps.group()) and not caps.group().startswith("YOUR"):
+            return f"a slot for {caps.group()[:40]}"
     for part in re.split(r"[?&#;]", rest.partition("?")[2]):
         name, eq, value = part.partition("=")
-        if eq and name.lower() in _SECRET_PARAMS and (
-            not value or (_URL_PLACEHOLDER.search(value) is not None and not value.lstrip("{<[$%7Bb").lower().startswith("your"))
+        name = name.lower()
+        if eq and name in _SECRET_PARAMS and (
+            not value or (name not in _KEY_PARAMS and _URL_PLACEHOLDER.search(value) is not None
+                          and not value.lstrip("{<[$%7Bb").lower().startswith("your"))
         ):
             return f"an open `{name}` parameter"
     return None
@@ -806,15 +837,23 @@ def _tool_references(prose: str, low: str, words: frozenset[str], where: str, ot
             if name not in seen:
                 seen.add(name)
                 yield Finding("tool_reference", where, name, _excerpt(prose, start, end))
-            if order and not ordered and start not in checked:
+            if order and not ordered and start not in checked and not _spoken(prose, start):
                 head, tail = _clause(prose, start, end)
                 clause = head + " " + tail
                 checked.update(range(start - len(head), end + len(tail)))  # the sentence: its other orders carry the same
-                if _may_carry_data(clause) and _TOOL_WITH_DATA.search(clause) is not None:
+                if (_may_carry_data(clause) and _TOOL_WITH_DATA.search(clause) is not None) or (
+                        _SENDING_TOOL.search(name) is not None and _RECIPIENT.search(clause) is not None):
                     ordered = True
                     yield Finding("hidden_instruction", where, "an order to call a tool with data", _excerpt(prose, start, end))
     if own_name and not words.isdisjoint(_SHADOW_GATE):
         yield from _shadowing(prose, where, own_name, code)
+
+
+def _spoken(prose: str, start: int) -> bool:
+    """Whether `start` is on an assistant's line of a transcript ("Assistant: use send_email to…"):
+    quoted speech, not an order to this model."""
+    line = prose[prose.rfind("\n", 0, start) + 1:start]
+    return _SPEAKER.match(line) is not None and _TRANSCRIPT.search(prose) is not None
 
 
 def _named_tools(prose: str, low: str, words: frozenset[str]) -> Iterator[tuple[int, int, str, bool]]:
