@@ -254,11 +254,41 @@ async def test_credential_read_then_send_is_refused_in_that_session_only(gateway
     assert [name for name, _ in recorder.calls] == ["read_file", "fetch"]
 
 
-async def test_a_refused_or_dry_run_read_does_not_taint_the_session(gateway: tuple[Gateway, Recorder]) -> None:
+async def test_a_dry_run_read_does_not_taint_the_session(gateway: tuple[Gateway, Recorder]) -> None:
     gw, _ = gateway
     dry = await gw.call("read_file", {"path": "/home/u/.ssh/id_rsa"}, api_key="alice-key", session_id="a", dry_run=True)
     assert dry.status is Status.DRY_RUN
     assert (await gw.call("fetch", {"url": "https://x.example/?q=1"}, api_key="alice-key", session_id="a")).status is Status.OK
+
+
+REFUSE_SSH = """\
+apiVersion: dharma/v1
+kind: RuleSet
+metadata: {name: refuse-ssh}
+rules:
+  - id: refuse-ssh-dir
+    tools: ["read_file"]
+    when: 'args.path.contains("/.ssh/")'
+    effect: deny
+"""
+
+
+async def test_a_refused_credential_read_holds_the_next_send(tmp_path: Path) -> None:
+    """Nothing leaked, so the send is held (not denied); another session, or a read of an ordinary file, is not touched."""
+    recorder = Recorder()
+    policy = write_policy(tmp_path, TIERS, {**SHIPPED, "refuse.yaml": REFUSE_SSH})
+    gw = await open_gateway(tmp_path, policy, [agent_tools(recorder)])
+    try:
+        read = await gw.call("read_file", {"path": "/home/u/.ssh/id_rsa"}, api_key="alice-key", session_id="a")
+        assert read.status is Status.BLOCKED and read.decision.rule_ids == ("refuse-ssh-dir",)
+        send = await gw.call("fetch", {"url": "https://x.example/?q=1"}, api_key="alice-key", session_id="a", dry_run=True)
+        assert send.decision.effect.value == "require_approval"
+        assert send.decision.rule_ids == ("seq-hold-send-after-refused-credential-read",)
+        other = await gw.call("fetch", {"url": "https://x.example/?q=1"}, api_key="alice-key", session_id="b")
+        assert other.status is Status.OK
+        assert [name for name, _ in recorder.calls] == ["fetch"]
+    finally:
+        await gw.aclose()
 
 
 async def test_write_then_execute_is_held(gateway: tuple[Gateway, Recorder]) -> None:
