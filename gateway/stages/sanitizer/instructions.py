@@ -139,7 +139,7 @@ _INSTRUCTION_TABLE: Final = (
     (("keep",), r"\bkeep\s+(?:this|it)\s+(?:secret|hidden|confidential|between\s+us)"),
     (("before",), r"\bbefore\s+(?:using|calling|invoking|running)\s+(?:this|the|any)\s+(?:\w+\s+)?tools?\b"),
     (("tool",), r"\b(?:always|first|only)\s+(?:use|call|invoke|run)\s+this\s+tool\b"),
-    (("tool",), r"\b(?:use|call|prefer)\s+this\s+tool\s+(?:instead\s+of|rather\s+than|in\s+place\s+of|over)\b"),
+    (("tool",), r"\b(?:use|call|prefer)\s+this\s+tool\s+(?:instead\s+of|rather\s+than|in\s+place\s+of|over|instead)\b"),
     (("instead",), r"\binstead\s+of\s+(?:using|calling|invoking)\s+(?:the\s+)?[`'\"]?[a-z][\w.-]*"),
     (_USER, r"\bwhen(?:ever)?\s+(?:the\s+)?user\s+(?:asks?|wants?|requests?|tries|says|writes|types|mentions)\b[^.\n]{0,160}?"
             r"\b(?:first|always|instead|immediately|you\s+must|must\s+first|make\s+sure|(?:call|use|invoke)\s+this\s+tool)\b"),
@@ -174,6 +174,7 @@ _INSTRUCTIONS: Final = tuple(re.compile(p, re.I) for _, p in _INSTRUCTION_TABLE)
 #: gate word -> the patterns (indices) it opens; gate marks (not words) and theirs.
 _WORD_GATES: Final = {w: tuple(i for i, (gate, _) in enumerate(_INSTRUCTION_TABLE) if w in gate)
                       for gate, _ in _INSTRUCTION_TABLE for w in gate if w.isalnum()}
+_GATE_WORDS: Final = frozenset(_WORD_GATES)  # a set: `&` walks the smaller side
 _MARK_GATES: Final = tuple((w, i) for i, (gate, _) in enumerate(_INSTRUCTION_TABLE) for w in gate if not w.isalnum())
 _SEPARATORS: Final = str.maketrans({c: " " for c in "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~’“”«»"})
 
@@ -232,6 +233,9 @@ _CRED_PATH = (
     r"|\b(?:claude_desktop_config|mcp)\.json\b|\.config[/\\]gcloud\b[\w./\\-]*|\bwallet\.dat\b|\.gnupg\b|\.password-store\b"
     r"|\.local[/\\]share[/\\]keyrings\b|\b(?:login\.)?keychain(?:s|-db)?\b|library[/\\]keychains\b|\bkeyrings?\b|\bcookies\.sqlite\b"
     r"|\blogins\.json\b|\bkey[34]\.db\b|\blogin\s+data\b"
+    r"|(?:user\s+data|default|profile[\w .-]{0,12}|network)[/\\](?:cookies|web\s+data|local\s+state)\b"
+    r"|\.(?:bash|zsh|sh|python|psql|mysql|node_repl)_history\b|\bsecrets?\.(?:json|ya?ml|toml|env|ini)\b"
+    r"|\bcredentials\.(?:toml|ya?ml|xml|csv|ini)\b|\bservice[-_]?account(?:[-_]key)?\.json\b"
     r"|\b(?:chrome|chromium|edge|brave|firefox|safari|browser)(?:['’]s)?\s+(?:profile['’]?s?\s+)?(?:saved\s+)?"
     r"(?:passwords|cookies?(?:\s+(?:file|store|database|db))?|logins)\b"
     # a credential file named without its path: "the AWS credentials file", "the SSH private key"
@@ -269,7 +273,19 @@ _CREDENTIAL: Final = re.compile(
     # a secret-named environment variable: "read GITHUB_TOKEN", "printenv AWS_SECRET_ACCESS_KEY"
     r"|(?<!\bis\s)(?<!\bare\s)(?<!\bbe\s)\b(?:" + _CRED_VERB + r"|printenv|echo)\b" + _SAME_SENTENCE.format(40)
     + r"(?-i:\$?\{?\b[A-Z][A-Z0-9]*_(?:[A-Z0-9]+_)*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PWD|PAT|CREDENTIALS?)\b)"
-    r"|\b(?:pass|put|include|send|insert|embed)\s+(?:its|their|the\s+file'?s?)\s+contents?\b",
+    r"|\b(?:pass|put|include|send|insert|embed)\s+(?:its|their|the\s+file'?s?)\s+contents?\b"
+    # the path first: "look in ~/.aws/credentials and pass the key it holds"
+    r"|(?:" + _CRED_PATH + r")" + _SAME_SENTENCE.format(40) + r"\b(?:and|then)\s+(?:pass|put|include|send|add|insert|paste|append"
+    r"|prepend|attach|use|supply|provide|copy|place)\s+(?:it|them|that|this|its\s+contents?|their\s+contents?|the\s+(?:contents?"
+    r"|values?|keys?|tokens?|secrets?|file|lines?|password|aws_secret_access_key))\b",
+    re.I,
+)
+#: A parameter named for a credential file's contents (`kubeconfig_contents`, `id_rsa_text`), as
+#: `scan_definition` shows property names (underscores as spaces): the model fills what it is shown.
+_CRED_FIELD: Final = re.compile(
+    r"\b(?:ssh(?:\s+private)?\s+key|id\s+(?:rsa|dsa|ecdsa|ed25519)|netrc|aws\s+credentials|kube\s*config|dotenv|env\s+file"
+    r"|git\s+credentials|pgpass|npmrc|pypirc|keychain|cookies|login\s+data|private\s+key|bash\s+history)\s+(?:file\s+)?"
+    r"(?:contents?|text|data|dump|blob|raw|body)\b",
     re.I,
 )
 #: Before a verb: a negation ("never include…", "do not send…") or the tool/server as the subject
@@ -361,6 +377,14 @@ _PRIVATE = (
     r"|(?:tokens?|api[\s_-]?keys?|keys?|e-?mail|messages?)[\s_-]+(?:of\s+)?" + _OWNER + r")s?(?![a-z])"
 )
 _PRIVATE_RX: Final = re.compile(_PRIVATE, re.I)
+#: The words one of `_PRIVATE`'s matches holds (a text without any cannot ask for private data in a URL).
+_PRIVATE_WORDS: Final = frozenset((
+    "session", "sid", "secret", "secrets", "password", "passwd", "pwd", "cookie", "cookies", "credential", "credentials",
+    "creds", "otp", "ssn", "conversation", "chat", "history", "transcript", "context", "memory", "summary", "content",
+    "contents", "contacts", "inbox", "environment", "prompt", "env", "vars", "var", "key", "keys", "user", "users",
+    "customer", "customers", "victim", "owner", "client", "their", "usuario", "utilisateur", "utente", "benutzer",
+    "benutzers", "usuário", "usuario",
+))  # fmt: skip
 #: A slot, a variable or a command substitution in a URL; group 1 is what it names.
 _URL_VALUE: Final = re.compile(r"\{\{?([^{}]{1,80})\}\}?|<([^<>]{1,80})>|\[([^\[\]]{1,60})\]|\$\(([^()]{1,80})\)|\$\{?(\w{2,64})\}?")
 #: A secret-named environment variable in a URL (`$GITHUB_TOKEN`, `${AWS_SECRET_ACCESS_KEY}`).
@@ -407,10 +431,10 @@ _ACTION = (
     r"|import|forward|publish|share|call|invoke|navigate|open|http|put|patch|add|remove|sync|transfer|pay|mail|email"
     r"|notify|purge|wipe|drop|push|copy|move|save|grant|refund|wire|browser|slack|github|gmail|gist|webhook|file|db|sql)"
 )
-_SNAKE_NAME = r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+"
-_CAMEL_NAME = r"[a-z]{2,}[0-9]*(?:[A-Z][a-z0-9]+)+"
-_KEBAB_NAME = _ACTION + r"(?:-(?!only\b)[a-z0-9]+)+"
-_DOTTED_NAME = r"[a-z][a-z0-9_-]*\.(?:" + _SNAKE_NAME + "|" + _CAMEL_NAME + "|" + _ACTION + r"\b)"
+_SNAKE_NAME = r"[a-z][a-z0-9]*+(?:_[a-z0-9]++)+"  # possessive: a word that is not a name fails at once
+_CAMEL_NAME = r"[a-z]{2,}+[0-9]*+(?:[A-Z][a-z0-9]++)+"
+_KEBAB_NAME = _ACTION + r"(?:-(?!only\b)[a-z0-9]++)+"
+_DOTTED_NAME = r"[a-z][a-z0-9_-]*+\.(?:" + _SNAKE_NAME + "|" + _CAMEL_NAME + "|" + _ACTION + r"\b)"
 _TOOL_NAME = r"(?:" + _DOTTED_NAME + "|" + _SNAKE_NAME + "|" + _CAMEL_NAME + "|" + _KEBAB_NAME + r")(?![\w-])"
 #: "call/use/invoke/run/execute/trigger X" and the es, fr, it, de, pt twins, with an article or a
 #: word for "tool" between them ("usa la herramienta http_get").
@@ -465,7 +489,7 @@ _CREDENTIAL_GATE: Final = frozenset((
     "token", "tokens", "secret", "secrets", "password", "passwords", "pwd", "pat", "passphrase", "passphrases", "seed",
     "recovery", "mnemonic", "environment", "vars", "var", "cookie", "cookies", "content", "contents", "login", "gh",
     "printenv", "logins", "keychains", "keyring", "keyrings", "pgpass", "cnf", "vault", "boto", "terraform", "azure",
-    "kubeconfig", "key3", "key4",
+    "kubeconfig", "key3", "key4", "bash", "zsh", "psql", "mysql",
 ))  # fmt: skip
 _SEND_GATE: Final = frozenset(("url", "endpoint", "address", "server", "webhook", "email", "inbox"))
 _CALL_GATE: Final = frozenset((
@@ -489,15 +513,22 @@ _WITH_DATA_GATE: Final = _CREDENTIAL_GATE | frozenset((
 ))  # fmt: skip
 _NAMED_GATE: Final = frozenset(("tool", "function"))
 _SHADOW_GATE: Final = frozenset(("when", "whenever", "each", "every", "before", "after", "note", "about", "regarding", "if"))
+_REPLACES_GATE: Final = frozenset(("replaces", "supersedes", "overrides", "precedence", "replacement", "stands"))
 #: A sentence about using another tool: "whenever you call X", "before using X", "Note on X:".
 _SHADOW: Final = re.compile(
     r"\b(?i:(?:when(?:ever)?|each\s+time|every\s+time|if|before|after)\s+(?:you\s+|the\s+(?:assistant|agent|model)\s+)?"
-    r"(?:call|use|invoke|run|send\s+(?:\w+\s+)?(?:with|via|through|using))(?:s|ing)?\s+(?:the\s+)?"
+    r"(?:call(?:s|ing)?|us(?:e|es|ing)|invok(?:e|es|ing)|run(?:s|ning)?|send(?:s|ing)?\s+(?:\w+\s+)?(?:with|via|through|using))\s+(?:the\s+)?"
     r"|note\s+(?:on|about|regarding|for)\s+(?:the\s+)?|regarding\s+|about\s+)[`'\"]?(" + _TOOL_NAME + r")[`'\"]?"
+)
+#: A definition that claims to stand in for another tool: "replaces slack_post_message".
+_REPLACES: Final = re.compile(
+    r"\b(?i:replaces|supersedes|overrides|takes\s+precedence\s+over|is\s+a\s+replacement\s+for|stands\s+in\s+for)\s+"
+    r"(?i:the\s+)?[`'\"]?(" + _TOOL_NAME + r")[`'\"]?"
 )
 #: What a shadowing sentence changes: copies, recipients, destinations ("also bcc…", "set the base repository to…").
 _REDIRECT: Final = re.compile(
     r"\bb?cc\b|\bredirect|\bforward|\b(?:also|always)\s+(?:send|add|include|copy|attach|post|upload)\b"
+    r"|\b(?:call|use|invoke|run)\s+this\s+tool\b"
     r"|\b(?:change|replace|set|override|point)\s+(?:the\s+|its\s+)?(?:recipients?|destination|url|address|to\s+address|target|base"
     r"|webhook|endpoint)"
     r"|\b(?:recipients?|destination|base\s+(?:repository|repo|branch|url)|target\s+(?:repository|repo|url|account)|webhook|endpoint)s?\s+"
@@ -615,7 +646,7 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
     code = [(m.start(), m.end()) for m in _INLINE_CODE.finditer(prose)] if "`" in prose else []
     instructed = _vocative(prose, code, findings, where) if not words.isdisjoint(_AI_GATE) or "@" in low else False
     if not instructed:
-        opened = {i for w in words.intersection(_WORD_GATES) for i in _WORD_GATES[w]}
+        opened = {i for w in words & _GATE_WORDS for i in _WORD_GATES[w]}
         opened.update(i for mark, i in _MARK_GATES if mark in low)
         for i in sorted(opened):
             if _first(_INSTRUCTIONS[i], prose, code, findings, "hidden_instruction", "an instruction to the model", where):
@@ -628,7 +659,7 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
     if not words.isdisjoint(_SEND_GATE) or "://" in low or "@" in low:
         _first(_SEND, prose, code, findings, "exfiltration", "asks to send data", where)
     if links:
-        findings.extend(_url_data(prose, [m for m in links if prose[m.start()] == text[m.start()]], code, where))
+        findings.extend(_url_data(prose, [m for m in links if prose[m.start()] == text[m.start()]], code, where, words))
     findings.extend(_tool_references(prose, low, words, where, other_tools, own_name, code))
     if decode and (instructed or "base64" in words or "decode" in words):
         findings.extend(_decoded(prose, where, other_tools, own_name))
@@ -711,13 +742,14 @@ def _urls(links: list[re.Match[str]], where: str) -> Iterator[Finding]:
             yield Finding("exfiltration", where, f"URL waiting for data ({host})", url[:EXCERPT])
 
 
-def _url_data(prose: str, links: list[re.Match[str]], code: list[tuple[int, int]], where: str) -> Iterator[Finding]:
+def _url_data(prose: str, links: list[re.Match[str]], code: list[tuple[int, int]], where: str,
+              words: frozenset[str]) -> Iterator[Finding]:
     """URLs (`links`, outside code blocks) the text orders out with the user's data or a secret in
     them (`url_data`): what the URL carries (`_carried`, or an order to append private data to a URL
     left open), and an order that sends it (a verb in its sentence before it, that append, or a
     markdown link or image)."""
     found = 0
-    private = _PRIVATE_RX.search(prose) is not None  # an order to append data to a URL must name the data
+    private = not words.isdisjoint(_PRIVATE_WORDS)  # an order to append data to a URL must name the data
     for m in links:
         url = m.group()
         what = _carried(url)
@@ -765,6 +797,8 @@ def _carried(url: str) -> str | None:
     """What a URL carries that is the user's or a secret: a slot or variable naming it, a command's
     output, or a secret-bearing parameter left empty or as a slot (`?session=`, `?d={…}`); else None."""
     rest = url.split("://", 1)[1]
+    if rest.islower() and not any(c in rest for c in "{<[$="):
+        return None  # no slot, variable, parameter or ALL-CAPS word: most links
     for v in _URL_VALUE.finditer(rest):
         if v.group(4) is not None:
             return "a command's output"
@@ -829,24 +863,36 @@ def _tool_references(prose: str, low: str, words: frozenset[str], where: str, ot
         if '"name"' in low:
             found.extend((m.start(), m.end(), m.group(1), False) for m in _FORGED_CALL.finditer(prose))
     ordered = False
-    checked: set[int] = set()
+    checked: list[tuple[int, int]] = []  # sentences whose orders were looked at: their other orders carry the same
     for start, end, name, order in found:
-        if not name or name.lower() in _NOT_A_TOOL or name == own_name or (name in seen and (ordered or not order or start in checked)):
+        if not name or name.lower() in _NOT_A_TOOL or name == own_name:
             continue
-        if not _mentioned(prose, start, code):
-            if name not in seen:
-                seen.add(name)
-                yield Finding("tool_reference", where, name, _excerpt(prose, start, end))
-            if order and not ordered and start not in checked and not _spoken(prose, start):
-                head, tail = _clause(prose, start, end)
-                clause = head + " " + tail
-                checked.update(range(start - len(head), end + len(tail)))  # the sentence: its other orders carry the same
-                if (_may_carry_data(clause) and _TOOL_WITH_DATA.search(clause) is not None) or (
-                        _SENDING_TOOL.search(name) is not None and _RECIPIENT.search(clause) is not None):
-                    ordered = True
-                    yield Finding("hidden_instruction", where, "an order to call a tool with data", _excerpt(prose, start, end))
+        new = name not in seen
+        clause = ""
+        if order and not ordered and not any(lo <= start < hi for lo, hi in checked):
+            head, tail = _clause(prose, start, end)
+            checked.append((start - len(head), end + len(tail)))
+            clause = head + " " + tail
+            sending = _SENDING_TOOL.search(name) is not None and "@" in clause
+            if not sending and not _may_carry_data(clause):
+                clause = ""
+        if (not new and not clause) or _mentioned(prose, start, code):
+            continue
+        if new:
+            seen.add(name)
+            yield Finding("tool_reference", where, name, _excerpt(prose, start, end))
+        if clause and (_TOOL_WITH_DATA.search(clause) is not None or (
+                _SENDING_TOOL.search(name) is not None and _RECIPIENT.search(clause) is not None)) and not _spoken(prose, start):
+            ordered = True
+            yield Finding("hidden_instruction", where, "an order to call a tool with data", _excerpt(prose, start, end))
     if own_name and not words.isdisjoint(_SHADOW_GATE):
         yield from _shadowing(prose, where, own_name, code)
+    if own_name and not words.isdisjoint(_REPLACES_GATE):
+        listed = set(other_tools) if isinstance(other_tools, (set, frozenset)) else set(list(other_tools))
+        for m in _REPLACES.finditer(prose):
+            if m.group(1) != own_name and m.group(1) not in listed and not _mentioned(prose, m.start(), code):
+                yield Finding("hidden_instruction", where, "claims to replace another server's tool", _excerpt(prose, m.start(), m.end()))
+                break
 
 
 def _spoken(prose: str, start: int) -> bool:
@@ -854,6 +900,15 @@ def _spoken(prose: str, start: int) -> bool:
     quoted speech, not an order to this model."""
     line = prose[prose.rfind("\n", 0, start) + 1:start]
     return _SPEAKER.match(line) is not None and _TRANSCRIPT.search(prose) is not None
+
+
+def _name_ahead(prose: str, at: int, tail: re.Pattern[str]) -> bool:
+    """A cheap first test for `tail` at `at`: a tool-like name holds `_`, `.`, `-` or a capital in
+    the next few words (a plain word is only taken after call/invoke, `_PLAIN_TAIL`)."""
+    if tail is _PLAIN_TAIL:
+        return True
+    ahead = prose[at:at + 64]
+    return not ahead.islower() or "_" in ahead or "." in ahead or "-" in ahead
 
 
 def _named_tools(prose: str, low: str, words: frozenset[str]) -> Iterator[tuple[int, int, str, bool]]:
@@ -887,7 +942,7 @@ def _after_verbs(prose: str, low: str, words: frozenset[str], verbs: frozenset[s
     for verb in sorted(words.intersection(verbs)):
         at = low.find(verb)
         while at >= 0:
-            if at == 0 or not low[at - 1].isalnum():
+            if (at == 0 or not low[at - 1].isalnum()) and _name_ahead(prose, at + len(verb), tail):
                 m = tail.match(prose, at + len(verb))
                 if m is not None:
                     yield at, m
@@ -948,7 +1003,7 @@ def _strings(value: Any, path: str, depth: int = 0) -> Iterator[tuple[str, str]]
         yield (parent if key is None else child_path(parent, key)), text
 
 
-_SCHEMA_SKIP: Final = frozenset({"type", "$schema", "$id", "$ref", "format", "pattern", "required", "additionalProperties"})
+_SCHEMA_SKIP: Final = frozenset({"type", "$schema", "$id", "$ref", "format", "pattern", "required"})
 
 
 def _schema_strings(schema: Any, path: str, depth: int = 0) -> Iterator[tuple[str, str]]:
@@ -965,9 +1020,10 @@ def _schema_strings(schema: Any, path: str, depth: int = 0) -> Iterator[tuple[st
                 if isinstance(name, str):
                     yield child_path(where, name) + "(name)", name.replace("_", " ")
                     yield from _schema_strings(sub, child_path(where, name), depth + 1)
-        elif key in ("items", "additionalItems", "not", "if", "then", "else", "contains"):
+        elif key in ("items", "additionalItems", "not", "if", "then", "else", "contains", "additionalProperties",
+                     "unevaluatedProperties", "unevaluatedItems", "propertyNames") and isinstance(item, dict):
             yield from _schema_strings(item, where, depth + 1)
-        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(item, list):
+        elif key in ("anyOf", "oneOf", "allOf", "prefixItems", "items") and isinstance(item, list):
             for i, sub in enumerate(item):
                 yield from _schema_strings(sub, child_path(where, i), depth + 1)
         else:
@@ -984,7 +1040,7 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
     Paths are bare (`description`, `inputSchema.properties.path.description`)."""
     name = tool.get("name") if isinstance(tool.get("name"), str) else ""
     others = [n for n in other_tools if n != name]
-    texts: list[tuple[str, str]] = []
+    texts: list[tuple[str, str]] = [("name(name)", name.replace("_", " "))] if name else []
     for key in ("title", "description"):
         if isinstance(tool.get(key), str):
             texts.append((key, tool[key]))
@@ -996,6 +1052,8 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
     findings: list[Finding] = []
     for where, text in texts:
         findings.extend(scan_text(text, where, others, own_name=name))
+        if where.endswith("(name)") and (m := _CRED_FIELD.search(text)) is not None:
+            findings.append(Finding("credential_request", where, "a parameter for a credential file's contents", m.group()))
     return tuple(findings[:_MAX_FINDINGS])
 
 
