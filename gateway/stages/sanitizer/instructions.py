@@ -332,10 +332,10 @@ _DATA_MARKS: Final = ("user's", "author's", "owner's", "victim's", "user’s", "
 #: as a slot before they are taken as plain characters.
 _URL_SLOT = (
     r"<(?=[^<>\n]*[ _])[^<>/\n][^<>\n]{0,80}>|(?<=[/=?&])<[\w.'’ -]{1,80}>|(?<=[/=?&])\[[\w.'’ -]{1,60}\]"
-    r"|(?<=[/=?&])\{[^{}<>\n]{1,80}\}"
+    r"|(?<=[/=?&])\{[^{}<>\n]{1,80}\}|(?<=[/=?&])\$\([^()\n]{1,80}\)"
 )
 _URL: Final = re.compile(
-    r"\b(?:https?|wss?|ftp)://(?>[^\s<>\"'`)\]{\[]|" + _URL_SLOT + r"|[{\[])*(?:[^\s<>\"'`)\],.;:!?{\[]|" + _URL_SLOT + r"|[{\[])",
+    r"\b(?:https?|wss?|ftp)://(?>[^\s<>\"'`)\]{\[$]|\$(?!\()|" + _URL_SLOT + r"|[{\[])*(?:[^\s<>\"'`)\],.;:!?{\[]|" + _URL_SLOT + r"|[{\[])",
     re.I,
 )
 _URL_PLACEHOLDER: Final = re.compile(r"\{[^}]*\}|%7b|<[^>]*>|%3c|\$\{?\w+|\[[a-z_ ]+\]|…|\.\.\.|xxx", re.I)
@@ -518,7 +518,7 @@ _REPLACES_GATE: Final = frozenset(("replaces", "supersedes", "overrides", "prece
 _SHADOW: Final = re.compile(
     r"\b(?i:(?:when(?:ever)?|each\s+time|every\s+time|if|before|after)\s+(?:you\s+|the\s+(?:assistant|agent|model)\s+)?"
     r"(?:call(?:s|ing)?|us(?:e|es|ing)|invok(?:e|es|ing)|run(?:s|ning)?|send(?:s|ing)?\s+(?:\w+\s+)?(?:with|via|through|using))\s+(?:the\s+)?"
-    r"|note\s+(?:on|about|regarding|for)\s+(?:the\s+)?|regarding\s+|about\s+)[`'\"]?(" + _TOOL_NAME + r")[`'\"]?"
+    r"|note\s+(?:on|about|regarding|for)\s+(?:the\s+)?|note\s*:\s*(?:the\s+)?|regarding\s+|about\s+)[`'\"]?(" + _TOOL_NAME + r")[`'\"]?"
 )
 #: A definition that claims to stand in for another tool: "replaces slack_post_message".
 _REPLACES: Final = re.compile(
