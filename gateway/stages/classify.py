@@ -52,8 +52,11 @@ _SEND_WORDS: Final = frozenset(
     {"fetch", "http", "https", "request", "requests", "post", "put", "patch", "send", "upload", "email", "mail",
      "smtp", "webhook", "slack", "discord", "telegram", "teams", "curl", "wget", "notify", "publish", "tweet",
      "sms", "ftp", "sftp", "scp", "rsync", "navigate", "browse", "api", "graphql", "gist", "paste", "pastebin",
-     "share", "transfer", "exfil"}
+     "share", "transfer", "exfil", "push", "comment", "comments", "reply", "tweet", "toot"}
 )  # fmt: skip
+#: A tool that opens an issue or a ticket publishes what it is given (`create_issue`, `open_ticket`).
+_PUBLISH_THINGS: Final = frozenset({"issue", "issues", "ticket", "tickets"})
+_PUBLISH_VERBS: Final = frozenset({"create", "open", "new", "file", "submit", "add", "raise"})
 _DOWNLOAD_WORDS: Final = frozenset({"download", "fetch", "wget", "curl", "pull", "clone"})
 _WRITE_WORDS: Final = frozenset({"write", "edit", "create", "save", "append", "overwrite", "replace", "insert", "store"})
 _DEST_WORDS: Final = frozenset({"copy", "cp", "move", "mv", "rename", "download"})  # write their destination
@@ -82,7 +85,12 @@ _PATH_KEYS: Final = frozenset(
      "sources", "destination", "dest", "target", "script", "script_path", "scriptpath", "directory", "dir",
      "folder", "uri", "uris", "location", "input", "output", "output_path", "outfile", "infile", "cwd_file"}
 )  # fmt: skip
+#: Arguments naming a git object as `<revision>:<path>` (`HEAD~3:.env`): the part after `:` is a path read.
+_REV_KEYS: Final = frozenset({"revision", "rev", "ref", "object", "treeish", "tree_ish", "spec", "blob"})
+_REV_PATH: Final = re.compile(r"^[\w./~^@{}-]*:(?!//)([^\s:]+)$")
 _DEST_KEYS: Final = frozenset({"destination", "dest", "target", "output", "output_path", "outfile", "to", "new_path", "newpath"})
+#: Tools that run code: the URLs in their code are called (`browser_evaluate`, `run_script`).
+_CODE_WORDS: Final = frozenset({"evaluate", "eval", "javascript", "js", "script", "code"})
 _BODY_KEYS: Final = frozenset({"body", "data", "json", "payload", "form", "content", "contents", "message", "text", "attachment", "attachments", "file", "files", "params", "fields"})
 _URL: Final = re.compile(r"\b(?:https?|ftp|wss?)://[^\s\"'<>`]+", re.I)
 
@@ -133,6 +141,19 @@ def _strings(value: Any, key: str, depth: int = 0) -> Iterator[tuple[str, str]]:
     elif depth < _MAX_DEPTH and isinstance(value, list):
         for v in value:
             yield from _strings(v, key, depth + 1)
+
+
+def _path_key(key: str) -> bool:
+    """An argument that names a file: a known name, or one ending in path/file(s)/filename (`config_path`, `key_file`)."""
+    if key in _PATH_KEYS:
+        return True
+    bare = key.replace("_", "").replace("-", "")
+    return bare.endswith(("path", "paths", "file", "files", "filename", "filepath")) and bare not in ("profile", "profiles")
+
+
+def _dest_key(key: str) -> bool:
+    """An argument that names where something is written (`destination`, `output_path`, `save_file`)."""
+    return key in _DEST_KEYS or (key != "to" and key.startswith(("dest", "target", "output", "out_", "save", "new_")))
 
 
 def _add(classes: set[str], paths: dict[str, list[str]], cls: str, location: str | None = None) -> None:
@@ -196,7 +217,9 @@ def _classify(
     file_paths: list[tuple[str, str]] = []  # (key, normalised path)
     urls: list[str] = []
     keys: set[str] = set()
-    sends = bool(words & _SEND_WORDS)
+    publishes = bool(words & _PUBLISH_THINGS and words & _PUBLISH_VERBS)
+    runs_code = bool(words & _CODE_WORDS)
+    sends = bool(words & _SEND_WORDS) or publishes
     for seen, (key, text) in enumerate(_strings(arguments, "")):
         if seen >= _MAX_STRINGS:
             break
@@ -205,15 +228,17 @@ def _classify(
             whole = _URL.fullmatch(text.strip())
             if whole is not None:
                 urls.append(whole.group(0))  # an address the call goes to
-            elif sends:
+            elif sends or runs_code:  # a message's links, or the URLs a script calls
                 urls.extend(m.group(0) for m in _URL.finditer(text, 0, 65_536))
-        elif key in _PATH_KEYS and text and "\n" not in text and len(text) <= 4096:
+        elif _path_key(key) and text and "\n" not in text and len(text) <= 4096:
             file_paths.append((key, normalise_path(text)))
+        elif key in _REV_KEYS and ":" in text and (rev := _REV_PATH.match(text)) is not None:
+            file_paths.append((key, normalise_path(rev.group(1))))
     reads = bool(words & _READ_WORDS) or bool(words & _EXEC_WORDS) or sends  # running or sending a file reads it
     lists = bool(words & _LIST_WORDS)
     for key, path in file_paths:
         low = path.lower()
-        if reads and key not in _DEST_KEYS:
+        if reads and not _dest_key(key):
             if CREDENTIAL_FILE.search(low):
                 _add(classes, paths, "credential_read", path)
             elif _ENV_PATH.match(low):
@@ -222,9 +247,9 @@ def _classify(
             _add(classes, paths, "recon", path)
         if words & _WRITE_WORDS and not words & _DEST_WORDS:
             _add(classes, paths, "write", path)
-        elif words & _DEST_WORDS and (key in _DEST_KEYS or "download" in words):  # a download's path is where it lands
+        elif words & _DEST_WORDS and (_dest_key(key) or "download" in words):  # a download's path is where it lands
             _add(classes, paths, "write", path)
-        if words & _EXEC_WORDS and key not in _DEST_KEYS:
+        if words & _EXEC_WORDS and not _dest_key(key):
             _add(classes, paths, "execute", path)
         if words & _DESTRUCTIVE_WORDS:
             _add(classes, paths, "destructive", path)
@@ -237,14 +262,17 @@ def _classify(
         _add(classes, paths, "recon")
     if words & _DESTRUCTIVE_WORDS or annotations.get("destructiveHint") is True:
         _add(classes, paths, "destructive")
-    sender = sends or (bool(urls) and annotations.get("openWorldHint") is True)
+    open_world = annotations.get("openWorldHint") is True
+    sender = sends or (bool(urls) and open_world)
+    if open_world and not urls and keys & _BODY_KEYS and "network_send" not in classes:
+        _add(classes, paths, "network_send")  # text typed into a page, a form filled: carried to the outside world
     for url in urls:
         carries = bool(url.split("#", 1)[0].partition("?")[2]) or bool(keys & _BODY_KEYS)
         if sender or carries:
             _add(classes, paths, "network_send", safe_location(url))
         if words & _DOWNLOAD_WORDS:
             _add(classes, paths, "download", safe_location(url))
-    if sender and words & _SEND_WORDS - {"navigate", "browse", "api"} and "network_send" not in classes:
+    if sender and (words & _SEND_WORDS - {"navigate", "browse", "api"} or publishes) and "network_send" not in classes:
         _add(classes, paths, "network_send")
     return classes, paths
 

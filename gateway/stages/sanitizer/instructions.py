@@ -46,7 +46,7 @@ from gateway.stages.sanitizer.paths import child_path
 __all__ = ["KINDS", "scan_definition", "scan_result", "scan_text"]
 
 KINDS: Final = (
-    "hidden_instruction", "tool_reference", "credential_request", "data_request", "exfiltration", "url",
+    "hidden_instruction", "tool_reference", "credential_request", "data_request", "exfiltration", "url_data", "url",
     "invisible_text", "hidden_markup",
 )  # fmt: skip
 EXCERPT: Final = 80
@@ -94,6 +94,9 @@ _INSTRUCTION_TABLE: Final = (
      r"\b(?:system|admin|developer)\s+(?:note|message|instruction|override|prompt|directive)s?\s*:"
      r"|\b(?:important|critical|mandatory|urgent)\s+system\s+(?:requirement|instruction|directive|rule|notice|update)s?\s*:"),
     (("note",), r"\bnote\s+(?:to|for)\s+(?:the\s+|all\s+|any\s+)?(?:[a-z]+\s+){0,2}?" + _ASSISTANT + r"s?\b"),
+    (("message", "memo", "reminder", "notice", "request"),
+     r"\b(?:message|memo|reminder|notice|request)\s+(?:to|for)\s+(?:the\s+|any\s+|all\s+)?(?:ai\s+)?" + _ASSISTANT
+     + r"s?\b(?:\s*:|\s+(?:handling|reading|processing|working\s+on|summari[sz]ing|that|who)\b)"),
     (("instruction", "instructions", "directive", "directives"),
      r"\b(?:ai|assistant|llm)s?\s+(?:instructions?|directives?|notes?)\s*[:\]]"
      r"|\b(?:ai\s+)?(?:agent|model)s?\s+(?:instructions?|directives?)\s*[:\]]"
@@ -104,6 +107,17 @@ _INSTRUCTION_TABLE: Final = (
      r"(?:instructions?|prompts?|rules|directions|guidelines|messages|context)"
      r"|\b(?:ignore|disregard)\s+(?:the\s+|this\s+)?user'?s\s+(?:request|question|instructions?|message|prompt)"),
     (("instruction", "instructions"), r"\bnew\s+instructions?\s*:"),
+    # "ignore the above and…", "your new task:", "from now on, you…", "if you are an AI…", the user's wish forged
+    (("ignore", "disregard"), r"\b(?:ignore|disregard)\s+(?:all\s+(?:of\s+)?|everything\s+)?(?:the\s+|what(?:'s|\s+is)\s+)?(?:above|previous|prior|preceding)\s*(?:[,;:]|and\b|\.\s)"),
+    (("task", "instructions", "goal", "objective", "mission"),
+     r"\byour\s+(?:new|real|actual|true|updated|next)\s+(?:task|instructions?|goal|objective|mission)\s*(?:is|are|:)"),
+    (("now",), r"\bfrom\s+now\s+on,?\s+(?:you|the\s+(?:assistant|agent|model))\s+(?:must|should|will|are\s+to|need\s+to|have\s+to)\b"),
+    (("if",), r"\bif\s+you\s+are\s+(?:an?\s+)?(?:ai|llm|language\s+model|(?:ai\s+)?assistant|(?:ai\s+)?agent|bot|chatbot)\b"),
+    (_USER, r"\bthe\s+user\s+(?:wants|would\s+like|has\s+asked|asked|requested|instructed|needs|expects)\s+(?:you|the\s+(?:assistant|agent|model))\s+to\b"),
+    (("before",), r"\bbefore\s+(?:you\s+)?(?:respond|answer|reply|summari[sz]e|continue)(?:ing)?\b[^.\n]{0,24}?,?\s*(?:you\s+must\s+|please\s+|first\s+)?"
+                  r"(?:call|use|send|email|forward|post|upload|invoke|execute|run)\b"),
+    (("tool",), r"\b(?:all|every|any)\s+(?:\w+\s+){0,2}?(?:must|should|have\s+to|need\s+to)\s+(?:be\s+)?(?:sent|routed|made|done|handled|processed|go)\s+"
+                r"(?:\w+\s+){0,2}?(?:via|through|using|with|by)\s+this\s+tool\b"),
     (("now",), r"\byou\s+are\s+now\s+(?:a|an|in|the)\b"),
     (_USER, r"\b(?:do\s+not|don'?t|never)\s+(?:tell|mention|inform|reveal|disclose|notify|alert|show|say|explain)"
             r"\s+(?:this\s+|it\s+|anything\s+)?(?:to\s+)?(?:the\s+)?users?\b"),
@@ -114,16 +128,18 @@ _INSTRUCTION_TABLE: Final = (
                    r"|\bwithout\s+asking\b(?!\s+for\s+(?:a\s+|the\s+)?(?:password|passphrase|pin)\b)"),
     (_USER, r"\b(?:the\s+)?users?\s+(?:must|should)\s+(?:not|never)\s+(?:know|see|notice|be\s+told)"),
     # forged consent: the checks are said to be done already, or not to matter
-    (("ask", "approved", "authorized", "authorised", "preapproved", "preauthorized", "preauthorised", "care"),
+    (("ask", "approved", "authorized", "authorised", "preapproved", "preauthorized", "preauthorised", "care", "granted", "given"),
      r"\b(?:do\s+not|don'?t|never|no\s+need\s+to)\s+(?:ask|confirm\s+with|check\s+with|consult)\s+(?:the\s+)?(?:user|owner|human)s?\b"
      r"|\b(?:is|was|has\s+been|are)\s+(?:already\s+)?pre-?(?:approved|authori[sz]ed)\b"
      r"|\b(?:owner|user|admin|administrator|manager|maintainer)s?\s+(?:has\s+|have\s+)?already\s+(?:approved|authori[sz]ed|agreed|consented)"
      r"|\bthis\s+is\s+(?:an?\s+)?(?:pre-?)?authori[sz]ed\s+(?:\w+\s+)?(?:action|request|operation|step)"
-     r"|\b(?:does\s+not|doesn'?t|do\s+not|don'?t)\s+care\s+about\s+(?:their\s+|his\s+|her\s+)?(?:privacy|security|confidentiality)"),
+     r"|\b(?:does\s+not|doesn'?t|do\s+not|don'?t)\s+care\s+about\s+(?:their\s+|his\s+|her\s+)?(?:privacy|security|confidentiality)"
+     r"|\b(?:permission|access|approval|authori[sz]ation)\s+(?:has\s+been\s+|was\s+|is\s+)?(?:granted|given)\s+(?:by|from)\s+"
+     r"(?:the\s+)?(?:admin|administrator|owner|user|system|security(?:\s+team)?)\b"),
     (("keep",), r"\bkeep\s+(?:this|it)\s+(?:secret|hidden|confidential|between\s+us)"),
     (("before",), r"\bbefore\s+(?:using|calling|invoking|running)\s+(?:this|the|any)\s+(?:\w+\s+)?tools?\b"),
     (("tool",), r"\b(?:always|first|only)\s+(?:use|call|invoke|run)\s+this\s+tool\b"),
-    (("tool",), r"\b(?:use|call|prefer)\s+this\s+tool\s+(?:instead\s+of|rather\s+than|in\s+place\s+of|over)\b"),
+    (("tool",), r"\b(?:use|call|prefer)\s+this\s+tool\s+(?:instead\s+of|rather\s+than|in\s+place\s+of|over|instead)\b"),
     (("instead",), r"\binstead\s+of\s+(?:using|calling|invoking)\s+(?:the\s+)?[`'\"]?[a-z][\w.-]*"),
     (_USER, r"\bwhen(?:ever)?\s+(?:the\s+)?user\s+(?:asks?|wants?|requests?|tries|says|writes|types|mentions)\b[^.\n]{0,160}?"
             r"\b(?:first|always|instead|immediately|you\s+must|must\s+first|make\s+sure|(?:call|use|invoke)\s+this\s+tool)\b"),
@@ -158,6 +174,7 @@ _INSTRUCTIONS: Final = tuple(re.compile(p, re.I) for _, p in _INSTRUCTION_TABLE)
 #: gate word -> the patterns (indices) it opens; gate marks (not words) and theirs.
 _WORD_GATES: Final = {w: tuple(i for i, (gate, _) in enumerate(_INSTRUCTION_TABLE) if w in gate)
                       for gate, _ in _INSTRUCTION_TABLE for w in gate if w.isalnum()}
+_GATE_WORDS: Final = frozenset(_WORD_GATES)  # a set: `&` walks the smaller side
 _MARK_GATES: Final = tuple((w, i) for i, (gate, _) in enumerate(_INSTRUCTION_TABLE) for w in gate if not w.isalnum())
 _SEPARATORS: Final = str.maketrans({c: " " for c in "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~’“”«»"})
 
@@ -173,7 +190,7 @@ _VOCATIVE_BEFORE: Final = re.compile(
     r"(?:\A|[\n.!?;:]|[^\w\s,'’\"]\s?|\b(?:hello|hi|hey|dear|attention|ok|okay|yo)\s*,?)\s*(?:the\s+|an?\s+)?\Z", re.I
 )
 _IMPERATIVE = (
-    r"(?:call|use|invoke|run|execute|send|e-?mail|mail|forward|post|upload|share|read|open|visit|fetch|browse|navigate|"
+    r"(?:call|use|invoke|run|execute|trigger|send|e-?mail|mail|forward|post|upload|share|read|open|visit|fetch|browse|navigate|"
     r"download|install|delete|remove|drop|wipe|ignore|disregard|forget|decode|follow|obey|end|start|append|prepend|add|"
     r"include|insert|reply|respond|write|create|publish|transfer|pay|refund|apply|grant|copy|paste|print|output|reveal|"
     r"tell|list|collect|gather|save|store|put|set|change|update|approve|merge|push|commit|render|display|show)"
@@ -190,7 +207,7 @@ _TRANSCRIPT: Final = re.compile(r"^[ \t]*(?:user|human|customer|you)\s*:", re.I 
 
 # A phrase quoted as an example rather than given as an order: "detects phrases like 'ignore …'".
 _MENTION: Final = re.compile(
-    r"(?:such\s+as|like|e\.g\.|i\.e\.|for\s+example|for\s+instance|example[s:]?|detects?|detecting|detection\s+of|"
+    r"(?:such\s+as|like|e\.g\.|i\.e\.|for\s+example|for\s+instance|(?<![.@/])example[s:]?|detects?|detecting|detection\s+of|"
     r"flags?|flagging|blocks?|scans?\s+for|catch(?:es)?|patterns?|phrases?|strings?|attempts?\s+to|"
     r"attacks?|injections?|instructions\s+to|called|named|quoted?|says?|saying)\s*[:(\"'“‘«]?\s*\Z",
     re.I,
@@ -203,11 +220,29 @@ _SAME_SENTENCE: Final = r"(?:[^.\n]|\.(?=\S)){{0,{}}}?"
 
 # ---- credentials -----------------------------------------------------------------------------
 
+#: A home-directory prefix a credential path may carry (`~/`, `$HOME/`, `/home/u/`, `%USERPROFILE%\`).
+_HOME = r"(?:(?:~|\$home|\$\{home\}|%userprofile%|/home/[\w.-]+|/root|/users/[\w.-]+)[/\\])?"
+#: Credential files and stores, with either path separator (Windows paths use `\`).
 _CRED_PATH = (
-    r"(?:~|\$home|/home/[\w.-]+|/root|/users/[\w.-]+)?/?\.ssh/[\w.-]*|\bid_(?:rsa|dsa|ecdsa|ed25519)\b(?:\.pub)?"
-    r"|\.aws/(?:credentials|config)\b|(?<![\w.])\.env(?:\.[a-z]+)?\b|\.netrc\b|\.npmrc\b|\.pypirc\b|\.git-credentials\b"
-    r"|\.docker/config\.json|\.kube/config\b|\.config/gh/(?:hosts\.yml)?|/etc/(?:passwd|shadow|sudoers)\b|\bcredentials\.json\b"
-    r"|\b(?:claude_desktop_config|mcp)\.json\b|\.config/gcloud\b|\bwallet\.dat\b|\.gnupg\b|\bkeychain\b"
+    r"(?<![\w.])" + _HOME + r"(?:"
+    r"\.ssh[/\\](?![\w.-]*\.pub\b)[\w.-]*|\bid_(?:rsa|dsa|ecdsa|ed25519)\b(?!\.pub)"
+    r"|\.aws[/\\](?:credentials|config)\b|\.azure[/\\][\w.-]*|\.env(?!\.(?:example|sample|template|dist|defaults)\b)(?:\.[a-z]+)?\b"
+    r"|\.netrc\b|\.npmrc\b|\.pypirc\b|\.pgpass\b|\.my\.cnf\b|\.git-credentials\b|\.vault-token\b|\.boto\b"
+    r"|\.terraform\.d[/\\]credentials[\w.]*|\.docker[/\\]config\.json|\.kube[/\\]config\b|\bkubeconfig\b|\.config[/\\]gh[/\\](?:hosts\.yml)?"
+    r"|[/\\]etc[/\\](?:passwd|shadow|sudoers)\b|\bcredentials\.json\b|\bapplication_default_credentials\.json\b"
+    r"|\b(?:claude_desktop_config|mcp)\.json\b|\.config[/\\]gcloud\b[\w./\\-]*|\bwallet\.dat\b|\.gnupg\b|\.password-store\b"
+    r"|\.local[/\\]share[/\\]keyrings\b|\b(?:login\.)?keychain(?:s|-db)?\b|library[/\\]keychains\b|\bkeyrings?\b|\bcookies\.sqlite\b"
+    r"|\blogins\.json\b|\bkey[34]\.db\b|\blogin\s+data\b"
+    r"|(?:user\s+data|default|profile[\w .-]{0,12}|network)[/\\](?:cookies|web\s+data|local\s+state)\b"
+    r"|\.(?:bash|zsh|sh|python|psql|mysql|node_repl)_history\b|\bsecrets?\.(?:json|ya?ml|toml|env|ini)\b"
+    r"|\bcredentials\.(?:toml|ya?ml|xml|csv|ini)\b|\bservice[-_]?account(?:[-_]key)?\.json\b"
+    r"|\b(?:chrome|chromium|edge|brave|firefox|safari|browser)(?:['’]s)?\s+(?:profile['’]?s?\s+)?(?:saved\s+)?"
+    r"(?:passwords|cookies?(?:\s+(?:file|store|database|db))?|logins)\b"
+    # a credential file named without its path: "the AWS credentials file", "the SSH private key"
+    r"|\b(?:aws|gcp|gcloud|azure|ssh|kube|kubernetes|docker|npm|pypi|git|github|netrc|browser|chrome|firefox)\s+"
+    r"(?:credentials?|config(?:uration)?|cookies|passwords|login\s+data|private\s+keys?)\s+files?\b"
+    r"|\bssh\s+private\s+keys?\b|\bprivate\s+ssh\s+keys?\b"
+    r")"
 )
 _CRED_THING = (
     r"(?:api[\s_-]?keys?|access[\s_-]?tokens?|auth(?:entication)?[\s_-]?tokens?|bearer[\s_-]?tokens?|session[\s_-]?tokens?"
@@ -215,19 +250,51 @@ _CRED_THING = (
     r"|seed[\s_-]?phrases?|recovery[\s_-]?phrases?|mnemonic|environment[\s_-]?variables|env[\s_-]?vars?|cookies?"
     r"|login[\s_-]?(?:credentials|details))"
 )
+#: Verbs that ask for a credential to be read or handed over (and their es, fr, it, de, pt twins).
 _CRED_VERB = (
-    r"(?:read|cat|open|include|pass|send|provide|copy|paste|attach|extract|collect|grab|fetch|upload|add|append|"
-    r"put|dump|print|list|enumerate|output|insert|embed|share|give|forward|post|submit|load|get|access)"
+    r"(?:read|cat|open|include|pass|send|provide|copy|paste|attach|extract|collect|grab|fetch|upload|add|append|prepend|"
+    r"(?:base64-|hex-)?encode|summari[sz]e|"
+    r"prefix|concatenate|supply|transmit|inline|put|dump|print|list|enumerate|output|insert|embed|share|give|forward|post|"
+    r"submit|load|get|access|lee|l[ée]elo|incluye|a[ñn]ade|adjunta|pega|copia|env[íi]a|lis|inclus|ajoute|joins|colle|"
+    r"copie|envoie|leggi|includi|aggiungi|allega|incolla|invia|lies|f[üu]ge|h[äa]nge|kopiere|sende|leia|inclua|adicione|"
+    r"anexe|cole|envie)"
 )
+#: Weak verbs ("set it to…", "use…", "replace with…"): a request only with the file's contents named in between.
+_CRED_WEAK_VERB = r"(?:set|use|replace|substitute|fill(?:\s+in)?|populate|make)"
+_CRED_CONTENT = r"(?:contents?|text|value|values|lines?|output|data|body|what|contenido|contenu|contenuto|inhalt|conte[úu]do)"
+#: A verb word used as a noun or adjective: "access key", "read-only", "a list of", "a copy of".
+_NOT_A_VERB = r"(?![-_\s]*(?:keys?|tokens?|control|logs?|levels?|rights|only|of)\b)"
 _CREDENTIAL: Final = re.compile(
-    r"(?<!\bis\s)(?<!\bare\s)(?<!\bbe\s)\b" + _CRED_VERB + r"\b" + _SAME_SENTENCE.format(60) + r"(?:" + _CRED_PATH + r")"
-    r"|\b" + _CRED_VERB + r"\s+(?:the\s+|all\s+|any\s+)?(?:your|the\s+user'?s|user'?s|their|stored|saved|local|all)\s+"
+    r"(?<!\bis\s)(?<!\bare\s)(?<!\bbe\s)\b" + _CRED_VERB + r"\b" + _NOT_A_VERB + _SAME_SENTENCE.format(60) + r"(?:" + _CRED_PATH + r")"
+    r"|\b" + _CRED_WEAK_VERB + r"\b" + _SAME_SENTENCE.format(40) + r"\b" + _CRED_CONTENT + r"\b" + _SAME_SENTENCE.format(30)
+    + r"(?:" + _CRED_PATH + r")"
+    r"|\b" + _CRED_VERB + r"\s+(?:the\s+|all\s+|any\s+)?(?:your|the\s+\w+['’]s|user['’]?s|their|stored|saved|local|all)\s+"
     r"(?:(?:personal|github|gitlab|aws|cloud|api|bank|brokerage|admin|root|full|current|own)\s+){0,2}" + _CRED_THING + r"\b"
     # a secret-named environment variable: "read GITHUB_TOKEN", "printenv AWS_SECRET_ACCESS_KEY"
     r"|(?<!\bis\s)(?<!\bare\s)(?<!\bbe\s)\b(?:" + _CRED_VERB + r"|printenv|echo)\b" + _SAME_SENTENCE.format(40)
     + r"(?-i:\$?\{?\b[A-Z][A-Z0-9]*_(?:[A-Z0-9]+_)*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PWD|PAT|CREDENTIALS?)\b)"
     r"|\b(?:pass|put|include|send|insert|embed)\s+(?:its|their|the\s+file'?s?)\s+contents?\b"
-    r"|\bcontents?\s+of\s+(?:" + _CRED_PATH + r")",
+    # the path first: "look in ~/.aws/credentials and pass the key it holds"
+    r"|(?:" + _CRED_PATH + r")" + _SAME_SENTENCE.format(40) + r"\b(?:and|then)\s+(?:pass|put|include|send|add|insert|paste|append"
+    r"|prepend|attach|use|supply|provide|copy|place)\s+(?:it|them|that|this|its\s+contents?|their\s+contents?|the\s+(?:contents?"
+    r"|values?|keys?|tokens?|secrets?|file|lines?|password|aws_secret_access_key))\b",
+    re.I,
+)
+#: A parameter named for a credential file's contents (`kubeconfig_contents`, `id_rsa_text`), as
+#: `scan_definition` shows property names (underscores as spaces): the model fills what it is shown.
+_CRED_FIELD: Final = re.compile(
+    r"\b(?:ssh(?:\s+private)?\s+key|id\s+(?:rsa|dsa|ecdsa|ed25519)|netrc|aws\s+credentials|kube\s*config|dotenv|env\s+file"
+    r"|git\s+credentials|pgpass|npmrc|pypirc|keychain|cookies|login\s+data|private\s+key|bash\s+history)\s+(?:file\s+)?"
+    r"(?:contents?|text|data|dump|blob|raw|body)\b",
+    re.I,
+)
+#: Before a verb: a negation ("never include…", "do not send…") or the tool/server as the subject
+#: ("this tool can read…", "which will load…"): a description, not a request.
+_DECLINED: Final = re.compile(
+    r"(?:\b(?:not|never|no|nor|without|avoid|avoids|refuses?|don['’]?t|doesn['’]?t|won['’]?t|can['’]?t|cannot|shouldn['’]?t"
+    r"|mustn['’]?t|nunca|jamais|nie|niemals|mai)\b(?!\s+(?:forget|fail|omit|skip|hesitate))[^.\n;]{0,24}"
+    r"|\b(?:it|this\s+tool|the\s+(?:tool|server|service|plugin|extension|app|client|cli|library|sdk)|which|that|we)\s+"
+    r"(?:(?:will|can|may|might|could|would|does|automatically|also|only)\s+){1,3})\Z",
     re.I,
 )
 
@@ -253,14 +320,22 @@ _DATA_VERB: Final = re.compile(
     re.I,
 )
 _SENTENCE_END: Final = re.compile(r".*(?:[.!?](?=\s)|\n)", re.S)
+_SENTENCE_STOP: Final = re.compile(r"[.!?](?=\s|\Z)|\n")
 _DATA_GATE: Final = frozenset(("conversation", "chat", "previous"))
 _DATA_MARKS: Final = ("user's", "author's", "owner's", "victim's", "user’s", "all their", "of their")
 
 # ---- URLs and sending data -------------------------------------------------------------------
 
+#: A placeholder inside a URL: `<user question>` (with a space or underscore), or `<secret>`,
+#: `[session cookie]`, `{summary of the chat}` right after `/`, `=`, `?` or `&`. Each step of a URL
+#: is atomic, so a slot once matched is not taken apart to end the URL early; `{` and `[` are tried
+#: as a slot before they are taken as plain characters.
+_URL_SLOT = (
+    r"<(?=[^<>\n]*[ _])[^<>/\n][^<>\n]{0,80}>|(?<=[/=?&])<[\w.'’ -]{1,80}>|(?<=[/=?&])\[[\w.'’ -]{1,60}\]"
+    r"|(?<=[/=?&])\{[^{}<>\n]{1,80}\}|(?<=[/=?&])\$\([^()\n]{1,80}\)"
+)
 _URL: Final = re.compile(
-    r"\b(?:https?|wss?|ftp)://(?:[^\s<>\"'`)\]]|<(?=[^<>\n]*[ _])[^<>/\n][^<>\n]{0,80}>)*"
-    r"(?:[^\s<>\"'`)\],.;:!?]|<(?=[^<>\n]*[ _])[^<>/\n][^<>\n]{0,80}>)",
+    r"\b(?:https?|wss?|ftp)://(?>[^\s<>\"'`)\]{\[$]|\$(?!\()|" + _URL_SLOT + r"|[{\[])*(?:[^\s<>\"'`)\],.;:!?{\[]|" + _URL_SLOT + r"|[{\[])",
     re.I,
 )
 _URL_PLACEHOLDER: Final = re.compile(r"\{[^}]*\}|%7b|<[^>]*>|%3c|\$\{?\w+|\[[a-z_ ]+\]|…|\.\.\.|xxx", re.I)
@@ -281,30 +356,185 @@ _SEND: Final = re.compile(
     re.I,
 )
 
+# ---- data carried in a URL -----------------------------------------------------------------
+
+#: What a slot or a variable in a URL names when it stands for the user's data or a secret (letters
+#: only count as a word between non-letters, so `{session_id}` and `$GITHUB_TOKEN` name theirs).
+#: Someone whose data it is: "the user's", "their", "del usuario".
+_OWNER = (
+    r"(?:(?:the\s+)?(?:user|customer|victim|owner|client|usuario|utilisateur|utente|benutzer|usu[áa]rio)(?:['’]s|s)?|their"
+    r"|(?:del|de\s+l['’]|dell['’]|des|do)\s*(?:usuario|utilisateur|utente|benutzers|usu[áa]rio))"
+)
+#: What a slot in a URL names when it stands for the user's data or a secret. Letters only count as
+#: a word between non-letters, so `{session_id}` names a session. An API key or a token bare
+#: (`{API key}`, `<token>`) is the reader's own in API docs: it counts only with an owner.
+_PRIVATE = (
+    r"(?<![a-z])(?:session|sid|secret|password|passwd|pwd|cookie|credential|creds|otp|ssn"
+    r"|conversation|chat|history|transcript|context|memory|summary|contents?|contacts|inbox|environment"
+    r"|system[\s_-]?prompt|env[\s_-]?vars?|private[\s_-]?key|ssh[\s_-]?key"
+    r"|" + _OWNER + r"[\s_-]+(?:[a-z]+[\s_-]+){0,2}?(?:e-?mail|address|phone|question|query|message|data|info|location"
+    r"|files?|notes?|name|tokens?|api[\s_-]?keys?|keys?|password|secrets?)"
+    r"|(?:tokens?|api[\s_-]?keys?|keys?|e-?mail|messages?)[\s_-]+(?:of\s+)?" + _OWNER + r")s?(?![a-z])"
+)
+_PRIVATE_RX: Final = re.compile(_PRIVATE, re.I)
+#: The words one of `_PRIVATE`'s matches holds (a text without any cannot ask for private data in a URL).
+_PRIVATE_WORDS: Final = frozenset((
+    "session", "sid", "secret", "secrets", "password", "passwd", "pwd", "cookie", "cookies", "credential", "credentials",
+    "creds", "otp", "ssn", "conversation", "chat", "history", "transcript", "context", "memory", "summary", "content",
+    "contents", "contacts", "inbox", "environment", "prompt", "env", "vars", "var", "key", "keys", "user", "users",
+    "customer", "customers", "victim", "owner", "client", "their", "usuario", "utilisateur", "utente", "benutzer",
+    "benutzers", "usuário", "usuario",
+))  # fmt: skip
+#: A slot, a variable or a command substitution in a URL; group 1 is what it names.
+_URL_VALUE: Final = re.compile(r"\{\{?([^{}]{1,80})\}\}?|<([^<>]{1,80})>|\[([^\[\]]{1,60})\]|\$\(([^()]{1,80})\)|\$\{?(\w{2,64})\}?")
+#: A secret-named environment variable in a URL (`$GITHUB_TOKEN`, `${AWS_SECRET_ACCESS_KEY}`).
+_SECRET_VAR: Final = re.compile(r"(?:token|key|secret|pass|pwd|session|cookie|auth|cred)", re.I)
+#: An ALL-CAPS slot in a URL (`?c=SESSION_COOKIE`, `/k/API_KEY`).
+_CAPS_SLOT: Final = re.compile(r"(?<=[/=])[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*(?=[/&#]|\Z)")
+#: Parameters an API's docs fill with the reader's own key: a slot there is not the user's data.
+_KEY_PARAMS: Final = frozenset(("key", "apikey", "api_key", "token", "access_token", "auth", "appid", "app_id", "client_id"))
+#: Query parameters that only ever carry data or a secret.
+_SECRET_PARAMS: Final = frozenset((
+    "session", "sess", "sid", "sessionid", "session_id", "token", "access_token", "auth", "key", "apikey", "api_key",
+    "secret", "secrets", "password", "pwd", "pass", "passwd", "creds", "cred", "credentials", "cookie", "cookies", "env",
+    "history", "conversation", "chat", "context", "leak", "exfil", "d", "data", "payload", "dump",
+))  # fmt: skip
+#: An order that makes a URL go out: a verb in its sentence before it (and the es/fr/it/de/pt twins).
+_URL_ORDER: Final = re.compile(
+    r"\b(?:call|use|invoke|run|execute|trigger|open|visit|go\s+to|navigate|load|fetch|get|request|curl|wget|ping|browse|access"
+    r"|click|follow|hit|query|post|put|send|submit|upload|report|forward|render|display|show|embed|include|insert|output"
+    r"|print|retrieve|download|usa|utiliza|llama|abre|visita|carga|ouvre|visite|charge|appelle|utilise|apri|carica|chiama"
+    r"|[öo]ffne|besuche|lade|rufe|verwende|abra|acesse|carregue|chame)\b",
+    re.I,
+)
+#: An order to add the user's data or a secret to a URL: "… and append the user's email to the link".
+_APPEND_DATA: Final = re.compile(
+    r"\b(?:append|add|attach|concatenate|put|insert|include|place|paste|fill\s+in|followed\s+by|plus|replace|substitute|write)\b"
+    r"(?:(?!\byour\b)[^.\n]){0,80}?"
+    + _PRIVATE, re.I
+)
+#: The same order in a sentence that names the URL's part to fill: "encode the conversation and put it in the q parameter of …".
+_INTO_URL: Final = re.compile(
+    r"\b(?:append|add|attach|concatenate|put|insert|include|place|paste|encode|embed|pass)\b[^.\n]{0,80}?\b(?:in|into|to|as)\s+"
+    r"(?:the\s+|a\s+|its\s+)?[`'\"]?\w{0,20}[`'\"]?\s*(?:parameter|param|query(?:\s+string)?|path|url|link)\b",
+    re.I,
+)
+
+
 # ---- other tools -------------------------------------------------------------------------------
 
-_CALL_TOOL: Final = re.compile(
-    r"\b(?:call|use|invoke|run|trigger|execute)\s+(?:the\s+)?[`'\"]?([A-Za-z][\w.-]{2,63})[`'\"]?\s+(?:tool|function)\b"
-    r"|\b(?i:call|invoke)\s+[`'\"]?([A-Za-z][\w.-]*[_.-][\w.-]*|[a-z]+[A-Z]\w*)[`'\"]?",
+#: Tool-like names, whatever the catalog holds: snake_case, camelCase, kebab-case whose first word
+#: is an action (`post-webhook`, not `built-in` or `read-only`), and `server.tool` (`github.create_issue`,
+#: `fs.read`; not `node.js` or `setup.py`).
+_ACTION = (
+    r"(?:get|list|read|write|send|post|fetch|create|delete|update|run|exec|execute|search|query|upload|download|export"
+    r"|import|forward|publish|share|call|invoke|navigate|open|http|put|patch|add|remove|sync|transfer|pay|mail|email"
+    r"|notify|purge|wipe|drop|push|copy|move|save|grant|refund|wire|browser|slack|github|gmail|gist|webhook|file|db|sql)"
 )
-#: A snake_case name after a verb or "with/using/via" (and their es, fr, it, de, pt twins): "run run_command with…", "using create_gist".
-_SNAKE_TOOL: Final = re.compile(
-    r"\b(?i:run|use|execute|trigger|with|using|via|llama\s+a|usa|utiliza|con|appelle|utilise|avec|chiama|verwende|mit|rufe|chame|com)\s+(?:the\s+)?[`'\"]?([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b[`'\"]?(?!\s*[(=])"
+_SNAKE_NAME = r"[a-z][a-z0-9]*+(?:_[a-z0-9]++)+"  # possessive: a word that is not a name fails at once
+_CAMEL_NAME = r"[a-z]{2,}+[0-9]*+(?:[A-Z][a-z0-9]++)+"
+_KEBAB_NAME = _ACTION + r"(?:-(?!only\b)[a-z0-9]++)+"
+_DOTTED_NAME = r"[a-z][a-z0-9_-]*+\.(?:" + _SNAKE_NAME + "|" + _CAMEL_NAME + "|" + _ACTION + r"\b)"
+_TOOL_NAME = r"(?:" + _DOTTED_NAME + "|" + _SNAKE_NAME + "|" + _CAMEL_NAME + "|" + _KEBAB_NAME + r")(?![\w-])"
+#: "call/use/invoke/run/execute/trigger X" and the es, fr, it, de, pt twins, with an article or a
+#: word for "tool" between them ("usa la herramienta http_get").
+_CALL_VERB = (
+    r"(?i:call|use|invoke|run|execute|trigger|llama\s+a|usa|utiliza|ejecuta|invoca|appelle|utilise|ex[ée]cute|invoque|lance"
+    r"|chiama|utilizza|esegui|rufe|verwende|benutze|nutze|chame|utilize|invoque)"
+)
+_TOOL_WORD = (
+    r"(?i:(?:the\s+)?(?:tool|function)\s+|the\s+|la\s+herramienta\s+|la\s+funci[óo]n\s+|l['’]outil\s+|la\s+fonction\s+|lo\s+strumento\s+|la\s+funzione\s+"
+    r"|das\s+(?:tool|werkzeug)\s+|die\s+funktion\s+|a\s+ferramenta\s+|a\s+fun[çc][ãa]o\s+)?"
+)
+#: What follows such a verb (found by `_after_verbs`) when it orders a tool-like name called.
+_IMPERATIVE_TAIL: Final = re.compile(r"(?:\s+a)?\s+" + _TOOL_WORD + r"[`'\"]?(" + _TOOL_NAME + r")[`'\"]?(?!\s*=)")
+_IMPERATIVE_TOOL: Final = re.compile(r"\b" + _CALL_VERB + _IMPERATIVE_TAIL.pattern)
+#: A single word called with arguments: "call fetch with url …", "invoke search(…)".
+_PLAIN_TAIL: Final = re.compile(
+    r"\s+(?i:the\s+)?[`'\"]?([a-z][a-z0-9]{2,29})[`'\"]?(?=\s*\(|\s+(?i:with|using|passing)\s+(?:the\s+|an?\s+)?"
+    r"(?i:url|uri|link|arguments?|args|params?|parameters?|input|query|body|payload|path|command|data|text|message|content|file|json)\b"
+    r"|\s+with\s+[a-z_]+\s*[=:])"
+)
+_PLAIN_CALL: Final = re.compile(r"\b(?i:call|invoke)" + _PLAIN_TAIL.pattern)
+#: "the X tool" with or without a verb ("call the fetch tool", "Using the `send_email` tool"), matched
+#: on the text just before the word "tool"/"function" (`_named_tools`).
+_NAMED_BEFORE: Final = re.compile(
+    r"(?:\b(?i:call|use|invoke|run|trigger|execute)\s+(?:the\s+)?[`'\"]?([A-Za-z][\w.-]{2,63})[`'\"]?"
+    r"|\b(?i:the)\s+[`'\"]?(" + _TOOL_NAME + r")[`'\"]?)\s+\Z"
+)
+_NAMED_TOOL: Final = re.compile(_NAMED_BEFORE.pattern[:-2] + r"(?:tool|function)\b")
+#: A snake_case name after "with/using/via" (and the es, fr, de, pt twins): "…with run_command", "using create_gist".
+_SNAKE_TAIL: Final = re.compile(r"\s+(?:the\s+)?[`'\"]?([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b[`'\"]?(?!\s*[(=])")
+_SNAKE_TOOL: Final = re.compile(r"\b(?i:with|using|via|con|avec|mit|com)" + _SNAKE_TAIL.pattern)
+_SNAKE_GATE: Final = frozenset(("with", "using", "via", "con", "avec", "mit", "com"))
+#: What turns an order to call a tool into an order to move data: credentials, the user's data, the
+#: environment, a file's contents, a destination address or URL, or a URL carrying data.
+_TOOL_WITH_DATA: Final = re.compile(
+    r"(?:" + _CRED_PATH + r")|\b(?:the\s+\w+['’]s|user['’]?s|their|all)\s+(?:\w+\s+){0,2}?" + _CRED_THING + r"\b"
+    r"|\b(?:environment\s+variables|env\s+vars?|printenv|contents?\s+of|file\s+contents|system\s+prompt)\b"
+    r"|\b(?:complete|full|entire|whole)\s+(?:conversation|chat)|\b(?:conversation|chat)\s+(?:history|log|transcript|so\s+far)"
+    r"|\b(?:user|author|owner|customer)['’]s\s+(?:\w+\s+){0,2}?" + _DATA_OBJECT + r"\b"
+    r"|\bto\s+(?:https?://|[\w.+-]+@[\w-]+\.[a-z]{2,})",
+    re.I,
 )
 #: A tool call written out as JSON in a result, as if the assistant had made it.
 _FORGED_CALL: Final = re.compile(
     r"\"(?:tool_calls|function_call|tool_use|tool_call)\"\s*:\s*[\[{]" + r"[^\]]{0,200}?\"name\"\s*:\s*\"([A-Za-z][\w.-]{1,63})\""
 )
-_NOT_A_TOOL: Final = frozenset({"this", "that", "the", "a", "an", "another", "any", "each", "every", "same", "other", "your"})
+_NOT_A_TOOL: Final = frozenset({"this", "that", "the", "a", "an", "another", "any", "each", "every", "same", "other", "your", "them",
+                                "it", "him", "her", "back", "home", "anyone", "someone", "everyone", "people", "support", "out", "off"})
 _CREDENTIAL_GATE: Final = frozenset((
     "ssh", "rsa", "dsa", "ecdsa", "ed25519", "aws", "env", "netrc", "npmrc", "pypirc", "credentials", "docker", "kube",
     "passwd", "shadow", "sudoers", "mcp", "desktop", "gcloud", "wallet", "gnupg", "keychain", "key", "keys", "apikey",
     "token", "tokens", "secret", "secrets", "password", "passwords", "pwd", "pat", "passphrase", "passphrases", "seed",
     "recovery", "mnemonic", "environment", "vars", "var", "cookie", "cookies", "content", "contents", "login", "gh",
-    "printenv",
+    "printenv", "logins", "keychains", "keyring", "keyrings", "pgpass", "cnf", "vault", "boto", "terraform", "azure",
+    "kubeconfig", "key3", "key4", "bash", "zsh", "psql", "mysql",
 ))  # fmt: skip
 _SEND_GATE: Final = frozenset(("url", "endpoint", "address", "server", "webhook", "email", "inbox"))
-_CALL_GATE: Final = frozenset(("call", "invoke", "tool", "function"))
+_CALL_GATE: Final = frozenset((
+    "call", "invoke", "tool", "function", "use", "run", "execute", "trigger", "llama", "usa", "utiliza", "ejecuta", "invoca",
+    "appelle", "utilise", "exécute", "execute", "invoque", "lance", "chiama", "utilizza", "esegui", "rufe", "verwende",
+    "benutze", "nutze", "chame", "utilize",
+))  # fmt: skip
+_CALL_VERBS: Final = _CALL_GATE - {"tool", "function"}
+_PLAIN_GATE: Final = frozenset(("call", "invoke"))
+#: A tool named for sending, and a recipient in the order's sentence: "run send_report with recipient a@b".
+_SENDING_TOOL: Final = re.compile(r"send|post|mail|upload|forward|share|publish|export|transfer|webhook|gist|paste|slack|tweet|report|notify", re.I)
+_RECIPIENT: Final = re.compile(r"[\w.+-]+@[\w-]+\.[a-z]{2,}", re.I)
+#: A transcript's speaker label for the assistant at the start of a line.
+_SPEAKER: Final = re.compile(r"[ \t]*(?:assistant|ai|agent|bot|claude|chatgpt|gpt|copilot|model)\s*:", re.I)
+_TO_DESTINATION: Final = re.compile(r"\bto\s+(?:(?:https?|wss?|ftp)://|[\w.+-]+@[\w-]+\.[a-z]{2,})", re.I)
+#: The words `_TOOL_WITH_DATA` can match on (besides an address or a URL): credential words, the
+#: environment, contents, the conversation, someone's data.
+_WITH_DATA_GATE: Final = _CREDENTIAL_GATE | frozenset((
+    "environment", "printenv", "contents", "content", "conversation", "chat", "system", "their", "all", "user", "author",
+    "owner", "customer", "login", "logins", "chrome", "chromium", "firefox", "brave", "safari", "browser", "edge",
+))  # fmt: skip
+_NAMED_GATE: Final = frozenset(("tool", "function"))
+_SHADOW_GATE: Final = frozenset(("when", "whenever", "each", "every", "before", "after", "note", "about", "regarding", "if"))
+_REPLACES_GATE: Final = frozenset(("replaces", "supersedes", "overrides", "precedence", "replacement", "stands"))
+#: A sentence about using another tool: "whenever you call X", "before using X", "Note on X:".
+_SHADOW: Final = re.compile(
+    r"\b(?i:(?:when(?:ever)?|each\s+time|every\s+time|if|before|after)\s+(?:you\s+|the\s+(?:assistant|agent|model)\s+)?"
+    r"(?:call(?:s|ing)?|us(?:e|es|ing)|invok(?:e|es|ing)|run(?:s|ning)?|send(?:s|ing)?\s+(?:\w+\s+)?(?:with|via|through|using))\s+(?:the\s+)?"
+    r"|note\s+(?:on|about|regarding|for)\s+(?:the\s+)?|note\s*:\s*(?:the\s+)?|regarding\s+|about\s+)[`'\"]?(" + _TOOL_NAME + r")[`'\"]?"
+)
+#: A definition that claims to stand in for another tool: "replaces slack_post_message".
+_REPLACES: Final = re.compile(
+    r"\b(?i:replaces|supersedes|overrides|takes\s+precedence\s+over|is\s+a\s+replacement\s+for|stands\s+in\s+for)\s+"
+    r"(?i:the\s+)?[`'\"]?(" + _TOOL_NAME + r")[`'\"]?"
+)
+#: What a shadowing sentence changes: copies, recipients, destinations ("also bcc…", "set the base repository to…").
+_REDIRECT: Final = re.compile(
+    r"\bb?cc\b|\bredirect|\bforward|\b(?:also|always)\s+(?:send|add|include|copy|attach|post|upload)\b"
+    r"|\b(?:call|use|invoke|run)\s+this\s+tool\b"
+    r"|\b(?:change|replace|set|override|point)\s+(?:the\s+|its\s+)?(?:recipients?|destination|url|address|to\s+address|target|base"
+    r"|webhook|endpoint)"
+    r"|\b(?:recipients?|destination|base\s+(?:repository|repo|branch|url)|target\s+(?:repository|repo|url|account)|webhook|endpoint)s?\s+"
+    r"(?:\w+\s+){0,3}?(?:be\s+)?(?:set|changed|pointed|sent|redirected)\s+to\b",
+    re.I,
+)
 _AI_GATE: Final = frozenset(_AI_WORDS)
 
 
@@ -408,25 +638,28 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
         for m in _MD_COMMENT.finditer(text):
             if m.group(1).strip():
                 findings.append(Finding("hidden_markup", where, "markdown comment", _excerpt(text, m.start(), m.end())))
-    findings.extend(_urls(text, where))
+    links = list(_URL.finditer(text)) if "://" in text else []
+    findings.extend(_urls(links, where))
     prose = _blank(text, _FENCE.finditer(text)) if "```" in text or "~~~" in text else text
     low = prose.lower()
     words = frozenset(low.translate(_SEPARATORS).split())
     code = [(m.start(), m.end()) for m in _INLINE_CODE.finditer(prose)] if "`" in prose else []
     instructed = _vocative(prose, code, findings, where) if not words.isdisjoint(_AI_GATE) or "@" in low else False
     if not instructed:
-        opened = {i for w in words.intersection(_WORD_GATES) for i in _WORD_GATES[w]}
+        opened = {i for w in words & _GATE_WORDS for i in _WORD_GATES[w]}
         opened.update(i for mark, i in _MARK_GATES if mark in low)
         for i in sorted(opened):
             if _first(_INSTRUCTIONS[i], prose, code, findings, "hidden_instruction", "an instruction to the model", where):
                 instructed = True
                 break
     if not words.isdisjoint(_CREDENTIAL_GATE):
-        _first(_CREDENTIAL, prose, code, findings, "credential_request", "asks for credentials", where)
+        _credential(prose, code, findings, where)
     if not words.isdisjoint(_DATA_GATE) or ("s" in words and any(map(low.__contains__, _DATA_MARKS))) or "their" in words:
         _data_request(prose, code, findings, where)
     if not words.isdisjoint(_SEND_GATE) or "://" in low or "@" in low:
         _first(_SEND, prose, code, findings, "exfiltration", "asks to send data", where)
+    if links:
+        findings.extend(_url_data(prose, [m for m in links if prose[m.start()] == text[m.start()]], code, where, words))
     findings.extend(_tool_references(prose, low, words, where, other_tools, own_name, code))
     if decode and (instructed or "base64" in words or "decode" in words):
         findings.extend(_decoded(prose, where, other_tools, own_name))
@@ -459,6 +692,15 @@ def _data_request(prose: str, code: list[tuple[int, int]], findings: list[Findin
             return
 
 
+def _credential(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> None:
+    """A request to read or hand over credentials (the first one that is not quoted as an example,
+    negated or said of the tool itself: "never include ~/.aws/credentials", "this tool can read…")."""
+    for m in _CREDENTIAL.finditer(prose):
+        if not _mentioned(prose, m.start(), code) and _DECLINED.search(prose[max(0, m.start() - 48):m.start()]) is None:
+            findings.append(Finding("credential_request", where, "asks for credentials", _excerpt(prose, m.start(), m.end())))
+            return
+
+
 def _vocative(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> bool:
     """An order addressed to the assistant by name ("Assistant, send…", "Hello AI agent: ignore…"); True if found.
     In a transcript ("User: …" lines) "Assistant:" is a speaker label and only the comma form counts."""
@@ -488,10 +730,8 @@ def _first(rx: re.Pattern[str], prose: str, code: list[tuple[int, int]], finding
     return False
 
 
-def _urls(text: str, where: str) -> Iterator[Finding]:
-    if "://" not in text:
-        return
-    for m in _URL.finditer(text):
+def _urls(links: list[re.Match[str]], where: str) -> Iterator[Finding]:
+    for m in links:
         url = m.group()
         host = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]
         yield Finding("url", where, host, url[:EXCERPT])
@@ -500,6 +740,87 @@ def _urls(text: str, where: str) -> Iterator[Finding]:
             yield Finding("exfiltration", where, f"request-collector host {host}", url[:EXCERPT])
         elif _URL_PLACEHOLDER.search(url.split("://", 1)[1]) or (query and _DATA_PARAM.search(query) and _placeholder_value(query)):
             yield Finding("exfiltration", where, f"URL waiting for data ({host})", url[:EXCERPT])
+
+
+def _url_data(prose: str, links: list[re.Match[str]], code: list[tuple[int, int]], where: str,
+              words: frozenset[str]) -> Iterator[Finding]:
+    """URLs (`links`, outside code blocks) the text orders out with the user's data or a secret in
+    them (`url_data`): what the URL carries (`_carried`, or an order to append private data to a URL
+    left open), and an order that sends it (a verb in its sentence before it, that append, or a
+    markdown link or image)."""
+    found = 0
+    private = not words.isdisjoint(_PRIVATE_WORDS)  # an order to append data to a URL must name the data
+    for m in links:
+        url = m.group()
+        what = _carried(url)
+        if what is None and not private:
+            continue
+        head, tail = _clause(prose, m.start(), m.end())
+        if what is None and _appended(url, head, tail):
+            what = "data the text asks to append"
+        if what is None or _mentioned(prose, m.start(), code):
+            continue
+        ordered = (prose[max(0, m.start() - 2):m.start()] == "](" or what.startswith("data the text")
+                   or any(not _mentioned(prose, m.start() - len(head) + v.start(), code) for v in _URL_ORDER.finditer(head)))
+        if ordered:
+            host = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]
+            yield Finding("url_data", where, f"URL carrying {what} ({host})", url[:EXCERPT])
+            found += 1
+            if found >= 4:
+                return
+
+
+def _appended(url: str, head: str, tail: str) -> bool:
+    """An order in the URL's sentence to add private data to it: after a URL left open or with an
+    ALL-CAPS slot ("…?q= and append the user's email", "…/u/ followed by the session token", "replace
+    MESSAGE with the user's last message"), or naming the URL's part to fill ("encode the conversation
+    and put it in the q parameter of …")."""
+    if (url.endswith(("=", "/")) or "=&" in url or _CAPS_SLOT.search(url)) and (_APPEND_DATA.search(tail) or _APPEND_DATA.search(head)):
+        return True
+    clause = head + " " + tail
+    return _INTO_URL.search(clause) is not None and _PRIVATE_RX.search(clause) is not None
+
+
+def _clause(prose: str, start: int, end: int) -> tuple[str, str]:
+    """The text of the sentence around `prose[start:end]` before it and after it (at most 160
+    characters each way; a dot followed by a non-space, as in ".env", does not end a sentence)."""
+    head = prose[max(0, start - 160):start]
+    cut = _SENTENCE_END.match(head)
+    if cut is not None:
+        head = head[cut.end():]
+    tail = prose[end:end + 160]
+    stop = _SENTENCE_STOP.search(tail)
+    return head, tail if stop is None else tail[:stop.start()]
+
+
+def _carried(url: str) -> str | None:
+    """What a URL carries that is the user's or a secret: a slot or variable naming it, a command's
+    output, or a secret-bearing parameter left empty or as a slot (`?session=`, `?d={…}`); else None."""
+    rest = url.split("://", 1)[1]
+    if rest.islower() and not any(c in rest for c in "{<[$="):
+        return None  # no slot, variable, parameter or ALL-CAPS word: most links
+    for v in _URL_VALUE.finditer(rest):
+        if v.group(4) is not None:
+            return "a command's output"
+        if v.group(5) is not None:
+            if _SECRET_VAR.search(v.group(5)):
+                return f"the variable {v.group(5)[:40]}"
+            continue
+        named = next(g for g in v.groups() if g is not None)
+        if _PRIVATE_RX.search(named) and not named.lower().startswith("your"):  # `{your_api_key}`: the reader's own, in docs
+            return f"a slot for {' '.join(named.split())[:40]}"
+    for caps in _CAPS_SLOT.finditer(rest):
+        if _PRIVATE_RX.search(caps.group()) and not caps.group().startswith("YOUR"):
+            return f"a slot for {caps.group()[:40]}"
+    for part in re.split(r"[?&#;]", rest.partition("?")[2]):
+        name, eq, value = part.partition("=")
+        name = name.lower()
+        if eq and name in _SECRET_PARAMS and (
+            not value or (name not in _KEY_PARAMS and _URL_PLACEHOLDER.search(value) is not None
+                          and not value.lstrip("{<[$%7Bb").lower().startswith("your"))
+        ):
+            return f"an open `{name}` parameter"
+    return None
 
 
 def _placeholder_value(query: str) -> bool:
@@ -514,6 +835,10 @@ def _placeholder_value(query: str) -> bool:
 
 def _tool_references(prose: str, low: str, words: frozenset[str], where: str, other_tools: Iterable[str], own_name: str,
                      code: list[tuple[int, int]]) -> Iterator[Finding]:
+    """Other tools named: the upstream's own names, and whatever the catalog holds, the phrase forms
+    (an order to call a tool-like name, "the X tool", a name after with/using/via, a forged call).
+    An order to call a tool that also moves data (`_TOOL_WITH_DATA` in its sentence) is an instruction
+    to the model too; in a definition, a sentence that rewrites how another tool sends is one as well."""
     seen: set[str] = set()
     for name in other_tools:
         if name == own_name or name in seen or len(name) < 3 or name.lower() not in low:
@@ -526,17 +851,119 @@ def _tool_references(prose: str, low: str, words: frozenset[str], where: str, ot
         if m is not None:
             seen.add(name)
             yield Finding("tool_reference", where, name, _excerpt(prose, m.start(), m.end()))
-    matches: list[tuple[re.Match[str], str]] = []
+    found: list[tuple[int, int, str, bool]] = []  # start, end, name, an order to call it
     if not words.isdisjoint(_CALL_GATE):
-        matches.extend((m, m.group(1) or m.group(2) or "") for m in _CALL_TOOL.finditer(prose))
+        found.extend((at, m.end(), m.group(1), True) for at, m in _after_verbs(prose, low, words, _CALL_VERBS, _IMPERATIVE_TAIL, _IMPERATIVE_TOOL))
+        if not words.isdisjoint(_PLAIN_GATE):
+            found.extend((at, m.end(), m.group(1), True) for at, m in _after_verbs(prose, low, words, _PLAIN_GATE, _PLAIN_TAIL, _PLAIN_CALL))
+        if not words.isdisjoint(_NAMED_GATE):
+            found.extend(_named_tools(prose, low, words))
     if "_" in low:
-        matches.extend((m, m.group(1)) for m in _SNAKE_TOOL.finditer(prose))
+        found.extend((at, m.end(), m.group(1), False) for at, m in _after_verbs(prose, low, words, _SNAKE_GATE, _SNAKE_TAIL, _SNAKE_TOOL))
         if '"name"' in low:
-            matches.extend((m, m.group(1)) for m in _FORGED_CALL.finditer(prose))
-    for m, name in matches:
-        if name and name.lower() not in _NOT_A_TOOL and name != own_name and name not in seen and not _mentioned(prose, m.start(), code):
+            found.extend((m.start(), m.end(), m.group(1), False) for m in _FORGED_CALL.finditer(prose))
+    ordered = False
+    checked: list[tuple[int, int]] = []  # sentences whose orders were looked at: their other orders carry the same
+    for start, end, name, order in found:
+        if not name or name.lower() in _NOT_A_TOOL or name == own_name:
+            continue
+        new = name not in seen
+        clause = ""
+        if order and not ordered and not any(lo <= start < hi for lo, hi in checked):
+            head, tail = _clause(prose, start, end)
+            checked.append((start - len(head), end + len(tail)))
+            clause = head + " " + tail
+            sending = _SENDING_TOOL.search(name) is not None and "@" in clause
+            if not sending and not _may_carry_data(clause):
+                clause = ""
+        if (not new and not clause) or _mentioned(prose, start, code):
+            continue
+        if new:
             seen.add(name)
-            yield Finding("tool_reference", where, name, _excerpt(prose, m.start(), m.end()))
+            yield Finding("tool_reference", where, name, _excerpt(prose, start, end))
+        if clause and (_TOOL_WITH_DATA.search(clause) is not None or (
+                _SENDING_TOOL.search(name) is not None and _RECIPIENT.search(clause) is not None)) and not _spoken(prose, start):
+            ordered = True
+            yield Finding("hidden_instruction", where, "an order to call a tool with data", _excerpt(prose, start, end))
+    if own_name and not words.isdisjoint(_SHADOW_GATE):
+        yield from _shadowing(prose, where, own_name, code)
+    if own_name and not words.isdisjoint(_REPLACES_GATE):
+        listed = set(other_tools) if isinstance(other_tools, (set, frozenset)) else set(list(other_tools))
+        for m in _REPLACES.finditer(prose):
+            if m.group(1) != own_name and m.group(1) not in listed and not _mentioned(prose, m.start(), code):
+                yield Finding("hidden_instruction", where, "claims to replace another server's tool", _excerpt(prose, m.start(), m.end()))
+                break
+
+
+def _spoken(prose: str, start: int) -> bool:
+    """Whether `start` is on an assistant's line of a transcript ("Assistant: use send_email to…"):
+    quoted speech, not an order to this model."""
+    line = prose[prose.rfind("\n", 0, start) + 1:start]
+    return _SPEAKER.match(line) is not None and _TRANSCRIPT.search(prose) is not None
+
+
+def _name_ahead(prose: str, at: int, tail: re.Pattern[str]) -> bool:
+    """A cheap first test for `tail` at `at`: a tool-like name holds `_`, `.`, `-` or a capital in
+    the next few words (a plain word is only taken after call/invoke, `_PLAIN_TAIL`)."""
+    if tail is _PLAIN_TAIL:
+        return True
+    ahead = prose[at:at + 64]
+    return not ahead.islower() or "_" in ahead or "." in ahead or "-" in ahead
+
+
+def _named_tools(prose: str, low: str, words: frozenset[str]) -> Iterator[tuple[int, int, str, bool]]:
+    """(start, end, name, an order) for "call the X tool" / "the X tool": the words "tool" and
+    "function" are found with `str.find` and the text just before each is matched (`_NAMED_BEFORE`)."""
+    if len(low) != len(prose):
+        for m in _NAMED_TOOL.finditer(prose):
+            yield m.start(), m.end(), m.group(1) or m.group(2), bool(m.group(1))
+        return
+    for noun in sorted(words.intersection(_NAMED_GATE)):
+        at = low.find(noun)
+        while at >= 0:
+            if at > 0 and not low[at - 1].isalnum() and not low[at + len(noun):at + len(noun) + 1].isalnum():
+                begin = max(0, at - 90)
+                m = _NAMED_BEFORE.search(prose, begin, at)
+                if m is not None:
+                    yield m.start(), at + len(noun), m.group(1) or m.group(2), bool(m.group(1))
+            at = low.find(noun, at + len(noun))
+
+
+def _after_verbs(prose: str, low: str, words: frozenset[str], verbs: frozenset[str], tail: re.Pattern[str],
+                 whole: re.Pattern[str]) -> Iterator[tuple[int, re.Match[str]]]:
+    """(start, match of `tail`) after each of `verbs` the text holds: the verbs are found with
+    `str.find` and `tail` is matched where they end, which costs a fraction of running `whole` (the
+    same pattern with the verbs first) over the text. `whole` is the fallback when lower-casing
+    changed the text's length (positions in `low` would not be the text's)."""
+    if len(low) != len(prose):
+        for m in whole.finditer(prose):
+            yield m.start(), m
+        return
+    for verb in sorted(words.intersection(verbs)):
+        at = low.find(verb)
+        while at >= 0:
+            if (at == 0 or not low[at - 1].isalnum()) and _name_ahead(prose, at + len(verb), tail):
+                m = tail.match(prose, at + len(verb))
+                if m is not None:
+                    yield at, m
+            at = low.find(verb, at + len(verb))
+
+
+def _may_carry_data(clause: str) -> bool:
+    """A cheap first test for `_TOOL_WITH_DATA`: the clause has one of its words, an address or a URL."""
+    low = clause.lower()
+    return not _WITH_DATA_GATE.isdisjoint(low.translate(_SEPARATORS).split()) or (" to " in low and _TO_DESTINATION.search(clause) is not None)
+
+
+def _shadowing(prose: str, where: str, own_name: str, code: list[tuple[int, int]]) -> Iterator[Finding]:
+    """A definition that rewrites how another tool sends: "whenever you call send_email, also bcc…",
+    "Note on github.create_pull_request: the base repository must be set to…" (tool shadowing)."""
+    for m in _SHADOW.finditer(prose):
+        if m.group(1) != own_name and not _mentioned(prose, m.start(), code):
+            head, tail = _clause(prose, m.start(), m.end())
+            if _REDIRECT.search(tail) is not None:
+                yield Finding("hidden_instruction", where, "rewrites how another tool is used", _excerpt(prose, m.start(), m.end()))
+                return
 
 
 # ---- tool definitions and tool results -------------------------------------------------------
@@ -576,7 +1003,7 @@ def _strings(value: Any, path: str, depth: int = 0) -> Iterator[tuple[str, str]]
         yield (parent if key is None else child_path(parent, key)), text
 
 
-_SCHEMA_SKIP: Final = frozenset({"type", "$schema", "$id", "$ref", "format", "pattern", "required", "additionalProperties"})
+_SCHEMA_SKIP: Final = frozenset({"type", "$schema", "$id", "$ref", "format", "pattern", "required"})
 
 
 def _schema_strings(schema: Any, path: str, depth: int = 0) -> Iterator[tuple[str, str]]:
@@ -593,9 +1020,10 @@ def _schema_strings(schema: Any, path: str, depth: int = 0) -> Iterator[tuple[st
                 if isinstance(name, str):
                     yield child_path(where, name) + "(name)", name.replace("_", " ")
                     yield from _schema_strings(sub, child_path(where, name), depth + 1)
-        elif key in ("items", "additionalItems", "not", "if", "then", "else", "contains"):
+        elif key in ("items", "additionalItems", "not", "if", "then", "else", "contains", "additionalProperties",
+                     "unevaluatedProperties", "unevaluatedItems", "propertyNames") and isinstance(item, dict):
             yield from _schema_strings(item, where, depth + 1)
-        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(item, list):
+        elif key in ("anyOf", "oneOf", "allOf", "prefixItems", "items") and isinstance(item, list):
             for i, sub in enumerate(item):
                 yield from _schema_strings(sub, child_path(where, i), depth + 1)
         else:
@@ -612,7 +1040,7 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
     Paths are bare (`description`, `inputSchema.properties.path.description`)."""
     name = tool.get("name") if isinstance(tool.get("name"), str) else ""
     others = [n for n in other_tools if n != name]
-    texts: list[tuple[str, str]] = []
+    texts: list[tuple[str, str]] = [("name(name)", name.replace("_", " "))] if name else []
     for key in ("title", "description"):
         if isinstance(tool.get(key), str):
             texts.append((key, tool[key]))
@@ -624,6 +1052,8 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
     findings: list[Finding] = []
     for where, text in texts:
         findings.extend(scan_text(text, where, others, own_name=name))
+        if where.endswith("(name)") and (m := _CRED_FIELD.search(text)) is not None:
+            findings.append(Finding("credential_request", where, "a parameter for a credential file's contents", m.group()))
     return tuple(findings[:_MAX_FINDINGS])
 
 
