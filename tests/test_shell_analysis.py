@@ -477,3 +477,18 @@ def test_inline_code_decoding_base64_is_analysed_as_more_code() -> None:
     result = analyse("python3 -c \"exec(__import__('base64').b64decode('aW1wb3J0IHNodXRpbDsgc2h1dGlsLnJtdHJlZSgnL2hvbWUvYWxpY2UvRG9jdW1lbnRzJyk='))\"")
     assert ("delete", "/home/alice/Documents") in {(p.op, p.path) for p in result.paths}
     assert not [p for p in analyse("node -e \"eval(Buffer.from('Y29uc29sZS5sb2coMSk=', 'base64').toString())\"").paths]
+
+
+@pytest.mark.parametrize(
+    ("text", "folded"),
+    [
+        ("cat /еtc/pаsswd", "cat /etc/passwd"),  # Cyrillic е, а inside Latin words
+        ("ʜᴇad /ᴇtc/sʜadow", "head /etc/shadow"),  # Latin small capitals
+        ("rm -rf сборка/", "rm -rf сборка/"),  # a Russian word (б has no look-alike) is Russian
+        ('cat "Документы/план.txt"', 'cat "Документы/план.txt"'),
+        ("mkdir Ελληνικά σημειώσεις", "mkdir Ελληνικά σημειώσεις"),
+        ("ｃａｔ ΑΒΕ", "cat ABE"),  # every letter a look-alike: folded
+    ],
+)
+def test_look_alikes_fold_inside_a_word_but_a_word_of_another_script_stays(text: str, folded: str) -> None:
+    assert fold(text) == folded

@@ -151,6 +151,7 @@ _CONFUSABLES: Final = {
     **dict(zip("οαινκρτυχεβγμ", "oaivkptuxebym")),
     **dict(zip("ΑΒΕΖΗΙΚΜΝΟΡΤΥΧ", "ABEZHIKMNOPTYX")),
     **dict(zip("ıɑɡօսոհ", "iagounh")),
+    **dict(zip("ᴀʙᴄᴅᴇꜰɢʜɪᴊᴋʟᴍɴᴏᴘʀꜱᴛᴜᴠᴡʏᴢ", "abcdefghijklmnoprstuvwyz")),  # small capitals
     "‐": "-", "‑": "-", "‒": "-", "–": "-", "—": "-", "―": "-", "−": "-", "⁃": "-", "﹘": "-",
     "∕": "/", "⁄": "/", "⧸": "/", "˜": "~", "∼": "~",
 }  # fmt: skip
@@ -173,10 +174,26 @@ _PLAIN_RUN: Final = re.compile("[^" + re.escape(" \t\n;&|()<>\\'\"`$" + _UNK_OPE
 
 def fold(text: str) -> str:
     """Unicode folded to ASCII look-alikes, character by character: NFKC, zero-width characters
-    dropped, confusables mapped; a character whose fold would be shell syntax stays as it is."""
+    dropped, confusables mapped; a character whose fold would be shell syntax stays as it is.
+    A word written in another script (it holds a letter with no Latin look-alike: `Документы`,
+    `сборка`, `报告`, `σημειώσεις`) is text in that script, not a disguise, and stays as written."""
     if text.isascii():
         return text
-    return _NON_ASCII.sub(lambda m: _fold_char(m.group(), False), text)
+    native = _native(text)
+    return _NON_ASCII.sub(lambda m: m.group() if m.start() in native else _fold_char(m.group(), False), text)
+
+
+_LETTERS: Final = re.compile(r"[^\W\d_]+")
+
+
+def _native(text: str) -> frozenset[int]:
+    """Positions of the non-ASCII letters of words that hold a letter no look-alike folds to ASCII."""
+    out: set[int] = set()
+    for m in _LETTERS.finditer(text):
+        word = m.group()
+        if not word.isascii() and any(not ch.isascii() and not _fold_char(ch, False).isascii() for ch in word):
+            out.update(m.start() + i for i, ch in enumerate(word) if not ch.isascii())
+    return frozenset(out)
 
 
 def _fold_keep(text: str) -> str:
@@ -195,10 +212,11 @@ def fold_mapped(text: str) -> tuple[str, list[int] | None]:
     out: list[str] = []
     origin: list[int] = []
     pos = 0
+    native = _native(text)
     for m in _NON_ASCII.finditer(text):
         out.append(text[pos : m.start()])
         origin.extend(range(pos, m.start()))
-        folded = _fold_char(m.group(), False)
+        folded = m.group() if m.start() in native else _fold_char(m.group(), False)
         out.append(folded)
         origin.extend([m.start()] * len(folded))
         pos = m.end()
