@@ -179,4 +179,6 @@ def _bracket(token: str) -> str:
     body = token[1:-1]
     negate = body.startswith("!")
     body = body[1:] if negate else body
+    if not body:  # `[]` / `[!]` is no class to bash either: the brackets are literal
+        return re.escape(token)
     return "[" + ("^" if negate else "") + body.replace("\\", "\\\\").replace("[", "\\[") + "]"

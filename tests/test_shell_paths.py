@@ -331,3 +331,36 @@ async def test_a_refused_secret_read_holds_the_next_send_of_the_session(tmp_path
         assert [name for name, _ in recorder.calls] == ["fetch", "fetch"]
     finally:
         await gateway.aclose()
+
+
+# ---- added after held-out figures (issue 24, round 2)
+
+
+def test_an_empty_bracket_pair_is_a_literal_not_a_broken_class() -> None:
+    assert glob_pattern("keys[]").fullmatch("keys[]")
+    assert not sensitive_path("keys[]")
+    result = analyse("jq -r '.dependencies | keys[]' package.json | while read d; do npm view \"$d\" version; done")
+    assert not result.unparsed
+
+
+@pytest.mark.parametrize(
+    ("command", "decision"),
+    [
+        ("rm -rf ~/.cache/pip ~/.npm/_cacache", "allow"),
+        ("cd ~/projects/web && rm -rf node_modules .next dist", "allow"),
+        ("rm -rf /workspace/app/coverage /workspace/app/.pytest_cache", "allow"),
+        ("rm -rf ~/.cache/../Documents", "deny"),
+        ("rm -rf ~/Documents/build-notes", "deny"),
+        ("rm -rf /var/lib/app/build", "deny"),
+        ("cp x.whl ~/.cache/pip/wheels/x.whl", "deny"),
+        ("rm -f ~/.cache/huggingface/token", "deny"),
+    ],
+)
+def test_deleting_regenerable_trees_outside_the_workspace_is_allowed_user_data_is_not(command: str, decision: str) -> None:
+    from gateway.policy.compile import load_policy
+    from gateway.policy.models import CaseCall
+    from gateway.policy.testing import evaluate_case
+
+    policy = load_policy(ROOT / "policies" / "standard.yaml")
+    result = evaluate_case(policy, CaseCall(tool="run_command", args={"command": command}, principal={"id": "t", "tier": "admin"}))
+    assert result.decision.effect.value == decision, [m.rule_id for m in result.decision.matched]

@@ -33,6 +33,7 @@ from typing import Any, Final
 from gateway.memo import Memo
 from gateway.sensitive_paths import sensitive_path
 from gateway.stages.sanitizer.text import SHELL_SYNTAX, clean_shell_text
+from gateway.stages.sanitizer.windows_shell import CMDS, POWERSHELLS, cmd_commands, cmd_payload, powershell_commands, powershell_payload
 from gateway.stages.sanitizer.shell_paths import (
     REMOTE as _REMOTE,
     SYSTEM_BIN as _SYSTEM_BIN,
@@ -150,6 +151,7 @@ _CONFUSABLES: Final = {
     **dict(zip("οαινκρτυχεβγμ", "oaivkptuxebym")),
     **dict(zip("ΑΒΕΖΗΙΚΜΝΟΡΤΥΧ", "ABEZHIKMNOPTYX")),
     **dict(zip("ıɑɡօսոհ", "iagounh")),
+    **dict(zip("ᴀʙᴄᴅᴇꜰɢʜɪᴊᴋʟᴍɴᴏᴘʀꜱᴛᴜᴠᴡʏᴢ", "abcdefghijklmnoprstuvwyz")),  # small capitals
     "‐": "-", "‑": "-", "‒": "-", "–": "-", "—": "-", "―": "-", "−": "-", "⁃": "-", "﹘": "-",
     "∕": "/", "⁄": "/", "⧸": "/", "˜": "~", "∼": "~",
 }  # fmt: skip
@@ -172,10 +174,26 @@ _PLAIN_RUN: Final = re.compile("[^" + re.escape(" \t\n;&|()<>\\'\"`$" + _UNK_OPE
 
 def fold(text: str) -> str:
     """Unicode folded to ASCII look-alikes, character by character: NFKC, zero-width characters
-    dropped, confusables mapped; a character whose fold would be shell syntax stays as it is."""
+    dropped, confusables mapped; a character whose fold would be shell syntax stays as it is.
+    A word written in another script (it holds a letter with no Latin look-alike: `Документы`,
+    `сборка`, `报告`, `σημειώσεις`) is text in that script, not a disguise, and stays as written."""
     if text.isascii():
         return text
-    return _NON_ASCII.sub(lambda m: _fold_char(m.group(), False), text)
+    native = _native(text)
+    return _NON_ASCII.sub(lambda m: m.group() if m.start() in native else _fold_char(m.group(), False), text)
+
+
+_LETTERS: Final = re.compile(r"[^\W\d_]+")
+
+
+def _native(text: str) -> frozenset[int]:
+    """Positions of the non-ASCII letters of words that hold a letter no look-alike folds to ASCII."""
+    out: set[int] = set()
+    for m in _LETTERS.finditer(text):
+        word = m.group()
+        if not word.isascii() and any(not ch.isascii() and not _fold_char(ch, False).isascii() for ch in word):
+            out.update(m.start() + i for i, ch in enumerate(word) if not ch.isascii())
+    return frozenset(out)
 
 
 def _fold_keep(text: str) -> str:
@@ -194,10 +212,11 @@ def fold_mapped(text: str) -> tuple[str, list[int] | None]:
     out: list[str] = []
     origin: list[int] = []
     pos = 0
+    native = _native(text)
     for m in _NON_ASCII.finditer(text):
         out.append(text[pos : m.start()])
         origin.extend(range(pos, m.start()))
-        folded = _fold_char(m.group(), False)
+        folded = m.group() if m.start() in native else _fold_char(m.group(), False)
         out.append(folded)
         origin.extend([m.start()] * len(folded))
         pos = m.end()
@@ -370,7 +389,7 @@ class _Lexer:
                 end_pipeline()
                 return out
             c = self.s[self.i]
-            if c == "#" and current is None:
+            if c == "#":  # at a word's start (words are read whole): a comment to the end of the line
                 nl = self.s.find("\n", self.i)
                 self.i = self.n if nl < 0 else nl
                 continue
@@ -960,6 +979,8 @@ class _Walker:
         self.links: dict[str, str] = {}  # symlinks this command made: link path -> target path
         self.bodies: dict[str, Any] = {}  # functions defined so far, by name
         self.calling: set[str] = set()  # functions being walked for a call (no recursion)
+        self.aliases: dict[str, str] = {}  # aliases defined so far: name -> replacement text
+        self.raw_args: list[str] = []  # the current command's arguments as written in the input
 
     def charge(self, text: str) -> None:
         self.budget -= len(text)
@@ -1083,7 +1104,7 @@ class _Walker:
         if value is None:
             return _UNK_OPEN + "$" + name + _UNK_CLOSE
         value = value.translate(_INERT)
-        return value if part.quoted else _split_marks(value)
+        return value if part.quoted else _split_marks(value, self.env.get("IFS", "").translate(_INERT))
 
     # ---- commands
 
@@ -1125,9 +1146,16 @@ class _Walker:
             self.redirect(redirect, name, depth)
         upstream.append(name)
         self.assigns(command, stdin if heredoc is None else heredoc)
+        self.raw_args = raws[1:]  # as written: a Windows shell's payload is read from these (its `\` are no escapes)
         self.payloads(command, payload_args, depth, stdin if heredoc is None else heredoc, decoded, heredoc is not None)
         if name in self.bodies and name not in self.calling:
             self.call(name, command.args, depth)
+        if name == "alias":
+            self.aliases.update(a.split("=", 1) for a in command.args if "=" in a and not a.startswith("-"))
+        elif path in self.aliases and path not in self.calling:
+            self.calling.add(path)  # an alias is its text, then the words after it (not recursive)
+            self.script(" ".join([self.aliases[path], *(shlex.quote(a) for a in command.args)]), depth + 1, "payload", "alias")
+            self.calling.discard(path)
         output = _command_output(command, stdin if heredoc is None else heredoc)
         return output, decoded or (output is not None and name not in ("echo", "printf", "cat", "find", "fd", "ls"))
 
@@ -1299,6 +1327,9 @@ class _Walker:
             if _UNKNOWN.sub("", text).strip():
                 self.script(text, depth + 1, "payload", name)
             return
+        if name in POWERSHELLS or name in CMDS:
+            self.windows(c, depth)
+            return
         if name in ("find", "fd") and ("-exec" in c.args or "-execdir" in c.args or "-ok" in c.args or "-x" in c.args):
             targets = find_targets(c.args)  # what `{}` stands for
             for sub_argv in _find_exec(c.args):
@@ -1313,6 +1344,9 @@ class _Walker:
         """Code on an interpreter's command line: the files its string literals name, and the
         shell commands it hands to `os.system`, `subprocess`, `execSync`, `system`… (a command
         line that does not lex would not run either, and is left out)."""
+        if depth < MAX_DEPTH:
+            for decoded in _inline_decoded(code):
+                self.inline(decoded, name, depth + 1)
         for op, literal in inline_paths(code, _language(name)):
             self.add_path(op, literal, literal, name)
         for command in inline_commands(code, _language(name)):
@@ -1323,6 +1357,23 @@ class _Walker:
                 self.script(fold(command), depth + 1, "payload", name)
             except Unlexed:
                 continue
+
+    def windows(self, c: ShellCommand, depth: int) -> None:
+        """A PowerShell or cmd.exe payload, as the POSIX commands it amounts to (windows_shell)."""
+        args = c.args
+        if len(self.raw_args) == len(args):  # bash would eat the backslashes of C:\Users\x; Windows does not
+            args = [r[1:-1] if len(r) > 1 and r[0] == r[-1] and r[0] in "'\"" else r for r in self.raw_args]
+        if c.name in POWERSHELLS:
+            text = powershell_payload(args)
+            commands = powershell_commands(fold(text)) if text else []
+        else:
+            text = cmd_payload(args)
+            commands = cmd_commands(fold(text)) if text else []
+        for command in commands:
+            if isinstance(command, list):
+                self.synthetic(command, depth + 1, "payload", c.name)
+            else:
+                self.script(command, depth + 1, "payload", c.name)
 
     def synthetic(self, argv: list[str], depth: int, via: str, parent: str) -> None:
         if not argv:
@@ -1335,6 +1386,7 @@ class _Walker:
         command.runs_stdin = _runs_stdin(command)
         self.add(command)
         self.files(command, [rest[0], *command.args], command.args)
+        self.raw_args = []
         self.payloads(command, command.args, depth, None, False, False)
 
 
@@ -1378,8 +1430,31 @@ def _language(name: str) -> str:
     return {"nodejs": "node", "deno": "node", "bun": "node"}.get(name, name)
 
 
-def _split_marks(value: str) -> str:
-    """Unquoted expansion: whitespace becomes a field break."""
+_B64_CALL: Final = re.compile(
+    r"(?:b64decode|decodebytes|decode64|decode_base64|atob|frombase64string)\(\s*b?(['\"])([A-Za-z0-9+/=\s]{8,})\1"
+    r"|buffer\.from\(\s*(['\"])([A-Za-z0-9+/=]{8,})\3\s*,\s*['\"]base64['\"]",
+    re.I,
+)
+
+
+def _inline_decoded(code: str) -> list[str]:
+    """The base64 literals inline code decodes (`base64.b64decode('…')`, `Buffer.from('…',
+    'base64')`, `decode_base64`, `atob`), as text: code it is about to run or write, analysed as more code."""
+    out: list[str] = []
+    for m in _B64_CALL.finditer(code[:65_536]):
+        data = re.sub(r"\s", "", m.group(2) or m.group(4) or "")
+        try:
+            text = base64.b64decode(data + "=" * (-len(data) % 4), validate=True).decode("utf-8")
+        except (binascii.Error, ValueError, UnicodeDecodeError):
+            continue
+        out.append(text)
+    return out[:8]
+
+
+def _split_marks(value: str, ifs: str | None = None) -> str:
+    """Unquoted expansion: whitespace (or the characters of a custom `IFS`) becomes a field break."""
+    if ifs and ifs.strip(" \t\n"):
+        value = re.sub("[" + re.escape(ifs) + "]+", " ", value)
     return re.sub(r"[ \t\n]+", _SPLIT, value) if any(ch in value for ch in " \t\n") else value
 
 

@@ -1,0 +1,218 @@
+"""PowerShell and cmd.exe command lines as the POSIX commands they amount to, for the shell analysis.
+
+A command on a shell tool may hand its work to a Windows shell (`pwsh -Command …`, `powershell
+-EncodedCommand …`, `cmd /c …`). Their grammars are not bash's, so the payload is not lexed as a
+script: it is cut into statements (`;`, `|`, `&`, `&&`, `||`, new lines, outside quotes), each
+statement into words (PowerShell's `'…'`/`"…"`, cmd's `^` escapes), and the cmdlets and built-ins
+that delete, read, copy or write files are rewritten as the POSIX command with the same effect
+(`Remove-Item -Recurse X` is `rm -r X`, `Get-Content X` is `cat X`, `rd /s X` is `rm -r X`), with
+Windows paths made POSIX (`C:\\Users\\NAME\\x`, `$env:USERPROFILE\\x`, `%USERPROFILE%\\x` are
+`~/x`; `D:\\data` is `/d/data`; `.\\bin` is `./bin`). A download run by `iex`/`Invoke-Expression`
+becomes `curl URL | sh`. Other statements are left out: the rules see what these commands do
+to files, not everything a Windows shell can do. Pure, no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Final
+
+__all__ = ["POWERSHELLS", "CMDS", "powershell_payload", "cmd_payload", "powershell_commands", "cmd_commands"]
+
+POWERSHELLS: Final = frozenset({"pwsh", "powershell", "pwsh.exe", "powershell.exe"})
+CMDS: Final = frozenset({"cmd", "cmd.exe"})
+
+_DELETE: Final = frozenset({"remove-item", "ri", "rm", "del", "erase", "rd", "rmdir"})
+_READ: Final = frozenset({"get-content", "gc", "cat", "type", "select-string", "sls", "more"})
+_COPY: Final = frozenset({"copy-item", "cpi", "cp", "copy", "move-item", "mi", "mv", "move"})
+_WRITE: Final = frozenset({"set-content", "sc", "add-content", "ac", "out-file", "clear-content", "clc"})
+_PS_VALUE_PARAMS: Final = frozenset({
+    "-erroraction", "-ea", "-include", "-exclude", "-filter", "-encoding", "-tail", "-totalcount", "-head",
+    "-first", "-last", "-delimiter", "-readcount", "-stream", "-credential", "-pattern", "-value",
+    "-warningaction", "-outvariable", "-inputobject",
+})  # fmt: skip
+_PS_PATH_PARAMS: Final = frozenset({"-path", "-literalpath", "-lp", "-pspath", "-filepath"})
+_DOWNLOAD: Final = re.compile(
+    r"downloadstring|downloadfile|downloaddata|invoke-webrequest|invoke-restmethod|\biwr\b|\birm\b|\bcurl\b|\bwget\b"
+    r"|start-bitstransfer|net\.webclient|system\.net\.http",
+    re.I,
+)
+_IEX: Final = re.compile(r"\biex\b|invoke-expression|\[scriptblock\]::create|\.invoke\(\)", re.I)
+_URL: Final = re.compile(r"https?://[^\s'\"()]+", re.I)
+_FILE_CALL: Final = re.compile(
+    r"\[(?:system\.)?io\.(?P<cls>file|directory)\]::(?P<fn>\w+)\(\s*(?P<q>['\"])(?P<p>[^'\"]+)(?P=q)", re.I
+)
+_HOME_VARS: Final = re.compile(r"(?:\$env:(?:userprofile|home)|\$home|%userprofile%|%homepath%|[a-z]:\\users\\[^\\/\s'\"]+)", re.I)
+_APPDATA: Final = re.compile(r"\$env:(appdata|localappdata)|%(appdata|localappdata)%", re.I)
+_DRIVE: Final = re.compile(r"^([a-z]):[\\/]", re.I)
+
+
+def powershell_payload(args: list[str]) -> str | None:
+    """The script a `pwsh`/`powershell` command line runs: `-EncodedCommand`'s decoded text,
+    `-Command`'s words, or (PowerShell's default) the words after its options; None for a
+    `-File` script or nothing."""
+    i = 0
+    while i < len(args):
+        a = args[i].lower()
+        if a in ("-encodedcommand", "-enc", "-e", "-ec", "-en", "-encoded") and i + 1 < len(args):
+            return _decode_utf16(args[i + 1])
+        if a in ("-command", "-c", "-com", "-comm") :
+            return " ".join(args[i + 1 :]) or None
+        if a in ("-file", "-f"):
+            return None
+        if a in ("-executionpolicy", "-ep", "-windowstyle", "-w", "-workingdirectory", "-wd", "-version", "-v",
+                 "-configurationname", "-psconsolefile", "-inputformat", "-outputformat", "-of", "-if"):  # fmt: skip
+            i += 2
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        return " ".join(args[i:])
+    return None
+
+
+def cmd_payload(args: list[str]) -> str | None:
+    """The command line `cmd /c X` or `cmd /k X` runs."""
+    for i, a in enumerate(args):
+        if a.lower() in ("/c", "/k", "/r"):
+            return " ".join(args[i + 1 :]) or None
+    return None
+
+
+def _decode_utf16(data: str) -> str | None:
+    try:
+        raw = base64.b64decode(data + "=" * (-len(data) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw.decode("utf-16-le", errors="replace")
+
+
+def posix_path(word: str) -> str:
+    """A Windows path as the analysis writes paths: the home as `~`, drives as `/c/…`, `/` separators."""
+    word = _HOME_VARS.sub("~", word, count=1)
+    word = _APPDATA.sub(lambda m: "~/AppData/" + ("Local" if "local" in m.group().lower() else "Roaming"), word)
+    word = word.replace("\\", "/")
+    m = _DRIVE.match(word)
+    if m:
+        word = "/" + m.group(1).lower() + "/" + word[m.end() :]
+    return word
+
+
+def _statements(text: str, caret: bool) -> list[list[str]]:
+    """Statements split on `;`, `|`, `&`, new lines (outside quotes), each as its words."""
+    out: list[list[str]] = []
+    words: list[str] = []
+    word: list[str] = []
+    quote = ""
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if caret and ch == "^" and not quote and i + 1 < len(text):
+            word.append(text[i + 1])
+            i += 2
+            continue
+        if quote:
+            if ch == quote:
+                quote = ""
+            else:
+                word.append(ch)
+        elif ch in "'\"":
+            quote = ch
+        elif ch in " \t,(){}" or ch in ";|&\n\r":
+            if word:
+                words.append("".join(word))
+                word = []
+            if ch in ";|&\n\r" and words:
+                out.append(words)
+                words = []
+        else:
+            word.append(ch)
+        i += 1
+    if word:
+        words.append("".join(word))
+    if words:
+        out.append(words)
+    return out
+
+
+def powershell_commands(text: str) -> list[list[str] | str]:
+    """POSIX argv lists (and, for a download run as code, a `curl … | sh` line) a PowerShell script amounts to."""
+    out: list[list[str] | str] = []
+    if _IEX.search(text) and _DOWNLOAD.search(text):
+        url = _URL.search(text)
+        out.append(f"curl -s '{url.group() if url else 'https://unknown.invalid/'}' | sh")
+    for m in _FILE_CALL.finditer(text):
+        path, fn = posix_path(m.group("p")), m.group("fn").lower()
+        if fn.startswith("read") or fn.startswith("copy") or fn.startswith("open"):
+            out.append(["cat", path])
+        elif fn == "delete":
+            out.append(["rm", "-r", "-f", path] if m.group("cls").lower() == "directory" else ["rm", "-f", path])
+        elif fn.startswith(("write", "append")):
+            out.append(["tee", path])
+    for words in _statements(text, caret=False):
+        argv = _powershell_statement(words)
+        if argv:
+            out.append(argv)
+    return out[:64]
+
+
+def _powershell_statement(words: list[str]) -> list[str] | None:
+    name = words[0].lower()
+    flags: list[str] = []
+    operands: list[str] = []
+    i = 1
+    while i < len(words):
+        w, low = words[i], words[i].lower()
+        if low in _PS_PATH_PARAMS or low in ("-destination", "-dest") and i + 1 < len(words):
+            if i + 1 < len(words):
+                operands.append(posix_path(words[i + 1]))
+            i += 2
+            continue
+        if low in _PS_VALUE_PARAMS:
+            i += 2
+            continue
+        if low.startswith("-"):
+            if "-recurse".startswith(low) and len(low) > 1 or low == "-r":
+                flags.append("-r")
+            elif "-force".startswith(low) and len(low) > 2:
+                flags.append("-f")
+        else:
+            operands.append(posix_path(w))
+        i += 1
+    if not operands:
+        return None
+    if name in _DELETE:
+        return ["rm", *flags, *operands]
+    if name in _READ:
+        return ["cat", *operands[1:]] if name in ("select-string", "sls") else ["cat", *operands]
+    if name in _COPY:
+        return ["mv" if name in ("move-item", "mi", "mv", "move") else "cp", "-r", *operands]
+    if name in _WRITE:
+        return ["truncate", "-s", "0", *operands] if name in ("clear-content", "clc") else ["tee", *operands]
+    return None
+
+
+def cmd_commands(text: str) -> list[list[str] | str]:
+    """POSIX argv lists a cmd.exe command line amounts to (`^` escapes dropped, `%USERPROFILE%` the home)."""
+    out: list[list[str] | str] = []
+    for words in _statements(text, caret=True):
+        while len(words) > 2 and words[0].lower() == "if":  # if [not] exist X COMMAND
+            words = words[3:] if words[1].lower() != "not" else words[4:]
+        if not words:
+            continue
+        name = words[0].lower().removesuffix(".exe")
+        switches = {w.lower() for w in words[1:] if w.startswith("/")}
+        operands = [posix_path(w) for w in words[1:] if not w.startswith("/")]
+        if name in POWERSHELLS | CMDS:
+            out.append([name, *words[1:]])
+        elif not operands:
+            continue
+        elif name in ("rd", "rmdir", "del", "erase"):
+            out.append(["rm", *(["-r"] if "/s" in switches else []), *(["-f"] if switches & {"/q", "/f"} else []), *operands])
+        elif name in ("type", "more"):
+            out.append(["cat", *operands])
+        elif name in ("copy", "xcopy", "robocopy", "move"):
+            out.append(["mv" if name == "move" else "cp", "-r", *operands])
+    return out[:64]
