@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote_plus
 
 from gateway.memo import Memo
-from gateway.sensitive_paths import CREDENTIAL_FILE
+from gateway.sensitive_paths import CREDENTIAL_FILE, sensitive_path
 from gateway.stages.sanitizer.personal import carries_personal, personal_kinds
 
 if TYPE_CHECKING:
@@ -269,10 +269,10 @@ def _classify(
     for key, path in file_paths:
         low = path.lower()
         if reads and not _dest_key(key):
-            if CREDENTIAL_FILE.search(low):
-                _add(classes, paths, "credential_read", path)
-            elif _ENV_PATH.match(low):
+            if _ENV_PATH.match(low):
                 _add(classes, paths, "env_read", path)
+            elif CREDENTIAL_FILE.search(low) or (not _RECON_PATH.search(low) and sensitive_path(path)):
+                _add(classes, paths, "credential_read", path)  # also stores and system secrets: keytabs, mounted tokens
         if (reads or lists) and _RECON_PATH.search(low):
             _add(classes, paths, "recon", path)
         if words & _WRITE_WORDS and not words & _DEST_WORDS:

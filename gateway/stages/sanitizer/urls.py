@@ -602,6 +602,8 @@ def _host_labels(host: str, data: list[str], secrets: set[str]) -> float:
             _scan_secrets(decoded[1], secrets)
         elif _base32_shaped(label):
             data.append("host_base32")
+        elif _base64_shaped(label):
+            data.append("host_base64")
     if len(inner) >= 2 and not any(t.startswith("host_") for t in data):
         decoded = _label_run(inner[:MAX_LABELS])
         if decoded is not None or sum(1 for label in inner if _random_label(label)) >= 3:
@@ -628,6 +630,19 @@ def _base32_shaped(label: str) -> bool:
     except binascii.Error:
         cid = False
     return not cid
+
+
+def _base64_shaped(label: str) -> bool:
+    """A label that is base64 even though it does not decode to text (encrypted or compressed
+    bytes): 16+ characters of the base64url alphabet with 4+ capitals, 4+ small letters and 2+
+    digits, and high entropy. Host names are written in one case; words in CamelCase
+    (`AcmeCorp2026Summit`) have too few capitals, or too little entropy."""
+    if len(label) < MIN_TOKEN or not _B64.match(label):
+        return False
+    upper = sum(c.isupper() for c in label)
+    lower = sum(c.islower() for c in label)
+    digits = sum(c.isdigit() for c in label)
+    return upper >= 4 and lower >= 4 and digits >= 2 and _entropy(label) >= 3.5
 
 
 def _label_run(labels: list[str]) -> tuple[str, str] | None:
