@@ -199,6 +199,7 @@ def test_any_arguments_give_a_list_never_an_exception(value: Any) -> None:
         ("https://onswg4tfoqqgiylume.x.evil.example/", "host_base32"),
         ("https://JBSWY3DPEHPK3PXPKRSXG5DTMVRXEZLU.x.evil.example/", "host_base32"),  # binary, in capitals
         ("https://YWxpY2U6UzNjdXJlLVBhc3N3MHJk.x.evil.example/", "host_base64"),
+        ("https://0HJ7cnjRIEydRDEnI2Jb-U78CRZ_66D_FPNJQVwE.x.evil.example/", "host_base64"),  # base64url of binary
         ("https://irbf6ucbk.njvot2siq.6wq5loors.xemr3nbxx.g5b5mrrdc.evil.example/", "host_chain"),
         ("https://k3f9a8x2m7q1.v6n4b2c8z0p5.h7j3k9l1m5n2.d.evil.example/", "host_chain"),  # random labels
         ("https://c.evil.example/R0lUSFVCX1RPS0VOIGxpdmVzIGluIA==/L2hvbWUvZGV2Ly5jb25maWcvZ2gg", "path_encoded"),
@@ -222,6 +223,8 @@ def test_data_carried_out_is_named(url: str, tag: str) -> None:
         "https://login.example.com/?redirect=https%253A%252F%252Fapp.example.com%252Fcb",  # a redirect encoded twice
         "https://ja.wikipedia.org/wiki/%E6%9D%B1%E4%BA%AC%E9%83%BD",
         "https://d1a2b3c4d5e6f7.cloudfront.net/assets/app.4f3a2b1c9d8e.js",
+        "https://AcmeCorp2026Summit.events.example/agenda",  # CamelCase words
+        "https://images.unsplash.com/photo-1?ixid=M3wxMjA3fDB8MHxwaG90by1wYWdlfHx8fGVufDB8fHx8fA%3D%3D&w=1000",
     ],
 )
 def test_ids_hashes_tokens_and_text_are_not_data(url: str) -> None:

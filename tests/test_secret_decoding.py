@@ -656,3 +656,59 @@ def test_an_archive_is_read_as_its_printable_runs_within_the_bound() -> None:
     bomb = b64(_zip({"a": b"a" * 5_000_000, "b": f"key {GH24}".encode()}))
     assert [len(lay.text) for lay in decode.decoded_layers(bomb, decode.Prefixes.of(["ghp_"]))] == [decode.MAX_LAYER_CHARS + 1]
     assert found({"q": bomb}) == set()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"https://b.s3.eu-west-1.amazonaws.com/k.pdf?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential={KEY}%2F20260301%2Feu-west-1%2Fs3%2Faws4_request&X-Amz-Signature=fe5f80f77d5fa3beca038a248ff027d0445342fe2855ddc963176630326f1024",
+        f"Authorization: AWS4-HMAC-SHA256 Credential={KEY}/20260301/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0b9e",
+    ],
+)
+def test_a_key_id_in_a_sigv4_credential_scope_is_the_public_half_of_a_signature(text: str) -> None:
+    """Presigned URLs and SigV4 headers are made to be handed out: the key id there is no finding."""
+    assert [f.kind for f in detect_secrets(text)] == []
+
+
+def test_a_key_id_without_a_credential_scope_is_still_a_key() -> None:
+    assert [f.kind for f in detect_secrets(f"aws_access_key_id = {KEY}")] == ["api_key"]
+    assert [f.kind for f in detect_secrets(f"{KEY}/not/a/scope")] == ["api_key"]
+
+
+CYRILLIC = str.maketrans({"a": "а", "e": "е", "o": "о", "p": "р", "c": "с", "x": "х"})
+GREEK = str.maketrans({"A": "Α", "K": "Κ", "I": "Ι", "Z": "Ζ", "M": "Μ", "T": "Τ"})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "token ghp_" + "7WQAmL9xVQ2zg4mZaouqKLiMcVbpT41yRDoa".translate(CYRILLIC),
+        "ghр_7WQAmL9xVQ2zg4mZaouqKLiMcVbpT41yRDoa",  # only the prefix's `p` is Cyrillic
+        "id " + KEY.translate(GREEK),
+    ],
+)
+def test_credentials_in_look_alike_letters_are_found(text: str) -> None:
+    assert [(f.kind, f.via) for f in detect_secrets(text)] == [("api_key", "homoglyph")]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Привет! Ключ API хранится в Vault, токены не пересылаем.", "ΚΑΛΗΜΕΡΑ, Η ΠΑΡΑΓΓΕΛΙΑ ΑΚΙΑ-20260301 ΑΠΕΣΤΑΛΗ"],
+)
+def test_prose_in_other_scripts_is_no_credential(text: str) -> None:
+    assert list(detect_secrets(text)) == []
+
+
+def test_escapes_escaped_twice_and_legacy_percent_u_are_undone() -> None:
+    assert [f.via for f in detect_secrets("".join(f"\\\\u{ord(c):04x}" for c in KEY))] == ["escape"]
+    assert [f.via for f in detect_secrets("".join(f"%u{ord(c):04X}" for c in KEY))] == ["escape"]
+    assert list(detect_secrets("search.asp?q=caf%u00E9%20cr%u00E8me")) == []
+
+
+def test_a_secret_is_found_by_its_vendors_name_alone() -> None:
+    secret = "1874OU3xfuPTb/0AwZqAWeTa38DpDbn820RQ6ymo"
+    assert [f.kind for f in detect_secrets(f"AWS_SECRET_ACCESS_KEY={secret}")] == ["api_key"]
+    assert [f.kind for f in detect_secrets(f"client_secret: '{secret}'")] == ["api_key"]
+    assert [f.via for f in detect_secrets(f"aws_secret_access_key = {secret}".encode().hex())] == ["hex"]
+    digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    assert list(detect_secrets(f"secret_key_sha256 = {digest}\naccess_token_ttl = 3600\nsecret_key = <your-secret-key-here>")) == []

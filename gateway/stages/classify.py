@@ -1,8 +1,10 @@
 """What a non-shell tool call does, in the shared class vocabulary the sequence rules read.
 
 `classify_call(tool, annotations, arguments)` names the classes of one call (`credential_read`,
-`env_read`, `network_send`, `download`, `write`, `execute`, `recon`, `destructive`) and the paths
-or URLs each touches. It looks at the tool's name (split into words: `read_text_file`,
+`env_read`, `network_send`, `download`, `write`, `execute`, `recon`, `destructive`, `records_read`:
+records of people read from a database, CRM, FHIR/EHR, HR, billing or ticketing tool;
+`personal_data`: a send whose content carries data about people, `personal.carries_personal`) and
+the paths or URLs each touches. It looks at the tool's name (split into words: `read_text_file`,
 `readTextFile`), the paths and URLs in its arguments and, to add classes only, the backend's
 `openWorldHint` / `destructiveHint` annotations (a backend cannot classify its way out). Shell
 commands are the shell analysis' job; its classes are unioned with these on `CallContext`.
@@ -19,9 +21,11 @@ import posixpath
 import re
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import unquote_plus
 
 from gateway.memo import Memo
-from gateway.sensitive_paths import CREDENTIAL_FILE
+from gateway.sensitive_paths import CREDENTIAL_FILE, sensitive_path
+from gateway.stages.sanitizer.personal import carries_personal, personal_kinds
 
 if TYPE_CHECKING:
     from gateway.core.call import CallContext
@@ -30,7 +34,8 @@ __all__ = ["CLASSES", "STATE_CHANGING_WORDS", "classify_call", "history_detail",
 
 #: The class vocabulary (shared with the shell analysis).
 CLASSES: Final = frozenset(
-    {"credential_read", "env_read", "network_send", "download", "write", "execute", "recon", "destructive"}
+    {"credential_read", "env_read", "network_send", "download", "write", "execute", "recon", "destructive",
+     "records_read", "personal_data"}
 )
 
 _MAX_PATHS: Final = 16  # per class: a call naming hundreds of files keeps the first few
@@ -77,6 +82,28 @@ STATE_CHANGING_WORDS: Final = _DESTRUCTIVE_WORDS | _WRITE_WORDS | _DEST_WORDS - 
      "update", "modify", "patch", "put", "post", "set", "reset", "send", "upload", "install", "deploy", "transfer",
      "pay", "terminate", "restart", "stop", "move"}
 )  # fmt: skip
+
+#: What holds records of people: a read of one of these is `records_read` (`search_contacts`,
+#: `get_patient_record`, `fhir_search`, `list_sepa_mandates`, `get_employee`, `search_tickets`).
+_RECORD_NOUNS: Final = frozenset(
+    {"customer", "customers", "patient", "patients", "client", "clients", "contact", "contacts", "member", "members",
+     "employee", "employees", "person", "persons", "people", "user", "users", "subscriber", "subscribers", "guest",
+     "guests", "student", "students", "applicant", "applicants", "candidate", "candidates", "lead", "leads",
+     "beneficiary", "beneficiaries", "policyholder", "cardholder", "mandate", "mandates", "sepa", "payee", "payees",
+     "payroll", "hr", "crm", "fhir", "ehr", "emr", "encounter", "encounters", "observation", "observations",
+     "prescription", "prescriptions", "appointment", "appointments", "claim", "claims", "ticket", "tickets",
+     "record", "records", "profile", "profiles", "account", "accounts", "invoice", "invoices", "order", "orders",
+     "hubspot", "salesforce", "zendesk", "intercom", "freshdesk", "stripe", "kunden", "patienten", "clientes"}
+)  # fmt: skip
+_RECORD_READS: Final = _READ_WORDS | _LIST_WORDS | frozenset({"query", "lookup", "retrieve", "fetch", "select", "export", "read"})
+#: Tools that run SQL: one whose arguments hold a SELECT/COPY/WITH … FROM reads records.
+_SQL_WORDS: Final = frozenset(
+    {"sql", "query", "postgres", "postgresql", "pg", "mysql", "sqlite", "mssql", "database", "db", "bigquery",
+     "snowflake", "redshift", "athena", "clickhouse", "duckdb", "oracle", "supabase"}
+)  # fmt: skip
+_SQL_READ: Final = re.compile(r"\b(?:select|copy|with|unload|export)\b[\s\S]{0,4000}?\bfrom\b|\\copy\b", re.I)
+#: Where a message goes, not what it says: the recipient's own address is not data sent about them.
+_RECIPIENT_KEYS: Final = frozenset({"to", "cc", "bcc", "recipient", "recipients", "from", "reply_to", "sender", "channel", "channel_id"})
 
 # ---- argument vocabulary ------------------------------------------------------------------
 
@@ -217,6 +244,7 @@ def _classify(
     file_paths: list[tuple[str, str]] = []  # (key, normalised path)
     urls: list[str] = []
     keys: set[str] = set()
+    said: list[str] = []  # `key: value` of what a send carries (personal data)
     publishes = bool(words & _PUBLISH_THINGS and words & _PUBLISH_VERBS)
     runs_code = bool(words & _CODE_WORDS)
     sends = bool(words & _SEND_WORDS) or publishes
@@ -224,6 +252,8 @@ def _classify(
         if seen >= _MAX_STRINGS:
             break
         keys.add(key)
+        if (sends or words & _SQL_WORDS) and key not in _RECIPIENT_KEYS:
+            said.append(f"{key}: {unquote_plus(text) if '%' in text else text}")
         if "://" in text and text[:7].lower() != "file://":
             whole = _URL.fullmatch(text.strip())
             if whole is not None:
@@ -239,10 +269,10 @@ def _classify(
     for key, path in file_paths:
         low = path.lower()
         if reads and not _dest_key(key):
-            if CREDENTIAL_FILE.search(low):
-                _add(classes, paths, "credential_read", path)
-            elif _ENV_PATH.match(low):
+            if _ENV_PATH.match(low):
                 _add(classes, paths, "env_read", path)
+            elif CREDENTIAL_FILE.search(low) or (not _RECON_PATH.search(low) and sensitive_path(path)):
+                _add(classes, paths, "credential_read", path)  # also stores and system secrets: keytabs, mounted tokens
         if (reads or lists) and _RECON_PATH.search(low):
             _add(classes, paths, "recon", path)
         if words & _WRITE_WORDS and not words & _DEST_WORDS:
@@ -274,7 +304,17 @@ def _classify(
             _add(classes, paths, "download", safe_location(url))
     if sender and (words & _SEND_WORDS - {"navigate", "browse", "api"} or publishes) and "network_send" not in classes:
         _add(classes, paths, "network_send")
+    _records(words, sends, said, classes, paths)
     return classes, paths
+
+
+def _records(words: frozenset[str], sends: bool, said: list[str], classes: set[str], paths: dict[str, list[str]]) -> None:
+    """`records_read` for a tool that reads records of people (its name, or a SQL read) and
+    `personal_data` for a send that carries data about people (docs/detection.md, "Personal data leaving")."""
+    if not sends and (words & _RECORD_NOUNS and words & _RECORD_READS or words & _SQL_WORDS and any(_SQL_READ.search(t) for t in said)):
+        _add(classes, paths, "records_read")
+    if "network_send" in classes and said and carries_personal(personal_kinds("\n".join(said))):
+        _add(classes, paths, "personal_data")
 
 
 def merge_classes(classes: set[str], class_paths: dict[str, list[str]], more: set[str], more_paths: dict[str, list[str]]) -> None:

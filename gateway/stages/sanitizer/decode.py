@@ -69,7 +69,11 @@ _BINARY_PREFIXES: Final = ("iVBORw0KGgo", "/9j/", "R0lGOD", "UklGR", "JVBERi0", 
 _TO_STANDARD: Final = str.maketrans("-_", "+/")
 _ASCII_QUAD: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdef")
 
-_BACKSLASH: Final = re.compile(r"\\(?:u\{([0-9A-Fa-f]{1,6})\}|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|x([0-9A-Fa-f]{2})|([0-3][0-7]{2}))")
+#: One escape: `\u0073`, `\u{73}`, `\U00000073`, `\x73`, `\163`, also escaped again (`\\u0073`: JSON
+#: inside JSON), and JavaScript's legacy `escape()` form `%u0073`.
+_BACKSLASH: Final = re.compile(
+    r"\\+(?:u\{([0-9A-Fa-f]{1,6})\}|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|x([0-9A-Fa-f]{2})|([0-3][0-7]{2}))|%u([0-9A-Fa-f]{4})"
+)
 _ENTITY: Final = re.compile(r"&(?:#([0-9]{1,7});?|#[xX]([0-9A-Fa-f]{1,6});?|([A-Za-z][A-Za-z0-9]{1,31};))")
 _QUOTED_PRINTABLE: Final = re.compile(r"=(?:([0-9A-F]{2})|\r?\n)")
 # What only quoted-printable has: a soft line break, an encoded `=`, three escapes in a row, or a
@@ -302,7 +306,7 @@ def _candidates(s: str, prefixes: Prefixes | None, top: bool) -> Iterator[Layer]
                 yield Layer(m.start(), m.end(), "hex", text)
     if prefixes is not None and len(s) >= MIN_BASE64:  # a shorter text cannot disguise a key
         yield from _reassembled(s, prefixes, top)
-        if "\\" in s or "&#" in s or "=" in s:
+        if "\\" in s or "&#" in s or "=" in s or "%u" in s or "%U" in s:
             yield from _escaped(s)
         if "," in s or "(" in s or " " in s or "\n" in s or ":" in s:
             yield from _charcodes(s)
@@ -456,7 +460,7 @@ def _code_point(value: int) -> str | None:
 
 
 def _backslash(m: re.Match[str]) -> str | None:
-    u4, u8, x, octal = m.group(2), m.group(3), m.group(4), m.group(5)
+    u4, u8, x, octal = m.group(2) or m.group(6), m.group(3), m.group(4), m.group(5)
     value = int(m.group(1) or u4 or u8 or x, 16) if octal is None else int(octal, 8)
     return _code_point(value)
 
@@ -474,7 +478,7 @@ def _quoted(m: re.Match[str]) -> str:
 def _escaped(s: str) -> Iterator[Layer]:
     """Backslash escapes, HTML character references and quoted-printable, each undone in place."""
     for via, pattern, decode, present in (
-        ("escape", _BACKSLASH, _backslash, "\\" in s),
+        ("escape", _BACKSLASH, _backslash, "\\" in s or "%u" in s or "%U" in s),
         ("html", _ENTITY, _entity, "&#" in s),
         ("quoted-printable", _QUOTED_PRINTABLE, _quoted, "=" in s and _QP_EVIDENCE.search(s, 0, MAX_LAYER_CHARS) is not None),
     ):

@@ -103,6 +103,7 @@ class _Format:
     check: Callable[[str], bool] | None = None  # on the whole match
     example: Callable[[str], bool] | None = None  # a documented example value (example_secret)
     glueable: bool = True  # may be rejoined from pieces cut by separators
+    public_next: re.Pattern[str] | None = None  # text right after a match that makes it public (see _SIGV4_SCOPE)
 
 
 def _mixed(token: str) -> bool:
@@ -114,14 +115,22 @@ def _hex_and_digit(token: str) -> bool:
     return any(c.isdigit() for c in token) and any(c in "abcdefABCDEF" for c in token)
 
 
+#: An AWS key id followed by a SigV4 credential scope (`AKIA…/20260301/eu-west-1/s3/aws4_request`,
+#: slashes percent-encoded in a presigned URL's `X-Amz-Credential`) is the public half of a
+#: signature that the signature authorises: presigned S3 URLs and `Authorization: AWS4-HMAC-SHA256
+#: Credential=…` headers are made to be handed out. The secret key never appears in them.
+_SIGV4_SCOPE: Final = re.compile(r"(?:/|%2[Ff]|%252[Ff])\d{8}(?:/|%2[Ff]|%252[Ff])[a-z0-9-]{2,30}(?:/|%2[Ff]|%252[Ff])[a-z0-9-]{2,30}(?:/|%2[Ff]|%252[Ff])aws4_request")
+
+
 def _f(gate: str, pattern: str, label: str, **kw: object) -> _Format:
     return _Format(gate, re.compile(pattern), label, **kw)  # type: ignore[arg-type]
 
 
 FORMATS: Final[tuple[_Format, ...]] = (
-    _f("AKIA", r"AKIA[0-9A-Z]{16}", "AWS access key id", prefix=4,
+    _f("AKIA", r"AKIA[0-9A-Z]{16}", "AWS access key id", prefix=4, public_next=_SIGV4_SCOPE,
        example=lambda t: t.endswith("EXAMPLE")),  # AWS's documentation convention: AKIAIOSFODNN7EXAMPLE
-    _f("ASIA", r"ASIA[0-9A-Z]{16}", "AWS access key id", prefix=4, example=lambda t: t.endswith("EXAMPLE")),
+    _f("ASIA", r"ASIA[0-9A-Z]{16}", "AWS access key id", prefix=4, public_next=_SIGV4_SCOPE,
+       example=lambda t: t.endswith("EXAMPLE")),
     _f("gh", r"gh[pousr]_[A-Za-z0-9]{36,251}", "GitHub token", prefix=4, named=True, right=_TOKEN - {"-"}),
     _f("github_pat_", r"github_pat_[A-Za-z0-9_]{22,255}", "GitHub token", prefix=11, named=True, right=_TOKEN - {"-"}),
     _f("gl", r"gl(?:pat|ptt|dt|rt)-[A-Za-z0-9_-]{20,}", "GitLab token", prefix=6, named=True, right=_TOKEN),
@@ -213,6 +222,8 @@ def _format_hits(fmt: _Format, s: str, glued: Sequence[int] | None, original: st
         if before in fmt.left or (glued is None and b < len(s) and s[b] in fmt.right):
             continue
         if glued is not None and _placeholder_head(fmt, s, glued, a, b):
+            continue
+        if fmt.public_next is not None and fmt.public_next.match(original if glued is not None else s, glued[b - 1] + 1 if glued is not None else b):
             continue
         described = _describe(fmt, m.group())
         if described is not None:

@@ -30,6 +30,7 @@ from gateway.stages.sanitizer import decode
 from gateway.stages.sanitizer.decode import MIN_TEXT, Layer, charcode_text, decode_base64, whole_text
 from gateway.stages.sanitizer.formats import PREFIXES, credential_hits, is_placeholder, public_hits
 from gateway.stages.sanitizer.paths import child_path
+from gateway.stages.sanitizer.shell import fold_mapped
 from gateway.stages.sanitizer.wallets import wallet_hits
 
 __all__ = ["detect_secrets", "redact_secrets"]
@@ -41,6 +42,14 @@ MIN_SCAN: Final = 6  # shorter strings cannot hold anything we detect (key-name 
 
 _GENERIC_KEY: Final = re.compile(
     r"(?<![a-z0-9])api[_-]?key(?![a-z0-9])[\"']?\s*[:=]\s*[\"']?([^\s\"',;&]{16,})", re.IGNORECASE
+)
+#: A secret under the name its vendor gives it (`aws_secret_access_key = …`, `client_secret: …`): the
+#: value has no prefix of its own, so only the name says what it is; it must look random (upper
+#: case, lower case and a digit), which names, digests and placeholders do not.
+_NAMED_SECRET: Final = re.compile(
+    r"(?<![a-z0-9])(aws_?secret_?access_?key|secret_?access_?key|client_?secret|api_?secret|app_?secret|secret_?key"
+    r"|auth_?token|access_?token|private_?token)(?![a-z0-9_])[\"']?\s*[:=]\s*[\"']?([A-Za-z0-9/+_.=-]{20,})",
+    re.IGNORECASE,
 )
 _BASIC_AUTH: Final = re.compile(r"(?<![A-Za-z0-9])[Bb]asic\s+([A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])")
 _ENV_LINE: Final = re.compile(r"^[ \t]*(?:export[ \t]+)?([A-Za-z_][A-Za-z0-9_]{0,63})=(.*)$", re.MULTILINE)
@@ -225,6 +234,12 @@ def _scan_plain(s: str) -> list[_Hit]:
         for m in _GENERIC_KEY.finditer(s):
             if not is_placeholder(m.group(1)):
                 add(("api_key", m.start(1), m.end(1), f"api_key assignment in text, {m.end(1) - m.start(1)} chars"))
+    if "secret" in low or "token" in low:
+        for m in _NAMED_SECRET.finditer(s):
+            value = m.group(2)
+            overlaps = any(h[1] < m.end(2) and m.start(2) < h[2] for h in hits)  # a JWT, a vendor key: found already
+            if _mixed_case_digit(value) and not overlaps and not is_placeholder(value):
+                add(("api_key", m.start(2), m.end(2), f"{m.group(1).lower()} assignment in text, {len(value)} chars"))
     if "pass" in low or "pwd" in low:
         for m in _PASSWORD_TEXT.finditer(s):
             g = 1 if m.group(1) is not None else 2 if m.group(2) is not None else 3
@@ -242,6 +257,10 @@ def _password_literal(value: str, quoted: bool, single: bool) -> bool:
     if not quoted and _CODE_VALUE.search(value) is not None:
         return False
     return single or _SHELL_REFERENCE.match(value) is None
+
+
+def _mixed_case_digit(value: str) -> bool:
+    return any(c.isupper() for c in value) and any(c.islower() for c in value) and any(c.isdigit() for c in value)
 
 
 def _numbers(s: str, hits: list[_Hit]) -> None:
@@ -311,6 +330,8 @@ def _scan_hits(s: str) -> list[_Hit]:
     hits = _scan_plain(s)
     if len(s) < 6:
         return hits
+    if not s.isascii():
+        _look_alikes(s, hits)
     jwts = [(h[1], h[2]) for h in hits if h[0] == "jwt"]  # a JWT's own segments are not hiding anything
     seen = {(h[0], h[3]) for h in hits}
     for layer in decoded_layers(s):
@@ -327,6 +348,21 @@ def _scan_hits(s: str) -> list[_Hit]:
             seen.add((kind, detail))
             hits.append((kind, start, end, detail, f"{layer.via}>{via}" if via else layer.via, excerpt))
     return hits
+
+
+def _look_alikes(s: str, hits: list[_Hit]) -> None:
+    """Credentials written with look-alike letters (`ghр_…` with a Cyrillic `р`, `ΑΚΙΑ…` in Greek
+    capitals): the text folded to ASCII as the shell analysis folds it (Unicode TR39 confusables)
+    and read again for vendor formats; a match that holds a folded letter is a finding `via`
+    `homoglyph`, its span in the original text."""
+    folded, origin = fold_mapped(s)
+    if origin is None or folded == s:
+        return
+    for kind, a, b, detail in credential_hits(folded):
+        start, end = origin[a], origin[b]
+        if end - start != b - a or any(not ch.isascii() for ch in s[start:end]):
+            if not any(h[0] == kind and h[1] < end and start < h[2] for h in hits):
+                hits.append((kind, start, end, detail, "homoglyph", ""))
 
 
 def value_hits(value: Any, key_kind: str | None) -> list[_Hit]:

@@ -43,6 +43,7 @@ from gateway.stages.classify import tool_words
 from gateway.stages.sanitizer.decode import decode_base64
 from gateway.stages.sanitizer.hosts import CLASSES, HostFacts, host_facts
 from gateway.stages.sanitizer.paths import child_path
+from gateway.stages.sanitizer.personal import carries_personal, personal_kinds
 from gateway.stages.sanitizer.secrets import detect_secrets
 
 __all__ = ["MAX_URLS", "UrlAnalysis", "analyse_urls", "decode_token", "urls_for"]
@@ -89,6 +90,23 @@ _URL_KEYS: Final = frozenset({"url", "uri", "urls", "uris", "endpoint", "endpoin
                               "proxy", "remote", "link_url", "base"})
 _URL_KEY_ENDS: Final = ("url", "uri", "urls", "uris", "endpoint", "webhook", "callback")
 _HOST_KEYS: Final = frozenset({"host", "hostname", "hosts", "server", "domain", "ip", "target_host", "remote_host"})
+#: Tools that run commands or code, and the fields that hold one: a URL there is a destination when
+#: the command calls an HTTP client on it (`curl -H 'Metadata-Flavor: Google' http://metadata…`,
+#: `python3 -c "urllib.request.urlopen('http://[fd00:ec2::254]/…')"`, `Invoke-RestMethod -Uri …`);
+#: an `echo` or a `grep` of the same URL sends nothing.
+_RUN_WORDS: Final = frozenset({
+    "run", "exec", "execute", "shell", "bash", "sh", "zsh", "command", "cmd", "terminal", "powershell", "pwsh",
+    "python", "node", "script", "eval", "process", "console",
+})  # fmt: skip
+_COMMAND_KEYS: Final = frozenset({"command", "cmd", "commands", "script", "shell", "argv", "args", "code", "source", "line"})
+_CLIENT: Final = re.compile(
+    r"""(?:^|[\s;&|(`'"$])(?:curl|wget|wget2|aria2c|http|https|xh|httpie|lynx|w3m|links|nc|ncat|socat|telnet|openssl\s+s_client|
+        Invoke-WebRequest|Invoke-RestMethod|iwr|irm|Start-BitsTransfer|certutil|bitsadmin)(?:\.exe)?(?=[\s'"])
+      | urlopen\s*\( | urlretrieve\s*\( | requests\.(?:get|post|put|head|request|Session)\b | httpx\.\w+\s*\(
+      | http\.client | fetch\s*\( | axios | XMLHttpRequest | WebClient | HttpClient | net/http | open-uri | LWP::
+      | file_get_contents\s*\( | curl_exec""",
+    re.X | re.I,
+)
 #: Tools that resolve names: a name looked up is a name sent to every resolver on the way.
 _DNS_WORDS: Final = frozenset({"dns", "nslookup", "dig", "resolve", "resolver", "whois"})
 _DNS_KEYS: Final = frozenset({"name", "fqdn", "query", "target", "record", "domains", "names"})
@@ -151,18 +169,34 @@ def analyse_urls(tool: str, arguments: Any) -> UrlAnalysis:
     fetcher = bool(words & _FETCH_WORDS)
     resolver = bool(words & _DNS_WORDS)
     records = not fetcher and bool(words & _RECORD_WORDS)
+    runner = bool(words & _RUN_WORDS)
     for parent, step, key, text in _strings(arguments):
         url_key = key in _URL_KEYS or key.endswith(_URL_KEY_ENDS)
         host_field = _host_key(key, resolver)
         if not url_key and not host_field and ":" not in text and "%" not in text:
             continue  # the cheap test most strings stop at
         destination = (fetcher or (url_key or host_field) and not records) and (host_field or key not in _BODY_KEYS)
+        client = not destination and (runner or key in _COMMAND_KEYS) and "://" in text and _CLIENT.search(text, 0, MAX_SCAN) is not None
         where = parent if step is None else child_path(parent, step)
+        first = len(out.urls)
         for url, via in _found(text, url_key, host_field and (fetcher or resolver)):
-            here = destination and (fetcher or url.partition(":")[0].lower() != "file")
+            here = (destination or client) and (fetcher or url.partition(":")[0].lower() != "file")
             if not _add(out, url, where, here, via, nested=False):
                 return out
+        if client:
+            _client_destinations(out.urls[first:])
     return out
+
+
+def _client_destinations(entries: list[dict[str, Any]]) -> None:
+    """URLs of a command that runs an HTTP client (`curl …`, `urlopen(…)`, `Invoke-RestMethod …`):
+    a destination when it reaches a cloud metadata service or carries data or a secret out. Other
+    internal addresses stay data: a shell is where a developer calls their own services
+    (`curl localhost:3000/health`), and the shell rules judge the command."""
+    for entry in entries:
+        entry["destination"] = entry["destination"] and (
+            entry["metadata"] or bool(entry["secrets"]) or any(d != "userinfo_host" for d in entry["data"])
+        )
 
 
 def _strings(value: Any) -> Iterator[tuple[str, str | int | None, str, str]]:
@@ -308,6 +342,9 @@ def _split(url: str) -> _Parts:
     else:
         after = rest.lstrip("/\\")
     tail_at = _first(after, "/\\?#" if special else "/?#")
+    at = after.rfind("@", 0, tail_at) + 1
+    if "$" in after[at:tail_at] and after[tail_at - 1 : tail_at] != "]":  # `http://169.254.170.2$RELATIVE_URI`: a shell
+        tail_at = after.index("$", at)  # expansion ends the host (no host has a `$`); what it expands to is the path
     authority, tail = after[:tail_at], after[tail_at:]
     userinfo, _, hostport = authority.rpartition("@")
     host, port = _host_port(hostport)
@@ -423,6 +460,7 @@ def _carried(url: str, parts: _Parts, facts: HostFacts, nested: list[tuple[str, 
             data.append("userinfo_host")  # http://trusted.example@evil.example/
         _token(unquote(parts.userinfo), "userinfo", data, secrets, nested)
     _path(parts.path, data, secrets, nested)
+    fields: list[str] = []  # `key: value`, the query's pairs as personal_kinds reads labels
     for pair in parts.query.split("&")[:MAX_PARTS]:
         value = pair.partition("=")[2] or (pair if "=" not in pair else "")
         if value:
@@ -430,6 +468,11 @@ def _carried(url: str, parts: _Parts, facts: HostFacts, nested: list[tuple[str, 
             if hidden >= 8:
                 data.append("query_encoded")
             _value(text, hidden, "query", data, secrets, nested)
+            fields.append(f"{_unquoted(pair.partition('=')[0], plus=True)[0]}: {text}")
+    if fields or "%40" in parts.path or "@" in parts.path:
+        fields.extend(unquote(seg) for seg in parts.path.split("/")[:MAX_PARTS] if seg)
+        if carries_personal(personal_kinds("\n".join(fields))):
+            data.append("url_personal")
     return sorted(set(data)), sorted(secrets), entropy
 
 
@@ -511,8 +554,20 @@ def _judge(plain: str, how: str, where: str, data: list[str], secrets: set[str],
         nested.extend((_trim(m.group()), f"{where}>{how}") for m in _FIND.finditer(plain) if _fetches(m))
         return
     found = _scan_secrets(plain, secrets)
-    if found or (not _json_token(plain) and (len(plain) >= 24 or "\n" in plain)):
+    if found or (not _json_token(plain) and not _id_record(plain) and (len(plain) >= 24 or "\n" in plain)):
         data.append(f"{where}_encoded")
+    elif carries_personal(personal_kinds(plain)):
+        data.append("url_personal")
+
+
+def _id_record(text: str) -> bool:
+    """A serialised record of ids and flags (`3|1207|0|1|photo-page||||en|0|||||`, an image CDN's or
+    an analytics tag's tracking parameter): one line, mostly separators and digits, few letters."""
+    if len(text) > 256 or "\n" in text or "@" in text or " " in text:
+        return False
+    letters = sum(map(str.isalpha, text))
+    separators = sum(1 for c in text if not c.isalnum())
+    return letters * 5 < len(text) * 2 and separators * 10 >= len(text) * 3
 
 
 def _json_token(text: str) -> bool:
@@ -547,6 +602,8 @@ def _host_labels(host: str, data: list[str], secrets: set[str]) -> float:
             _scan_secrets(decoded[1], secrets)
         elif _base32_shaped(label):
             data.append("host_base32")
+        elif _base64_shaped(label):
+            data.append("host_base64")
     if len(inner) >= 2 and not any(t.startswith("host_") for t in data):
         decoded = _label_run(inner[:MAX_LABELS])
         if decoded is not None or sum(1 for label in inner if _random_label(label)) >= 3:
@@ -573,6 +630,19 @@ def _base32_shaped(label: str) -> bool:
     except binascii.Error:
         cid = False
     return not cid
+
+
+def _base64_shaped(label: str) -> bool:
+    """A label that is base64 even though it does not decode to text (encrypted or compressed
+    bytes): 16+ characters of the base64url alphabet with 4+ capitals, 4+ small letters and 2+
+    digits, and high entropy. Host names are written in one case; words in CamelCase
+    (`AcmeCorp2026Summit`) have too few capitals, or too little entropy."""
+    if len(label) < MIN_TOKEN or not _B64.match(label):
+        return False
+    upper = sum(c.isupper() for c in label)
+    lower = sum(c.islower() for c in label)
+    digits = sum(c.isdigit() for c in label)
+    return upper >= 4 and lower >= 4 and digits >= 2 and _entropy(label) >= 3.5
 
 
 def _label_run(labels: list[str]) -> tuple[str, str] | None:

