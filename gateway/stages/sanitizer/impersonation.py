@@ -92,7 +92,8 @@ _EXTRACT: Final = tuple(re.compile(p, re.I) for p in (
 _EXTRACT_GATE: Final = frozenset((
     "prompt", "prompts", "instructions", "instruction", "above", "configuration", "definitions", "instrucciones",
     "anterior", "consignes", "précède", "precede", "anweisungen", "systemanweisungen", "systemprompt", "istruzioni",
-    "instruções", "instrucoes", "acima", "sopra", "vorherige", "bisherige", "oben", "schemas", "message",
+    "instruções", "instrucoes", "acima", "sopra", "vorherige", "bisherige", "oben", "schemas", "message", "rules",
+    "directives", "tools", "messages",
 ))  # fmt: skip
 _CJK_MARKS: Final = ("系统提示", "系統提示", "提示词", "系统指令", "システムプロンプト", "初期指示")
 #: "asks the model to print its…", "by asking it to repeat…": someone else is asked, this text only reports it.
@@ -116,11 +117,12 @@ _SYSTEM: Final = re.compile(
     re.I | re.M,
 )
 _SYSTEM_CAPS: Final = re.compile(r"\bSYSTEM\s+(?:OVERRIDE|MESSAGE|NOTICE|PROMPT|DIRECTIVE|INSTRUCTIONS?|UPDATE|ALERT)\b")
-_SYSTEM_GATE: Final = frozenset(("system", "sys", "système", "systeme", "sistema", "systemnachricht", "im_start", "end"))
+#: Where a forged turn can start: the patterns run only in a window around each (a whole-text search costs ~0.1 ms per 2 KB).
+_SYSTEM_MARKS: Final = ("syst", "sistema", "<|", "<<sys>>", "begin ", "end of ")
 _TEAM = (
     r"(?:anthropic|openai|google|deepmind|microsoft|meta|mistral|platform|system|security|safety|trust\s*(?:&|and)\s*safety"
     r"|admin\w*|developer|operator|moderation)(?:\s+(?:safety|security|trust|policy|alignment|admin\w*|moderation|compliance"
-    r"|engineering|ops|&|and)){0,3}\s+team"
+    r"|engineering|ops|&|and|deepmind|gemini|claude|gpt|ai)){0,3}\s+team"
 )
 _AUTHORITY: Final = tuple(re.compile(p, re.I) for p in (
     r"\bas\s+(?:the|your)\s+(?:\w+\s+){0,2}?(?:administrator|admin|operator|developer|owner|moderator|superuser|root\s+user)"
@@ -176,7 +178,8 @@ _OVERRIDE_GATE: Final = frozenset((
 ))  # fmt: skip
 
 # ---- images carrying data ------------------------------------------------------------------------
-_IMAGE: Final = re.compile(r"!\[[^\]\n]{0,200}\]\(\s*(\S{8,2000}?)\s*\)|<img\b[^>]{0,400}?\bsrc\s*=\s*([\"'])(.{8,2000}?)\2", re.I | re.S)
+_MD_IMAGE: Final = re.compile(r"!\[[^\]\n]{0,200}\]\(\s*(\S{8,2000}?)\s*\)")
+_HTML_IMAGE: Final = re.compile(r"<img\b[^>]{0,400}?\bsrc\s*=\s*([\"'])(.{8,2000}?)\1", re.I | re.S)
 _SLOT: Final = re.compile(r"\{\{?([^{}]{1,80})\}\}?|<([^<>]{1,80})>|\[([^\[\]]{1,80})\]|\$\{?(\w{2,64})\}?|(?<=[=/])([A-Z][A-Z0-9_]{2,40})(?=[&#/]|\Z)")
 _MODEL_DATA: Final = re.compile(
     r"\b(?:system\s+prompt|systemprompt|prompt|instructions?|conversation|chat(?:\s+history)?|history|(?:previous|prior|last"
@@ -202,8 +205,9 @@ _HIDDEN_ELEMENT: Final = re.compile(
     r"|<(noscript|template)\b[^>]{0,200}>(.{1,4000}?)</\3\s*>",
     re.I | re.S,
 )
-_ATTRIBUTE: Final = re.compile(r"\b(?:srcdoc|content|alt|title|aria-label|placeholder)\s*=\s*([\"'])(.{4,4000}?)\1", re.I | re.S)
-_COMMENT: Final = re.compile(r"<!--(.{4,4000}?)(?:-->|\Z)|<!\[CDATA\[(.{4,4000}?)\]\]>|^\s*\[(?://|comment|_)\]:\s*#\s*[(\"'](.{4,4000}?)[)\"']\s*$", re.S | re.M | re.I)
+_ATTRIBUTE_NAME: Final = re.compile(r"(?:srcdoc|content|alt|title|aria-label|placeholder)\s*\Z", re.I)
+_COMMENT: Final = re.compile(r"<!(?:--(.{4,4000}?)(?:-->|\Z)|\[CDATA\[(.{4,4000}?)\]\]>)", re.S | re.I)
+_MD_COMMENT: Final = re.compile(r"^\s*\[(?://|comment|_)\]:\s*#\s*[(\"'](.{4,4000}?)[)\"']\s*$", re.M | re.I)
 _TAG: Final = re.compile(r"<[^<>]{0,400}>")
 _RLO: Final = re.compile("\u202e([^\u202c\n]{4,2000})")
 #: Hidden text addressed to an AI ("Assistant, …", "Note for LLMs: …", "AI agents reading this page: …") or telling
@@ -226,24 +230,41 @@ def scan(raw: str, prose: str, low: str, words: frozenset[str], code: list[tuple
     out: list[Finding] = []
     if not words.isdisjoint(_EXTRACT_GATE) or (not prose.isascii() and any(m in prose for m in _CJK_MARKS)):
         _first(_EXTRACT, prose, code, mentioned, out, "prompt_extraction", "asks for the model's instructions", where)
-    if not words.isdisjoint(_SYSTEM_GATE) or "<|" in low or "<<sys>>" in low:
-        _first((_SYSTEM, _SYSTEM_CAPS), prose, code, mentioned, out, "system_impersonation", "a forged system turn or header", where)
+    windows = _windows(low, _SYSTEM_MARKS)
+    if windows:
+        _first((_SYSTEM, _SYSTEM_CAPS), prose, code, mentioned, out, "system_impersonation", "a forged system turn or header",
+               where, windows)
     if not words.isdisjoint(_AUTHORITY_GATE):
         _first(_AUTHORITY, prose, code, mentioned, out, "fake_authority", "claims authority over the model", where)
     if not words.isdisjoint(_OVERRIDE_GATE) or (not prose.isascii() and ("忽略" in prose or "無視" in prose or "无视" in prose)):
         _first((_OVERRIDE,), prose, code, mentioned, out, "rule_override", "an order voiding the model's rules", where)
-    if "](" in prose or "<img" in low:
-        out.extend(_images(prose, code, mentioned, where))
+    if "![" in prose:
+        out.extend(_images(_MD_IMAGE.finditer(prose), prose, code, mentioned, where))
+    if "<img" in low:
+        out.extend(_images(_HTML_IMAGE.finditer(prose), prose, code, mentioned, where))
     if rescan is not None:
         out.extend(_hidden(raw, prose, low, where, rescan))
     return out
 
 
+def _windows(low: str, marks: tuple[str, ...]) -> list[tuple[int, int]]:
+    """Spans of the text around each occurrence of `marks` (at most 64), where a pattern may match."""
+    spans: list[tuple[int, int]] = []
+    for mark in marks:
+        i = low.find(mark)
+        while i >= 0 and len(spans) < 64:
+            spans.append((max(0, i - 16), i + 64))
+            i = low.find(mark, i + len(mark))
+    return sorted(spans)
+
+
 def _first(rxs: tuple[re.Pattern[str], ...], prose: str, code: list[tuple[int, int]], mentioned: Mentioned,
-           out: list[Finding], kind: str, detail: str, where: str) -> None:
-    """Add one `kind` finding for the first match of `rxs` that is not quoted, reported or a CLI row."""
+           out: list[Finding], kind: str, detail: str, where: str, windows: list[tuple[int, int]] | None = None) -> None:
+    """Add one `kind` finding for the first match of `rxs` (within `windows`, when given) that is
+    not quoted, reported or a CLI row."""
     for rx in rxs:
-        for m in rx.finditer(prose):
+        matches = rx.finditer(prose) if windows is None else (m for a, b in windows for m in rx.finditer(prose, a, b))
+        for m in matches:
             if mentioned(prose, m.start(), code) or _REPORTED.search(prose, max(0, m.start() - 60), m.start()):
                 continue
             line_start = prose.rfind("\n", 0, m.start()) + 1
@@ -253,10 +274,11 @@ def _first(rxs: tuple[re.Pattern[str], ...], prose: str, code: list[tuple[int, i
             return
 
 
-def _images(prose: str, code: list[tuple[int, int]], mentioned: Mentioned, where: str) -> Iterator[Finding]:
+def _images(images: Iterator[re.Match[str]], prose: str, code: list[tuple[int, int]], mentioned: Mentioned,
+            where: str) -> Iterator[Finding]:
     """Images whose URL has a slot for the model's data, or a placeholder the text asks to fill with it."""
-    for m in _IMAGE.finditer(prose):
-        url = m.group(1) or m.group(3)
+    for m in images:
+        url = m.group(m.lastindex or 1)
         if not url.lower().startswith(("http://", "https://", "//")) or mentioned(prose, m.start(), code):
             continue
         what = None
@@ -282,12 +304,14 @@ def _hidden(raw: str, prose: str, low: str, where: str, rescan: Rescan) -> Itera
     """Orders in text a human reader does not see (markup, reversed bidi runs, declared rot13)."""
     regions: list[tuple[str, str]] = []
     if "<" in prose or "]:" in prose:
-        if "<!--" in prose or "cdata" in low or "]:" in prose:
-            regions.extend(("markup", next(g for g in m.groups() if g is not None)) for m in _COMMENT.finditer(prose))
+        if "<!" in prose:
+            regions.extend(("markup", m.group(1) or m.group(2)) for m in _COMMENT.finditer(prose))
+        if "]:" in prose:
+            regions.extend(("markup", m.group(1)) for m in _MD_COMMENT.finditer(prose))
         if "<" in prose and ("hidden" in low or "style" in low or "noscript" in low or "template" in low or "width" in low):
             regions.extend(("markup", m.group(2) or m.group(4)) for m in _HIDDEN_ELEMENT.finditer(prose))
         if "=" in prose:
-            regions.extend(("markup", m.group(2)) for m in _ATTRIBUTE.finditer(prose) if " " in m.group(2))
+            regions.extend(("markup", value) for value in _attribute_values(prose))
     if "\u202e" in raw:
         regions.extend(("bidi", m.group(1)[::-1]) for m in _RLO.finditer(raw))
     if "rot13" in low or "rot-13" in low or "rot 13" in low:
@@ -305,6 +329,23 @@ def _hidden(raw: str, prose: str, low: str, where: str, rescan: Rescan) -> Itera
                 seen.add((f.kind, via))
                 yield Finding(f.kind, f.path, f"{f.detail} (in {'hidden markup' if via == 'markup' else via} text)", f.excerpt,
                               via if not f.via else f"{via}>{f.via}")
+
+
+def _attribute_values(prose: str) -> Iterator[str]:
+    """The quoted values of the attributes that hold text a reader does not see (alt, title, meta
+    content, srcdoc, aria-label, placeholder) that have a space in them (at most 32)."""
+    count, i = 0, prose.find("=")
+    while i >= 0 and count < 32:
+        j = i + 1
+        while j < len(prose) and prose[j] in " \t":
+            j += 1
+        if j < len(prose) and prose[j] in "\"'" and _ATTRIBUTE_NAME.search(prose, max(0, i - 14), i):
+            end = prose.find(prose[j], j + 1, j + 4002)
+            value = prose[j + 1:end] if end > 0 else ""
+            if " " in value:
+                count += 1
+                yield value
+        i = prose.find("=", i + 1)
 
 
 def _excerpt(text: str, start: int, end: int) -> str:
