@@ -69,9 +69,18 @@ _EN_ITS = (
     r"|\b(?:authori[sz]ed|allowed|permitted|cleared)\s+(?:you\s+)?to\s+(?:share|paste|send|reveal|disclose|provide|publish|print)"
     r"\s+your\s+(?:\w+\s+){0,2}?(?:instructions|prompt|configuration|tool\s+(?:definitions|list))"
 )
+#: A question for the model's own instructions, "the … you received / were given", an imperative tool listing.
+_EN_ASKED = (
+    r"\bwhat\s+(?:is|are|was|were)\s+your\s+(?:\w+\s+){0,2}?(?:system\s+prompt|system\s+message|(?:initial|original|hidden"
+    r"|internal|developer)\s+(?:instructions|prompt|message)|instructions)\b(?:\s+(?:were|was))?\s*\?"
+    r"|" + _EN_VERB + r"\s+(?:to\s+me\s+)?the\s+(?:\w+\s+){0,2}?(?:system\s+prompt|system\s+message|developer\s+message"
+    r"|instructions|tool\s+definitions)\s+you\s+(?:received|were\s+given|got|have\s+been\s+given|started\s+with)\b"
+    r"|(?:^|[.:!?]\s+)list\s+(?:all|every|each)\s+(?:of\s+)?(?:the\s+)?tools?\s+(?:you\s+(?:can|have|may)|available\s+to\s+you)"
+)
 _EXTRACT: Final = tuple(re.compile(p, re.I) for p in (
     _EN_VERB + _S + r"{0,80}?(?:" + _EN_OWN + "|" + _EN_ABOVE + ")",
     _EN_ITS,
+    _EN_ASKED,
     r"\b(?:repet|repit|muestr|mostr|imprim|revel|escrib|dime|compart|devuelv|ense[ñn])\w*" + _S + r"{0,80}?"
     r"(?:\b(?:tus|sus)\s+instrucciones|\b(?:tu|su)\s+(?:prompt|mensaje)\s+(?:de(?:l)?\s+)?sistema|\btodo\s+lo\s+anterior"
     r"|instrucciones\s+(?:del\s+sistema|iniciales|originales|ocultas))",
@@ -93,7 +102,7 @@ _EXTRACT_GATE: Final = frozenset((
     "prompt", "prompts", "instructions", "instruction", "above", "configuration", "definitions", "instrucciones",
     "anterior", "consignes", "précède", "precede", "anweisungen", "systemanweisungen", "systemprompt", "istruzioni",
     "instruções", "instrucoes", "acima", "sopra", "vorherige", "bisherige", "oben", "schemas", "message", "rules",
-    "directives", "tools", "messages",
+    "directives", "tools", "messages", "tool",
 ))  # fmt: skip
 _CJK_MARKS: Final = ("系统提示", "系統提示", "提示词", "系统指令", "システムプロンプト", "初期指示")
 #: "asks the model to print its…", "by asking it to repeat…": someone else is asked, this text only reports it.
@@ -113,12 +122,14 @@ _SYSTEM: Final = re.compile(
     r"|^[ \t>*]*#{1,6}[ \t]*system(?:[ \t]+(?:message|prompt|note))?[ \t]*:?[ \t]*$"
     r"|^[ \t>*]*(?:system|syst[èe]me|sistema)(?:[ \t]+(?:message|note|notice|override|prompt|update|alert))?[ \t]*:[ \t]*\S"
     r"|\bBEGIN\s+(?:SYSTEM|DEVELOPER|ADMIN)\s+(?:PROMPT|MESSAGE|INSTRUCTIONS?)\b"
+    r"|^[ \t]*[=\-#*~]{3,}[ \t]*(?:system|developer|admin)(?:[ \t]+(?:prompt|message|instructions?))?[ \t]*[=\-#*~]{3,}"
+    r"|\[\s*(?:admin|administrator|developer|operator)\s*\][ \t]*[^\s=]"  # "[ADMIN] Do…", not an INI section
     r"|\bend\s+of\s+(?:the\s+)?(?:tool|function)\s+(?:output|results?|response)\b",
     re.I | re.M,
 )
 _SYSTEM_CAPS: Final = re.compile(r"\bSYSTEM\s+(?:OVERRIDE|MESSAGE|NOTICE|PROMPT|DIRECTIVE|INSTRUCTIONS?|UPDATE|ALERT)\b")
 #: Where a forged turn can start: the patterns run only in a window around each (a whole-text search costs ~0.1 ms per 2 KB).
-_SYSTEM_MARKS: Final = ("syst", "sistema", "<|", "<<sys>>", "begin ", "end of ")
+_SYSTEM_MARKS: Final = ("syst", "sistema", "<|", "<<sys>>", "begin ", "end of ", "admin", "developer", "operator")
 _TEAM = (
     r"(?:anthropic|openai|google|deepmind|microsoft|meta|mistral|platform|system|security|safety|trust\s*(?:&|and)\s*safety"
     r"|admin\w*|developer|operator|moderation)(?:\s+(?:safety|security|trust|policy|alignment|admin\w*|moderation|compliance"
@@ -144,7 +155,7 @@ _AUTHORITY: Final = tuple(re.compile(p, re.I) for p in (
     r"\bhinweis\s+des\s+(?:administrators|admins|betreibers|entwicklers|sicherheitsteams)\s*:"
     r"|\b(?:entwickler|wartungs|admin|debug)modus\s+ist\s+(?:\w+\s+){0,3}?(?:aktiviert|aktiv|eingeschaltet)",
     r"\b(?:message|avis|note)\s+de\s+l['’][ée]quipe\s+(?:de\s+)?s[ée]curit[ée]|l['’]administrateur\s+(?:t['’]a|vous\s+a)\s+autoris[ée]",
-    r"\b(?:o\s+)?(?:operador|administrador)\s+(?:te|lhe)\s+autorizou",
+    r"\b(?:o\s+)?(?:operador|administrador)\s+(?:te|lhe)\s+autorizou|\b(?:el\s+|tu\s+)?(?:operador|administrador)\s+te\s+ha\s+autorizado",
 ))  # fmt: skip
 _AUTHORITY_GATE: Final = frozenset((
     "administrator", "admin", "operator", "developer", "owner", "moderator", "superuser", "team", "mode", "granted",
@@ -164,17 +175,21 @@ _OVERRIDE: Final = re.compile(
     r"|overridden|no\s+longer\s+(?:valid|apply|in\s+effect))"
     r"|\bfrom\s+now\s+on,?\s+(?:you\s+(?:are|will|must|shall)|(?:answer|respond|reply)\s+(?:to\s+)?(?:every|all|each))\b"
     r"|\byou\s+are\s+now\s+(?:exempt|free|released|unbound)\s+from\b"
+    r"|\byou\s+are\s+now\s+(?:an?\s+)?(?:unrestricted|unfiltered|uncensored|jailbroken|unlimited)\b"
     r"|\bnew\s+(?:priority\s+|system\s+|primary\s+)?directive\s*:|\bnew\s+(?:system|priority)\s+instructions?\s*:"
-    r"|\bignora(?:r)?\s+(?:todas\s+)?(?:las|tus)\s+instrucciones|\bignor(?:e|ez)\s+(?:toutes\s+)?(?:les|tes|vos)\s+"
-    r"(?:instructions|consignes)|\bignorierst\s+du\s+(?:alle\s+)?(?:bisherigen|vorherigen)|\bignoriere\s+(?:alle\s+)?"
-    r"(?:bisherigen|vorherigen)|\bignorare\s+(?:tutte\s+)?le\s+istruzioni|\bignore\s+(?:todas\s+)?as\s+instru[çc][õo]es"
+    r"|\bignora(?:r)?\s+(?:todas\s+)?(?:las|tus|sus)\s+(?:instrucciones|reglas|normas|indicaciones|directrices)"
+    r"|\bignor(?:e|ez)\s+(?:toutes\s+)?(?:les|tes|vos)\s+(?:instructions|consignes|r[èe]gles)"
+    r"|\bignorier(?:st|e|en)\s+(?:du\s+|sie\s+)?(?:alle\s+)?(?:deine\s+|ihre\s+)?(?:bisherigen|vorherigen|fr[üu]heren)"
+    r"|\bignora(?:re)?\s+(?:tutte\s+)?(?:le\s+)?(?:tue\s+)?(?:istruzioni|regole)\s+(?:precedenti|iniziali)"
+    r"|\bignore\s+(?:todas\s+)?(?:as\s+)?(?:suas\s+)?(?:instru[çc][õo]es|regras)\s+(?:anteriores|iniciais)"
     r"|(?:忽略|无视)(?:之前|以前|先前|上面|所有)[^。\n]{0,6}(?:指示|指令|说明)|(?:以前|これまで)の指示を無視",
     re.I,
 )
 _OVERRIDE_GATE: Final = frozenset((
     "ignore", "disregard", "forget", "override", "bypass", "disable", "turn", "switch", "deactivate", "suspend", "void",
     "revoked", "cancelled", "canceled", "suspended", "lifted", "replaced", "overridden", "longer", "now", "directive",
-    "ignora", "ignorar", "ignorez", "ignorierst", "ignoriere", "ignorare",
+    "ignora", "ignorar", "ignorez", "ignorierst", "ignoriere", "ignorare", "ignorieren", "unrestricted", "unfiltered",
+    "uncensored", "jailbroken", "unlimited",
 ))  # fmt: skip
 
 # ---- images carrying data ------------------------------------------------------------------------
