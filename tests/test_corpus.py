@@ -33,7 +33,7 @@ def test_the_corpus_covers_every_family() -> None:
     assert len(CASES) >= 150, by_family
     # issue 24's five families, and those of issue 27's egress families the corpus has so far
     present = (*ATTACK_FAMILIES, *(f for f in EGRESS_FAMILIES if by_family[f]))
-    assert {"ssrf", "url_exfil"} <= set(present), by_family
+    assert {"ssrf", "url_exfil", "fetched_injection"} <= set(present), by_family
     for family in present:
         assert by_family[family] >= 20, f"{family}: {by_family[family]} cases"
     assert by_family["benign"] >= 50

@@ -40,6 +40,7 @@ from typing import Any, Final
 
 from gateway.core.call import Finding
 from gateway.memo import MemoSet
+from gateway.stages.sanitizer import impersonation
 from gateway.stages.sanitizer.decode import decoded_layers
 from gateway.stages.sanitizer.paths import child_path
 
@@ -47,7 +48,7 @@ __all__ = ["KINDS", "scan_definition", "scan_result", "scan_text"]
 
 KINDS: Final = (
     "hidden_instruction", "tool_reference", "credential_request", "data_request", "exfiltration", "url_data", "url",
-    "invisible_text", "hidden_markup",
+    "invisible_text", "hidden_markup", *impersonation.KINDS,
 )  # fmt: skip
 EXCERPT: Final = 80
 MAX_SCAN: Final = 262_144  # characters of one string scanned; the rest is ignored (and said so)
@@ -661,6 +662,8 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
     if links:
         findings.extend(_url_data(prose, [m for m in links if prose[m.start()] == text[m.start()]], code, where, words))
     findings.extend(_tool_references(prose, low, words, where, other_tools, own_name, code))
+    findings.extend(impersonation.scan(raw, prose, low, words, code, where, _mentioned,
+                                       (lambda t: _scan(t, where, (), "", decode=False)) if decode else None))
     if decode and (instructed or "base64" in words or "decode" in words):
         findings.extend(_decoded(prose, where, other_tools, own_name))
     return findings
