@@ -983,9 +983,9 @@ def _tool_references(prose: str, low: str, words: frozenset[str], where: str, ot
 
 
 #: Who an order is for when it is not the model: a colleague by @handle or by name at the start of
-#: the sentence ("@maria can you run…", "Ken, please run…"), or the model in the third person, as
+#: the sentence, the name followed by a request ("@maria can you run…", "Ken, please run…"), or the model in the third person, as
 #: what someone made it do ("the text tells the agent to run…").
-_PERSON: Final = re.compile(r"\s*(?:@([\w.-]{2,40})\b|([A-Z][a-z]{1,20})\s*,)")
+_PERSON: Final = re.compile(r"\s*(?:@([\w.-]{2,40})\b|([A-Z][a-z]{1,20})\s*,\s*(?:(?i:can|could|would)\s+you|please)\b)")
 _REPORTED: Final = re.compile(
     r"\b(?:tells?|told|telling|asks?|asked|asking|instructs?|instructed|makes?|made|causes?|caused|tricks?|tricked|gets?|got"
     r"|convinces?|convinced|lets?|forces?|forced|coax(?:es|ed)?)\s+(?:the\s+|an?\s+|that\s+)?(?:[\w-]+\s+)?"
@@ -993,7 +993,8 @@ _REPORTED: Final = re.compile(
     re.I,
 )
 _NOT_A_PERSON: Final = frozenset(_AI_WORDS) | frozenset(("hey", "hi", "hello", "please", "note", "ok", "okay", "yes", "no", "also",
-                                                          "then", "now", "first", "next", "finally", "important", "here", "all"))
+                                                          "then", "now", "first", "next", "finally", "important", "here", "all",
+                                                          "afterwards", "after", "later", "so", "instead", "again", "otherwise"))
 
 
 def _not_to_the_model(head: str) -> bool:
