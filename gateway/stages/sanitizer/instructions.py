@@ -117,14 +117,14 @@ _INSTRUCTION_TABLE: Final = (
     (_USER, r"\bthe\s+user\s+(?:wants|would\s+like|has\s+asked|asked|requested|instructed|needs|expects)\s+(?:you|the\s+(?:assistant|agent|model))\s+to\b"),
     (("before",), r"\bbefore\s+(?:you\s+)?(?:respond|answer|reply|summari[sz]e|continue)(?:ing)?\b(?:[^.\n]{0,24}?,?|[^.\n]{0,80}?,)\s*"
                   r"(?:you\s+must\s+|please\s+|first\s+)?(?:call|use|send|email|forward|post|upload|invoke|execute|run)\b"),
-    # line-jumping: an order over every conversation, every other tool or whatever the user asks
-    (("regardless", "matter", "every", "prior", "before", "tool", "first"),
-     r"\b(?:regardless\s+of|no\s+matter)\s+(?:what(?:ever)?|which)\s+(?:the\s+)?user\b"
-     r"|\b(?:at\s+the\s+(?:start|beginning)\s+of|in|for)\s+every\s+(?:conversation|session|chat|turn|request|task)\b[^.\n]{0,60}?"
-     r"\b(?:call|use|invoke|run|execute)\s+this\s+tool"
+    # line-jumping: an order over whatever the user asks, every conversation or every other tool (gated on
+    # rare words and on the substring "this tool": "first", "every" and "before" are everywhere in results)
+    (("regardless", "matter"), r"\b(?:regardless\s+of|no\s+matter)\s+(?:what(?:ever)?|which)\s+(?:the\s+)?user\b"),
+    (("this tool",),
+     r"\bevery\s+(?:conversation|session|chat|turn|request|task)\b[^.\n]{0,60}?\b(?:call|use|invoke|run|execute)\s+this\s+tool"
      r"|\b(?:before|prior\s+to)\s+(?:any|every|each|all)\s+(?:other\s+)?(?:\w+\s+){0,2}?(?:tools?|files?|calls?|operations?|requests?"
      r"|actions?|answers?|responses?)\b[^.\n]{0,60}?\b(?:call|use|invoke|run|execute)\s+this\s+tool"
-     r"|\b(?:this\s+tool|it)\s+(?:must|should|has\s+to|needs\s+to)\s+(?:always\s+)?be\s+(?:invoked|called|run|used|executed)\s+"
+     r"|\bthis\s+tool\s+(?:must|should|has\s+to|needs\s+to)\s+(?:always\s+)?be\s+(?:invoked|called|run|used|executed)\s+"
      r"(?:first|before\s+(?:any|every|all))"),
     (("tool",), r"\b(?:all|every|any)\s+(?:\w+\s+){0,2}?(?:must|should|have\s+to|need\s+to)\s+(?:be\s+)?(?:sent|routed|made|done|handled|processed|go)\s+"
                 r"(?:\w+\s+){0,2}?(?:via|through|using|with|by)\s+this\s+tool\b"),
@@ -169,8 +169,8 @@ _INSTRUCTION_TABLE: Final = (
      r"(?:it|this|them|the\s+(?:result|output|response|answer|value|price)s?)\s*,\s*(?:always\s+|also\s+|immediately\s+)?"
      r"(?:call|send|email|forward|post|upload|invoke|run)\b"),
     # "a note for the assistant:" in es, pt, fr, it, de
-    (("nota", "hinweis", "notiz", "instrucción", "instrucciones", "instrução", "instruções", "instruction", "istruzione", "istruzioni",
-      "mensaje", "mensagem", "messaggio", "nachricht", "anweisung", "aviso", "avis", "avviso", "note", "consigne"),
+    # (gated on the preposition or article, rare in English: "note", "message" and "agent" are everywhere)
+    (("para", "pour", "für", "fur", "ao", "al", "à", "l", "den"),
      r"\b(?:nota|notas|hinweis|notiz|instrucci[óo]n(?:es)?|instru[çc](?:[ãa]o|[õo]es)|instructions?|istruzion[ei]|mensaje|mensagem|message"
      r"|messaggio|nachricht|anweisung(?:en)?|aviso|avis|avviso|note|consignes?)\s+(?:para|pour|per|f[üu]r|a|à|al|ao|an)\s+"
      r"(?:el|la|o|a|l['’]|il|lo|den|die|das|le|les|los|os)?\s*(?:ki-|ia\s+)?(?:asistente|assistente|assistant|assistenten|agente|agent|agenten"
@@ -523,7 +523,7 @@ _TOOL_WITH_DATA: Final = re.compile(
     r"|\b(?:destination|dest|recipient|payee)\s*[=:]?\s*(?:[a-z0-9+.-]+://|\S+@|\w+_\w+|\S{6,})"
     r"|\b(?:paste|post|send|forward|upload|share|publish|e-?mail|sende|schicke|envoie|env[ií]a|envie|invia)\s+(?:\w+\s+){0,2}?"
     r"(?:output|outputs|result|results|response|ergebnis(?:se)?|r[ée]sultats?|resultados?|risultat[oi])\b"
-    r"|\b(?:\w+\s+)?(?:secrets|credentials|passwords|private\s+keys)\b|\b(?:saved\s+)?card\s+numbers?\b|\b(?:cvc|cvv|iban)\b"
+    r"|\b(?:secrets|credentials|passwords|private\s+keys)\b|\b(?:saved\s+)?card\s+numbers?\b|\b(?:cvc|cvv|iban)\b"
     r"|\bsocial\s+security\s+numbers?\b",
     re.I,
 )
