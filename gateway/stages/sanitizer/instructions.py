@@ -106,7 +106,8 @@ _INSTRUCTION_TABLE: Final = (
      r"\b(?:ignore|disregard|forget|override|bypass)\s+(?:all\s+|any\s+)?(?:of\s+)?(?:the\s+|your\s+|my\s+)?"
      r"(?:previous|prior|above|earlier|preceding|original|system|safety|existing|other)\s+"
      r"(?:instructions?|prompts?|rules|directions|guidelines|messages|context)"
-     r"|\b(?:ignore|disregard)\s+(?:the\s+|this\s+)?user'?s\s+(?:request|question|instructions?|message|prompt)"),
+     r"|\b(?:ignore|disregard|override)\s+(?:the\s+|this\s+|any\s+)?user(?:'?s)?\s+(?:own\s+)?(?:request|question|instruction|message|prompt"
+     r"|choice|preference|selection|wish|input|setting|decision|answer)s?\b"),
     (("instruction", "instructions"), r"\bnew\s+instructions?\s*:"),
     # "ignore the above and…", "your new task:", "from now on, you…", "if you are an AI…", the user's wish forged
     (("ignore", "disregard"), r"\b(?:ignore|disregard)\s+(?:all\s+(?:of\s+)?|everything\s+)?(?:the\s+|what(?:'s|\s+is)\s+)?(?:above|previous|prior|preceding)\s*(?:[,;:]|and\b|\.\s)"),
@@ -115,8 +116,17 @@ _INSTRUCTION_TABLE: Final = (
     (("now",), r"\bfrom\s+now\s+on,?\s+(?:you|the\s+(?:assistant|agent|model))\s+(?:must|should|will|are\s+to|need\s+to|have\s+to)\b"),
     (("if",), r"\bif\s+you\s+are\s+(?:an?\s+)?(?:ai|llm|language\s+model|(?:ai\s+)?assistant|(?:ai\s+)?agent|bot|chatbot)\b"),
     (_USER, r"\bthe\s+user\s+(?:wants|would\s+like|has\s+asked|asked|requested|instructed|needs|expects)\s+(?:you|the\s+(?:assistant|agent|model))\s+to\b"),
-    (("before",), r"\bbefore\s+(?:you\s+)?(?:respond|answer|reply|summari[sz]e|continue)(?:ing)?\b[^.\n]{0,24}?,?\s*(?:you\s+must\s+|please\s+|first\s+)?"
-                  r"(?:call|use|send|email|forward|post|upload|invoke|execute|run)\b"),
+    (("before",), r"\bbefore\s+(?:you\s+)?(?:respond|answer|reply|summari[sz]e|continue)(?:ing)?\b(?:[^.\n]{0,24}?,?|[^.\n]{0,80}?,)\s*"
+                  r"(?:you\s+must\s+|please\s+|first\s+)?(?:call|use|send|email|forward|post|upload|invoke|execute|run)\b"),
+    # line-jumping: an order over whatever the user asks, every conversation or every other tool (gated on
+    # rare words and on the substring "this tool": "first", "every" and "before" are everywhere in results)
+    (("regardless", "matter"), r"\b(?:regardless\s+of|no\s+matter)\s+(?:what(?:ever)?|which)\s+(?:the\s+)?user\b"),
+    (("this tool",),
+     r"\bevery\s+(?:conversation|session|chat|turn|request|task)\b[^.\n]{0,60}?\b(?:call|use|invoke|run|execute)\s+this\s+tool"
+     r"|\b(?:before|prior\s+to)\s+(?:any|every|each|all)\s+(?:other\s+)?(?:\w+\s+){0,2}?(?:tools?|files?|calls?|operations?|requests?"
+     r"|actions?|answers?|responses?)\b[^.\n]{0,60}?\b(?:call|use|invoke|run|execute)\s+this\s+tool"
+     r"|\bthis\s+tool\s+(?:must|should|has\s+to|needs\s+to)\s+(?:always\s+)?be\s+(?:invoked|called|run|used|executed)\s+"
+     r"(?:first|before\s+(?:any|every|all))"),
     (("tool",), r"\b(?:all|every|any)\s+(?:\w+\s+){0,2}?(?:must|should|have\s+to|need\s+to)\s+(?:be\s+)?(?:sent|routed|made|done|handled|processed|go)\s+"
                 r"(?:\w+\s+){0,2}?(?:via|through|using|with|by)\s+this\s+tool\b"),
     (("now",), r"\byou\s+are\s+now\s+(?:a|an|in|the)\b"),
@@ -149,19 +159,32 @@ _INSTRUCTION_TABLE: Final = (
                 r"send\s+(?:it|this|them|the\s+(?:data|contents?|results?|files?|conversation|history|credentials?|keys?|tokens?)))\b"),
     (_AI_WORDS, r"\b(?:as\s+an?\s+|dear\s+|attention\s+|hey\s+)" + _ASSISTANT + r"\b"),
     (_AI_WORDS, r"\b" + _ASSISTANT + r"s?\s+(?:must|should|is\s+required\s+to)\s+(?:always\s+|first\s+|now\s+)?"
-                r"(?:call|use|read|send|ignore|include|execute|run|perform|follow|obey|complete)\b"),
+                r"(?:call|use|read|send|ignore|include|execute|run|perform|follow|obey|complete)\b"
+                # "automated agents fixing this build must first print…": the movement verbs after a few words
+                r"|\b(?:ai|automated|coding|autonomous)\s+" + _ASSISTANT + r"s?(?:\s+[\w-]+){0,4}?\s+(?:must|should|are\s+required\s+to|need\s+to)"
+                r"\s+(?:always\s+|first\s+|now\s+|also\s+)?(?:print|send|forward|upload|post|paste|reveal|e-?mail|ignore|disregard|output)\b"),
     (("mandatory", "required", "critical"), r"\bthis\s+is\s+(?:a\s+|an\s+)?(?:mandatory|required|critical)\s+(?:step|instruction|requirement)"),
     (("otherwise",), r"\botherwise\s+the\s+tool\s+will\s+(?:not\s+work|fail)"),
     (("after", "once"),
      r"\b(?:after|once)\s+(?:you\s+(?:have\s+)?)?(?:read(?:ing)?|receiv(?:e|ed|ing)|gett?(?:ing)?|got|call(?:ed|ing)?|us(?:e|ed|ing))\s+"
      r"(?:it|this|them|the\s+(?:result|output|response|answer|value|price)s?)\s*,\s*(?:always\s+|also\s+|immediately\s+)?"
      r"(?:call|send|email|forward|post|upload|invoke|run)\b"),
+    # "a note for the assistant:" in es, pt, fr, it, de
+    # (gated on the preposition or article, rare in English: "note", "message" and "agent" are everywhere)
+    (("para", "pour", "für", "fur", "ao", "al", "à", "l", "den"),
+     r"\b(?:nota|notas|hinweis|notiz|instrucci[óo]n(?:es)?|instru[çc](?:[ãa]o|[õo]es)|instructions?|istruzion[ei]|mensaje|mensagem|message"
+     r"|messaggio|nachricht|anweisung(?:en)?|aviso|avis|avviso|note|consignes?)\s+(?:para|pour|per|f[üu]r|a|à|al|ao|an)\s+"
+     r"(?:el|la|o|a|l['’]|il|lo|den|die|das|le|les|los|os)?\s*(?:ki-|ia\s+)?(?:asistente|assistente|assistant|assistenten|agente|agent|agenten"
+     r"|modelo|mod[eè]le|modello|modell|ia|ki|bot)s?\b"),
     # the same orders in the languages attackers switch to (es, pt, fr, it, de)
-    (("herramienta", "ferramenta", "outil", "strumento", "werkzeug", "dieses", "usuario", "usuário", "utilisateur",
+    (("herramienta", "ferramenta", "outil", "strumento", "werkzeug", "dieses", "das", "usuario", "usuário", "utilisateur",
       "utente", "benutzer", "nutzer", "instrucciones", "instruções", "précédentes", "precedentes", "istruzioni", "anweisungen"),
      r"\bantes\s+de\s+(?:usar|utilizar|llamar|chamar)\s+(?:esta|la|a)\s+(?:herramienta|ferramenta)"
      r"|\bavant\s+d['’](?:utiliser|appeler)\s+cet\s+outil|\bprima\s+di\s+(?:usare|utilizzare|chiamare)\s+questo\s+strumento"
      r"|\bbevor\s+(?:du|sie)\s+(?:dieses|das)\s+(?:tool|werkzeug)"
+     r"|\bvor\s+(?:jedem|allen)\s+(?:anderen\s+)?[^.\n]{0,40}?\b(?:dieses|das)\s+(?:tool|werkzeug)\b"
+     r"|\b(?:antes|avant|prima)\s+(?:de|d['’]|di)\s*(?:usar|utilizar|llamar|chamar|utiliser|appeler|usare|utilizzare|chiamare)?\s*"
+     r"(?:cualquier|qualquer|tout|toute|qualsiasi)\s+(?:otra|outra|autre|altro|altra)\s+(?:herramienta|ferramenta|outil|strumento)"
      r"|\bno\s+(?:se\s+)?(?:lo\s+|le\s+|la\s+)?(?:digas|menciones|cuentes|informes|reveles)\s+al\s+usuario"
      r"|\bn[ãa]o\s+(?:conte|diga|mencione|revele)\s+(?:isso\s+|nada\s+)?ao\s+usu[áa]rio"
      r"|\bne\s+(?:le\s+|l['’])?(?:dis|dites|mentionne[sz]?|r[ée]v[èe]le[sz]?)\s+(?:rien\s+)?pas\s+(?:à|a)\s+l['’]utilisateur"
@@ -243,11 +266,19 @@ _CRED_PATH = (
     r"|\b(?:aws|gcp|gcloud|azure|ssh|kube|kubernetes|docker|npm|pypi|git|github|netrc|browser|chrome|firefox)\s+"
     r"(?:credentials?|config(?:uration)?|cookies|passwords|login\s+data|private\s+keys?)\s+files?\b"
     r"|\bssh\s+private\s+keys?\b|\bprivate\s+ssh\s+keys?\b"
+    # a whole credential directory ("source ~/.aws")
+    r"|(?<=[~/\\])\.(?:aws|ssh|kube|gnupg|azure|docker)(?![\w.-]|[/\\][\w.-])"
+    # commands whose output is a secret
+    r"|\bsecurity\s+find-(?:generic|internet)-password\b|\bgh\s+auth\s+token\b|\bgcloud\s+auth\s+(?:application-default\s+)?print-(?:access|identity)-token\b"
+    r"|\baws\s+configure\s+get\s+\w*(?:secret|key|token)\w*|\baz\s+account\s+get-access-token\b|\bkubectl\s+config\s+view\s+--raw\b"
+    r"|\bprintenv\b|\bsecret-tool\s+lookup\b|\bvault\s+kv\s+get\b|\bop\s+read\s+op://"
+    # cloud instance metadata: the machine's own credentials
+    r"|\b169\.254\.169\.254\b|\bmetadata\.google\.internal\b|[/\\]security-credentials\b"
     r")"
 )
 _CRED_THING = (
     r"(?:api[\s_-]?keys?|access[\s_-]?tokens?|auth(?:entication)?[\s_-]?tokens?|bearer[\s_-]?tokens?|session[\s_-]?tokens?"
-    r"|refresh[\s_-]?tokens?|secret[\s_-]?keys?|private[\s_-]?keys?|ssh[\s_-]?keys?|passwords?|passphrases?|credentials"
+    r"|refresh[\s_-]?tokens?|secret[\s_-]?keys?|private[\s_-]?keys?|ssh[\s_-]?keys?|passwords?|passphrases?|credentials|tokens?|logins"
     r"|seed[\s_-]?phrases?|recovery[\s_-]?phrases?|mnemonic|environment[\s_-]?variables|env[\s_-]?vars?|cookies?"
     r"|login[\s_-]?(?:credentials|details))"
 )
@@ -256,29 +287,35 @@ _CRED_VERB = (
     r"(?:read|cat|open|include|pass|send|provide|copy|paste|attach|extract|collect|grab|fetch|upload|add|append|prepend|"
     r"(?:base64-|hex-)?encode|summari[sz]e|"
     r"prefix|concatenate|supply|transmit|inline|put|dump|print|list|enumerate|output|insert|embed|share|give|forward|post|"
-    r"submit|load|get|access|lee|l[ée]elo|incluye|a[ñn]ade|adjunta|pega|copia|env[íi]a|lis|inclus|ajoute|joins|colle|"
-    r"copie|envoie|leggi|includi|aggiungi|allega|incolla|invia|lies|f[üu]ge|h[äa]nge|kopiere|sende|leia|inclua|adicione|"
-    r"anexe|cole|envie)"
+    r"submit|load|get|access|lis|inclus|ajoute|joins|colle|copie|envoie|lies|f[üu]ge|h[äa]nge|kopiere|sende|"
+    r"(?:lee|l[ée]e|incl[uú]ye|a[ñn][aá]de|adj[uú]nta|p[ée]ga|c[óo]pia|env[íi]a|obt[ée]n|obtener|obtenga|leggi|includi|aggiungi"
+    r"|allega|incolla|invia|leia|inclua|adicione|anexe|cole|envie|copie)(?:lo|la|los|las|le|les|li|gli|glielo)?)"
 )
 #: Weak verbs ("set it to…", "use…", "replace with…"): a request only with the file's contents named in between.
 _CRED_WEAK_VERB = r"(?:set|use|replace|substitute|fill(?:\s+in)?|populate|make)"
-_CRED_CONTENT = r"(?:contents?|text|value|values|lines?|output|data|body|what|contenido|contenu|contenuto|inhalt|conte[úu]do)"
+_CRED_CONTENT = r"(?:contents?|text|value|values|lines?|output|results?|response|data|body|what|contenido|contenu|contenuto|inhalt|conte[úu]do)"
+#: A secret-named environment variable ("GITHUB_TOKEN", "$AWS_SECRET_ACCESS_KEY").
+_SECRET_ENV = r"(?-i:\$?\{?\b[A-Z][A-Z0-9]*_(?:[A-Z0-9]+_)*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PWD|PAT|CREDENTIALS?)\b)"
+#: Chinese and Japanese verbs that read, copy or send (no word boundaries in those scripts).
+_CRED_CJK = r"(?:读取|读出|复制|拷贝|发送|上传|粘贴|附上|附加|放入|填入|読み込|読み取|貼り付け|送信|添付|コピー|含め)"
 #: A verb word used as a noun or adjective: "access key", "read-only", "a list of", "a copy of".
 _NOT_A_VERB = r"(?![-_\s]*(?:keys?|tokens?|control|logs?|levels?|rights|only|of)\b)"
 _CREDENTIAL: Final = re.compile(
     r"(?<!\bis\s)(?<!\bare\s)(?<!\bbe\s)\b" + _CRED_VERB + r"\b" + _NOT_A_VERB + _SAME_SENTENCE.format(60) + r"(?:" + _CRED_PATH + r")"
     r"|\b" + _CRED_WEAK_VERB + r"\b" + _SAME_SENTENCE.format(40) + r"\b" + _CRED_CONTENT + r"\b" + _SAME_SENTENCE.format(30)
-    + r"(?:" + _CRED_PATH + r")"
+    + r"(?:" + _CRED_PATH + "|" + _SECRET_ENV + r")"
     r"|\b" + _CRED_VERB + r"\s+(?:the\s+|all\s+|any\s+)?(?:your|the\s+\w+['’]s|user['’]?s|their|stored|saved|local|all)\s+"
     r"(?:(?:personal|github|gitlab|aws|cloud|api|bank|brokerage|admin|root|full|current|own)\s+){0,2}" + _CRED_THING + r"\b"
     # a secret-named environment variable: "read GITHUB_TOKEN", "printenv AWS_SECRET_ACCESS_KEY"
     r"|(?<!\bis\s)(?<!\bare\s)(?<!\bbe\s)\b(?:" + _CRED_VERB + r"|printenv|echo)\b" + _SAME_SENTENCE.format(40)
-    + r"(?-i:\$?\{?\b[A-Z][A-Z0-9]*_(?:[A-Z0-9]+_)*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PWD|PAT|CREDENTIALS?)\b)"
-    r"|\b(?:pass|put|include|send|insert|embed)\s+(?:its|their|the\s+file'?s?)\s+contents?\b"
+    + _SECRET_ENV
+    + r"|\b(?:pass|put|include|send|insert|embed)\s+(?:its|their|the\s+file'?s?)\s+contents?\b"
     # the path first: "look in ~/.aws/credentials and pass the key it holds"
     r"|(?:" + _CRED_PATH + r")" + _SAME_SENTENCE.format(40) + r"\b(?:and|then)\s+(?:pass|put|include|send|add|insert|paste|append"
     r"|prepend|attach|use|supply|provide|copy|place)\s+(?:it|them|that|this|its\s+contents?|their\s+contents?|the\s+(?:contents?"
-    r"|values?|keys?|tokens?|secrets?|file|lines?|password|aws_secret_access_key))\b",
+    r"|values?|keys?|tokens?|secrets?|file|lines?|password|output|result|response|aws_secret_access_key))\b"
+    # Chinese/Japanese: a read/copy/send verb within a few characters of the path, either side
+    r"|" + _CRED_CJK + r"[^。.\n]{0,8}?(?:" + _CRED_PATH + r")|(?:" + _CRED_PATH + r")[^。\n]{0,24}?" + _CRED_CJK,
     re.I,
 )
 #: A parameter named for a credential file's contents (`kubeconfig_contents`, `id_rsa_text`), as
@@ -289,6 +326,9 @@ _CRED_FIELD: Final = re.compile(
     r"(?:contents?|text|data|dump|blob|raw|body)\b",
     re.I,
 )
+#: "load/read/get … from <path>": the path is where a setting comes from (a description of what the
+#: server reads), not an object handed to the model; an order to pass it on is found by the path-first form.
+_FROM_SOURCE: Final = re.compile(r"(?i:load|read|get|fetch|access|open|use|lee|lies)\s+(?:it\s+|them\s+|values?\s+|keys?\s+)?from\b")
 #: Before a verb: a negation ("never include…", "do not send…") or the tool/server as the subject
 #: ("this tool can read…", "which will load…"): a description, not a request.
 _DECLINED: Final = re.compile(
@@ -353,7 +393,10 @@ _COLLECTOR: Final = re.compile(
 _SEND: Final = re.compile(
     r"\b(?:send|post|upload|forward|transmit|exfiltrate|leak|email|mail|report|copy|sync|beacon)(?:_[a-z]+)*\b" + _SAME_SENTENCE.format(80)
     + r"\bto\s+(?:(?:the\s+)?(?:following\s+|this\s+|our\s+|my\s+)?(?:url|endpoint|address|server|webhook|email|inbox)\b"
-    r"|(?:https?|wss?|ftp)://|[\w.+-]+@[\w-]+\.[\w.]+)",
+    r"|(?:https?|wss?|ftp)://|[\w.+-]+@[\w-]+\.[\w.]+)"
+    # es, pt, fr, it, de: "envía … a x@y", "envie … para https://", "envoie … à", "invia … a", "sende … an"
+    r"|\b(?:env[ií]a(?:lo|la|los|las)?|envie|envoie[sz]?|envoyez|invia(?:lo|la|re)?|sende|schicke|manda|mande|reenv[ií]a|transf[eé]re)\b"
+    + _SAME_SENTENCE.format(80) + r"\b(?:a|para|pour|à|per|an|al|ao)\s+(?:(?:https?|wss?|ftp)://|[\w.+-]+@[\w-]+\.[\w.]+)",
     re.I,
 )
 
@@ -434,14 +477,15 @@ _ACTION = (
 )
 _SNAKE_NAME = r"[a-z][a-z0-9]*+(?:_[a-z0-9]++)+"  # possessive: a word that is not a name fails at once
 _CAMEL_NAME = r"[a-z]{2,}+[0-9]*+(?:[A-Z][a-z0-9]++)+"
-_KEBAB_NAME = _ACTION + r"(?:-(?!only\b)[a-z0-9]++)+"
+_KEBAB_NAME = r"(?:" + _ACTION + r"(?:-(?!only\b)[a-z0-9]++)+|[a-z][a-z0-9]*+(?:-[a-z0-9]++)*?-" + _ACTION + r"(?:-[a-z0-9]++)*+)"
 _DOTTED_NAME = r"[a-z][a-z0-9_-]*+\.(?:" + _SNAKE_NAME + "|" + _CAMEL_NAME + "|" + _ACTION + r"\b)"
 _TOOL_NAME = r"(?:" + _DOTTED_NAME + "|" + _SNAKE_NAME + "|" + _CAMEL_NAME + "|" + _KEBAB_NAME + r")(?![\w-])"
 #: "call/use/invoke/run/execute/trigger X" and the es, fr, it, de, pt twins, with an article or a
 #: word for "tool" between them ("usa la herramienta http_get").
 _CALL_VERB = (
     r"(?i:call|use|invoke|run|execute|trigger|llama\s+a|usa|utiliza|ejecuta|invoca|appelle|utilise|ex[ée]cute|invoque|lance"
-    r"|chiama|utilizza|esegui|rufe|verwende|benutze|nutze|chame|utilize|invoque)"
+    r"|chiama|utilizza|esegui|rufe|verwende|benutze|nutze|chame|utilize|invoque|usar|utilizar|llamar|ejecutar|invocar|utiliser"
+    r"|appeler|ex[ée]cuter|invoquer|lancer|usare|utilizzare|chiamare|eseguire|invocare|chamar|executar|verwenden|benutzen|nutzen)"
 )
 _TOOL_WORD = (
     r"(?i:(?:the\s+)?(?:tool|function)\s+|the\s+|la\s+herramienta\s+|la\s+funci[óo]n\s+|l['’]outil\s+|la\s+fonction\s+|lo\s+strumento\s+|la\s+funzione\s+"
@@ -475,7 +519,13 @@ _TOOL_WITH_DATA: Final = re.compile(
     r"|\b(?:environment\s+variables|env\s+vars?|printenv|contents?\s+of|file\s+contents|system\s+prompt)\b"
     r"|\b(?:complete|full|entire|whole)\s+(?:conversation|chat)|\b(?:conversation|chat)\s+(?:history|log|transcript|so\s+far)"
     r"|\b(?:user|author|owner|customer)['’]s\s+(?:\w+\s+){0,2}?" + _DATA_OBJECT + r"\b"
-    r"|\bto\s+(?:https?://|[\w.+-]+@[\w-]+\.[a-z]{2,})",
+    r"|\b(?:to|an|a|à|al|ao|para|per|vers|nach)\s+(?:(?:https?|s3|gs|ftp|sftp|wss?)://|[\w.+-]+@[\w-]+\.[a-z]{2,})"
+    # a destination argument, the call's output relayed somewhere, secrets or payment data named
+    r"|\b(?:destination|dest|recipient|payee)\s*[=:]?\s*(?:[a-z0-9+.-]+://|\S+@|\w+_\w+|\S{6,})"
+    r"|\b(?:paste|post|send|forward|upload|share|publish|e-?mail|sende|schicke|envoie|env[ií]a|envie|invia)\s+(?:\w+\s+){0,2}?"
+    r"(?:output|outputs|result|results|response|ergebnis(?:se)?|r[ée]sultats?|resultados?|risultat[oi])\b"
+    r"|\b(?:secrets|credentials|passwords|private\s+keys)\b|\b(?:saved\s+)?card\s+numbers?\b|\b(?:cvc|cvv|iban)\b"
+    r"|\bsocial\s+security\s+numbers?\b",
     re.I,
 )
 #: A tool call written out as JSON in a result, as if the assistant had made it.
@@ -490,13 +540,16 @@ _CREDENTIAL_GATE: Final = frozenset((
     "token", "tokens", "secret", "secrets", "password", "passwords", "pwd", "pat", "passphrase", "passphrases", "seed",
     "recovery", "mnemonic", "environment", "vars", "var", "cookie", "cookies", "content", "contents", "login", "gh",
     "printenv", "logins", "keychains", "keyring", "keyrings", "pgpass", "cnf", "vault", "boto", "terraform", "azure",
-    "kubeconfig", "key3", "key4", "bash", "zsh", "psql", "mysql",
+    "kubeconfig", "key3", "key4", "bash", "zsh", "psql", "mysql", "metadata", "254", "security", "gcloud", "kubectl", "az",
+    "credential", "logins", "kube",
 ))  # fmt: skip
 _SEND_GATE: Final = frozenset(("url", "endpoint", "address", "server", "webhook", "email", "inbox"))
 _CALL_GATE: Final = frozenset((
     "call", "invoke", "tool", "function", "use", "run", "execute", "trigger", "llama", "usa", "utiliza", "ejecuta", "invoca",
     "appelle", "utilise", "exécute", "execute", "invoque", "lance", "chiama", "utilizza", "esegui", "rufe", "verwende",
-    "benutze", "nutze", "chame", "utilize",
+    "benutze", "nutze", "chame", "utilize", "usar", "utilizar", "llamar", "ejecutar", "invocar", "utiliser", "appeler", "exécuter",
+    "executer", "invoquer", "lancer", "usare", "utilizzare", "chiamare", "eseguire", "invocare", "chamar", "executar", "verwenden",
+    "benutzen", "nutzen",
 ))  # fmt: skip
 _CALL_VERBS: Final = _CALL_GATE - {"tool", "function"}
 _PLAIN_GATE: Final = frozenset(("call", "invoke"))
@@ -505,12 +558,16 @@ _SENDING_TOOL: Final = re.compile(r"send|post|mail|upload|forward|share|publish|
 _RECIPIENT: Final = re.compile(r"[\w.+-]+@[\w-]+\.[a-z]{2,}", re.I)
 #: A transcript's speaker label for the assistant at the start of a line.
 _SPEAKER: Final = re.compile(r"[ \t]*(?:assistant|ai|agent|bot|claude|chatgpt|gpt|copilot|model)\s*:", re.I)
-_TO_DESTINATION: Final = re.compile(r"\bto\s+(?:(?:https?|wss?|ftp)://|[\w.+-]+@[\w-]+\.[a-z]{2,})", re.I)
+_TO_DESTINATION: Final = re.compile(
+    r"\b(?:to|an|a|à|al|ao|para|per|vers|nach)\s+(?:(?:https?|s3|gs|ftp|sftp|wss?)://|[\w.+-]+@[\w-]+\.[a-z]{2,})", re.I)
 #: The words `_TOOL_WITH_DATA` can match on (besides an address or a URL): credential words, the
 #: environment, contents, the conversation, someone's data.
 _WITH_DATA_GATE: Final = _CREDENTIAL_GATE | frozenset((
     "environment", "printenv", "contents", "content", "conversation", "chat", "system", "their", "all", "user", "author",
     "owner", "customer", "login", "logins", "chrome", "chromium", "firefox", "brave", "safari", "browser", "edge",
+    "secrets", "passwords", "card", "cvc", "cvv", "iban", "social", "destination", "dest", "recipient", "payee", "output",
+    "outputs", "result", "results", "response", "ergebnis", "ergebnisse", "résultat", "résultats", "resultado", "resultados",
+    "risultato", "risultati",
 ))  # fmt: skip
 _NAMED_GATE: Final = frozenset(("tool", "function"))
 _SHADOW_GATE: Final = frozenset(("when", "whenever", "each", "every", "before", "after", "note", "about", "regarding", "if"))
@@ -550,7 +607,7 @@ def _mentioned(text: str, start: int, code: list[tuple[int, int]]) -> bool:
     if any(a <= start < b for a, b in code):
         return True
     before = text[max(0, start - 40):start]
-    if _MENTION.search(before) is not None:
+    if _MENTION.search(before) is not None or _quoted_report(text, start):
         return True
     after_list = _NEXT_QUOTED.search(before)
     if after_list is None:
@@ -558,6 +615,30 @@ def _mentioned(text: str, start: int, code: list[tuple[int, int]]) -> bool:
     close = start - len(before) + after_list.start()  # the previous example's closing quote
     opening = max(text.rfind(q, max(0, close - 200), close) for q in "\"'“‘«")
     return opening >= 0 and _mentioned(text, opening + 1, code)
+
+
+#: Before an opening quote: a verb that reports what a text said ("the ticket contained the text "…"").
+_REPORT_FRAME: Final = re.compile(
+    r"\b(?:contain(?:ed|s|ing)?|includ(?:ed|es|ing)|said|says|saying|wrote|writes|written|reads|stated|states|quoted?|quoting"
+    r"|reported|injected|planted|embedded|inserted|hid|hidden)\s+(?:(?:the|this|a|an)\s+)?"
+    r"(?:(?:text|string|message|phrase|line|payload|comment|sentence|instruction|prompt)s?\s*)?[:,]?\s*[\"“]\Z",
+    re.I,
+)
+
+
+def _quoted_report(text: str, start: int) -> bool:
+    """Whether `start` is inside a double-quoted span, on its line, that a reporting verb introduces:
+    what a text said, cited as evidence (a security report quoting an injection), not an order."""
+    line_start = text.rfind("\n", 0, start) + 1
+    line = text[line_start:start]
+    if '"' not in line and "“" not in line:
+        return False
+    opening = max(line.rfind("“"), line.rfind('"') if line.count('"') % 2 else -1)
+    if opening < 0:
+        return False
+    rest = text[start:text.find("\n", start) if "\n" in text[start:] else len(text)]
+    closed = ("”" in rest) if line[opening] == "“" else ('"' in rest)
+    return closed and _REPORT_FRAME.search(line, max(0, opening - 60), opening + 1) is not None
 
 
 def _blank(text: str, spans: Iterable[re.Match[str]]) -> str:
@@ -698,8 +779,14 @@ def _data_request(prose: str, code: list[tuple[int, int]], findings: list[Findin
 def _credential(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> None:
     """A request to read or hand over credentials (the first one that is not quoted as an example,
     negated or said of the tool itself: "never include ~/.aws/credentials", "this tool can read…")."""
-    for m in _CREDENTIAL.finditer(prose):
-        if not _mentioned(prose, m.start(), code) and _DECLINED.search(prose[max(0, m.start() - 48):m.start()]) is None:
+    at = 0
+    while (m := _CREDENTIAL.search(prose, at)) is not None:
+        at = m.start() + 1  # the next try may start inside this match (the path-first form)
+        if _FROM_SOURCE.match(prose, m.start()) is not None:
+            continue
+        # a command quoted in a code span and then ordered on ("run `gh auth token` and send the output"): the order is prose
+        spans = [c for c in code if not c[0] <= m.start() < c[1] < m.end()]
+        if not _mentioned(prose, m.start(), spans) and _DECLINED.search(prose[max(0, m.start() - 48):m.start()]) is None:
             findings.append(Finding("credential_request", where, "asks for credentials", _excerpt(prose, m.start(), m.end())))
             return
 
@@ -877,7 +964,7 @@ def _tool_references(prose: str, low: str, words: frozenset[str], where: str, ot
             checked.append((start - len(head), end + len(tail)))
             clause = head + " " + tail
             sending = _SENDING_TOOL.search(name) is not None and "@" in clause
-            if not sending and not _may_carry_data(clause):
+            if (not sending and not _may_carry_data(clause)) or _not_to_the_model(head):
                 clause = ""
         if (not new and not clause) or _mentioned(prose, start, code):
             continue
@@ -896,6 +983,30 @@ def _tool_references(prose: str, low: str, words: frozenset[str], where: str, ot
             if m.group(1) != own_name and m.group(1) not in listed and not _mentioned(prose, m.start(), code):
                 yield Finding("hidden_instruction", where, "claims to replace another server's tool", _excerpt(prose, m.start(), m.end()))
                 break
+
+
+#: Who an order is for when it is not the model: a colleague by @handle or by name at the start of
+#: the sentence, the name followed by a request ("@maria can you run…", "Ken, please run…"), or the model in the third person, as
+#: what someone made it do ("the text tells the agent to run…").
+_PERSON: Final = re.compile(r"\s*(?:@([\w.-]{2,40})\b|([A-Z][a-z]{1,20})\s*,\s*(?:(?i:can|could|would)\s+you|please)\b)")
+_REPORTED: Final = re.compile(
+    r"\b(?:tells?|told|telling|asks?|asked|asking|instructs?|instructed|makes?|made|causes?|caused|tricks?|tricked|gets?|got"
+    r"|convinces?|convinced|lets?|forces?|forced|coax(?:es|ed)?)\s+(?:the\s+|an?\s+|that\s+)?(?:[\w-]+\s+)?"
+    r"(?:agent|assistant|model|llm|ai|bot|victim|copilot|claude)s?\s+(?:in)?to\s+\Z",
+    re.I,
+)
+_NOT_A_PERSON: Final = frozenset(_AI_WORDS) | frozenset(("hey", "hi", "hello", "please", "note", "ok", "okay", "yes", "no", "also",
+                                                          "then", "now", "first", "next", "finally", "important", "here", "all",
+                                                          "afterwards", "after", "later", "so", "instead", "again", "otherwise"))
+
+
+def _not_to_the_model(head: str) -> bool:
+    """Whether the sentence that holds an order (`head`: its text before the order) addresses a
+    person other than the model, or reports what someone made the model do."""
+    if _REPORTED.search(head) is not None:
+        return True
+    m = _PERSON.match(head)
+    return m is not None and (m.group(1) or m.group(2)).lower() not in _NOT_A_PERSON
 
 
 def _spoken(prose: str, start: int) -> bool:
@@ -955,7 +1066,8 @@ def _after_verbs(prose: str, low: str, words: frozenset[str], verbs: frozenset[s
 def _may_carry_data(clause: str) -> bool:
     """A cheap first test for `_TOOL_WITH_DATA`: the clause has one of its words, an address or a URL."""
     low = clause.lower()
-    return not _WITH_DATA_GATE.isdisjoint(low.translate(_SEPARATORS).split()) or (" to " in low and _TO_DESTINATION.search(clause) is not None)
+    return not _WITH_DATA_GATE.isdisjoint(low.translate(_SEPARATORS).split()) or (
+        ("@" in low or "://" in low) and _TO_DESTINATION.search(clause) is not None)
 
 
 def _shadowing(prose: str, where: str, own_name: str, code: list[tuple[int, int]]) -> Iterator[Finding]:
