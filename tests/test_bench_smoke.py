@@ -48,7 +48,7 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
     for figure in ("SQLite, synchronous FULL", "inclusion proof", "consistency proof"):
         assert figure in out, f"{figure!r} missing from:\n{out}"
     verdicts = [line for line in out.splitlines() if line.strip().startswith(("MET", "MISSED", "NOT MEASURED"))]
-    assert len(verdicts) == 44, (f"expected one verdict per §8 target (verify and query once per backend, HTTP per era, detection per "
+    assert len(verdicts) == 45, (f"expected one verdict per §8 target (verify and query once per backend, HTTP per era, detection per "
                                  f"family of the tuned and both held-out corpora, scanners):\n{out}")
     for backend in ("SQLite", "PostgreSQL"):
         assert sum(f"({backend})" in line for line in verdicts) == 2, f"verify and query verdicts for {backend}:\n{out}"

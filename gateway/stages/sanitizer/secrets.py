@@ -30,7 +30,6 @@ from gateway.stages.sanitizer import decode
 from gateway.stages.sanitizer.decode import MIN_TEXT, Layer, charcode_text, decode_base64, whole_text
 from gateway.stages.sanitizer.formats import PREFIXES, credential_hits, is_placeholder, public_hits
 from gateway.stages.sanitizer.paths import child_path
-from gateway.stages.sanitizer.shell import fold_mapped
 from gateway.stages.sanitizer.wallets import wallet_hits
 
 __all__ = ["detect_secrets", "redact_secrets"]
@@ -354,7 +353,10 @@ def _look_alikes(s: str, hits: list[_Hit]) -> None:
     """Credentials written with look-alike letters (`ghр_…` with a Cyrillic `р`, `ΑΚΙΑ…` in Greek
     capitals): the text folded to ASCII as the shell analysis folds it (Unicode TR39 confusables)
     and read again for vendor formats; a match that holds a folded letter is a finding `via`
-    `homoglyph`, its span in the original text."""
+    `homoglyph`, its span in the original text. The shell analysis is imported here, not at the
+    top: `dharma stdio` defers its patterns until a call needs them (tests/test_cli.py)."""
+    from gateway.stages.sanitizer.shell import fold_mapped  # noqa: PLC0415
+
     folded, origin = fold_mapped(s)
     if origin is None or folded == s:
         return
