@@ -146,7 +146,7 @@ def test_an_edited_stamp_or_note_under_it_does_not_verify(key: Ed25519PrivateKey
     blob[19] ^= 1  # prev 5 -> 4
     edited = plain + f"\u2014 log {base64.b64encode(bytes(blob)).decode()}\n"
     signature = base64.b64decode(plain.split("\n")[-2].split(" ")[2])
-    forged_sig = plain.replace(base64.b64encode(signature).decode(), base64.b64encode(signature[:-1] + b"\x00").decode())
+    forged_sig = plain.replace(base64.b64encode(signature).decode(), base64.b64encode(signature[:-1] + bytes([signature[-1] ^ 1])).decode())
     for bad in (edited, forged_sig + stamp_line):
         stamp = read_stamp(bad)
         assert stamp is not None
