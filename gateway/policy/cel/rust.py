@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.machinery
 import importlib.util
+import logging
 import re
 import sys
 from pathlib import Path
@@ -30,6 +31,12 @@ from gateway.policy.cel.helpers import (
 )
 
 _NOT_NAMES = frozenset({"true", "false", "null", "in"}) | TYPE_NAMES
+
+# The engine also logs a helper's exception as a warning on the "cel" logger (Python's last-resort
+# handler prints it to stderr); the same error reaches the caller as the evaluation's error, so the
+# log line is only a second, unstructured copy of it.
+logging.getLogger("cel").addHandler(logging.NullHandler())
+logging.getLogger("cel").propagate = False
 
 
 def _scan(source: str) -> tuple[Refs, Funcs]:
