@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+#: The official MCP conformance runner and fixture server (outside the repository: ../shared/conformance
+#: beside the clone, or wherever DHARMA_CONFORMANCE_DIR says, for a clone made elsewhere).
+CONFORMANCE = Path(os.environ.get("DHARMA_CONFORMANCE_DIR") or REPO.parent / "shared" / "conformance").resolve()
 
 
 def key_digest(key: str) -> str:

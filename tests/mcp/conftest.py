@@ -20,6 +20,8 @@ import anyio
 import anyio.abc
 import pytest
 
+from tests.conftest import CONFORMANCE
+
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 TEST_SERVER = Path(__file__).resolve().parent / "servers" / "py_server.py"
@@ -28,7 +30,6 @@ NPM_PACKAGES = {
     "@modelcontextprotocol/server-everything": "2026.8.31",
     "@modelcontextprotocol/server-filesystem": "2026.8.31",
 }
-CONFORMANCE = REPO.parent / "shared" / "conformance"
 
 TEST_PROFILE = """\
 apiVersion: dharma/v1

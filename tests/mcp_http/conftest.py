@@ -21,10 +21,9 @@ import anyio
 import pytest
 import yaml
 
-from tests.conftest import REPO, key_digest
+from tests.conftest import CONFORMANCE, REPO, key_digest
 
 HERE = Path(__file__).resolve().parent
-CONFORMANCE = (REPO / ".." / "shared" / "conformance").resolve()
 PYTHON = sys.executable
 CACHE = Path(os.environ.get("DHARMA_TEST_CACHE", Path.home() / ".cache" / "dharma-test"))
 EVERYTHING_VERSION = "2026.8.31"

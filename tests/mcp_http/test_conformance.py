@@ -10,7 +10,7 @@ the upstream to replay; docs/mcp-http.md, "Resumed streams").
 The fixture runs on uvicorn's h11 parser, the reference it has always had (`h11_only/` hides
 httptools from it); `dharma serve` runs on httptools and trims header values itself.
 Slow (about 90 s, plus a one-time install of about 290 MB into the conformance cache); skipped
-when ../shared/conformance is absent or DHARMA_SKIP_CONFORMANCE is set.
+when ../shared/conformance (or $DHARMA_CONFORMANCE_DIR) is absent or DHARMA_SKIP_CONFORMANCE is set.
 """
 
 from __future__ import annotations
