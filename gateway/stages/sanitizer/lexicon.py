@@ -194,6 +194,10 @@ _CLAUSE_STOP: Final = re.compile(r"[,;:，、；：،؛]|\s[-–—]\s")
 _DESTINATION: Final = re.compile(r"\b(?:https?|ftp|wss?)://\S|[\w.+-]+@[\w-]+\.[a-z]{2,}", re.I)
 #: A tool's name: snake_case or camelCase (a word of prose is neither).
 _TOOL_NAME: Final = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b|\b[a-z]{2,}[0-9]*(?:[A-Z][a-z0-9]+)+\b")
+#: A tool whose call does harm or moves data: "delete_repository", "send_payment", "run_shell_command".
+_RISKY_TOOL: Final = re.compile(
+    r"delete|drop|remove|wipe|destroy|purge|send|post|upload|transfer|pay|exec|shell|command|forward|share|publish|mail"
+    r"|webhook|gist|invite|grant|fund", re.I)
 #: A vocative: the addressee's word followed by a comma, colon or "!" (also full-width).
 _VOCATIVE_MARK: Final = re.compile(r"[^\S\n]{0,2}[,:!，：！、]")
 #: Quoted text (what a report quotes); only skipped in a document that reports an attack.
@@ -274,6 +278,7 @@ def _fires(f: Concepts, text: str, a: int, b: int) -> Iterator[tuple[str, tuple[
     sentence = text[a:b]
     free = _unnegated(f, text, a, b)
     addressed = has("addr") and (has("must") or _vocative(f, text))
+    names = _TOOL_NAME.findall(sentence) if has("call") and has("addr") else []
     sensitive = has("cred") or has("data") or (has("key") and (has("user") or has("addr") or has("secret") or has("must")))
     rules = (
         ("override", has("override") and has("rules") and (has("prior") or has("addr") or has("sysprompt") or has("must")),
@@ -284,7 +289,9 @@ def _fires(f: Concepts, text: str, a: int, b: int) -> Iterator[tuple[str, tuple[
          ("move", "cred", "data", "key", "user")),
         ("handover", bool(free & {"move", "read"}) and sensitive and (addressed or has("must") or has("pre") or has("secret")),
          ("move", "read", "cred", "data", "key", "must", "pre")),
-        ("tool", addressed and has("call") and _TOOL_NAME.search(sentence) is not None, ("addr", "call", "tool", "must")),
+        ("tool", addressed and has("call") and bool(names) and (
+            _vocative(f, text) or has("secret") or sensitive or _DESTINATION.search(sentence) is not None
+            or any(_RISKY_TOOL.search(n) for n in names)), ("addr", "call", "tool", "must")),
         ("secrecy", (has("neg") and has("tell") and has("user")) or (has("secret") and (has("move") or has("call") or has("read"))),
          ("neg", "tell", "user", "secret")),
     )
