@@ -40,7 +40,7 @@ from typing import Any, Final
 
 from gateway.core.call import Finding
 from gateway.memo import MemoSet
-from gateway.stages.sanitizer import impersonation
+from gateway.stages.sanitizer import impersonation, lexicon
 from gateway.stages.sanitizer.decode import decoded_layers
 from gateway.stages.sanitizer.paths import child_path
 
@@ -61,6 +61,7 @@ _INVISIBLE: Final = re.compile(
     "\U000e0000-\U000e007f\U000e0100-\U000e01ef]"
 )
 _ZWJ: Final = "\u200d"
+_ZWNJ: Final = "\u200c"
 _TAGS: Final = re.compile("[\U000e0020-\U000e007e]+")
 #: Terminal escape sequences (CSI and OSC): stripped before scanning; SGR 8 ("conceal") hides text.
 _ANSI: Final = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
@@ -607,7 +608,7 @@ def _mentioned(text: str, start: int, code: list[tuple[int, int]]) -> bool:
     if any(a <= start < b for a, b in code):
         return True
     before = text[max(0, start - 40):start]
-    if _MENTION.search(before) is not None or _quoted_report(text, start):
+    if _MENTION.search(before) is not None or _quoted_report(text, start) or lexicon.reported_quote(text, start):
         return True
     after_list = _NEXT_QUOTED.search(before)
     if after_list is None:
@@ -651,7 +652,7 @@ def _blank(text: str, spans: Iterable[re.Match[str]]) -> str:
 
 def _invisible(raw: str, where: str, findings: list[Finding]) -> str:
     """Add an `invisible_text` finding for the invisible characters of `raw`; return the text hidden in tag characters."""
-    hits = [m for m in _INVISIBLE.finditer(raw)]
+    hits = [m for m in _INVISIBLE.finditer(raw) if not (m.group() == _ZWNJ and _between_letters(raw, m.start()))]
     zwj = [i for i, ch in enumerate(raw) if ch == _ZWJ and not _between_symbols(raw, i)] if _ZWJ in raw else []
     if not hits and not zwj:
         return ""
@@ -665,6 +666,11 @@ def _invisible(raw: str, where: str, findings: list[Finding]) -> str:
 def _between_symbols(raw: str, i: int) -> bool:
     """A zero-width joiner inside an emoji sequence (between two non-ASCII symbols) is ordinary."""
     return 0 < i < len(raw) - 1 and not raw[i - 1].isascii() and not raw[i + 1].isascii()
+
+
+def _between_letters(raw: str, i: int) -> bool:
+    """A zero-width non-joiner between two non-Latin letters is spelling (Persian "می‌خواهم", Indic scripts)."""
+    return 0 < i < len(raw) - 1 and all(not c.isascii() and c.isalpha() for c in (raw[i - 1], raw[i + 1]))
 
 
 def _char_kind(ch: str) -> str:
@@ -745,9 +751,19 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
     findings.extend(_tool_references(prose, low, words, where, other_tools, own_name, code))
     findings.extend(impersonation.scan(raw, prose, low, words, code, where, _mentioned,
                                        (lambda t: _scan(t, where, (), "", decode=False)) if decode else None))
+    if lexicon.gate(low, words):
+        findings.extend(_foreign(prose, low, code, where))
     if decode and (instructed or "base64" in words or "decode" in words):
         findings.extend(_decoded(prose, where, other_tools, own_name))
     return findings
+
+
+def _foreign(prose: str, low: str, code: list[tuple[int, int]], where: str) -> Iterator[Finding]:
+    """The multilingual grammar's findings (`lexicon`), `via` naming the language."""
+    for hit in lexicon.scan(prose, low, code):
+        excerpt = _excerpt(prose, hit.start, hit.end)
+        for kind in hit.kinds:
+            yield Finding(kind, where, hit.detail, excerpt, f"lang:{hit.lang}")
 
 
 def _decoded(text: str, where: str, other_tools: Iterable[str], own_name: str) -> Iterator[Finding]:
