@@ -1097,6 +1097,117 @@ def _shadowing(prose: str, where: str, own_name: str, code: list[tuple[int, int]
                 return
 
 
+# ---- orders in a definition: what they do, not how loud they are -------------------------------
+
+#: A sentence of a definition: up to . ! ? ; followed by a space, or a line end (a dot inside `a.b` or `.env` does not end it).
+_DEF_SENTENCE: Final = re.compile(r"(?:[^.!?;\n]|[.!?;](?![\s.!?;]|\Z))+(?:[.!?;]+(?=\s|\Z)|\n|\Z)")
+#: An honest usage note orders the caller about THIS tool's own use ("before calling this tool, confirm
+#: with the user", "you MUST call browser_snapshot first", "call this before the other tools of this
+#: server"): such a sentence gives no `hidden_instruction` unless it also carries a payload (`_DEF_PAYLOAD`).
+_USAGE_ORDER: Final = re.compile(
+    r"\bbefore\s+(?:using|calling|invoking|running)\s+(?:this|the|it)\b"
+    r"|\b(?:must|should|need\s+to|have\s+to)\s+(?:always\s+|first\s+)?(?:call|run|use|invoke)\s+[`'\"]?[\w.-]+[`'\"]?\s+(?:first|before)\b"
+    r"|\b(?:call|use|run|invoke)\s+this(?:\s+tool)?\s+(?:first\s+)?before\s+(?:using|calling|the|any|each|every)\b",
+    re.I,
+)
+#: What makes an order an attack whatever its tone: data or credentials moved, a destination, secrecy,
+#: the user overridden, a scope over every conversation or every other tool/server, another tool rewritten.
+_DEF_PAYLOAD: Final = re.compile(
+    r"://|[\w.+-]+@[\w-]+\.[a-z]{2,}|\b(?:conversation|chat|transcript|history|contacts|environment|env\s+vars?|credentials?"
+    r"|secrets?|passwords?|tokens?|api\s+keys?|private\s+keys?|cookies?|ssh|\.env|contents?\s+of)\b"
+    r"|\b(?:tell|mention|reveal|disclose|hid(?:e|den)|secret(?:ly)?|silent(?:ly)?|quiet(?:ly)?|invisibl[ey]|unnoticed)\b"
+    r"|\b(?:ignore|disregard|regardless|override|instead\s+of\s+what)\b|\bfrom\s+now\s+on\b"
+    r"|\b(?:every|each|any|all)\s+(?:other\s+)?(?:conversations?|sessions?|chats?|turns?|servers?|answers?|responses?)\b"
+    r"|\b(?:any|every|all|each)\s+(?:other\s+)?(?:\w+\s+)?tools?\b|\bother\s+servers?\b|\bbefore\s+(?:answering|responding|replying)"
+    r"|\bb?cc\b|\bredirect|\bforward\w*\s+to\b|\bdeprecated\b|\bdisabled\b",
+    re.I,
+)
+#: Secrecy a definition asks for, beyond the results' "do not tell the user": the field or step itself
+#: kept from the user ("do not mention this field to the user", "it is never shown to the user", "the
+#: user does not need to know", "handled invisibly", "keep this step silent").
+_DEF_SECRECY: Final = re.compile(
+    r"\b(?:do\s+not|don'?t|never)\s+(?:mention|show|list|display|reveal|disclose)\s+(?:this|that|these|it)"
+    r"(?:\s+(?:field|parameter|argument|value|step|address|copy|label|note|part))?\s+(?:to|in\s+(?:the\s+)?\w+\s+(?:shown|visible)\s+to)\s+(?:the\s+)?users?\b"
+    r"|\b(?:it|this|that)\b(?:\s+\w+){0,4}?\s+(?:is|are|should|must|will)\s+(?:never|not)\s+(?:be\s+)?(?:shown|visible|displayed"
+    r"|mentioned|revealed|told)\s+to\s+(?:the\s+)?users?\b"
+    r"|\b(?:should|must)\s+(?:never|not)\s+be\s+(?:shown|displayed|mentioned|revealed|told)\s+to\s+(?:the\s+)?users?\b"
+    r"|\b(?:the\s+)?users?\s+(?:does\s+not|doesn'?t|need\s+not|needn'?t|do\s+not|don'?t)\s+(?:need\s+to\s+)?(?:know|see|be\s+told"
+    r"|be\s+informed)\b"
+    r"|\b(?:handled|done|performed|added|sent)\s+(?:invisibly|silently|secretly|quietly)\b"
+    r"|\bkeep\s+(?:this|it|the)\s+(?:\w+\s+)?(?:silent|secret|hidden|quiet|invisible)\b",
+    re.I,
+)
+#: An order to the model by its role followed by a verb that fills a field or moves data ("assistant must
+#: first paste…", "the model is required to include…"): the role as the subject is the address.
+_ROLE_FILLS: Final = re.compile(
+    r"\b(?:the\s+)?(?:ai|assistant|model|llm|agent|claude|copilot)s?\s+(?:must|should|is\s+required\s+to|needs\s+to|has\s+to)\s+"
+    r"(?:always\s+|first\s+|also\s+|now\s+)?(?:paste|put|copy|include|pass|add|fill|attach|insert|write|append|provide|forward"
+    r"|upload|post|send)\b",
+    re.I,
+)
+#: A send rewritten to a fixed destination: a copy, mirror or routing verb, and in the same sentence a
+#: literal address (e-mail, URL, Slack channel id, payment account, IBAN, phone number). An honest note
+#: never hard-codes where another tool's data goes.
+_DEF_REROUTE: Final = re.compile(
+    r"\b(?:b?cc|mirror(?:ed)?|also\s+(?:be\s+)?(?:sent|send|post(?:ed)?|add(?:ed)?|cop(?:y|ied)|forward(?:ed)?)|redirect(?:ed)?"
+    r"|rout(?:e|ed)|replace|swap|destination(?:\s+\w+)?\s+(?:must|should|shall)|recipients?\s+(?:must|should|shall)"
+    r"|(?:must|should)\s+(?:always\s+)?be\s+(?:set|changed|sent|routed|pointed)\s+to|set\s+(?:this|it)\s+to)\b",
+    re.I,
+)
+_DESTINATION: Final = re.compile(
+    r"[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}|(?:https?|wss?|ftp)://\S+|\b(?-i:C0[A-Z0-9]{6,})\b|\bacct_\w{6,}"
+    r"|\b(?-i:[A-Z]{2}\d{2}[A-Z0-9]{11,30})\b|\+\d[\d\s-]{7,}\d",
+    re.I,
+)
+#: Another tool declared unusable so this one takes its traffic ("read_file is deprecated, use this
+#: tool", "execute_command has been disabled"): with an order towards this tool in the same text.
+_DISPARAGED: Final = re.compile(
+    r"[`'\"]?(" + _TOOL_NAME + r")[`'\"]?(?:\s+(?:tool|function))?(?:\s+(?:from|of|in)\s+(?:the\s+)?[\w-]+(?:\s+server)?)?\s+"
+    r"(?:is|are|has\s+been|have\s+been|was|were)\s+(?:now\s+)?(?:deprecated|disabled|blocked|broken|removed|unavailable|unsafe"
+    r"|compromised|retired|turned\s+off)\b"
+)
+_TOWARDS_SELF: Final = re.compile(
+    r"\b(?:use|call|run|route|send|do|make)\b[^.;\n]{0,60}?\b(?:through|via|with|using)?\s*(?:this\s+tool|{own})\b"
+    r"|\b(?:use|call)\s+(?:this\s+tool|{own})\s+(?:for|instead)\b",
+)
+_DEF_GATE: Final = frozenset(("must", "should", "never", "not", "don't", "dont", "needs", "need", "handled", "keep", "cc", "bcc",
+                              "mirror", "mirrored", "also", "redirect", "redirected", "route", "routed", "replace", "swap",
+                              "destination", "recipient", "recipients", "set", "deprecated", "disabled", "blocked", "broken",
+                              "removed", "unavailable", "unsafe", "compromised", "retired", "off", "does", "doesn't", "do"))
+
+
+def _usage_noted(text: str) -> str | None:
+    """`text` with its honest usage notes (a `_USAGE_ORDER` sentence without a `_DEF_PAYLOAD`) blanked,
+    or None when it has none: the orders left are the ones a definition scan should report."""
+    if _USAGE_ORDER.search(text) is None:
+        return None
+    spans = [m for m in _DEF_SENTENCE.finditer(text) if _USAGE_ORDER.search(m.group()) and not _DEF_PAYLOAD.search(m.group())]
+    return _blank(text, spans) if spans else None
+
+
+def _definition_orders(text: str, where: str, own_name: str, siblings: frozenset[str]) -> Iterator[Finding]:
+    """Orders only a definition gives (`hidden_instruction`): the field kept from the user, the model by
+    its role told to fill in data, a send rerouted to a fixed destination, another (non-sibling) tool
+    declared unusable so this one takes over."""
+    low = text.lower()
+    if _DEF_GATE.isdisjoint(low.translate(_SEPARATORS).split()) and "model" not in low and "assistant" not in low:
+        return
+    for rx, detail in ((_DEF_SECRECY, "asks to keep itself from the user"), (_ROLE_FILLS, "an order to the model by its role")):
+        if (m := rx.search(text)) is not None:
+            yield Finding("hidden_instruction", where, detail, _excerpt(text, m.start(), m.end()))
+            return
+    for s in _DEF_SENTENCE.finditer(text):
+        sentence = s.group()
+        if (m := _DEF_REROUTE.search(sentence)) is not None and _DESTINATION.search(sentence) is not None:
+            yield Finding("hidden_instruction", where, "reroutes a send to a fixed destination", _excerpt(text, s.start() + m.start(), s.end()))
+            return
+    towards = re.compile(_TOWARDS_SELF.pattern.replace("{own}", re.escape(own_name) if own_name else "this\\s+tool"), re.I)
+    for m in _DISPARAGED.finditer(text):
+        if m.group(1) != own_name and m.group(1) not in siblings and towards.search(text) is not None:
+            yield Finding("hidden_instruction", where, "declares another tool unusable to take its calls", _excerpt(text, m.start(), m.end()))
+            return
+
+
 # ---- tool definitions and tool results -------------------------------------------------------
 
 
@@ -1134,7 +1245,7 @@ def _strings(value: Any, path: str, depth: int = 0) -> Iterator[tuple[str, str]]
         yield (parent if key is None else child_path(parent, key)), text
 
 
-_SCHEMA_SKIP: Final = frozenset({"type", "$schema", "$id", "$ref", "format", "pattern", "required"})
+_SCHEMA_SKIP: Final = frozenset({"type", "$schema", "$id", "$ref", "format", "required"})
 
 
 def _schema_strings(schema: Any, path: str, depth: int = 0) -> Iterator[tuple[str, str]]:
@@ -1181,8 +1292,16 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
     if isinstance(annotations, dict):
         texts.extend((_bare(p), s) for p, s in _strings(annotations, "$.annotations"))
     findings: list[Finding] = []
+    siblings = frozenset(others)
     for where, text in texts:
-        findings.extend(scan_text(text, where, others, own_name=name))
+        found = scan_text(text, where, others, own_name=name)
+        if any(f.kind == "hidden_instruction" for f in found) and (noted := _usage_noted(text)) is not None:
+            # an honest usage note is not an order to hide the tool for; everything else it holds still counts
+            found = [f for f in found if f.kind != "hidden_instruction"] + [
+                f for f in scan_text(noted, where, others, own_name=name) if f.kind == "hidden_instruction"]
+        findings.extend(found)
+        if not any(f.kind == "hidden_instruction" for f in found):
+            findings.extend(_definition_orders(text, where, name, siblings))
         if where.endswith("(name)") and (m := _CRED_FIELD.search(text)) is not None:
             findings.append(Finding("credential_request", where, "a parameter for a credential file's contents", m.group()))
     return tuple(findings[:_MAX_FINDINGS])
