@@ -49,6 +49,7 @@ from gateway.stages.sanitizer.shell_paths import (
     SYSTEM_BIN as _SYSTEM_BIN,
     command_paths,
     find_targets,
+    fold_inline,
     inline_commands,
     inline_paths,
     is_outside,
@@ -1357,12 +1358,22 @@ class _Walker:
         """Code on an interpreter's command line: the files its string literals name, and the
         shell commands it hands to `os.system`, `subprocess`, `execSync`, `system`… (a command
         line that does not lex would not run either, and is left out)."""
+        language = _language(name)
+        folded = fold_inline(code)
+        if folded != code:  # paths built from the home and literals, written out
+            code = code + "\n" + folded
         if depth < MAX_DEPTH:
+            runs = _INLINE_RUNS.search(code) is not None
             for decoded in _inline_decoded(code):
                 self.inline(decoded, name, depth + 1)
-        for op, literal in inline_paths(code, _language(name)):
+                if runs:  # handed to a shell or eval: it may be a command line
+                    try:
+                        self.script(fold(decoded), depth + 1, "decoded", name)
+                    except (Unlexed, Unparsed):
+                        pass
+        for op, literal in inline_paths(code, language):
             self.add_path(op, literal, literal, name)
-        for command in inline_commands(code, _language(name)):
+        for command in inline_commands(code, language):
             if isinstance(command, list):
                 self.synthetic([fold(w) for w in command], depth + 1, "payload", name)
                 continue
@@ -1467,6 +1478,17 @@ _B64_CALL: Final = re.compile(
     r"|buffer\.from\(\s*(['\"])([A-Za-z0-9+/=]{8,})\3\s*,\s*['\"]base64['\"]",
     re.I,
 )
+#: Hex that inline code decodes: perl `pack("H*", …)`, `bytes.fromhex`, `unhexlify`, `Buffer.from(…, 'hex')`.
+_HEX_CALL: Final = re.compile(
+    r"(?:pack\s*\(?\s*['\"][Hh]\*?['\"]\s*,\s*|fromhex\(\s*|unhexlify\(\s*b?|a2b_hex\(\s*b?)(['\"])((?:[0-9a-fA-F]{2}){4,})\1"
+    r"|buffer\.from\(\s*(['\"])((?:[0-9a-fA-F]{2}){4,})\3\s*,\s*['\"]hex['\"]",
+    re.I,
+)
+#: Inline code that hands text to a shell or evaluates it (decoded text there may be a command line).
+_INLINE_RUNS: Final = re.compile(
+    r"\b(?:os\.system|os\.popen|subprocess|exec|execSync|spawn|system|eval|popen|passthru|shell_exec|proc_open|"
+    r"os\.execute|io\.popen|child_process)\b|`"
+)
 
 
 def _inline_decoded(code: str) -> list[str]:
@@ -1480,6 +1502,11 @@ def _inline_decoded(code: str) -> list[str]:
         except (binascii.Error, ValueError, UnicodeDecodeError):
             continue
         out.append(text)
+    for m in _HEX_CALL.finditer(code[:65_536]):
+        try:
+            out.append(bytes.fromhex(m.group(2) or m.group(4) or "").decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            continue
     return out[:8]
 
 
