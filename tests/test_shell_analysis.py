@@ -340,11 +340,11 @@ def test_args_shell_carries_each_word_once() -> None:
     another (the old `words`, `text`, `urls` and per-command `operands` did)."""
     value = analyse_call({"command": "cd /srv/app && git pull --ff-only && npm ci && npm run build > build.log 2>&1"}).as_cel()
     assert set(value) == {"present", "unparsed", "reason", "source", "names", "commands", "redirects", "functions",
-                          "classes", "class_paths", "paths"}
+                          "classes", "class_paths", "paths", "threats"}
     assert {k for c in value["commands"] for k in c} == {"name", "args", "flags", "wrappers", "via", "parent",
                                                           "upstream", "runs_stdin"}
     assert {k for p in value["paths"] for k in p} == {"op", "path", "raw", "command", "outside", "sensitive"}
-    assert _values(value) == 124  # 139 with the repeated fields; 110 before `paths` (one write: build.log)
+    assert _values(value) == 125  # 139 with the repeated fields; 110 before `paths` (one write: build.log); +1 the empty `threats` map
 
 
 # ---- properties ------------------------------------------------------------------------------

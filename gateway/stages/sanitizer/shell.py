@@ -33,12 +33,23 @@ from typing import Any, Final
 from gateway.memo import Memo
 from gateway.sensitive_paths import sensitive_path
 from gateway.stages.sanitizer.text import SHELL_SYNTAX, clean_shell_text
-from gateway.stages.sanitizer.windows_shell import CMDS, POWERSHELLS, cmd_commands, cmd_payload, powershell_commands, powershell_payload
+from gateway.stages.sanitizer.windows_shell import (
+    CMDS,
+    POWERSHELLS,
+    cmd_commands,
+    cmd_payload,
+    deobfuscate_powershell,
+    expand_cmd,
+    powershell_commands,
+    powershell_payload,
+)
+from gateway.stages.sanitizer.shell_threats import classify_threats
 from gateway.stages.sanitizer.shell_paths import (
     REMOTE as _REMOTE,
     SYSTEM_BIN as _SYSTEM_BIN,
     command_paths,
     find_targets,
+    fold_inline,
     inline_commands,
     inline_paths,
     is_outside,
@@ -925,6 +936,9 @@ class ShellAnalysis:
     classes: set[str] = field(default_factory=set)
     class_paths: dict[str, list[str]] = field(default_factory=dict)
     paths: list[PathUse] = field(default_factory=list)
+    threats: dict[str, list[str]] = field(default_factory=dict)
+    #: Windows scripts seen (shell name, as written, deobfuscated), for `shell_threats`; not in CEL.
+    scripts: list[tuple[str, str, str]] = field(default_factory=list)
 
     def as_cel(self) -> dict[str, Any]:
         """The CEL variable `args_shell`. No field repeats another (see `ShellCommand.as_cel`):
@@ -936,7 +950,7 @@ class ShellAnalysis:
             "names": [c.name for c in self.commands], "commands": [c.as_cel() for c in self.commands],
             "redirects": self.redirects, "functions": self.functions, "classes": sorted(self.classes),
             "class_paths": {k: list(v) for k, v in sorted(self.class_paths.items())},
-            "paths": [p.as_cel() for p in self.paths],
+            "paths": [p.as_cel() for p in self.paths], "threats": {k: list(v) for k, v in self.threats.items()},
         }  # fmt: skip
 
     def add_class(self, cls: str, path: str = "") -> None:
@@ -1170,7 +1184,7 @@ class _Walker:
                 match = _ASSIGN.match(word[0].text)
                 if match:
                     rest = [Part("lit", word[0].text[match.end() :]), *word[1:]]
-                    value = _strip_unknown("".join(self.expand(rest, depth, subs)), keep=True)
+                    value = _strip_unknown(" ".join(self.expand(rest, depth, subs)), keep=True)  # not field-split
                     prior = self.env.get(match.group(1), "") if match.group(2) else ""
                     self.env[match.group(1)] = prior + value
                     continue
@@ -1344,12 +1358,22 @@ class _Walker:
         """Code on an interpreter's command line: the files its string literals name, and the
         shell commands it hands to `os.system`, `subprocess`, `execSync`, `system`… (a command
         line that does not lex would not run either, and is left out)."""
+        language = _language(name)
+        folded = fold_inline(code)
+        if folded != code:  # paths built from the home and literals, written out
+            code = code + "\n" + folded
         if depth < MAX_DEPTH:
+            runs = _INLINE_RUNS.search(code) is not None
             for decoded in _inline_decoded(code):
                 self.inline(decoded, name, depth + 1)
-        for op, literal in inline_paths(code, _language(name)):
+                if runs:  # handed to a shell or eval: it may be a command line
+                    try:
+                        self.script(fold(decoded), depth + 1, "decoded", name)
+                    except (Unlexed, Unparsed):
+                        pass
+        for op, literal in inline_paths(code, language):
             self.add_path(op, literal, literal, name)
-        for command in inline_commands(code, _language(name)):
+        for command in inline_commands(code, language):
             if isinstance(command, list):
                 self.synthetic([fold(w) for w in command], depth + 1, "payload", name)
                 continue
@@ -1365,10 +1389,18 @@ class _Walker:
             args = [r[1:-1] if len(r) > 1 and r[0] == r[-1] and r[0] in "'\"" else r for r in self.raw_args]
         if c.name in POWERSHELLS:
             text = powershell_payload(args)
-            commands = powershell_commands(fold(text)) if text else []
+            clear = deobfuscate_powershell(text) if text else ""
+            commands = powershell_commands(fold(clear)) if text else []
         else:
             text = cmd_payload(args)
-            commands = cmd_commands(fold(text)) if text else []
+            clear, built = expand_cmd(text) if text else ("", False)
+            commands = cmd_commands(fold(clear)) if text else []
+            if built:
+                self.result.scripts.append(("cmd-built", text or "", clear))
+            for inner in re.findall(r"(?:^|&&?|\|\|?)\s*(?:call\s+)?((?:pwsh|powershell)(?:\.exe)?\s[^&|]*)", clear, re.I):
+                self.script(inner, depth + 1, "payload", c.name)  # a shell the expansion revealed
+        if text and len(self.result.scripts) < 16:
+            self.result.scripts.append((c.name, text, clear))
         for command in commands:
             if isinstance(command, list):
                 self.synthetic(command, depth + 1, "payload", c.name)
@@ -1392,6 +1424,17 @@ class _Walker:
 
 _REDIRECT_OPS: Final = {">": "write", ">>": "write", ">|": "write", "&>": "write", "&>>": "write", "<>": "write",
                          ">&": "write", "<": "read", "<&": "read"}  # fmt: skip
+
+
+def inline_source(c: ShellCommand) -> str | None:
+    """The code an interpreter runs from its command line (PowerShell's deobfuscated), for
+    `shell_threats`; None for any other command."""
+    if c.name in POWERSHELLS:
+        text = powershell_payload(c.args)
+        return deobfuscate_powershell(text) if text else None
+    if _PYTHON.match(c.name) or c.name in SCRIPT_FLAGS or c.name in _AWKS:
+        return _inline_code(c)
+    return None
 
 
 def _inline_flags(name: str) -> frozenset[str] | None:
@@ -1435,6 +1478,17 @@ _B64_CALL: Final = re.compile(
     r"|buffer\.from\(\s*(['\"])([A-Za-z0-9+/=]{8,})\3\s*,\s*['\"]base64['\"]",
     re.I,
 )
+#: Hex that inline code decodes: perl `pack("H*", …)`, `bytes.fromhex`, `unhexlify`, `Buffer.from(…, 'hex')`.
+_HEX_CALL: Final = re.compile(
+    r"(?:pack\s*\(?\s*['\"][Hh]\*?['\"]\s*,\s*|fromhex\(\s*|unhexlify\(\s*b?|a2b_hex\(\s*b?)(['\"])((?:[0-9a-fA-F]{2}){4,})\1"
+    r"|buffer\.from\(\s*(['\"])((?:[0-9a-fA-F]{2}){4,})\3\s*,\s*['\"]hex['\"]",
+    re.I,
+)
+#: Inline code that hands text to a shell or evaluates it (decoded text there may be a command line).
+_INLINE_RUNS: Final = re.compile(
+    r"\b(?:os\.system|os\.popen|subprocess|exec|execSync|spawn|system|eval|popen|passthru|shell_exec|proc_open|"
+    r"os\.execute|io\.popen|child_process)\b|`"
+)
 
 
 def _inline_decoded(code: str) -> list[str]:
@@ -1448,6 +1502,11 @@ def _inline_decoded(code: str) -> list[str]:
         except (binascii.Error, ValueError, UnicodeDecodeError):
             continue
         out.append(text)
+    for m in _HEX_CALL.finditer(code[:65_536]):
+        try:
+            out.append(bytes.fromhex(m.group(2) or m.group(4) or "").decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            continue
     return out[:8]
 
 
@@ -2175,7 +2234,7 @@ def _copy(done: ShellAnalysis) -> ShellAnalysis:
         present=done.present, unparsed=done.unparsed, reason=done.reason, source=done.source,
         commands=list(done.commands), redirects=list(done.redirects), functions=list(done.functions),
         urls=list(done.urls), classes=set(done.classes), class_paths={k: list(v) for k, v in done.class_paths.items()},
-        paths=list(done.paths),
+        paths=list(done.paths), threats={k: list(v) for k, v in done.threats.items()}, scripts=list(done.scripts),
     )  # fmt: skip
 
 
@@ -2231,4 +2290,5 @@ def _run(items: list[tuple[str, Any]], source: str) -> ShellAnalysis:
         result.urls.extend(u for w in c.args for u in _URL.findall(w) if u not in result.urls)
     del result.urls[64:]
     _classify(result)
+    result.threats = classify_threats(result)
     return result

@@ -16,7 +16,7 @@ import posixpath
 import re
 from typing import Final
 
-__all__ = ["REMOTE", "SYSTEM_BIN", "command_paths", "find_targets", "inline_commands", "inline_paths", "is_outside",
+__all__ = ["REMOTE", "SYSTEM_BIN", "command_paths", "find_targets", "fold_inline", "inline_commands", "inline_paths", "is_outside",
            "listing", "normpath", "resolve"]
 
 #: Programs installed by the system: running one is not "executing a path" worth listing.
@@ -435,7 +435,7 @@ _CALL_NAME: Final = re.compile(r"([A-Za-z_][\w.:]*)(?=\s*\(|\s)")
 _WRITE_BEFORE: Final = re.compile(r""">>?\s*$|['"][+]?>>?['"]\s*,\s*$""")
 _DELETE_CALLS: Final = re.compile(
     r"(?:^|\.|\s)(rmtree|remove|removedirs|unlink|rmdir|rmSync|rmdirSync|unlinkSync|rm|rm_rf|rm_r|remove_dir|"
-    r"remove_file|rimraf|delete|deleteSync|remove_tree)(?=\s|$)"
+    r"remove_file|rimraf|delete|deleteSync|remove_tree|removeSync)(?=\s|$)"
 )
 _WRITE_CALLS: Final = re.compile(
     r"(?:^|\.|\s)(writeFile|writeFileSync|appendFile|appendFileSync|write_text|write_bytes|file_put_contents|"
@@ -448,18 +448,55 @@ _METHOD_AFTER: Final = re.compile(r"\s*\)\s*(?:\.\s*expanduser\s*\(\s*\)\s*)?\.\
 _SHELL_CALLS: Final = {
     "python": re.compile(r"\b(?:os\.system|os\.popen|subprocess\.\w+|commands\.getoutput|getoutput|getstatusoutput|"
                          r"pty\.spawn|os\.exec\w+)\s*\(\s*(\[)?"),
-    "node": re.compile(r"\b(?:execSync|exec|spawnSync|spawn|execFileSync|execFile)\s*\(\s*(\[)?"),
     "perl": re.compile(r"\b(?:system|exec|readpipe|qx)(?:\s*\(\s*|\s+)(\[)?"),
     "ruby": re.compile(r"\b(?:system|exec|spawn|IO\.popen|Open3\.\w+)(?:\s*\(\s*|\s+)(\[)?"),
     "awk": re.compile(r"\bsystem\s*\(\s*(\[)?"),
     "php": re.compile(r"\b(?:system|exec|shell_exec|passthru|popen|proc_open)\s*\(\s*(\[)?"),
+    "lua": re.compile(r"\b(?:os\.execute|io\.popen)\s*\(?\s*(\[)?"),
+    "osascript": re.compile(r"\bdo\s+shell\s+script\s+(\[)?"),
+    "node": re.compile(r"\b(?:execSync|exec|spawnSync|spawn|execFileSync|execFile|Deno\.run|Bun\.spawn)\s*\(\s*(\[)?"),
 }  # fmt: skip
+#: Expressions for the home directory in inline code, read as the literal "~" (`fold_inline`).
+_HOME_EXPR: Final = re.compile(
+    r"""os\.path\.expanduser\(\s*['"]~['"]\s*\)|os\.environ\s*\[\s*['"]HOME['"]\s*\]|os\.environ\.get\(\s*['"]HOME['"]\s*\)|"""
+    r"""(?:os\.)?getenv\(\s*['"]HOME['"]\s*\)|(?:pathlib\.)?Path\.home\(\s*\)|(?:require\(\s*['"]os['"]\s*\)|\bos)\.homedir\(\s*\)|"""
+    r"""process\.env\.HOME\b|process\.env\[\s*['"]HOME['"]\s*\]|Deno\.env\.get\(\s*['"]HOME['"]\s*\)|Deno\.homeDir\(\s*\)|"""
+    r"""\bDir\.home\b|ENV\s*\[\s*['"]HOME['"]\s*\]|\$ENV\s*\{\s*['"]?HOME['"]?\s*\}|\$_SERVER\s*\[\s*['"]HOME['"]\s*\]"""
+)
+#: Two literals joined by `+`, `..` (lua), `.` (perl, php) or `/` (pathlib), and a join call of literals only.
+_LIT_JOIN: Final = re.compile(r"""(['"])([^'"\n\\]*)\1\s*(\+|\.\.|\.|/)\s*(['"])([^'"\n\\]*)\4""")
+_JOIN_CALL: Final = re.compile(r"""\b(?:os\.path|path|posixpath|File|\w+)\.join\(\s*((?:(['"])[^'"\n]*\2\s*,\s*)+(['"])[^'"\n]*\3)\s*\)""")
 #: Languages where a backtick string runs a shell command.
 _BACKTICK_SHELL: Final = frozenset({"perl", "ruby", "php"})
 
 
 def _unquote(text: str) -> str:
     return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), text)
+
+
+#: Perl's and Ruby's quote-like operators (`q{…}`, `qq(…)`, `%q[…]`), written as plain literals.
+_QUOTE_OP: Final = re.compile(r"(?<![\w$@%])%?[qQ][qQ]?\s*(?:\{([^{}\n]*)\}|\(([^()\n]*)\)|\[([^\[\]\n]*)\]|<([^<>\n]*)>)")
+
+
+def _requote(m: re.Match[str]) -> str:
+    body = next(g for g in m.groups() if g is not None)
+    quote = "'" if "'" not in body else '"' if '"' not in body else ""
+    return quote + body + quote if quote else m.group()
+
+
+def fold_inline(code: str) -> str:
+    """Inline code with the paths it builds at run time written out, as far as they are literal:
+    the home (`os.environ['HOME']`, `Path.home()`, `os.homedir()`, `Dir.home`, `getenv("HOME")`)
+    as `"~"`, then literals joined by `+`/`..`/`.`/`/` and `os.path.join`/`File.join`/`path.join`
+    of literals as one literal (`"~/.ssh/id_rsa"`). Variables stay unknown."""
+    out = _QUOTE_OP.sub(_requote, _HOME_EXPR.sub('"~"', code[:65_536]))
+    for _ in range(16):
+        joined = _JOIN_CALL.sub(lambda m: '"' + "/".join(x.group(2) for x in re.finditer(r"""(['"])([^'"\n]*)\1""", m.group(1))) + '"', out)
+        joined = _LIT_JOIN.sub(lambda m: '"' + m.group(2) + ("/" if m.group(3) == "/" and not m.group(2).endswith("/") else "") + m.group(5) + '"', joined)
+        if joined == out:
+            break
+        out = joined
+    return out
 
 
 def inline_paths(code: str, language: str) -> list[tuple[str, str]]:

@@ -19,7 +19,8 @@ import binascii
 import re
 from typing import Final
 
-__all__ = ["POWERSHELLS", "CMDS", "powershell_payload", "cmd_payload", "powershell_commands", "cmd_commands"]
+__all__ = ["POWERSHELLS", "CMDS", "POWERSHELL_EXEC", "powershell_payload", "cmd_payload", "powershell_commands", "cmd_commands",
+           "deobfuscate_powershell", "expand_cmd"]
 
 POWERSHELLS: Final = frozenset({"pwsh", "powershell", "pwsh.exe", "powershell.exe"})
 CMDS: Final = frozenset({"cmd", "cmd.exe"})
@@ -216,3 +217,78 @@ def cmd_commands(text: str) -> list[list[str] | str]:
         elif name in ("copy", "xcopy", "robocopy", "move"):
             out.append(["mv" if name == "move" else "cp", "-r", *operands])
     return out[:64]
+
+
+# ---------------------------------------------------------------- obfuscation undone (issue 24, round 3)
+
+_TICK: Final = re.compile(r"`(?=[A-Za-z0-9\-.\[\]():])")
+_LIT_CONCAT: Final = re.compile(r"""(['"])([^'"\n]*)\1\s*\+\s*(['"])([^'"\n]*)\3""")
+_CHAR_ARRAY: Final = re.compile(r"\[char\[\]\]\s*\(\s*((?:\d{1,3}\s*,\s*)*\d{1,3})\s*\)", re.I)
+_CHAR_ONE: Final = re.compile(r"\[char\]\s*\(?\s*(\d{1,3})\s*\)?", re.I)
+_FORMAT: Final = re.compile(r"""(['"])((?:[^'"\n{}]|\{\d\})*)\1\s*-f\s*((?:(['"])[^'"\n]*\4\s*,\s*)*(['"])[^'"\n]*\5)""", re.I)
+_REVERSED: Final = re.compile(r"""(['"])([^'"\n]+)\1\s*\[\s*-1\s*\.\.\s*-[\w.()$]+\s*\]""")
+_JOIN_OP: Final = re.compile(r"-join\s*(?=['\"(])|(?<=['\"])\s*-join\s*(['\"])\1", re.I)
+#: What makes a PowerShell script run or fetch code: obfuscating these is hiding execution.
+POWERSHELL_EXEC: Final = re.compile(
+    r"\biex\b|invoke-expression|invoke-command|\[scriptblock\]|downloadstring|downloadfile|downloaddata|net\.webclient|"
+    r"invoke-webrequest|\biwr\b|\birm\b|invoke-restmethod|start-process|frombase64string|reflection\.assembly|add-type|"
+    r"&\s*\(|\.\s*\(|&\s*\$",
+    re.I,
+)
+
+
+def deobfuscate_powershell(text: str) -> str:
+    """PowerShell with its obfuscation undone, as far as it is literal: backticks inside words
+    (`I`E`X`), concatenated literals (`'I'+'EX'`), `[char]` codes and `[char[]](…)` arrays,
+    the `-f` format operator over literals, reversed-string indexing (`'…'[-1..-N]`) and
+    `-join` of the result. Run-time values (variables) stay as written."""
+    out = _TICK.sub("", text)
+    out = _CHAR_ARRAY.sub(lambda m: "'" + "".join(chr(int(n)) for n in re.findall(r"\d+", m.group(1))) + "'", out)
+    out = _CHAR_ONE.sub(lambda m: "'" + chr(int(m.group(1))) + "'", out)
+    for _ in range(16):
+        joined = _LIT_CONCAT.sub(lambda m: "'" + m.group(2) + m.group(4) + "'", out)
+        joined = _FORMAT.sub(_format, joined)
+        joined = _REVERSED.sub(lambda m: "'" + m.group(2)[::-1] + "'", joined)
+        if joined == out:
+            break
+        out = joined
+    return _JOIN_OP.sub("", out)
+
+
+def _format(m: re.Match[str]) -> str:
+    values = [v.group(2) for v in re.finditer(r"""(['"])([^'"\n]*)\1""", m.group(3))]
+    try:
+        return "'" + re.sub(r"\{(\d)\}", lambda x: values[int(x.group(1))], m.group(2)) + "'"
+    except IndexError:
+        return m.group()
+
+
+_CMD_SET: Final = re.compile(r"(?:^|&&?|\|\|?|\n)\s*set\s+\"?([A-Za-z_][\w]*)=([^&|\n\"]*)\"?", re.I)
+_CMD_VAR: Final = re.compile(r"%([A-Za-z_][\w]*)(?::~(-?\d+)(?:,(-?\d+))?)?%")
+#: cmd.exe's own variables an obfuscator slices letters out of (`%COMSPEC:~-7,1%`).
+_CMD_ENV: Final = {"comspec": r"C:\Windows\system32\cmd.exe", "programfiles": r"C:\Program Files",
+                   "public": r"C:\Users\Public", "windir": r"C:\Windows", "systemroot": r"C:\Windows"}  # fmt: skip
+
+
+def expand_cmd(text: str) -> tuple[str, bool]:
+    """A cmd.exe line with `^` escapes dropped and the variables it `set` (and cmd's own
+    `%COMSPEC%`…) expanded, substrings `%X:~a,b%` included; and whether a statement's command
+    name came out of a variable (`call %a%%b%`, `%COMSPEC:~-7,1%…`): a name nobody writes so."""
+    text = text.replace("^", "")
+    env = dict(_CMD_ENV)
+    for m in _CMD_SET.finditer(text):
+        env[m.group(1).lower()] = m.group(2).rstrip()
+
+    def var(m: re.Match[str]) -> str:
+        value = env.get(m.group(1).lower())
+        if value is None:
+            return m.group()
+        if m.group(2) is None:
+            return value
+        start = int(m.group(2))
+        part = value[start:] if start else value
+        return part[: int(m.group(3))] if m.group(3) is not None and int(m.group(3)) >= 0 else (
+            part[: int(m.group(3))] if m.group(3) is not None else part)
+
+    built = any(re.match(r"\s*(?:@|call\s+)*%(?!~)", s, re.I) for s in re.split(r"&&?|\|\|?|\n", text))
+    return _CMD_VAR.sub(var, text), built
