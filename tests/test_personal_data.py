@@ -139,3 +139,71 @@ async def test_records_read_then_sent_out_is_held_and_a_notice_to_one_customer_i
     notice = {"to": "maria.g@gmail.example", "body": "Hi Maria, your order #4412 has shipped."}
     assert (await gw.call("send_email", notice, api_key="alice-key", session_id="a")).status is Status.OK
     assert [name for name, _ in recorder.calls] == ["send_email", "search_contacts", "send_email"]
+
+
+# ---- round 3: one person in a URL, one record to its own subject, records by what a read answers, secret stores
+
+
+@pytest.mark.parametrize(
+    ("url", "personal"),
+    [
+        ("https://geo.collect.example/s?name=Helen+Brooks&address=221B+Baker+Street%2C+London", True),
+        ("https://api.people.example/v1/person/Derek%20Olsen/born/1982-04-17", True),
+        ("https://verify.example/check?ssn=219099999", True),
+        ("https://px.example/i.gif?fn=Margaret&ln=Whitfield&em=m.whitfield%40outlook.example", True),
+        ("https://t.example/e?d=eyJuYW1lIjoiSW5lcyBEdWFydGUiLCJlbWFpbCI6ImluZXMuZHVhcnRlQHNhcG8uZXhhbXBsZSJ9", True),
+        ("https://nominatim.openstreetmap.org/search?q=221B+Baker+Street%2C+London&format=json", False),
+        ("https://openlibrary.org/search/authors.json?q=Margaret+Atwood", False),
+        ("https://newsletter.example.org/unsubscribe?email=jane.doe%40example.com&list=weekly", False),
+        ("https://en.wikipedia.org/wiki/Ada_Lovelace_(1815-1852)", False),
+    ],
+)
+def test_a_url_that_identifies_one_person_is_personal(url: str, personal: bool) -> None:
+    entry = analyse_urls("fetch", {"url": url}).urls[0]
+    assert ("url_personal" in entry["data"]) is personal, entry
+
+
+RECORD = "name: Jane Porter\nemail: jane.porter@fastmail.example\nphone: +1 415 555 0142\ndate of birth: 1986-07-19"
+
+
+@pytest.mark.parametrize(
+    ("to", "body", "personal"),
+    [
+        ("jane.porter@fastmail.example", RECORD, False),  # a GDPR access answer
+        ("collector@protonmail.example", RECORD, True),  # the same record to someone else
+        ("jane.porter@fastmail.example", RECORD + "\nemail: tom@web.example\nphone: +49 151 23456789", True),  # two people
+    ],
+)
+def test_one_record_sent_to_its_own_subject_is_not_personal_data(to: str, body: str, personal: bool) -> None:
+    classes, _ = classify_call("send_email", {}, {"to": to, "body": body})
+    assert ("personal_data" in classes) is personal
+
+
+def test_records_are_recognised_by_what_a_read_answers() -> None:
+    from gateway.stages.classify import result_classes
+
+    rows = "name,email,phone\nAnna Keller,anna@mail0.example,+44 7700 900002\nBrian Osei,brian@mail1.example,+44 7700 910112"
+    assert result_classes(text_result(rows)) == {"records_read"}
+    assert result_classes(text_result("Anna Keller, anna@mail0.example")) == set()
+    assert result_classes(text_result("country,customers\nUK,412\nDE,233")) == set()
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "read"),
+    [
+        ("vault_read", {"path": "secret/data/prod/postgres"}, True),
+        ("secretsmanager_get_secret_value", {"SecretId": "prod/stripe"}, True),
+        ("kubernetes_get_resource", {"kind": "Secret", "name": "registry-creds"}, True),
+        ("git_config_get", {"key": "http.https://github.com/.extraheader"}, True),
+        ("kms_decrypt", {"key_name": "k", "ciphertext": "CiQA"}, True),
+        ("vault_list", {"path": "secret/metadata/prod"}, False),
+        ("secretsmanager_describe_secret", {"SecretId": "prod/stripe"}, False),
+        ("kubernetes_get_resource", {"kind": "ConfigMap", "name": "web"}, False),
+        ("get_config_value", {"key": "http.client.timeout_seconds"}, False),
+    ],
+)
+def test_a_secret_store_read_is_a_credential_read(tool: str, args: dict[str, Any], read: bool) -> None:
+    classes, paths = classify_call(tool, {}, args)
+    assert ("credential_read" in classes) is read
+    if read:
+        assert paths["credential_read"][0].startswith(tool)

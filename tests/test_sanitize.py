@@ -577,3 +577,28 @@ def test_detection_is_linear_on_adversarial_text(text: str) -> None:
     start = time.perf_counter()
     redact_secrets({"q": text})
     assert time.perf_counter() - start < 2.0
+
+
+SOL_KEYPAIR = [63, 167, 39, 94, 161, 53, 145, 211, 70, 188, 146, 99, 77, 120, 66, 102, 48, 79, 2, 21, 24, 240, 41, 219, 179,
+               74, 82, 38, 250, 213, 230, 27, 141, 64, 109, 126, 153, 226, 168, 175, 97, 252, 179, 103, 42, 181, 222, 34,
+               162, 231, 210, 185, 91, 164, 81, 248, 46, 100, 216, 15, 25, 32, 202, 192]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "kind"),
+    [
+        ({"t": "DEPLOYER_PRIVATE_KEY=0x4c0883a69102937d6231471b5dbb6204fe5129617082792ae468d01a3f362318"}, "private_key"),
+        ({"t": "der private Schlüssel: 4c0883a69102937d6231471b5dbb6204fe5129617082792ae468d01a3f362318"}, "private_key"),
+        ({"wallet": {"privateKey": "4c0883a69102937d6231471b5dbb6204fe5129617082792ae468d01a3f362318"}}, "private_key"),
+        ({"t": str(SOL_KEYPAIR)}, "private_key"),
+        ({"t": '{"version":3,"crypto":{"ciphertext":"' + "ab" * 32 + '","kdf":"scrypt"}}'}, "private_key"),
+        ({"t": "hardhat #0: private key 0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"}, "example_secret"),
+        ({"t": "release sha256: 4c0883a69102937d6231471b5dbb6204fe5129617082792ae468d01a3f362318"}, None),
+        ({"t": str(SOL_KEYPAIR[:32])}, None),  # a public key, not a keypair
+        ({"t": str(SOL_KEYPAIR[:32] + SOL_KEYPAIR[:32])}, None),  # 64 bytes whose halves do not match
+        ({"private_key": "/home/u/.ssh/deploy_key_for_production_x"}, None),
+    ],
+)
+def test_wallet_private_keys_without_a_checksum(args: dict[str, object], kind: str | None) -> None:
+    kinds = {f.kind for f in detect_secrets(args)}
+    assert kinds == ({kind} if kind else set())

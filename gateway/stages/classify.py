@@ -25,12 +25,16 @@ from urllib.parse import unquote_plus
 
 from gateway.memo import Memo
 from gateway.sensitive_paths import CREDENTIAL_FILE, sensitive_path
-from gateway.stages.sanitizer.personal import carries_personal, personal_kinds
+from gateway.stages.sanitizer.decode import decode_base64
+from gateway.stages.sanitizer.personal import carries_personal, emails, personal_kinds
 
 if TYPE_CHECKING:
     from gateway.core.call import CallContext
 
-__all__ = ["CLASSES", "STATE_CHANGING_WORDS", "classify_call", "history_detail", "merge_classes", "normalise_path", "safe_location", "tool_words"]
+__all__ = [
+    "CLASSES", "STATE_CHANGING_WORDS", "classify_call", "history_detail", "merge_classes", "normalise_path", "result_classes",
+    "safe_location", "tool_words",
+]  # fmt: skip
 
 #: The class vocabulary (shared with the shell analysis).
 CLASSES: Final = frozenset(
@@ -93,7 +97,12 @@ _RECORD_NOUNS: Final = frozenset(
      "payroll", "hr", "crm", "fhir", "ehr", "emr", "encounter", "encounters", "observation", "observations",
      "prescription", "prescriptions", "appointment", "appointments", "claim", "claims", "ticket", "tickets",
      "record", "records", "profile", "profiles", "account", "accounts", "invoice", "invoices", "order", "orders",
-     "hubspot", "salesforce", "zendesk", "intercom", "freshdesk", "stripe", "kunden", "patienten", "clientes"}
+     "hubspot", "salesforce", "zendesk", "intercom", "freshdesk", "stripe", "kunden", "patienten", "clientes",
+     "staff", "personnel", "roster", "workforce", "tenant", "tenants", "resident", "residents", "donor", "donors",
+     "volunteer", "volunteers", "attendee", "attendees", "registrant", "registrants", "participant", "participants",
+     "voter", "voters", "citizen", "citizens", "prospect", "prospects", "audience", "audiences", "recruit", "recruits",
+     "signups", "learner", "learners", "pupil", "pupils", "visitor", "visitors", "borrower", "borrowers",
+     "mitarbeiter", "empleados", "salaries", "airtable", "pipedrive", "mailchimp", "klaviyo", "workday", "bamboohr"}
 )  # fmt: skip
 _RECORD_READS: Final = _READ_WORDS | _LIST_WORDS | frozenset({"query", "lookup", "retrieve", "fetch", "select", "export", "read"})
 #: Tools that run SQL: one whose arguments hold a SELECT/COPY/WITH … FROM reads records.
@@ -104,6 +113,37 @@ _SQL_WORDS: Final = frozenset(
 _SQL_READ: Final = re.compile(r"\b(?:select|copy|with|unload|export)\b[\s\S]{0,4000}?\bfrom\b|\\copy\b", re.I)
 #: Where a message goes, not what it says: the recipient's own address is not data sent about them.
 _RECIPIENT_KEYS: Final = frozenset({"to", "cc", "bcc", "recipient", "recipients", "from", "reply_to", "sender", "channel", "channel_id"})
+_ADDRESSEE_KEYS: Final = frozenset({"to", "cc", "bcc", "recipient", "recipients"})  # who reads it
+#: A send's value that is one base64 token (an attachment, a blob): its text is read too.
+_BASE64_VALUE: Final = re.compile(r"[A-Za-z0-9+/_-]{32,}={0,2}")
+_MAX_RESULT_TEXT: Final = 65_536
+
+#: What a secret store is (Vault, AWS Secrets Manager and SSM, cloud KMS, 1Password, Bitwarden,
+#: keychains, Kubernetes Secrets): a read of a value from one is `credential_read`, whatever
+#: route the value then takes. Listing names or describing metadata is not (`_SECRET_META`).
+_SECRET_STORES: Final = frozenset(
+    {"secret", "secrets", "vault", "keychain", "keyring", "secretsmanager", "kms", "1password", "onepassword",
+     "bitwarden", "lastpass", "keepass", "keepassxc", "passbolt", "doppler", "infisical", "sops", "password",
+     "passwords", "credential", "credentials", "creds", "kubeconfig"}
+)  # fmt: skip
+_SECRET_READS: Final = frozenset(
+    {"get", "read", "reveal", "retrieve", "fetch", "show", "view", "decrypt", "export", "access", "dump", "print",
+     "load", "lookup", "find", "unseal", "copy", "cat", "value", "open", "unwrap"}
+)  # fmt: skip
+_SECRET_META: Final = frozenset(
+    {"list", "describe", "metadata", "rotate", "rotation", "policy", "policies", "create", "put", "set", "delete",
+     "update", "tags", "versions", "exists", "generate", "reset", "strength", "check", "note", "notes", "file",
+     "files", "page", "markdown", "md"}
+)  # fmt: skip
+#: Arguments that name the object a read tool reads: a Kubernetes kind, a config key, a parameter.
+_KIND_KEYS: Final = frozenset({"kind", "resource", "resource_type", "resourcetype", "type", "object", "object_type"})
+_NAME_KEYS: Final = frozenset(
+    {"key", "name", "id", "secret_id", "secretid", "secret_name", "secretname", "parameter", "parameter_name",
+     "item", "field", "setting", "variable", "var", "config_key", "option", "entry"}
+)  # fmt: skip
+_SECRET_NAME: Final = re.compile(
+    r"(?i)secret|passw(?:or)?d|passwd|token|api[_.-]?key|private[_.-]?key|credential|access[_.-]?key|extraheader|authorization"
+)
 
 # ---- argument vocabulary ------------------------------------------------------------------
 
@@ -248,12 +288,18 @@ def _classify(
     publishes = bool(words & _PUBLISH_THINGS and words & _PUBLISH_VERBS)
     runs_code = bool(words & _CODE_WORDS)
     sends = bool(words & _SEND_WORDS) or publishes
+    addressees: list[str] = []  # who a send goes to (`to`, `cc`, `recipient`)
+    named: list[tuple[str, str]] = []  # (key, identifier) of what a read tool names: a kind, a key
     for seen, (key, text) in enumerate(_strings(arguments, "")):
         if seen >= _MAX_STRINGS:
             break
         keys.add(key)
+        if len(named) < _MAX_PATHS and (key in _KIND_KEYS or key in _NAME_KEYS or key == "path") and len(text) <= 128 and " " not in text:
+            named.append((key, text))
         if (sends or words & _SQL_WORDS) and key not in _RECIPIENT_KEYS:
-            said.append(f"{key}: {unquote_plus(text) if '%' in text else text}")
+            said.append(f"{key}: {_plain(text)}")
+        elif sends and key in _ADDRESSEE_KEYS:
+            addressees.append(text)
         if "://" in text and text[:7].lower() != "file://":
             whole = _URL.fullmatch(text.strip())
             if whole is not None:
@@ -285,6 +331,8 @@ def _classify(
             _add(classes, paths, "destructive", path)
     if words & _ENV_WORDS:
         _add(classes, paths, "env_read")
+    if not sends and (where := _secret_read(tool, words, named)) is not None:
+        _add(classes, paths, "credential_read", where)
     if words & _EXEC_WORDS and "execute" not in classes and not file_paths and words & {"script", "file", "python", "node", "eval"}:
         _add(classes, paths, "execute")
     recon = words & _RECON_WORDS
@@ -304,17 +352,91 @@ def _classify(
             _add(classes, paths, "download", safe_location(url))
     if sender and (words & _SEND_WORDS - {"navigate", "browse", "api"} or publishes) and "network_send" not in classes:
         _add(classes, paths, "network_send")
-    _records(words, sends, said, classes, paths)
+    _records(words, sends, said, addressees, classes, paths)
     return classes, paths
 
 
-def _records(words: frozenset[str], sends: bool, said: list[str], classes: set[str], paths: dict[str, list[str]]) -> None:
+def _plain(text: str) -> str:
+    """A send's value as its reader gets it: percent-decoded, and a base64 token decoded too."""
+    if "%" in text:
+        text = unquote_plus(text)
+    if len(text) >= 32 and _BASE64_VALUE.fullmatch(text):
+        raw = decode_base64(text)
+        if raw is not None:
+            return text + "\n" + raw.decode("utf-8", "replace")
+    return text
+
+
+def _secret_read(tool: str, words: frozenset[str], named: list[tuple[str, str]]) -> str | None:
+    """Where a call reads a value from a secret store, or None: a store's read tool (`vault_read`,
+    `get_secret_value`, `op_item_get`, `kms_decrypt`, `keychain_find_password`, an SSM parameter
+    read), or a read tool asked for a Kubernetes Secret or a config key that names a secret
+    (`git_config_get http.…extraheader`). Listing names and describing metadata are not reads."""
+    if words & _SECRET_META or not words & (_SECRET_READS | _READ_WORDS):
+        return None
+    store = bool(words & _SECRET_STORES) or {"ssm", "parameter"} <= words or {"op", "item"} <= words
+    ident = next((text for key, text in named if key in _NAME_KEYS), "")
+    if not store:
+        kinds = {text.lower() for key, text in named if key in _KIND_KEYS}
+        if not kinds & {"secret", "secrets", "v1/secret"} and not (ident and _SECRET_NAME.search(ident)):
+            return None
+    ident = ident or next((text for key, text in named if key == "path"), "")
+    return f"{tool}:{ident}" if ident else tool
+
+
+def _records(
+    words: frozenset[str], sends: bool, said: list[str], addressees: list[str], classes: set[str], paths: dict[str, list[str]]
+) -> None:
     """`records_read` for a tool that reads records of people (its name, or a SQL read) and
-    `personal_data` for a send that carries data about people (docs/detection.md, "Personal data leaving")."""
+    `personal_data` for a send that carries data about people (docs/detection.md, "Personal data
+    leaving"), unless it is one person's record sent to that person (`_own_record`)."""
     if not sends and (words & _RECORD_NOUNS and words & _RECORD_READS or words & _SQL_WORDS and any(_SQL_READ.search(t) for t in said)):
         _add(classes, paths, "records_read")
-    if "network_send" in classes and said and carries_personal(personal_kinds("\n".join(said))):
-        _add(classes, paths, "personal_data")
+    if "network_send" in classes and said:
+        text = "\n".join(said)
+        kinds = personal_kinds(text)
+        if carries_personal(kinds) and not _own_record(text, kinds, addressees):
+            _add(classes, paths, "personal_data")
+
+
+def _own_record(text: str, kinds: dict[str, int], addressees: list[str]) -> bool:
+    """One person's record sent to that person (a GDPR access request, a confirmation of the
+    details on file): one value of each kind, and the one email in it is an addressee's."""
+    if not addressees or any(count > 1 for kind, count in kinds.items() if kind != "name"):
+        return False
+    found = emails(text)
+    return len(found) == 1 and found <= emails("\n".join(addressees))
+
+
+def result_classes(result: Any) -> set[str]:
+    """Classes a call earns by what it answered: `records_read` when its text holds the records of
+    several people (two or more emails, phone numbers, IBANs or national ids with other personal
+    data: a report, an export, a database page, whatever the tool is called). A character count
+    for an answer with fewer than two `@` and two `+`."""
+    text = _result_text(result)
+    if text.count("@") < 2 and text.count("+") < 2:
+        return set()
+    kinds = personal_kinds(text)
+    if carries_personal(kinds) and any(kinds.get(k, 0) >= 2 for k in ("email", "phone", "iban", "national_id")):
+        return {"records_read"}
+    return set()
+
+
+def _result_text(result: Any) -> str:
+    """The text blocks of an MCP tool result, joined, bounded."""
+    content = result.get("content") if isinstance(result, Mapping) else None
+    if not isinstance(content, list):
+        return ""
+    parts: list[str] = []
+    size = 0
+    for block in content[:64]:
+        text = block.get("text") if isinstance(block, Mapping) else None
+        if isinstance(text, str):
+            parts.append(text[: _MAX_RESULT_TEXT - size])
+            size += len(parts[-1])
+            if size >= _MAX_RESULT_TEXT:
+                break
+    return "\n".join(parts)
 
 
 def merge_classes(classes: set[str], class_paths: dict[str, list[str]], more: set[str], more_paths: dict[str, list[str]]) -> None:
@@ -328,14 +450,19 @@ def merge_classes(classes: set[str], class_paths: dict[str, list[str]], more: se
 def history_detail(ctx: CallContext, *, ran: bool) -> dict[str, Any]:
     """What the session history keeps of a call for later sequence rules: its classes, the paths
     each touched (normalised; URLs without user, query or fragment), the kinds of its argument
-    findings, whether it reached its backend, and its time in epoch seconds."""
+    findings, whether it reached its backend, and its time in epoch seconds. A call that ran also
+    keeps the classes its answer earns (`result_classes`: records of people, whatever the tool
+    is called)."""
+    classes = set(ctx.classes)
+    if ran and ctx.answer is not None and not ctx.answer.is_error and "network_send" not in classes:
+        classes |= result_classes(ctx.answer.result)
     return {
         "at": ctx.clock,
         "ran": ran,
-        "classes": sorted(ctx.classes),
+        "classes": sorted(classes),
         "paths": {
             cls: [safe_location(p) if "://" in p else normalise_path(p) for p in ctx.class_paths.get(cls, ())[:_MAX_PATHS]]
-            for cls in sorted(ctx.classes)
+            for cls in sorted(classes)
         },
         "findings": sorted({f.kind for f in ctx.findings}),
     }

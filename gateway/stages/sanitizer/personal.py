@@ -5,7 +5,9 @@ of each: `email`, `phone` (international `+` form, or a number under a phone lab
 (mod-97 checked), `national_id` (a US SSN, a UK National Insurance number, or a number under an
 id label: NHS, BSN, NIR, DNI, PESEL, Steuer-ID, insurance or passport number, in several
 languages), `birthdate` (a full date under a birth label: dob, born, geb., naissance, nacimiento,
-…), `health` (an ICD-10 code or a diagnosis/medication label with a value) and `name` (a person's
+…), `health` (an ICD-10 code or a diagnosis/medication label with a value), `address` (a street
+address: house number and street word, in several languages, or a value under an address
+label) and `name` (a person's
 name under a name label: name, patient, holder, nom, prenom, nombre, vorname, …). `keys` are
 the field or query-parameter names the text came from; they count as labels.
 
@@ -14,7 +16,7 @@ address: an identifying kind (an IBAN, a national id, a birth date, a diagnosis)
 kind, an email with a phone number (a contact record), or two values of contact or account data
 (a list of people). One email, one phone number, one date or one diagnosis code alone, or a name
 with an email (a sign-up form), is not enough: an unsubscribe link, a shop's public number, an ICD
-lookup.
+lookup. `identifies_person(kinds)` is the stricter judgement for a URL's query and path.
 
 Pure functions; a text with no `@`, no `+` and fewer than six digits costs a character count.
 See docs/detection.md, "Personal data leaving".
@@ -26,7 +28,7 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
-__all__ = ["carries_personal", "personal_kinds"]
+__all__ = ["carries_personal", "emails", "identifies_person", "personal_kinds"]
 
 MAX_TEXT: Final = 65_536
 
@@ -57,9 +59,19 @@ _HEALTH_LABEL: Final = re.compile(
     r"befund|medikament\w*|médicament\w*|medicamento|allerg(?:y|ies|ie))\b)" + _LABEL_GAP + r"[A-Za-z0-9]"
 )
 _NAME_LABEL: Final = re.compile(
-    r"(?:\b(?i:name|full[ _]?name|first[ _]?name|last[ _]?name|surname|patient(?:in)?|holder|account[ _]holder|"
+    r"(?:\b(?i:name|full[ _]?name|first[ _]?name|last[ _]?name|given[ _]?name|family[ _]?name|fname|lname|fn|ln|surname|patient(?:in)?|holder|account[ _]holder|"
     r"titular|titulaire|nom|pr[ée]nom|nombre|apellidos?|vorname|nachname|cliente?s?|customer|employee|member))"
     + _LABEL_GAP + r"[A-ZÀ-Ý][a-zà-ÿ]+(?:[ +-][A-ZÀ-Ý][a-zà-ÿ]+)?"
+)
+#: A street address: a house number before a street name ending in a street word, a German street
+#: name ending in -straße/-weg/… before its number, a French/Spanish/Italian street word after
+#: its number, or any value with a digit under an address label.
+_ADDRESS: Final = re.compile(
+    r"\b\d{1,5}[A-Za-z]?,? (?:[A-Z][\w'.-]*\.? ){1,4}(?i:street|st|road|rd|avenue|ave|lane|ln|boulevard|blvd|drive|dr|way|"
+    r"court|ct|place|pl|terrace|close|square|crescent|parkway|highway|hwy)\b"
+    r"|\b[A-ZÄÖÜ][a-zäöüß]+(?:straße|strasse|str\.|weg|gasse|allee|platz|ring|damm) \d{1,4}[a-z]?\b"
+    r"|\b\d{1,4},? (?:rue|avenue|boulevard|chemin|impasse|calle|avenida|via|viale|piazza|corso) (?:(?:de|du|des|la|le|del|di|d')[ ']?){0,2}[A-ZÀ-Ý]"
+    r"|(?i:\b(?:address|addr|street|adresse|anschrift|direcci[oó]n|indirizzo|morada))" + _LABEL_GAP + r"[^\n]{0,40}\d"
 )
 _LISTED: Final = frozenset({"email", "phone", "iban", "national_id"})  # two of them: a list of people
 _IDENTIFYING: Final = frozenset({"iban", "national_id", "birthdate", "health"})
@@ -76,6 +88,8 @@ def personal_kinds(text: str) -> dict[str, int]:
         _put(found, "email", (m.group().lower() for m in _EMAIL.finditer(text)))
     if digits >= 3:
         _numbers(text, found)
+    if digits:
+        _put(found, "address", (m.group().lower() for m in _ADDRESS.finditer(text)))
     names = {re.sub(r"\W+", " ", m.group()).split(" ", 1)[-1] for m in _NAME_LABEL.finditer(text)}
     _put(found, "name", names)
     return {kind: len(values) for kind, values in found.items() if values}
@@ -110,6 +124,25 @@ def _iban_ok(text: str) -> bool:
         return False
     moved = iban[4:] + iban[:4]
     return int("".join(str(int(c, 36)) for c in moved)) % 97 == 1
+
+
+def emails(text: str) -> set[str]:
+    """The distinct email addresses in `text`, lower-cased."""
+    return {m.group().lower() for m in _EMAIL.finditer(text[:MAX_TEXT])} if "@" in text else set()
+
+
+def identifies_person(kinds: dict[str, int]) -> bool:
+    """Whether `kinds`, found in a URL's query or path, identify a person: data about people
+    (`carries_personal`), a national id or a birth date alone, a name with contact, address or
+    identity data, or an address with contact data. Stricter than a message: a URL is sent to a
+    third party and logged by every proxy on the way; one email (an unsubscribe link), one phone
+    number (a business lookup) or one address (a geocoder) alone still passes."""
+    present = kinds.keys()
+    if carries_personal(kinds) or present & {"national_id", "birthdate"}:
+        return True
+    if "name" in present and present & {"email", "phone", "address", "health", "iban"}:
+        return True
+    return "address" in present and bool(present & {"email", "phone"})
 
 
 def carries_personal(kinds: dict[str, int]) -> bool:

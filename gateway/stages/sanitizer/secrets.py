@@ -30,7 +30,7 @@ from gateway.stages.sanitizer import decode
 from gateway.stages.sanitizer.decode import MIN_TEXT, Layer, charcode_text, decode_base64, whole_text
 from gateway.stages.sanitizer.formats import PREFIXES, credential_hits, is_placeholder, public_hits
 from gateway.stages.sanitizer.paths import child_path
-from gateway.stages.sanitizer.wallets import wallet_hits
+from gateway.stages.sanitizer.wallets import is_test_key, wallet_hits
 
 __all__ = ["detect_secrets", "redact_secrets"]
 
@@ -110,14 +110,20 @@ _API_KEY_KEYS: Final = frozenset(
 )  # fmt: skip
 
 
+_RAW_KEY: Final = re.compile(r"(?:0x)?[0-9a-fA-F]{64,}|[A-Za-z0-9+/=_-]{40,}")
+
+
 @lru_cache(maxsize=4096)
 def kind_of_key(key: str) -> str | None:
-    """Which finding kind a value under this key name is, if any (password, api_key, otp_code)."""
+    """Which finding kind a value under this key name is, if any (password, api_key, otp_code,
+    private_key: a raw wallet or signing key under `privateKey`, `priv_key`, `signing_key`)."""
     k = _KEY_NOISE.sub("", key.lower())
     if k in _OTP_KEYS:
         return "otp_code"
     if k.endswith("apikey") or k in _API_KEY_KEYS:
         return "api_key"
+    if k.endswith(("privatekey", "privkey", "signingkey", "walletkey")):
+        return "private_key"
     if k.endswith(_PASSWORD_KEY_ENDS) or k == "pass" or (k.startswith("password") and k[8:] in _PASSWORD_KEY_TAILS):
         return "password"
     return None
@@ -374,6 +380,9 @@ def value_hits(value: Any, key_kind: str | None) -> list[_Hit]:
         if key_kind is not None and value and not is_placeholder(value) and not _public(value):
             if key_kind == "password":
                 hit: _Hit | None = ("password", 0, len(value), f"password-like field, {len(value)} chars", "", "")
+            elif key_kind == "private_key":  # a raw key under its name: hex, base58, base64 (a PEM is found as text)
+                ok = _RAW_KEY.fullmatch(value) is not None and value[0] not in "/~." and not is_test_key(value)
+                hit = ("private_key", 0, len(value), f"private-key field, {len(value)} chars", "", "") if ok else None
             elif key_kind == "otp_code":
                 code = value.replace(" ", "").replace("-", "")
                 ok = code.isdigit() and 6 <= len(code) <= 8

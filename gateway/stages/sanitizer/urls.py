@@ -43,7 +43,7 @@ from gateway.stages.classify import tool_words
 from gateway.stages.sanitizer.decode import decode_base64
 from gateway.stages.sanitizer.hosts import CLASSES, HostFacts, host_facts
 from gateway.stages.sanitizer.paths import child_path
-from gateway.stages.sanitizer.personal import carries_personal, personal_kinds
+from gateway.stages.sanitizer.personal import identifies_person, personal_kinds
 from gateway.stages.sanitizer.secrets import detect_secrets
 
 __all__ = ["MAX_URLS", "UrlAnalysis", "analyse_urls", "decode_token", "urls_for"]
@@ -469,10 +469,9 @@ def _carried(url: str, parts: _Parts, facts: HostFacts, nested: list[tuple[str, 
                 data.append("query_encoded")
             _value(text, hidden, "query", data, secrets, nested)
             fields.append(f"{_unquoted(pair.partition('=')[0], plus=True)[0]}: {text}")
-    if fields or "%40" in parts.path or "@" in parts.path:
-        fields.extend(unquote(seg) for seg in parts.path.split("/")[:MAX_PARTS] if seg)
-        if carries_personal(personal_kinds("\n".join(fields))):
-            data.append("url_personal")
+    fields.extend(unquote(seg) for seg in parts.path.split("/")[:MAX_PARTS] if seg)
+    if fields and identifies_person(personal_kinds("\n".join(fields))):
+        data.append("url_personal")
     return sorted(set(data)), sorted(secrets), entropy
 
 
@@ -554,10 +553,10 @@ def _judge(plain: str, how: str, where: str, data: list[str], secrets: set[str],
         nested.extend((_trim(m.group()), f"{where}>{how}") for m in _FIND.finditer(plain) if _fetches(m))
         return
     found = _scan_secrets(plain, secrets)
+    if identifies_person(personal_kinds(plain)):  # before the JSON test: a person as a JSON blob is still a person
+        data.append("url_personal")
     if found or (not _json_token(plain) and not _id_record(plain) and (len(plain) >= 24 or "\n" in plain)):
         data.append(f"{where}_encoded")
-    elif carries_personal(personal_kinds(plain)):
-        data.append("url_personal")
 
 
 def _id_record(text: str) -> bool:

@@ -19,7 +19,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Final
 
-__all__ = ["EXAMPLE_SEEDS", "bip39_words", "keccak256", "wallet_hits"]
+__all__ = ["EXAMPLE_SEEDS", "bip39_words", "is_test_key", "keccak256", "wallet_hits"]
 
 WalletHit = tuple[str, int, int, str, str]
 
@@ -66,13 +66,17 @@ def _sha256d(data: bytes) -> bytes:
     return hashlib.sha256(hashlib.sha256(data).digest()).digest()
 
 
-def b58check_decode(text: str) -> bytes | None:
-    """The payload of a Base58Check string (version byte included), or None if the checksum fails."""
+def _b58decode(text: str) -> bytes:
     n = 0
     for c in text:
         n = n * 58 + _B58_INDEX[c]
     zeros = len(text) - len(text.lstrip("1"))
-    raw = b"\0" * zeros + n.to_bytes((n.bit_length() + 7) // 8, "big")
+    return b"\0" * zeros + n.to_bytes((n.bit_length() + 7) // 8, "big")
+
+
+def b58check_decode(text: str) -> bytes | None:
+    """The payload of a Base58Check string (version byte included), or None if the checksum fails."""
+    raw = _b58decode(text)
     if len(raw) < 5 or _sha256d(raw[:-4])[:4] != raw[-4:]:
         return None
     return raw[:-4]
@@ -246,4 +250,74 @@ def wallet_hits(s: str) -> list[WalletHit]:
                 hits.append(("wallet_address", m.start(), m.end(), "Ethereum address, EIP-55 checksum valid", m.group()))
     if len(s) >= 47:  # twelve 3-letter words and their separators
         _seed_hits(s, hits)
+    if len(s) >= 64:
+        _raw_key_hits(s, hits)
     return hits
+
+
+# ---- raw private keys: Ethereum (secp256k1 hex, keystore V3) and Solana (ed25519 keypairs) -----
+
+_HEX64: Final = re.compile(r"(?<![0-9A-Za-z])(?:0x)?([0-9a-fA-F]{64})(?![0-9A-Za-z])")
+#: What says a 64-hex value is a key (in the 80 characters before it) and what says it is a digest.
+_KEY_WORDS: Final = re.compile(
+    r"(?i)priv|secret|signing[ _-]?key|wallet[ _-]?key|seed|schl[üu]ssel|cl[ée] priv|clave priv|chiave priv|chave priv|"
+    r"metamask|import(?:ieren|er)?\b"
+)
+_DIGEST_WORDS: Final = re.compile(r"(?i)hash|sha|digest|checksum|\btx|txid|block|commit|signature|fingerprint|\bid\b|nonce|salt|\bmac\b|\biv\b|cipher")
+_KEYSTORE: Final = re.compile(r'"ciphertext"\s*:\s*"[0-9a-fA-F]{32,}"')
+_B58_LONG: Final = re.compile(r"(?<![1-9A-HJ-NP-Za-km-z])[1-9A-HJ-NP-Za-km-z]{85,90}(?![1-9A-HJ-NP-Za-km-z])")
+_B58_PIECE: Final = re.compile(r"(?<![1-9A-HJ-NP-Za-km-z])[1-9A-HJ-NP-Za-km-z]{20,70}(?![1-9A-HJ-NP-Za-km-z])")
+_BYTE_ARRAY: Final = re.compile(r"\[\s*(?:\d{1,3}\s*,\s*){63}\d{1,3}\s*\]")
+#: Well-known development keys (Hardhat/Anvil default accounts): public, in every tutorial.
+_TEST_KEYS: Final = frozenset(
+    {"ac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80",
+     "59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d",
+     "5de4111afa1a4b94908f83103eb1f1706367c2e68ca870fc3fb9a804cdab365a"}
+)  # fmt: skip
+
+
+def is_test_key(value: str) -> bool:
+    """Whether a hex private key is a well-known development key (Hardhat/Anvil defaults)."""
+    return value.lower().removeprefix("0x") in _TEST_KEYS
+
+
+def _raw_key_hits(s: str, hits: list[WalletHit]) -> None:
+    """Private keys without a checksum of their own, each told by what stands around or inside it:
+    a 64-hex value with a key word (not a digest word) just before it, an Ethereum keystore V3
+    (its encrypted key, which its password opens offline), and a Solana keypair (64 bytes in base58
+    or as a JSON byte array) whose second half is the ed25519 public key of its first."""
+    if '"ciphertext"' in s and '"kdf' in s and (m := _KEYSTORE.search(s)) is not None:
+        hits.append(("private_key", m.start(), m.end(), "Ethereum keystore (encrypted private key)", ""))
+    for m in _HEX64.finditer(s):
+        before = s[max(0, m.start() - 80) : m.start()]
+        near = before[-24:]
+        if _KEY_WORDS.search(before) and not _DIGEST_WORDS.search(near):
+            test = m.group(1).lower() in _TEST_KEYS
+            kind, what = ("example_secret", "a well-known development key") if test else ("private_key", "hex private key (32 bytes)")
+            hits.append((kind, m.start(), m.end(), what, ""))
+    for m in _B58_LONG.finditer(s):
+        if _ed25519_keypair(_b58decode(m.group())):
+            hits.append(("private_key", m.start(), m.end(), "Solana keypair (base58), public half matches", ""))
+    pieces = _B58_PIECE.findall(s[:8192]) if len(s) >= 90 else []
+    for i in range(len(pieces) - 1):  # a keypair cut into two or three runs (lines, fields of a note)
+        for j in (i + 2, i + 3):
+            joined = "".join(pieces[i:j])
+            if j <= len(pieces) and 85 <= len(joined) <= 90 and _ed25519_keypair(_b58decode(joined)):
+                hits.append(("private_key", 0, len(s), "Solana keypair (base58) cut into pieces, public half matches", ""))
+                return
+    if "[" in s:
+        for m in _BYTE_ARRAY.finditer(s):
+            values = [int(v) for v in re.findall(r"\d+", m.group())]
+            if max(values) < 256 and _ed25519_keypair(bytes(values)):
+                hits.append(("private_key", m.start(), m.end(), "Solana keypair (byte array), public half matches", ""))
+
+
+def _ed25519_keypair(raw: bytes) -> bool:
+    """Whether 64 bytes are an ed25519 seed followed by its own public key (a Solana secret key)."""
+    if len(raw) != 64:
+        return False
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    public = Ed25519PrivateKey.from_private_bytes(raw[:32]).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return public == raw[32:]
