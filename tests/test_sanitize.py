@@ -574,9 +574,11 @@ def test_redact_paths_uses_finding_paths() -> None:
     ],
 )
 def test_detection_is_linear_on_adversarial_text(text: str) -> None:
-    start = time.perf_counter()
+    """About 0.02-0.15 s of CPU each when linear; a quadratic scan of 200,000 characters takes minutes.
+    CPU time of this process, not wall time: a busy machine must not fail it."""
+    start = time.process_time()
     redact_secrets({"q": text})
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 1.5
 
 
 SOL_KEYPAIR = [63, 167, 39, 94, 161, 53, 145, 211, 70, 188, 146, 99, 77, 120, 66, 102, 48, 79, 2, 21, 24, 240, 41, 219, 179,

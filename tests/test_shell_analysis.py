@@ -374,10 +374,10 @@ def test_any_input_gives_an_analysis_never_an_exception(text: str) -> None:
 def test_the_cost_of_a_typical_command_is_small() -> None:
     """Not a benchmark (bench/ has the figures): a sanity bound against accidental blow-ups."""
     text = "cd /srv/app && git pull --ff-only && npm ci && npm run build > build.log 2>&1"
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time of this process: a busy machine must not fail it
     for _ in range(200):
         analyse(text)
-    assert (time.perf_counter() - start) / 200 < 0.01
+    assert (time.process_time() - start) / 200 < 0.01
 
 
 # ---- through a real gateway: args_shell reaches the rules, obfuscated forms never reach the backend
