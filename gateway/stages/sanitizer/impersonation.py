@@ -200,7 +200,8 @@ _OVERRIDE_GATE: Final = frozenset((
 
 # ---- images carrying data ------------------------------------------------------------------------
 _MD_IMAGE: Final = re.compile(r"!\[[^\]\n]{0,200}\]\(\s*(\S{8,2000}?)\s*\)")
-_HTML_IMAGE: Final = re.compile(r"<(?:img|source)\b[^>]{0,400}?\b(?:src|srcset)\s*=\s*([\"'])(.{8,2000}?)\1", re.I | re.S)
+_HTML_IMAGE: Final = re.compile(r"<(?:img|source)\b(?:[^>\"']++|\"[^\"]{0,2400}+\"|'[^']{0,2400}+')*+>", re.I)
+_IMAGE_SOURCE: Final = re.compile(r"\b(?:src|srcset)\s*=\s*([\"'])(.{8,2000}?)\1", re.I | re.S)
 #: A reference-style image (`![alt][id]`) and the definitions (`[id]: url`) its URL comes from.
 _REF_IMAGE: Final = re.compile(r"!\[[^\]\n]{0,200}\]\[([^\]\n]{1,60})\]")
 _REF_DEFINITION: Final = re.compile(r"^[ \t]{0,3}\[([^\]\n]{1,60})\]:[ \t]*<?(\S{8,2000}?)>?(?=[ \t]|$)", re.M)
@@ -280,8 +281,9 @@ def scan(raw: str, prose: str, low: str, words: frozenset[str], code: list[tuple
         if "]:" in prose and "][" in prose:
             refs = {m.group(1).lower() for m in _REF_IMAGE.finditer(prose)}
             out.extend(_images((m for m in _REF_DEFINITION.finditer(prose) if m.group(1).lower() in refs), prose, code, mentioned, where))
-    if "<img" in low:
-        out.extend(_images(_HTML_IMAGE.finditer(prose), prose, code, mentioned, where))
+    if "<img" in low or "<source" in low:
+        sources = (m for tag in _HTML_IMAGE.finditer(prose) for m in _IMAGE_SOURCE.finditer(prose, tag.start(), tag.end()))
+        out.extend(_images(sources, prose, code, mentioned, where))
     if rescan is not None:
         out.extend(_hidden(raw, prose, low, where, rescan))
     return out

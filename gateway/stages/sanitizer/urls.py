@@ -195,7 +195,7 @@ def analyse_urls(tool: str, arguments: Any) -> UrlAnalysis:
 #: Where written text has an image whose URL a reader's client fetches when it renders the text: a
 #: markdown image (inline, or by reference: `![a][1]` with `[1]: url`), an HTML `<img>`/`<source>` `src` or `srcset`.
 _MD_IMAGE: Final = re.compile(r"!\[[^\]\n]{0,200}\](?:\(\s*<?([a-z][a-z0-9+.-]*://[^\s)>]+)|\[([^\]\n]{1,60})\])", re.I)
-_HTML_IMAGE: Final = re.compile(r"<(?:img|source)\b[^>]{0,4000}>", re.I)
+_HTML_IMAGE: Final = re.compile(r"<(?:img|source)\b(?:[^>\"']++|\"[^\"]{0,4000}+\"|'[^']{0,4000}+')*+>", re.I)
 _SOURCE_ATTR: Final = re.compile(r"\b(?:src|srcset)\s*=\s*[\"']?([^\"'>]{8,4000})", re.I)
 _REF_DEFINITION: Final = re.compile(r"^[ \t]{0,3}\[([^\]\n]{1,60})\]:[ \t]*<?(\S+?)>?(?=\s|$)", re.M)
 
