@@ -33,7 +33,6 @@ inline code span, or introduced by "such as", "like", "e.g.", "detects"…), and
 
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator
@@ -44,6 +43,7 @@ from gateway.memo import MemoSet
 from gateway.stages.sanitizer import impersonation
 from gateway.stages.sanitizer.decode import decoded_layers
 from gateway.stages.sanitizer.paths import child_path
+from gateway.stages.sanitizer.urls import is_json
 
 __all__ = ["KINDS", "scan_definition", "scan_result", "scan_text"]
 
@@ -1317,16 +1317,7 @@ def _data_field(path: str, text: str) -> bool:
     """Whether a string of a tool's answer is a field of a record (a review, a bio, a comment, an event's
     description): a value of `structuredContent` or of a plain JSON result, or a content block that is
     JSON written out. What such a field says is a third party's data, never an order to the model."""
-    if not path.startswith("$.content[") or path.count(".") > 2:
-        return True
-    head = text.lstrip()[:1]
-    if head not in ("{", "["):
-        return False
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
+    return not path.startswith("$.content[") or path.count(".") > 2 or is_json(text)
 
 
 def scan_result(result: Any, other_tools: Iterable[str] = ()) -> tuple[Finding, ...]:

@@ -46,7 +46,7 @@ from gateway.stages.sanitizer.paths import child_path
 from gateway.stages.sanitizer.personal import carries_personal, personal_kinds
 from gateway.stages.sanitizer.secrets import detect_secrets
 
-__all__ = ["MAX_URLS", "UrlAnalysis", "analyse_urls", "decode_token", "urls_for"]
+__all__ = ["MAX_URLS", "UrlAnalysis", "analyse_urls", "decode_token", "is_json", "urls_for"]
 
 MAX_URLS: Final = 64
 MAX_STRINGS: Final = 4096
@@ -586,7 +586,7 @@ def _judge(plain: str, how: str, where: str, data: list[str], secrets: set[str],
         nested.extend((_trim(m.group()), f"{where}>{how}") for m in _FIND.finditer(plain) if _fetches(m))
         return
     found = _scan_secrets(plain, secrets)
-    if found or (not _json_token(plain) and not _id_record(plain) and (len(plain) >= 24 or "\n" in plain)):
+    if found or (not is_json(plain) and not _id_record(plain) and (len(plain) >= 24 or "\n" in plain)):
         data.append(f"{where}_encoded")
     elif carries_personal(personal_kinds(plain)):
         data.append("url_personal")
@@ -602,7 +602,8 @@ def _id_record(text: str) -> bool:
     return letters * 5 < len(text) * 2 and separators * 10 >= len(text) * 3
 
 
-def _json_token(text: str) -> bool:
+def is_json(text: str) -> bool:
+    """Whether `text` is a JSON object or array (a token's, a cursor's or a tool answer's JSON written out)."""
     if text.lstrip()[:1] not in ("{", "["):
         return False
     try:
