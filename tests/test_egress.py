@@ -136,6 +136,8 @@ def test_an_image_in_written_text_is_a_destination_when_it_carries_data() -> Non
         assert any(u["destination"] and u["data"] for u in found), body
     plain = _urls("create_issue_comment", {"body": f"![hero](https://images.unsplash.com/photo-1?w=1600&q=80) [doc](https://d.example/x?v={note})"})
     assert not any(u["destination"] for u in plain)
+    local = _urls("create_issue_comment", {"body": "![a](http://localhost:3000/x.png) <img src=\"https://camo.githubusercontent.com/4b3c/68747470733a2f2f782e696f2f612e706e67\">"})
+    assert not any(u["destination"] for u in local)  # an image of a local dev server, a proxied image: data, not fetches
 
 
 def test_file_urls_are_destinations_of_fetch_tools_only() -> None:

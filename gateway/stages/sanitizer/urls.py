@@ -183,10 +183,11 @@ def analyse_urls(tool: str, arguments: Any) -> UrlAnalysis:
         for url, via in _found(text, url_key, host_field and (fetcher or resolver)):
             image = any(i.startswith(url) for i in images)
             here = (destination or client or image) and (fetcher or url.partition(":")[0].lower() != "file")
+            before = len(out.urls)
             if not _add(out, url, where, here, via, nested=False):
                 return out
             if image and not client:
-                _client_destinations(out.urls[-1:])
+                _client_destinations(out.urls[before:])
         if client:
             _client_destinations(out.urls[first:])
     return out
