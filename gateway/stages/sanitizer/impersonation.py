@@ -141,7 +141,13 @@ _AUTHORITY: Final = tuple(re.compile(p, re.I) for p in (
     r"\b(?:message|notice|directive|instruction|order|update|alert|note)\s+from\s+(?:the\s+)?" + _TEAM
     + r"(?:\s*[:–—]|,?\s+(?:the\s+)?(?:assistant|ai|model|you)\s+(?:must|is|are|should|will|has|have)\b)",
     r"\b(?:anthropic|openai|google|microsoft|meta)\s+(?:trust\s*(?:&|and)\s*safety|safety|security|policy|compliance)"
-    r"(?:\s+team)?\s+(?:notice|message|directive|alert|update|note)\s*:",
+    r"(?:\s+team)?\s+(?:notice|message|directive|alert|update|note)\s*:"
+    # a vendor's team as the sender, or the models as the addressee, of a notice: "policy update from the Anthropic
+    # trust and safety team:", "OpenAI Operations notice to all GPT agents:"
+    r"|\b(?:notice|message|directive|alert|update|memo|announcement)\s+from\s+(?:the\s+)?(?:anthropic|openai|google|deepmind"
+    r"|microsoft|meta|mistral)\b[^.:\n]{0,40}?\b(?:team|department|staff|operations)\s*[:–—]"
+    r"|\b(?:anthropic|openai|google|deepmind|microsoft|meta|mistral)\b[^.:\n]{0,30}?\b(?:notice|message|directive|alert|memo"
+    r"|announcement)\s+(?:to|for)\s+(?:all\s+)?(?:\w+\s+)?(?:agents|assistants|models|llms|claude|gpt)\s*[:–—]",
     r"\b(?:developer|debug|god|admin|maintenance|jailbreak|unrestricted|dan|audit|diagnostic)\s+mode\s+(?:has\s+been\s+"
     r"|is\s+(?:now\s+)?)(?:enabled|activated|on|unlocked|engaged|active)\b",
     r"\byou\s+are\s+(?:now\s+)?in\s+(?:developer|debug|god|admin|maintenance|jailbreak|unrestricted|audit|diagnostic)\s+mode\b",
@@ -161,12 +167,12 @@ _AUTHORITY_GATE: Final = frozenset((
     "administrator", "admin", "operator", "developer", "owner", "moderator", "superuser", "team", "mode", "granted",
     "equipo", "operatore", "amministratore", "administrators", "admins", "betreibers", "entwicklers", "l", "équipe",
     "administrateur", "operador", "administrador", "entwicklermodus", "wartungsmodus", "adminmodus", "debugmodus",
-    "sicherheitsteams", "platform", "creator",
+    "sicherheitsteams", "platform", "creator", "anthropic", "openai", "google", "deepmind", "microsoft", "meta", "mistral",
 ))  # fmt: skip
 
 # ---- override orders ---------------------------------------------------------------------------
 _OVERRIDE: Final = re.compile(
-    r"\b(?:ignore|disregard|forget|override|bypass)\s+(?:all\s+)?(?:of\s+)?(?:your|the|any|prior|previous|earlier|all)\s+"
+    r"\b(?:ignore|disregard|forget|override|bypass)\s+(?:all\s+)?(?:of\s+)?(?:your|its|the|any|prior|previous|earlier|all)\s+"
     r"(?:\w+\s+){0,2}?(?:instructions|rules|guidelines|restrictions|polic(?:y|ies)|directives|programming|safety\s+\w+)"
     r"|\b(?:disable|turn\s+off|switch\s+off|deactivate|suspend)\s+(?:your|all|the)\s+(?:\w+\s+){0,2}?(?:safety|content|security)"
     r"\s+(?:filters?|guidelines|polic(?:y|ies)|rules|restrictions|checks)"
@@ -194,7 +200,11 @@ _OVERRIDE_GATE: Final = frozenset((
 
 # ---- images carrying data ------------------------------------------------------------------------
 _MD_IMAGE: Final = re.compile(r"!\[[^\]\n]{0,200}\]\(\s*(\S{8,2000}?)\s*\)")
-_HTML_IMAGE: Final = re.compile(r"<img\b[^>]{0,400}?\bsrc\s*=\s*([\"'])(.{8,2000}?)\1", re.I | re.S)
+_HTML_IMAGE: Final = re.compile(r"<(?:img|source)\b(?:[^>\"']++|\"[^\"]{0,2400}+\"|'[^']{0,2400}+')*+>", re.I)
+_IMAGE_SOURCE: Final = re.compile(r"\b(?:src|srcset)\s*=\s*([\"'])(.{8,2000}?)\1", re.I | re.S)
+#: A reference-style image (`![alt][id]`) and the definitions (`[id]: url`) its URL comes from.
+_REF_IMAGE: Final = re.compile(r"!\[[^\]\n]{0,200}\]\[([^\]\n]{1,60})\]")
+_REF_DEFINITION: Final = re.compile(r"^[ \t]{0,3}\[([^\]\n]{1,60})\]:[ \t]*<?(\S{8,2000}?)>?(?=[ \t]|$)", re.M)
 _SLOT: Final = re.compile(r"\{\{?([^{}]{1,80})\}\}?|<([^<>]{1,80})>|\[([^\[\]]{1,80})\]|\$\{?(\w{2,64})\}?|(?<=[=/])([A-Z][A-Z0-9_]{2,40})(?=[&#/]|\Z)")
 _MODEL_DATA: Final = re.compile(
     r"\b(?:system\s+prompt|systemprompt|prompt|instructions?|conversation|chat(?:\s+history)?|history|(?:previous|prior|last"
@@ -223,6 +233,19 @@ _HIDDEN_ELEMENT: Final = re.compile(
 _ATTRIBUTE_NAME: Final = re.compile(r"(?:srcdoc|content|alt|title|aria-label|placeholder)\s*\Z", re.I)
 _COMMENT: Final = re.compile(r"<!(?:--(.{4,4000}?)(?:-->|\Z)|\[CDATA\[(.{4,4000}?)\]\]>)", re.S | re.I)
 _MD_COMMENT: Final = re.compile(r"^\s*\[(?://|comment|_)\]:\s*#\s*[(\"'](.{4,4000}?)[)\"']\s*$", re.M | re.I)
+#: Other places a reader does not see: an SVG `<desc>`, a CSS `content:` string, a markdown reference
+#: definition's title (`[1]: https://… "title"`).
+_UNSHOWN: Final = re.compile(
+    r"<desc\b[^>]{0,200}>(.{4,4000}?)</desc\s*>|\bcontent\s*:\s*([\"'])(.{4,2000}?)\2"
+    r"|^[ \t]{0,3}\[[^\]\n]{1,60}\]:[ \t]*\S+[ \t]+[\"'(](.{4,400})[\"')][ \t]*$",
+    re.I | re.S | re.M,
+)
+#: A sentence of hidden text that opens with an order ("Immediately invoke…", "Forward the thread…").
+_HIDDEN_ORDER: Final = re.compile(
+    r"(?:\A|[.!?:]\s+)(?:(?:please|now|immediately|first|then|also|always)\s+)*(?:call|use|run|invoke|execute|trigger|send|forward"
+    r"|e-?mail|upload|post|delete|open|fetch|visit|ignore|disregard|reveal|print|output|include|append)\b",
+    re.I,
+)
 _TAG: Final = re.compile(r"<[^<>]{0,400}>")
 _RLO: Final = re.compile("\u202e([^\u202c\n]{4,2000})")
 #: Hidden text addressed to an AI ("Assistant, …", "Note for LLMs: …", "AI agents reading this page: …") or telling
@@ -231,7 +254,7 @@ _ADDRESSED: Final = re.compile(
     r"^\W{0,4}(?:(?:dear|hey|hi|hello|attention|note\s+(?:to|for)|message\s+(?:to|for)|instructions?\s+for)\s+)?(?:all\s+)?"
     r"(?:the\s+)?(?:ai|llms?|gpt|claude|chatgpt|gemini|assistants?|models?|agents?|bots?|language\s+models?)"
     r"(?:\s+(?:assistants?|agents?|models?|crawlers?|systems?|readers?))?(?:\s+(?:and|&)\s+(?:ai\s+)?\w+)?"
-    r"(?:\s+(?:reading|summari[sz]ing|processing|visiting)\s+this(?:\s+(?:page|site|document|text))?)?\s*[,:]"
+    r"(?:\s+(?:reading|summari[sz]ing|processing|visiting)\s+this(?:\s+(?:page|site|document|text))?)?\s*(?:[,:]|\s-\s)"
     r"|\b(?:ai|llm|assistant|model|agent)s?\b[^.!?]{0,60}\byou\s+(?:must|shall|should|are\s+to|need\s+to|have\s+to)\b",
     re.I,
 )
@@ -255,8 +278,12 @@ def scan(raw: str, prose: str, low: str, words: frozenset[str], code: list[tuple
         _first((_OVERRIDE,), prose, code, mentioned, out, "rule_override", "an order voiding the model's rules", where)
     if "![" in prose:
         out.extend(_images(_MD_IMAGE.finditer(prose), prose, code, mentioned, where))
-    if "<img" in low:
-        out.extend(_images(_HTML_IMAGE.finditer(prose), prose, code, mentioned, where))
+        if "]:" in prose and "][" in prose:
+            refs = {m.group(1).lower() for m in _REF_IMAGE.finditer(prose)}
+            out.extend(_images((m for m in _REF_DEFINITION.finditer(prose) if m.group(1).lower() in refs), prose, code, mentioned, where))
+    if "<img" in low or "<source" in low:
+        sources = (m for tag in _HTML_IMAGE.finditer(prose) for m in _IMAGE_SOURCE.finditer(prose, tag.start(), tag.end()))
+        out.extend(_images(sources, prose, code, mentioned, where))
     if rescan is not None:
         out.extend(_hidden(raw, prose, low, where, rescan))
     return out
@@ -327,6 +354,8 @@ def _hidden(raw: str, prose: str, low: str, where: str, rescan: Rescan) -> Itera
             regions.extend(("markup", m.group(2) or m.group(4)) for m in _HIDDEN_ELEMENT.finditer(prose))
         if "=" in prose:
             regions.extend(("markup", value) for value in _attribute_values(prose))
+        if "<desc" in low or "content" in low or "]:" in prose:
+            regions.extend(("markup", m.group(1) or m.group(3) or m.group(4)) for m in _UNSHOWN.finditer(prose))
     if "\u202e" in raw:
         regions.extend(("bidi", m.group(1)[::-1]) for m in _RLO.finditer(raw))
     if "rot13" in low or "rot-13" in low or "rot 13" in low:
@@ -339,7 +368,12 @@ def _hidden(raw: str, prose: str, low: str, where: str, rescan: Rescan) -> Itera
         if via == "markup" and ("hidden_instruction", via) not in seen and (m := _ADDRESSED.search(text)) is not None:
             seen.add(("hidden_instruction", via))
             yield Finding("hidden_instruction", where, "hidden text addressed to the model", _excerpt(text, m.start(), m.end()), via)
-        for f in rescan(text):
+        found = rescan(text)
+        if via == "markup" and ("hidden_instruction", via) not in seen and any(
+                f.kind in ("tool_reference", "exfiltration") for f in found) and (m := _HIDDEN_ORDER.search(text)) is not None:
+            seen.add(("hidden_instruction", via))
+            yield Finding("hidden_instruction", where, "an order in hidden text", _excerpt(text, m.start(), m.end()), via)
+        for f in found:
             if f.kind in ORDER_KINDS and (f.kind, via) not in seen:
                 seen.add((f.kind, via))
                 yield Finding(f.kind, f.path, f"{f.detail} (in {'hidden markup' if via == 'markup' else via} text)", f.excerpt,

@@ -43,6 +43,7 @@ from gateway.memo import MemoSet
 from gateway.stages.sanitizer import impersonation, lexicon
 from gateway.stages.sanitizer.decode import decoded_layers
 from gateway.stages.sanitizer.paths import child_path
+from gateway.stages.sanitizer.urls import is_json
 
 __all__ = ["KINDS", "scan_definition", "scan_result", "scan_text"]
 
@@ -97,7 +98,7 @@ _INSTRUCTION_TABLE: Final = (
      r"|\b(?:important|critical|mandatory|urgent)\s+system\s+(?:requirement|instruction|directive|rule|notice|update)s?\s*:"),
     (("note",), r"\bnote\s+(?:to|for)\s+(?:the\s+|all\s+|any\s+)?(?:[a-z]+\s+){0,2}?" + _ASSISTANT + r"s?\b"),
     (("message", "memo", "reminder", "notice", "request"),
-     r"\b(?:message|memo|reminder|notice|request)\s+(?:to|for)\s+(?:the\s+|any\s+|all\s+)?(?:ai\s+)?" + _ASSISTANT
+     r"\b(?:message|memo|reminder|notice|request)\s+(?:to|for)\s+(?:the\s+|any\s+|all\s+)?(?:ai\s+|gpt\s+|llm\s+)?" + _ASSISTANT
      + r"s?\b(?:\s*:|\s+(?:handling|reading|processing|working\s+on|summari[sz]ing|that|who)\b)"),
     (("instruction", "instructions", "directive", "directives"),
      r"\b(?:ai|assistant|llm)s?\s+(?:instructions?|directives?|notes?)\s*[:\]]"
@@ -208,7 +209,10 @@ _SEPARATORS: Final = str.maketrans({c: " " for c in "!\"#$%&'()*+,-./:;<=>?@[\\]
 # checked (a regex that started with the context would be tried at every position).
 _VOCATIVE: Final = re.compile(
     r"@(?:ai|assistant|agent|bot|claude|copilot)\b"
-    r"|\b(?:ai\s+(?:coding\s+)?(?:assistant|agent|model)s?|assistant|ai|llm|claude|chatgpt|copilot|gemini)\b\s*[,:!]",
+    r"|\b(?:ai\s+(?:coding\s+)?(?:assistant|agent|model)s?|assistant|ai|llm|claude|chatgpt|copilot|gemini)\b\s*(?:[,:!]|\s-\s)"
+    # "AI assistant summarising these reviews:": the addressee named by what it is doing with this text
+    r"|\b(?:ai\s+)?(?:assistant|agent|model|llm|bot)s?\s+(?:reading|summari[sz]ing|processing|analy[sz]ing|viewing|handling|parsing)"
+    r"\s+(?:this|these|the)\s+(?:\w+\s+){0,2}?\w+\s*[,:]",
     re.I,
 )
 _VOCATIVE_BEFORE: Final = re.compile(
@@ -218,7 +222,8 @@ _IMPERATIVE = (
     r"(?:call|use|invoke|run|execute|trigger|send|e-?mail|mail|forward|post|upload|share|read|open|visit|fetch|browse|navigate|"
     r"download|install|delete|remove|drop|wipe|ignore|disregard|forget|decode|follow|obey|end|start|append|prepend|add|"
     r"include|insert|reply|respond|write|create|publish|transfer|pay|refund|apply|grant|copy|paste|print|output|reveal|"
-    r"tell|list|collect|gather|save|store|put|set|change|update|approve|merge|push|commit|render|display|show)"
+    r"tell|list|collect|gather|save|store|put|set|change|update|approve|merge|push|commit|render|display|show|accept|decline|"
+    r"cancel|book|buy|order|recommend|rate|say)"
 )
 _VOCATIVE_AFTER: Final = re.compile(
     r"[\s,:!-]*(?:[^.!?\n]{0,80}?(?:[,;:]|\s-|\bplease|\bkindly|\bnow|\bthen|\bimmediately|\bfirst|"
@@ -608,7 +613,8 @@ def _mentioned(text: str, start: int, code: list[tuple[int, int]]) -> bool:
     if any(a <= start < b for a, b in code):
         return True
     before = text[max(0, start - 40):start]
-    if _MENTION.search(before) is not None or _quoted_report(text, start) or lexicon.reported_quote(text, start):
+    if (_MENTION.search(before) is not None or _quoted_report(text, start) or _quoted_block(text, start)
+            or lexicon.reported_quote(text, start)):
         return True
     after_list = _NEXT_QUOTED.search(before)
     if after_list is None:
@@ -627,11 +633,47 @@ _REPORT_FRAME: Final = re.compile(
 )
 
 
+#: The line that introduces a quoted block as evidence: who wrote it or what it is ("An attacker could
+#: write the following:", "The ticket's body was:", "The page contained:").
+_ATTRIBUTION: Final = re.compile(
+    r"\b(?:attackers?|attacker['’]s|adversary|payloads?|injections?|injected|malicious|exploit|poc|proof[\s-]of[\s-]concept"
+    r"|contain(?:ed|s)|wrote|write|reads|said|says|examples?|quoted?|(?:body|text|message|comment|prompt)\s+was)\b[^\n]*:\s*\Z",
+    re.I,
+)
+
+
+def _quoted_block(text: str, start: int) -> bool:
+    """Whether `start` is inside a quoted block (markdown `>` lines or a 4-space indented block) that a
+    line ending in ":" introduces as evidence (`_ATTRIBUTION`): a report citing an injection, not an order."""
+    line_start = text.rfind("\n", 0, start) + 1
+    first = text[line_start:line_start + 4]
+    quote = first.lstrip().startswith(">")
+    if not quote and not (first == "    " or first.startswith("\t")):
+        return False
+    at = line_start
+    for _ in range(40):  # walk up over the block's lines and blank lines to the line that introduces it
+        if at == 0:
+            return False
+        prev = text.rfind("\n", 0, at - 1) + 1
+        line = text[prev:at - 1]
+        at = prev
+        if not line.strip() or (line.lstrip().startswith(">") if quote else line.startswith(("    ", "\t"))):
+            continue
+        return _ATTRIBUTION.search(line) is not None
+    return False
+
+
 def _quoted_report(text: str, start: int) -> bool:
     """Whether `start` is inside a double-quoted span, on its line, that a reporting verb introduces:
-    what a text said, cited as evidence (a security report quoting an injection), not an order."""
+    what a text said, cited as evidence (a security report quoting an injection), not an order. In
+    JSON written out as text the quotes are escaped (`\\"`)."""
     line_start = text.rfind("\n", 0, start) + 1
     line = text[line_start:start]
+    if '\\"' in line:
+        line = line.replace('\\"', "“")
+        rest = text[start:text.find("\n", start) if "\n" in text[start:] else len(text)]
+        opening = line.rfind("“")
+        return '\\"' in rest and _REPORT_FRAME.search(line, max(0, opening - 60), opening + 1) is not None
     if '"' not in line and "“" not in line:
         return False
     opening = max(line.rfind("“"), line.rfind('"') if line.count('"') % 2 else -1)
@@ -749,6 +791,12 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
     if links:
         findings.extend(_url_data(prose, [m for m in links if prose[m.start()] == text[m.start()]], code, where, words))
     findings.extend(_tool_references(prose, low, words, where, other_tools, own_name, code))
+    if not words.isdisjoint(_OWNER_WORDS) and not words.isdisjoint(_CAPABILITY_GATE):
+        findings.extend(_capability(prose, code, where))
+    if not prose.isascii() and "_" in low:
+        findings.extend(_cjk_tool_order(prose, where))
+    if instructed and "_" in low and not any(f.kind == "tool_reference" for f in findings):
+        findings.extend(_named_in_order(prose, code, where))
     findings.extend(impersonation.scan(raw, prose, low, words, code, where, _mentioned,
                                        (lambda t: _scan(t, where, (), "", decode=False)) if decode else None))
     if lexicon.gate(low, words):
@@ -764,6 +812,53 @@ def _foreign(prose: str, low: str, code: list[tuple[int, int]], where: str) -> I
         excerpt = _excerpt(prose, hit.start, hit.end)
         for kind in hit.kinds:
             yield Finding(kind, where, hit.detail, excerpt, f"lang:{hit.lang}")
+
+
+#: An order to use one of the model's capabilities, no tool named: "use your file tool", "open its terminal".
+_CAPABILITY: Final = re.compile(
+    r"\b(?:use|open|call|invoke|run|launch|start)\s+(?:your|its|their)\s+(?:own\s+)?(?:[\w-]+\s+){0,2}?"
+    r"(?:tools?|terminal|shell|browser|file\s*system|code\s+interpreter|functions?)\b",
+    re.I,
+)
+_OWNER_WORDS: Final = frozenset(("your", "its", "their"))
+_CAPABILITY_GATE: Final = frozenset(("tool", "tools", "terminal", "shell", "browser", "filesystem", "interpreter", "function", "functions"))
+#: A tool-like snake_case name whose words hold an action (`run_command`, `send_email`; not `user_id`).
+_ACTION_SNAKE: Final = re.compile(r"(?<![\w.-])(" + _SNAKE_NAME + r")(?![\w-])")
+_ACTION_RX: Final = re.compile(r"(?:^|_)" + _ACTION + r"(?:_|$)")
+
+
+def _capability(prose: str, code: list[tuple[int, int]], where: str) -> Iterator[Finding]:
+    """An order to the model (`_directed`) to use one of its capabilities: a tool reference and an instruction."""
+    for m in _CAPABILITY.finditer(prose):
+        head, tail = _clause(prose, m.start(), m.end())
+        if not _mentioned(prose, m.start(), code) and not _not_to_the_model(head) and _directed(
+                prose, m.start() - len(head), head, head + " " + tail):
+            yield Finding("tool_reference", where, "a capability of the model", _excerpt(prose, m.start(), m.end()))
+            yield Finding("hidden_instruction", where, "an order to the model to use its tools", _excerpt(prose, m.start(), m.end()))
+            return
+
+
+#: Chinese, Japanese, Korean: a tool-like name followed by "tool" and a verb for use/run/call, and an AI named in the text.
+_CJK_TOOL_ORDER: Final = re.compile(
+    r"(" + _TOOL_NAME + r")\s*(?:ツール|工具|도구|함수|関数|函数)?\s*(?:を|で|을|를|로)?\s*(?:使(?:って|用|い)|実行|调用|呼び出|运行|執行|사용|실행|호출)")
+_CJK_AI: Final = re.compile(r"AI|ＡＩ|アシスタント|エージェント|助手|智能体|代理|어시스턴트|에이전트|인공지능")
+
+
+def _cjk_tool_order(prose: str, where: str) -> Iterator[Finding]:
+    """An order to the model, in Chinese, Japanese or Korean, to use a tool named in Latin letters."""
+    m = _CJK_TOOL_ORDER.search(prose)
+    if m is not None and _CJK_AI.search(prose) is not None:
+        yield Finding("tool_reference", where, m.group(1), _excerpt(prose, m.start(), m.end()))
+        yield Finding("hidden_instruction", where, "an order to the model to call a tool", _excerpt(prose, m.start(), m.end()))
+
+
+def _named_in_order(prose: str, code: list[tuple[int, int]], where: str) -> Iterator[Finding]:
+    """In a text that gives the model an order, a tool-like name (snake_case with an action word),
+    whatever the language of the verb around it ("Führe sofort run_command … aus")."""
+    for m in _ACTION_SNAKE.finditer(prose):
+        if _ACTION_RX.search(m.group(1)) is not None and not any(a <= m.start() < b for a, b in code):
+            yield Finding("tool_reference", where, m.group(1), _excerpt(prose, m.start(), m.end()))
+            return
 
 
 def _decoded(text: str, where: str, other_tools: Iterable[str], own_name: str) -> Iterator[Finding]:
@@ -975,22 +1070,30 @@ def _tool_references(prose: str, low: str, words: frozenset[str], where: str, ot
             continue
         new = name not in seen
         clause = ""
+        directed = False
         if order and not ordered and not any(lo <= start < hi for lo, hi in checked):
             head, tail = _clause(prose, start, end)
             checked.append((start - len(head), end + len(tail)))
             clause = head + " " + tail
             sending = _SENDING_TOOL.search(name) is not None and "@" in clause
-            if (not sending and not _may_carry_data(clause)) or _not_to_the_model(head):
+            to_model = not _not_to_the_model(head)
+            directed = to_model and _directed(prose, start - len(head), head, clause)
+            if (not sending and not _may_carry_data(clause)) or not to_model:
                 clause = ""
-        if (not new and not clause) or _mentioned(prose, start, code):
+        if (not new and not clause and not directed) or _mentioned(prose, start, code):
             continue
         if new:
             seen.add(name)
             yield Finding("tool_reference", where, name, _excerpt(prose, start, end))
+        if _spoken(prose, start):
+            continue
         if clause and (_TOOL_WITH_DATA.search(clause) is not None or (
-                _SENDING_TOOL.search(name) is not None and _RECIPIENT.search(clause) is not None)) and not _spoken(prose, start):
+                _SENDING_TOOL.search(name) is not None and _RECIPIENT.search(clause) is not None)):
             ordered = True
             yield Finding("hidden_instruction", where, "an order to call a tool with data", _excerpt(prose, start, end))
+        elif directed:
+            ordered = True
+            yield Finding("hidden_instruction", where, "an order to the model to call a tool", _excerpt(prose, start, end))
     if own_name and not words.isdisjoint(_SHADOW_GATE):
         yield from _shadowing(prose, where, own_name, code)
     if own_name and not words.isdisjoint(_REPLACES_GATE):
@@ -1014,6 +1117,42 @@ _REPORTED: Final = re.compile(
 _NOT_A_PERSON: Final = frozenset(_AI_WORDS) | frozenset(("hey", "hi", "hello", "please", "note", "ok", "okay", "yes", "no", "also",
                                                           "then", "now", "first", "next", "finally", "important", "here", "all",
                                                           "afterwards", "after", "later", "so", "instead", "again", "otherwise"))
+
+
+#: An AI named as the addressee (or the label before the sentence: "AI coding agents: call…").
+_AI_ADDRESSEE: Final = re.compile(
+    r"\b(?:ai|assistants?|agents?|models?|llms?|bots?|copilot|claude|chatgpt|gpt|gemini|language\s+models?)\b", re.I)
+#: A subject that describes what an AI does rather than being told to ("the model may call…", "it decides to use…").
+_DESCRIBED: Final = re.compile(r"\b(?:may|can|could|might|would|will|decides?\s+to|wants?\s+to|tries\s+to|lets|returns)\s+(?:\w+\s+)?\Z",
+                               re.I)
+#: The order's verb opens its sentence (after a label, a list mark, "please", "now", "you must"): the imperative mood.
+_IMPERATIVE_HEAD: Final = re.compile(
+    r"(?:\A|[:\-–—>)]\s*|\d+[.)]\s*|\*\s*)(?:(?:please|kindly|now|immediately|first|also|then|always|just|important|urgent)\b[\s,:!-]*)*"
+    r"(?:you\s+(?:must|should|need\s+to|have\s+to|are\s+required\s+to)\s+(?:now\s+|first\s+|also\s+|immediately\s+)?)?\Z",
+    re.I,
+)
+#: Words that tie an order to the reading of this text: urgency, a step before the answer, secrecy.
+_URGENT: Final = re.compile(
+    r"\b(?:immediately|right\s+away|at\s+once|without\s+delay|before\s+(?:you\s+)?(?:repl|answer|respond|summar|continu|proceed|return)\w*"
+    r"|after\s+reading|as\s+a\s+first\s+step|without\s+(?:asking|telling|confirm\w*|mentioning)|do\s+not\s+(?:mention|tell)"
+    r"|(?:is\s+)?(?:required|mandatory)\b)",
+    re.I,
+)
+
+
+def _directed(prose: str, begin: int, head: str, clause: str) -> bool:
+    """Whether an order to call a tool (its sentence begins at `begin`; `head` is the sentence up to the
+    verb) is given to the model: an AI named as its addressee, in the sentence or on the label line just
+    before ("AI scheduler: invoke…"), or the imperative mood tied to the reading of this text ("Now execute
+    the `run_command` tool…", "Immediately invoke…"). Documentation's imperatives ("Use the cleanup_logs job
+    to rotate logs") and descriptions ("the model may call get_weather") are neither."""
+    if _DESCRIBED.search(head) is not None:
+        return False
+    label = prose[max(0, begin - 80):begin]
+    label = label[label.rfind("\n", 0, len(label.rstrip("\n"))) + 1:]
+    if _AI_ADDRESSEE.search(head) is not None or (label.rstrip().endswith(":") and _AI_ADDRESSEE.search(label) is not None):
+        return True
+    return _IMPERATIVE_HEAD.search(head.strip()) is not None and _URGENT.search(clause) is not None
 
 
 def _not_to_the_model(head: str) -> bool:
@@ -1310,6 +1449,13 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
 _BLOCK_TYPES: Final = frozenset(("text", "image", "audio", "resource", "resource_link"))
 
 
+def _data_field(path: str, text: str) -> bool:
+    """Whether a string of a tool's answer is a field of a record (a review, a bio, a comment, an event's
+    description): a value of `structuredContent` or of a plain JSON result, or a content block that is
+    JSON written out. What such a field says is a third party's data, never an order to the model."""
+    return not path.startswith("$.content[") or path.count(".") > 2 or is_json(text)
+
+
 def scan_result(result: Any, other_tools: Iterable[str] = ()) -> tuple[Finding, ...]:
     """Findings in every string of a tool's answer (MCP `content[].text`, `structuredContent`, or a
     plain JSON result), with `$`-paths like the secret findings'. `_meta` is not shown to the model."""
@@ -1321,7 +1467,11 @@ def scan_result(result: Any, other_tools: Iterable[str] = ()) -> tuple[Finding, 
         path = parent if key is None else child_path(parent, key)
         if path.startswith("$._meta") or (text in _BLOCK_TYPES and path.endswith(".type")):
             continue
-        findings.extend(scan_text(text, path, others))
+        found = scan_text(text, path, others)
+        findings.extend(found)
+        if any(f.kind == "hidden_instruction" for f in found) and _data_field(path, text):
+            f = next(f for f in found if f.kind == "hidden_instruction")
+            findings.append(Finding("hidden_instruction", path, "an order to the model in a data field", f.excerpt, "field"))
         if len(findings) >= _MAX_FINDINGS:
             break
     return tuple(findings[:_MAX_FINDINGS])

@@ -46,7 +46,7 @@ from gateway.stages.sanitizer.paths import child_path
 from gateway.stages.sanitizer.personal import identifies_person, personal_kinds
 from gateway.stages.sanitizer.secrets import detect_secrets
 
-__all__ = ["MAX_URLS", "UrlAnalysis", "analyse_urls", "decode_token", "urls_for"]
+__all__ = ["MAX_URLS", "UrlAnalysis", "analyse_urls", "decode_token", "is_json", "urls_for"]
 
 MAX_URLS: Final = 64
 MAX_STRINGS: Final = 4096
@@ -179,13 +179,46 @@ def analyse_urls(tool: str, arguments: Any) -> UrlAnalysis:
         client = not destination and (runner or key in _COMMAND_KEYS) and "://" in text and _CLIENT.search(text, 0, MAX_SCAN) is not None
         where = parent if step is None else child_path(parent, step)
         first = len(out.urls)
+        images = _image_urls(text) if not destination and not client else ()
         for url, via in _found(text, url_key, host_field and (fetcher or resolver)):
-            here = (destination or client) and (fetcher or url.partition(":")[0].lower() != "file")
+            image = any(i.startswith(url) for i in images)
+            here = (destination or client or image) and (fetcher or url.partition(":")[0].lower() != "file")
+            before = len(out.urls)
             if not _add(out, url, where, here, via, nested=False):
                 return out
+            if image and not client:
+                _client_destinations(out.urls[before:])
         if client:
             _client_destinations(out.urls[first:])
     return out
+
+
+#: Where written text has an image whose URL a reader's client fetches when it renders the text: a
+#: markdown image (inline, or by reference: `![a][1]` with `[1]: url`), an HTML `<img>`/`<source>` `src` or `srcset`.
+_MD_IMAGE: Final = re.compile(r"!\[[^\]\n]{0,200}\](?:\(\s*<?([a-z][a-z0-9+.-]*://[^\s)>]+)|\[([^\]\n]{1,60})\])", re.I)
+_HTML_IMAGE: Final = re.compile(r"<(?:img|source)\b(?:[^>\"']++|\"[^\"]{0,4000}+\"|'[^']{0,4000}+')*+>", re.I)
+_SOURCE_ATTR: Final = re.compile(r"\b(?:src|srcset)\s*=\s*[\"']?([^\"'>]{8,4000})", re.I)
+_REF_DEFINITION: Final = re.compile(r"^[ \t]{0,3}\[([^\]\n]{1,60})\]:[ \t]*<?(\S+?)>?(?=\s|$)", re.M)
+
+
+def _image_urls(text: str) -> tuple[str, ...]:
+    """The image URLs of a written text (`_MD_IMAGE`, `_HTML_IMAGE`; every candidate of a `srcset`):
+    rendering the text fetches them, so each is a destination when it carries data or a secret out."""
+    if "![" not in text and "<img" not in text and "<source" not in text and "<IMG" not in text:
+        return ()
+    found: list[str] = []
+    refs: set[str] = set()
+    for m in _MD_IMAGE.finditer(text, 0, MAX_SCAN):
+        if m.group(1):
+            found.append(m.group(1))
+        else:
+            refs.add(m.group(2).lower())
+    if refs:
+        found.extend(m.group(2) for m in _REF_DEFINITION.finditer(text, 0, MAX_SCAN) if m.group(1).lower() in refs)
+    for tag in _HTML_IMAGE.finditer(text, 0, MAX_SCAN):
+        for m in _SOURCE_ATTR.finditer(tag.group()):
+            found.extend(part.split()[0] for part in m.group(1).split(",") if part.strip())
+    return tuple(found[:MAX_URLS])
 
 
 def _client_destinations(entries: list[dict[str, Any]]) -> None:
@@ -555,7 +588,7 @@ def _judge(plain: str, how: str, where: str, data: list[str], secrets: set[str],
     found = _scan_secrets(plain, secrets)
     if identifies_person(personal_kinds(plain)):  # before the JSON test: a person as a JSON blob is still a person
         data.append("url_personal")
-    if found or (not _json_token(plain) and not _id_record(plain) and (len(plain) >= 24 or "\n" in plain)):
+    if found or (not is_json(plain) and not _id_record(plain) and (len(plain) >= 24 or "\n" in plain)):
         data.append(f"{where}_encoded")
 
 
@@ -569,7 +602,8 @@ def _id_record(text: str) -> bool:
     return letters * 5 < len(text) * 2 and separators * 10 >= len(text) * 3
 
 
-def _json_token(text: str) -> bool:
+def is_json(text: str) -> bool:
+    """Whether `text` is a JSON object or array (a token's, a cursor's or a tool answer's JSON written out)."""
     if text.lstrip()[:1] not in ("{", "["):
         return False
     try:
