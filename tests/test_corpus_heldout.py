@@ -51,6 +51,10 @@ CORPORA = (
             min_benign=80, min_benign_per_family=6),
     HeldOut("corpus_heldout3", "h3", {f: 12 for f in ATTACK_FAMILIES} | {"obfuscated_shell": 16, "ssrf": 16},
             min_benign=64, min_benign_per_family=6, benign_classes_prefixed=True),
+    # The fourth, frozen 2026-11-29: >= 15 attacks per family (20 for obfuscated_shell and ssrf), >= 80
+    # benign with >= 8 looking like each family.
+    HeldOut("corpus_heldout4", "h4", {f: 15 for f in ATTACK_FAMILIES} | {"obfuscated_shell": 20, "ssrf": 20},
+            min_benign=80, min_benign_per_family=8, benign_classes_prefixed=True),
 )
 IDS = [c.folder for c in CORPORA]
 
