@@ -1,12 +1,14 @@
 """detection: the labelled corpora through `dharma stdio` with the standard profile.
 
-Four corpora, the same harness (`tests.corpus.runner`: each case its own `dharma stdio` and SDK
+Five corpora, the same harness (`tests.corpus.runner`: each case its own `dharma stdio` and SDK
 server, every tool granted to the local user, the client declining every approval):
 - **tuned** (tests/corpus/): the cases the detectors were built and adjusted against; the same run
   as tests/test_corpus.py. Misses are named case by case.
-- **held-out 3** (tests/corpus_heldout3/): the freshest. Written by someone who read neither the
-  detectors nor any other corpus's cases, frozen 2026-11-29 after the second round of issue 24/27
-  detector work and before the next; only its per-family figures have been looked at.
+- **held-out 4** (tests/corpus_heldout4/): the freshest. Written by someone who read neither the
+  detectors nor any other corpus's cases, frozen 2026-11-29 after the third round of issue 24/27
+  detector work and before the next.
+- **held-out 3** (tests/corpus_heldout3/): written the same way after the second round; its
+  per-class miss counts chose the third round's classes.
 - **held-out 2** (tests/corpus_heldout2/): written the same way, frozen before the issue 24/27
   detectors landed; its per-class miss counts chose the second round's classes. Read per family
   and per class (its classes.json), never case by case (its README).
@@ -16,7 +18,7 @@ server, every tool granted to the local user, the client declining every approva
 
 Per attack family: the cases caught (recall), precision against the benign look-alikes of that
 family, the benign cases refused (false positives), and the cases that could not run. Targets
-(issues 10 and 24): recall >= 0.9 on every family of both corpora, every benign case allowed.
+(issues 10 and 24): recall >= 0.9 on every family of every corpus, every benign case allowed.
 `--quick` runs the first three cases of each corpus file only (a smoke test of the harness; its
 figures are not the corpora's).
 """
@@ -36,6 +38,7 @@ from tests.corpus.runner import RECALL_TARGET, REPO, Verdict, families_of, figur
 QUICK_PER_FILE = 3
 #: The held-out corpora, the clean one first: (name in the report, folder).
 HELD_OUT: tuple[tuple[str, Path], ...] = (
+    ("held-out 4", REPO / "tests" / "corpus_heldout4"),
     ("held-out 3", REPO / "tests" / "corpus_heldout3"),
     ("held-out 2", REPO / "tests" / "corpus_heldout2"),
     ("held-out 1, not independent", REPO / "tests" / "corpus_heldout"),
