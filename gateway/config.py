@@ -21,9 +21,9 @@ from gateway.policy.load import YamlProblem, compose_yaml, construct_yaml, find_
 from gateway.stores.base import SessionLimits
 
 ENV_PREFIX = "DHARMA_"
-#: DHARMA_* variables that are not settings: read by the CLI (CONFIG), the demo backend or the tests.
-NOT_SETTINGS = frozenset({"DHARMA_CONFIG", "DHARMA_DEMO_SANDBOX", "DHARMA_TEST_CACHE", "DHARMA_TEST_ARTIFACTS", "DHARMA_CONFORMANCE_CACHE",
-                          "DHARMA_CONFORMANCE_NODE"})
+#: DHARMA_* variables that are not settings: read by the CLI (CONFIG, API_KEY), the demo backend or the tests.
+NOT_SETTINGS = frozenset({"DHARMA_CONFIG", "DHARMA_API_KEY", "DHARMA_DEMO_SANDBOX", "DHARMA_TEST_CACHE", "DHARMA_TEST_ARTIFACTS", "DHARMA_CONFORMANCE_CACHE",
+                          "DHARMA_CONFORMANCE_NODE", "DHARMA_CONFORMANCE_DIR", "DHARMA_SKIP_CONFORMANCE"})
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 

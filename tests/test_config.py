@@ -92,3 +92,23 @@ def test_a_bad_ledger_url_is_refused(tmp_path, text, needle):
     with pytest.raises(ConfigError) as info:
         load_settings(write(tmp_path, text), {})
     assert needle in str(info.value) and "ledger" in str(info.value)
+
+
+def test_every_dharma_variable_the_code_reads_is_a_setting_or_declared_not_one() -> None:
+    """A DHARMA_* variable read elsewhere (the CLI's API key, a test's directory) but unknown to the
+    settings loader makes `dharma serve` refuse to start in any shell that sets it."""
+    import re
+
+    from gateway.config import ENV_PREFIX, NOT_SETTINGS, Settings
+
+    root = Path(__file__).resolve().parent.parent
+    read = set()
+    for folder in ("gateway", "tests", "bench", "examples"):
+        for path in (root / folder).rglob("*.py"):
+            read |= set(re.findall(r"environ(?:\.get)?[\[(]\"(DHARMA_[A-Z0-9_]+)\"", path.read_text(encoding="utf-8")))
+    assert {"DHARMA_API_KEY", "DHARMA_TEST_CACHE"} <= read  # the scan finds what it is meant to
+    settings = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
+    stray = sorted(v for v in read - NOT_SETTINGS if not any(v == s or v.startswith(s + "__") for s in settings))
+    assert not stray, f"read from the environment but neither a setting nor in NOT_SETTINGS: {stray}"
+    for name in NOT_SETTINGS - {"DHARMA_CONFIG"}:  # (DHARMA_CONFIG names a file to read)
+        load_settings(env={name: "x"})
