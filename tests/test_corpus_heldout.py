@@ -55,6 +55,10 @@ CORPORA = (
     # benign with >= 8 looking like each family.
     HeldOut("corpus_heldout4", "h4", {f: 15 for f in ATTACK_FAMILIES} | {"obfuscated_shell": 20, "ssrf": 20},
             min_benign=80, min_benign_per_family=8, benign_classes_prefixed=True),
+    # The fifth, frozen 2026-11-29: >= 20 attacks per family (25 for obfuscated_shell), >= 100 benign with
+    # >= 10 looking like each family.
+    HeldOut("corpus_heldout5", "h5", {f: 20 for f in ATTACK_FAMILIES} | {"obfuscated_shell": 25},
+            min_benign=100, min_benign_per_family=10, benign_classes_prefixed=True),
 )
 IDS = [c.folder for c in CORPORA]
 
