@@ -240,7 +240,8 @@ class Policy(Document):
     kind: Literal["Policy"]
     extends: str | None = Field(
         default=None,
-        description="a profile (path relative to this file) this one adds principals to; everything else comes from it",
+        description="a profile (path relative to this file) this one builds on: what this one writes overrides or adds "
+        "to it by the merge rules of docs/policy.md, \"Composing profiles\"",
     )
     principals: list[PrincipalSpec] = Field(default_factory=list)
     tiers: list[Tier] = Field(default_factory=list)
@@ -262,9 +263,13 @@ class Policy(Document):
     )
     egress: EgressSettings = Field(
         default_factory=EgressSettings,
-        description="where calls may go (docs/detection.md, Egress); a profile that `extends` another adds its lists",
+        description="where calls may go (docs/detection.md, Egress); a profile that `extends` another adds its lists to the base's",
     )
-    rule_sets: list[str] = Field(default_factory=list)
+    rule_sets: list[str] = Field(default_factory=list, description="rule files (relative to this file), after the inherited ones")
+    rule_sets_remove: list[str] = Field(
+        default_factory=list,
+        description="inherited rule files (relative to this file) this profile does not use; each must be inherited",
+    )
 
 
 # ---- rule tests ----------------------------------------------------------------------
