@@ -15,6 +15,7 @@ from gateway.core.call import Credentials, Sensitivity
 from gateway.core.errors import PolicyErrors
 from gateway.policy.compile import load_policy
 from gateway.stages.authenticate import authenticate
+from tests.conftest import REPO
 from tests.test_cli import dharma
 
 HEAD = "apiVersion: dharma/v1\nkind: RuleSet\nmetadata: {name: %s}\nrules:\n"
@@ -232,3 +233,46 @@ def test_eval_shows_whom_a_credential_resolves_to(tmp_path: Path) -> None:
     assert both.rc == 2 and "give one of --principal, --api-key and --local-user" in both.err
     bare = dharma("eval", "--policy", path, state_root=state)
     assert bare.rc == 2 and "name the call's --tool" in bare.err
+
+
+def worked_example() -> str:
+    """The profile of docs/policy.md's "Worked example", its base paths pointed at this checkout."""
+    text = (REPO / "docs" / "policy.md").read_text()
+    block = text[text.index("### Worked example"):].split("```yaml\n", 1)[1].split("```", 1)[0]
+    return block.replace("/opt/dharma/", f"{REPO}/")
+
+
+def test_the_worked_example_of_the_docs_composes_as_it_says(tmp_path: Path) -> None:
+    (tmp_path / "my-rules.yaml").write_text(HEAD % "mine" + "  - {id: my-rule, effect: deny, tools: [nuke]}\n")
+    path = tmp_path / "me.yaml"
+    path.write_text(worked_example().replace("<hex>", digest("k")))
+    me, standard = load_policy(path), load_policy(REPO / "policies" / "standard.yaml")
+    assert [(p.id, p.tier, p.line) for p in me.principals] == [("local", "admin", 7), ("ci", "reader", 8)]
+    assert list(me.tiers) == list(standard.tiers)
+    assert "get-*" in me.tiers["operator"].grants[-1].tools  # operator inherits the replaced reader
+    assert [(r.id, r.rate) for r in me.rate_limits] == [("per-principal-tool", 5), ("per-backend", 500), ("writes", 1)]
+    assert me.approval_allow_self and me.approval_expires_seconds == standard.approval_expires_seconds
+    ids = [r.id for r in me.rules]
+    assert ids[-1] == "my-rule" and not any(i.startswith("seq-") for i in ids) and any(r.id.startswith("seq-") for r in standard.rules)
+    run = dharma("check", "--explain-principals", path, state_root=tmp_path / "state")
+    assert run.rc == 0 and f"  1. local  tier=admin roles=-  via every local user, jwt sub='local'  ({path}:7)" in run.out, run.out
+    path.write_text(worked_example().replace("<hex>", digest("k")).replace("{id: local,", "{id: me,"))
+    run = dharma("check", path, state_root=tmp_path / "state")
+    assert run.rc == 1 and f"{path}:7: error: principals 'me' ({path}:7) and 'local' ({REPO}/policies/standard.yaml:11) both claim" in run.out
+
+
+def test_the_readme_quickstart_profile_is_the_example_and_works(tmp_path: Path) -> None:
+    readme = (REPO / "README.md").read_text()
+    site, rules = REPO / "examples" / "site" / "site.yaml", REPO / "examples" / "site" / "no-prod.yaml"
+    assert f"```yaml\n{site.read_text()}```" in readme and f"```yaml\n{rules.read_text()}```" in readme
+    state = tmp_path / "state"
+    run = dharma("check", "--explain-principals", REPO / "examples" / "site", state_root=state)
+    assert run.rc == 0 and "0 error(s), 0 warning(s)" in run.out, run.out
+    assert [line.split()[1] for line in run.out.splitlines() if line[:4].strip().rstrip(".").isdigit()] == ["ci-bot", "alice", "local"]
+    run = dharma("eval", "--policy", site, "--api-key", "example-alice-key", state_root=state)
+    assert run.out.startswith("the API key resolves to principal 'alice': tier admin, roles admin,approver"), run.out
+    run = dharma("eval", "--policy", site, "--principal", "ci-bot", "--tool", "write_file", "--args", '{"path": "prod/app.conf"}', "--json",
+                 state_root=state)
+    report = json.loads(run.out)
+    assert report["pipeline"]["error_code"] == "policy_blocked" and report["matched"] == ["site-no-prod-writes"]
+    assert [r.id for r in load_policy(site).rate_limits][-1] == "ci-bot-writes"
