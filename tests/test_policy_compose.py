@@ -22,7 +22,8 @@ HEAD = "apiVersion: dharma/v1\nkind: RuleSet\nmetadata: {name: %s}\nrules:\n"
 BASE = """\
 apiVersion: dharma/v1
 kind: Policy
-metadata: {name: base}
+metadata:
+  name: base
 principals:
   - {id: local, tier: operator, local_user: "*"}
   - {id: ci, tier: reader, api_key_sha256: %(ci)s}
@@ -108,7 +109,7 @@ def test_a_child_overrides_by_name_and_appends_new_names(tmp_path: Path) -> None
     # principals: the child's first; its `local` replaced the base's (and took the child's place)
     assert [(p.id, p.tier) for p in site.principals] == [("me", "admin"), ("local", "reader"), ("ci", "reader")]
     assert site.principals[0].file == str(tmp_path / "site.yaml") and site.principals[0].line == 6
-    assert (site.principals[2].file, site.principals[2].line) == (str(tmp_path / "base" / "base.yaml"), 6)
+    assert (site.principals[2].file, site.principals[2].line) == (str(tmp_path / "base" / "base.yaml"), 7)
 
 
 def test_first_match_prefers_the_nearest_profile(tmp_path: Path) -> None:
@@ -163,7 +164,7 @@ def test_the_same_api_key_on_two_principals_does_not_load(tmp_path: Path) -> Non
     found = problems_of(write_chain(tmp_path, child))
     assert len(found) == 1, found
     assert found[0].startswith(f"{tmp_path / 'site.yaml'}:6: error: principals 'me' ({tmp_path / 'site.yaml'}:6) and 'ci' "
-                               f"({tmp_path / 'base' / 'base.yaml'}:6) have the same API key (sha256 {digest(CI_KEY)[:12]}")
+                               f"({tmp_path / 'base' / 'base.yaml'}:7) have the same API key (sha256 {digest(CI_KEY)[:12]}")
     assert CI_KEY not in found[0]
 
 
@@ -179,7 +180,7 @@ def test_check_errors_on_a_shadowed_local_user_and_explains_the_principals(tmp_p
     errors = [line for line in run.out.splitlines() if ": error: " in line]
     assert len(errors) == 1, run.out
     # 'me' ('*') shadows the base's local ('*'): reported at the child's line, naming both places
-    assert errors[0].startswith(f"{site}:7: error: principals 'me' ({site}:7) and 'local' ({base}:5) both claim local user '*'")
+    assert errors[0].startswith(f"{site}:7: error: principals 'me' ({site}:7) and 'local' ({base}:6) both claim local user '*'")
     assert "give 'me' the id 'local' to replace the other" in errors[0]
     # bob comes before me, so it is not shadowed; nothing else is wrong
     assert "1 file(s) checked: 1 error(s), 0 warning(s)" in run.out
@@ -187,8 +188,8 @@ def test_check_errors_on_a_shadowed_local_user_and_explains_the_principals(tmp_p
     assert explained == [
         f"  1. bob  tier=reader roles=-  via api key sha256:{digest('bob-key')[:12]}…, local user 'bob', jwt sub='bob'  ({site}:6)",
         f"  2. me  tier=admin roles=-  via every local user, jwt sub='me'  ({site}:7)",
-        f"  3. local  tier=operator roles=-  via every local user, jwt sub='local'  ({base}:5)  [local user shadowed by 'me']",
-        f"  4. ci  tier=reader roles=-  via api key sha256:{digest(CI_KEY)[:12]}…, jwt sub='ci'  ({base}:6)",
+        f"  3. local  tier=operator roles=-  via every local user, jwt sub='local'  ({base}:6)  [local user shadowed by 'me']",
+        f"  4. ci  tier=reader roles=-  via api key sha256:{digest(CI_KEY)[:12]}…, jwt sub='ci'  ({base}:7)",
     ], run.out
     assert "bob-key" not in run.out and CI_KEY not in run.out
 
@@ -226,7 +227,7 @@ def test_eval_shows_whom_a_credential_resolves_to(tmp_path: Path) -> None:
     keyed = dharma("eval", "--policy", path, "--api-key", CI_KEY, "--tool", "write_x", state_root=state)
     assert keyed.rc == 0, keyed.err
     assert keyed.out.splitlines()[0].startswith("the API key resolves to principal 'ci': tier reader, roles -, via api key sha256:")
-    assert f"({base}:6)" in keyed.out and "granted to ci (tier reader): no" in keyed.out and CI_KEY not in keyed.out
+    assert f"({base}:7)" in keyed.out and "granted to ci (tier reader): no" in keyed.out and CI_KEY not in keyed.out
     unknown = dharma("eval", "--policy", path, "--api-key", "nobody-key", state_root=state)
     assert unknown.rc == 2 and "the API key resolves to no principal" in unknown.err and "nobody-key" not in unknown.err
     both = dharma("eval", "--policy", path, "--principal", "me", "--local-user", "x", state_root=state)

@@ -239,7 +239,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gateway.policy.models import CaseCall
     import anyio
 
-    from gateway.policy.evaluate import condition_failure
     from gateway.policy.testing import deciding_values, evaluate_case, evaluate_whole, policy_principal
     from gateway.policy.whole import outcome_status
     from gateway.stages.tier_gate import is_granted
@@ -339,19 +338,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if report["response_findings"]:
         out("response findings: " + ", ".join(f"{f['kind']} at {f['path']}" for f in report["response_findings"]))
     if args.explain:
-        rules = {r.id: r for r in policy.all_rules()}
-        out(f"rules considered for {call.tool}: {len(result.trace)} of {len(rules)}")
-        for t in result.trace:
-            rule = rules[t.rule_id]
-            source = rule.when.source if rule.when else ""
-            why = (f"could not evaluate its condition ({condition_failure(t.error, source)}) → "
-                   f"{'MATCHED BY ERROR (fail closed)' if t.matched else 'no match'}") if t.error else f"condition = {json.dumps(t.value, default=str)}"
-            out(f"  {'MATCH' if t.matched else '     '} {t.rule_id} [{t.effect}, {t.mode}] {rule.file}:{rule.line}")
-            out(f"         when: {rule.when.source if rule.when else '(always)'}")
-            for path, value in deciding_values(rule.when.source if rule.when else "", result.variables).items():
-                out(f"         {path} = {json.dumps(value, default=str)}")
-            out(f"         {why}")
+        print_considered(policy, call.tool, result)
     return EXIT_OK
+
+
+def print_considered(policy: Any, tool: str, result: Any) -> None:
+    """`dharma eval --explain`: every rule considered, its condition and the values that decided it."""
+    from gateway.policy.evaluate import condition_failure
+    from gateway.policy.testing import deciding_values
+
+    rules = {r.id: r for r in policy.all_rules()}
+    out(f"rules considered for {tool}: {len(result.trace)} of {len(rules)}")
+    for t in result.trace:
+        rule = rules[t.rule_id]
+        source = rule.when.source if rule.when else ""
+        why = (f"could not evaluate its condition ({condition_failure(t.error, source)}) → "
+               f"{'MATCHED BY ERROR (fail closed)' if t.matched else 'no match'}") if t.error else f"condition = {json.dumps(t.value, default=str)}"
+        out(f"  {'MATCH' if t.matched else '     '} {t.rule_id} [{t.effect}, {t.mode}] {rule.file}:{rule.line}")
+        out(f"         when: {rule.when.source if rule.when else '(always)'}")
+        for path, value in deciding_values(rule.when.source if rule.when else "", result.variables).items():
+            out(f"         {path} = {json.dumps(value, default=str)}")
+        out(f"         {why}")
 
 
 def eval_principal(args: argparse.Namespace, policy: Any, policy_path: Path) -> Any:
