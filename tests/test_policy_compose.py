@@ -277,3 +277,16 @@ def test_the_readme_quickstart_profile_is_the_example_and_works(tmp_path: Path) 
     report = json.loads(run.out)
     assert report["pipeline"]["error_code"] == "policy_blocked" and report["matched"] == ["site-no-prod-writes"]
     assert [r.id for r in load_policy(site).rate_limits][-1] == "ci-bot-writes"
+
+
+def test_principals_remove_drops_an_inherited_principal_and_refuses_an_unknown_one(tmp_path: Path) -> None:
+    child = CHILD.replace('  - {id: local, tier: reader, local_user: "*"}\n', "") + "principals_remove: [local]\n"
+    site = load_policy(write_chain(tmp_path, child))
+    assert [p.id for p in site.principals] == ["me", "ci"]
+    assert authenticate(site, Credentials(local_user="bob")) is None  # nobody claims every local user any more
+    (tmp_path / "site.yaml").write_text(child.replace("principals_remove: [local]", "principals_remove: [me, nobody]"))
+    found = problems_of(tmp_path / "site.yaml")
+    site_file = tmp_path / "site.yaml"
+    assert [p.split(" (inherited")[0] for p in found] == [
+        f"{site_file}:21: error: principals_remove: 'me' is not a principal this profile inherits",
+        f"{site_file}:21: error: principals_remove: 'nobody' is not a principal this profile inherits"], found

@@ -8,7 +8,8 @@ nearest profile, one layer at a time:
   class's set of tool globs). A child's entry with a parent's name replaces it where it stands;
   a new name is appended after the parent's.
 - principals: the child's come first, then the parent's; a child principal with a parent's id
-  replaces it (so first-match resolution prefers the more specific profile).
+  replaces it (so first-match resolution prefers the more specific profile); `principals_remove`
+  drops inherited ones by id (naming one that is not inherited is an error).
 - `tool_annotations`, `tool_costs`: key by key (glob), the child's value wins.
 - `sanitizer`, `circuit_breaker`, `approval`: field by field, the fields the child writes win.
 - `rate_limit_store_down`, `backend_timeout_seconds`, `disclosure_modes`: the child's if written.
@@ -151,10 +152,12 @@ def _shown(key: Any) -> str:
 
 def _principals(layers: Sequence[LoadedDocument], origins: dict[Loc, tuple[LoadedDocument, Loc]],
                 problems: list[PolicyProblem]) -> list[Any]:
-    """The principals, the nearest profile's first; one with the id of a more distant one replaces it."""
+    """The principals, the nearest profile's first; one with the id of a more distant one replaces it,
+    and `principals_remove` drops a more distant one."""
     entries: list[tuple[Any, LoadedDocument, int]] = []
-    for doc in reversed(layers):
-        inherited = {p.id for p, _, _ in entries}
+    removed: set[str] = set()
+    for n, doc in enumerate(reversed(layers)):
+        taken = {p.id for p, _, _ in entries} | removed
         mine: dict[str, int] = {}
         for i, spec in enumerate(_policy(doc).principals):
             if spec.id in mine:
@@ -163,8 +166,15 @@ def _principals(layers: Sequence[LoadedDocument], origins: dict[Loc, tuple[Loade
                     f"{doc.line_of(('principals', mine[spec.id]))})")))
                 continue
             mine[spec.id] = i
-            if spec.id not in inherited:
+            if spec.id not in taken:
                 entries.append((spec, doc, i))
+        farther = {p.id for layer in layers[:len(layers) - n - 1] for p in _policy(layer).principals}
+        for i, pid in enumerate(_policy(doc).principals_remove):
+            if pid not in farther:
+                problems.append(PolicyProblem(doc.path, doc.line_of(("principals_remove", i)), "", (
+                    f"principals_remove: {pid!r} is not a principal this profile inherits "
+                    f"(inherited: {', '.join(sorted(farther)) or 'none'})")))
+            removed.add(pid)
     for n, (_, doc, i) in enumerate(entries):
         origins[("principals", n)] = (doc, ("principals", i))
     return [spec for spec, _, _ in entries]

@@ -244,6 +244,8 @@ class Policy(Document):
         "to it by the merge rules of docs/policy.md, \"Composing profiles\"",
     )
     principals: list[PrincipalSpec] = Field(default_factory=list)
+    principals_remove: list[str] = Field(
+        default_factory=list, description="ids of inherited principals this profile does not have; each must be inherited")
     tiers: list[Tier] = Field(default_factory=list)
     sensitivity: list[SensitivityClass] = Field(default_factory=list)
     tool_annotations: dict[str, dict[str, Any]] = Field(default_factory=dict)

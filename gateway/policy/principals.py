@@ -74,7 +74,8 @@ def local_user_conflicts(principals: tuple[CompiledPrincipal, ...]) -> list[Poli
         p = by_id[pid]
         if earlier.local_user == p.local_user:
             what = f"principals {earlier.id!r} ({earlier.source}) and {p.id!r} ({p.source}) both claim local user {p.local_user!r}"
-            fix = f"give {earlier.id!r} the id {p.id!r} to replace the other, or drop one"
+            fix = (f"give {earlier.id!r} the id {p.id!r} to replace the other, or drop one "
+                   f"(`principals_remove: [{p.id}]` drops an inherited one)")
         else:
             what = (f"principal {p.id!r} ({p.source}, local user {p.local_user!r}) comes after {earlier.id!r} "
                     f"({earlier.source}), which claims every local user ('*')")
