@@ -290,3 +290,11 @@ def test_principals_remove_drops_an_inherited_principal_and_refuses_an_unknown_o
     assert [p.split(" (inherited")[0] for p in found] == [
         f"{site_file}:21: error: principals_remove: 'me' is not a principal this profile inherits",
         f"{site_file}:21: error: principals_remove: 'nobody' is not a principal this profile inherits"], found
+
+
+@pytest.mark.parametrize("key", ["extends", "rule_sets", "rule_sets_remove"])
+def test_a_nul_in_a_profile_path_is_an_error_at_its_line(tmp_path: Path, key: str) -> None:
+    value = '"a\\0b"' if key == "extends" else '["a\\0b"]'
+    path = tmp_path / "p.yaml"
+    path.write_text(f"apiVersion: dharma/v1\nkind: Policy\nmetadata: {{name: p}}\n{key}: {value}\n")
+    assert problems_of(path) == [f"{path}:4: error: {key}: Value error, a file path may not hold a NUL character"]

@@ -105,6 +105,15 @@ class DisclosureRuleSet(Document):
 # ---- policy profile ------------------------------------------------------------------
 
 
+def _no_nul(value: Any) -> Any:
+    """A file path (or a list of them) with no NUL character: no file system can name such a file."""
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, str) and "\x00" in item:
+            raise ValueError("a file path may not hold a NUL character")
+    return value
+
+
+
 class PrincipalSpec(Strict):
     """A principal and how it authenticates. API keys are stored only as SHA-256 digests."""
 
@@ -273,6 +282,11 @@ class Policy(Document):
         description="inherited rule files (relative to this file) this profile does not use; each must be inherited",
     )
 
+    @field_validator("extends", "rule_sets", "rule_sets_remove")
+    @classmethod
+    def _paths(cls, value: Any) -> Any:
+        return _no_nul(value)
+
 
 # ---- rule tests ----------------------------------------------------------------------
 
@@ -368,6 +382,11 @@ class RuleTest(Document):
         "e.g. {id: a-reader, tier: reader}; they need no credentials",
     )
     cases: list[RuleCase] = Field(min_length=1)
+
+    @field_validator("rules", "policy")
+    @classmethod
+    def _paths(cls, value: Any) -> Any:
+        return _no_nul(value)
 
     @model_validator(mode="after")
     def _something_under_test(self) -> RuleTest:
