@@ -216,7 +216,7 @@ def test_an_extending_profile_adds_principals_and_keeps_everything_else(tmp_path
     mine = load_policy(write_pair(tmp_path, f"principals:\n  - {{id: bot, tier: reader, api_key_sha256: {digest}}}\n"))
     base = load_policy(tmp_path / "base" / "base.yaml")
     assert mine.name == "mine"
-    assert [(p.id, p.key_digests) for p in mine.principals] == [("local", ()), ("bot", (bytes.fromhex(digest),))]
+    assert [(p.id, p.key_digests) for p in mine.principals] == [("bot", (bytes.fromhex(digest),)), ("local", ())]  # nearest first
     assert [r.id for r in mine.rules] == [r.id for r in base.rules] == ["no-x"]  # rule sets resolve next to the base
     assert mine.tiers == base.tiers
     assert mine.version != base.version and str(tmp_path / "base" / "base.yaml") in mine.files
@@ -227,9 +227,10 @@ def test_an_extending_profile_adds_principals_and_keeps_everything_else(tmp_path
 @pytest.mark.parametrize(
     "extending, line, needle",
     [
-        ("tiers: []\n", 5, "may only add `principals` and `egress` lists; `tiers` comes from base/base.yaml"),
-        ("principals:\n  - {id: local, tier: reader}\n", 6, "principal 'local' is already defined at"),
+        ("tiers: [{name: a}, {name: a}]\n", 5, "tier 'a' is defined twice in this profile (first at line 5)"),
+        ("principals:\n  - {id: x, tier: reader}\n  - {id: x, tier: reader}\n", 7, "principal 'x' is defined twice in this profile (first at line 6)"),
         ("principals:\n  - {id: bot, tier: writer}\n", 6, "principal 'bot' has unknown tier 'writer'"),
+        ("rule_sets_remove: [rules.yaml]\n", 5, "rule_sets_remove: rules.yaml"),
     ],
 )
 def test_extending_profile_errors_name_file_and_line(tmp_path, extending, line, needle):

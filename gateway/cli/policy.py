@@ -52,6 +52,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("no policy files found in " + ", ".join(map(str, paths)))
     rule_files: list[Path] = []
     compiled: list[Any] = []
+    profiles: list[Any] = []
     for file in files:
         try:
             docs = read_documents(file)
@@ -60,7 +61,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             continue
         if any(isinstance(d.model, Policy) for d in docs):
             try:
-                compiled.append(load_policy(file, engine=args.engine))
+                profiles.append(load_policy(file, engine=args.engine))
+                compiled.append(profiles[-1])
             except PolicyErrors as exc:
                 problems.extend(exc.problems)
         else:
@@ -72,15 +74,30 @@ def cmd_check(args: argparse.Namespace) -> int:
             problems.extend(exc.problems)
     known = known_tools(args)
     for policy in compiled:
-        warnings.extend(policy.warnings)
+        # A profile that loads may still hold errors `dharma check` fails on (principals shadowed for a local user).
+        problems.extend(w for w in policy.warnings if w.severity == "error")
+        warnings.extend(w for w in policy.warnings if w.severity != "error")
         if known:
             warnings.extend(unmatched_globs(policy, known, "--tools " + args.tools if args.tools else "the pins"))
     for item in sorted(set(problems)):
         out(str(item))
     for item in sorted(set(warnings)):
         out(str(item))
+    if args.explain_principals:
+        print_principals(profiles)
     out(f"{len(files)} file(s) checked: {len(set(problems))} error(s), {len(set(warnings))} warning(s)")
     return EXIT_FAILED if problems else EXIT_OK
+
+
+def print_principals(profiles: list[Any]) -> None:
+    """`--explain-principals`: each profile's principals in resolution order (never a secret)."""
+    from gateway.policy.principals import explain_principals
+
+    for policy in profiles:
+        out(f"principals of profile {policy.name!r} ({policy.files[0]}), in resolution order (the first match wins; "
+            "a JWT resolves by its subject = the principal id):")
+        for line in explain_principals(policy.principals) or ["  (none: no caller resolves, every call is unauthenticated)"]:
+            out(line)
 
 
 def known_tools(args: argparse.Namespace) -> set[str]:
@@ -222,7 +239,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gateway.policy.models import CaseCall
     import anyio
 
-    from gateway.policy.evaluate import condition_failure
     from gateway.policy.testing import deciding_values, evaluate_case, evaluate_whole, policy_principal
     from gateway.policy.whole import outcome_status
     from gateway.stages.tier_gate import is_granted
@@ -231,11 +247,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     policy_path = Path(args.policy) if args.policy else settings_of(args).policy
     policy = load_policy(policy_path, engine=args.engine)
     principal: dict[str, Any] = {"id": "eval", "tier": None, "roles": []}
-    if args.principal:
-        found = next((p for p in policy.principals if p.id == args.principal), None)
-        if found is None:
-            raise UsageError(f"principal {args.principal!r} is not in {policy_path}")
+    found = eval_principal(args, policy, policy_path)
+    if found is not None:
+        args.principal = found.id
         principal = {"id": found.id, "tier": found.tier, "roles": list(found.roles), "claims": found.claims}
+    if args.tool is None:
+        if found is None:
+            raise UsageError("name the call's --tool (or, to see whom a credential resolves to, --principal, --api-key or --local-user)")
+        described = principal_json(found)
+        out(json.dumps({"policy": policy.name, "principal": described}, indent=2) if args.json else resolved_text(args, described))
+        return EXIT_OK
     call = CaseCall(
         tool=args.tool,
         args=json_object_arg(args.args, "--args"),
@@ -266,6 +287,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     d = result.decision
     report: dict[str, Any] = {
         "policy": policy.name,
+        "principal": principal_json(found) if found is not None else None,
         "policy_version": policy.version,
         "engine": policy.engine,
         "tool": call.tool,
@@ -292,6 +314,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         out(json.dumps(report, indent=2, default=str))
         return EXIT_OK
+    if found is not None and (args.api_key or args.local_user):
+        out(resolved_text(args, report["principal"]))
     if pipeline is None:
         out("pipeline: not judged (name a --principal: the tier gate, sensitivity and rate limits decide per principal)")
     else:
@@ -314,19 +338,71 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if report["response_findings"]:
         out("response findings: " + ", ".join(f"{f['kind']} at {f['path']}" for f in report["response_findings"]))
     if args.explain:
-        rules = {r.id: r for r in policy.all_rules()}
-        out(f"rules considered for {call.tool}: {len(result.trace)} of {len(rules)}")
-        for t in result.trace:
-            rule = rules[t.rule_id]
-            source = rule.when.source if rule.when else ""
-            why = (f"could not evaluate its condition ({condition_failure(t.error, source)}) → "
-                   f"{'MATCHED BY ERROR (fail closed)' if t.matched else 'no match'}") if t.error else f"condition = {json.dumps(t.value, default=str)}"
-            out(f"  {'MATCH' if t.matched else '     '} {t.rule_id} [{t.effect}, {t.mode}] {rule.file}:{rule.line}")
-            out(f"         when: {rule.when.source if rule.when else '(always)'}")
-            for path, value in deciding_values(rule.when.source if rule.when else "", result.variables).items():
-                out(f"         {path} = {json.dumps(value, default=str)}")
-            out(f"         {why}")
+        print_considered(policy, call.tool, result)
     return EXIT_OK
+
+
+def print_considered(policy: Any, tool: str, result: Any) -> None:
+    """`dharma eval --explain`: every rule considered, its condition and the values that decided it."""
+    from gateway.policy.evaluate import condition_failure
+    from gateway.policy.testing import deciding_values
+
+    rules = {r.id: r for r in policy.all_rules()}
+    out(f"rules considered for {tool}: {len(result.trace)} of {len(rules)}")
+    for t in result.trace:
+        rule = rules[t.rule_id]
+        source = rule.when.source if rule.when else ""
+        why = (f"could not evaluate its condition ({condition_failure(t.error, source)}) → "
+               f"{'MATCHED BY ERROR (fail closed)' if t.matched else 'no match'}") if t.error else f"condition = {json.dumps(t.value, default=str)}"
+        out(f"  {'MATCH' if t.matched else '     '} {t.rule_id} [{t.effect}, {t.mode}] {rule.file}:{rule.line}")
+        out(f"         when: {rule.when.source if rule.when else '(always)'}")
+        for path, value in deciding_values(rule.when.source if rule.when else "", result.variables).items():
+            out(f"         {path} = {json.dumps(value, default=str)}")
+        out(f"         {why}")
+
+
+def eval_principal(args: argparse.Namespace, policy: Any, policy_path: Path) -> Any:
+    """The principal `dharma eval` judges as: the one `--principal` names, or the one `--api-key` /
+    `--local-user` resolves to exactly as the gateway would (first match); None with none of them."""
+    import sys
+
+    from gateway.core.call import Credentials
+    from gateway.stages.authenticate import authenticate
+
+    given = [name for name in ("principal", "api_key", "local_user") if getattr(args, name)]
+    if len(given) > 1:
+        raise UsageError("give one of --principal, --api-key and --local-user")
+    if not given:
+        return None
+    if args.principal:
+        wanted = args.principal
+        credential = f"principal {wanted!r}"
+    else:
+        key = sys.stdin.readline().rstrip("\r\n") if args.api_key == "-" else args.api_key
+        credentials = Credentials(api_key=key) if args.api_key else Credentials(local_user=args.local_user)
+        credential = "the API key" if args.api_key else f"local user {args.local_user!r}"
+        resolved = authenticate(policy, credentials)
+        if resolved is None:
+            raise UsageError(f"{credential} resolves to no principal of {policy_path} (such a call is refused: unauthenticated)")
+        wanted = resolved.id
+    found = next((p for p in policy.principals if p.id == wanted), None)
+    if found is None:
+        raise UsageError(f"{credential} is not in {policy_path} (its principals: {', '.join(p.id for p in policy.principals) or 'none'})")
+    return found
+
+
+def principal_json(found: Any) -> dict[str, Any]:
+    """A principal as `dharma eval` reports it: no key, only how it authenticates."""
+    from gateway.policy.principals import credentials_of
+
+    return {"id": found.id, "tier": found.tier, "roles": list(found.roles), "authenticates_by": credentials_of(found),
+            "defined_at": found.source}
+
+
+def resolved_text(args: argparse.Namespace, described: dict[str, Any]) -> str:
+    credential = "the API key" if args.api_key else f"local user {args.local_user!r}" if args.local_user else "principal"
+    return (f"{credential} resolves to principal {described['id']!r}: tier {described['tier']}, roles "
+            f"{','.join(described['roles']) or '-'}, via {', '.join(described['authenticates_by'])} ({described['defined_at']})")
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -364,6 +440,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--tools", metavar="FILE",
                    help="a tools/list answer (JSON): warn about rule tool globs that match none of its tools "
                         "(default: the tools pinned under the state root, when there are any)")
+    p.add_argument("--explain-principals", action="store_true",
+                   help="print each profile's principals in resolution order: id, how it authenticates (API key "
+                        "digests shortened, never a key), tier, roles, and the file:line it comes from")
     engine_opt(p)
     p.set_defaults(func=cmd_check)
 
@@ -381,9 +460,13 @@ def add_parsers(sub: Any) -> None:
 
     p = add_command(sub, "eval", COMMANDS["eval"])
     p.add_argument("--policy", help="policy profile file (default: the one dharma.yaml names)")
-    p.add_argument("--tool", required=True, help="tool name of the call")
+    p.add_argument("--tool", help="tool name of the call (without it: only whom --principal, --api-key or --local-user resolves to)")
     p.add_argument("--args", help="arguments as a JSON object (or @file)")
     p.add_argument("--principal", help="principal id from the policy (default: an anonymous one, and no grant check)")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="judge as the principal this API key resolves to, as the gateway would resolve it "
+                        "(`-`: read the key from stdin, keeping it out of the shell history)")
+    p.add_argument("--local-user", metavar="USER", help="judge as the principal this local user resolves to (as `dharma stdio` would)")
     p.add_argument("--annotations", help="tool annotations as a JSON object (or @file)")
     p.add_argument("--purpose", help="the call's stated purpose")
     p.add_argument("--disclosure-mode", help="the call's disclosure_mode")

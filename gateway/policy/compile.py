@@ -22,7 +22,9 @@ from gateway.policy.destructive import destructive_tiers
 from gateway.policy.globs import globs_overlap
 from gateway.core.call import BlockClass, Disclosure, Effect, Mode, Sensitivity
 from gateway.core.errors import PolicyErrors, PolicyProblem
+from gateway.policy.compose import ComposedProfile, compose_profiles
 from gateway.policy.load import LoadedDocument, expand_paths, read_documents
+from gateway.policy.principals import CompiledPrincipal, key_conflicts, local_user_conflicts
 from gateway.policy.models import (
     DisclosureRuleSet,
     Policy,
@@ -108,16 +110,6 @@ class CompiledTier:
     name: str
     grants: tuple[CompiledGrant, ...]
     max_sensitivity: Sensitivity
-
-
-@dataclass(frozen=True, slots=True)
-class CompiledPrincipal:
-    id: str
-    tier: str
-    roles: tuple[str, ...]
-    claims: dict[str, Any]
-    key_digests: tuple[bytes, ...]
-    local_user: str | None
 
 
 class GlobIndex:
@@ -529,14 +521,9 @@ def compile_documents(
     docs: list[LoadedDocument],
     *,
     engine: str | None = None,
-    policy: LoadedDocument | None = None,
-    bases: Sequence[LoadedDocument] = (),
+    profile: ComposedProfile | None = None,
 ) -> CompiledPolicy:
-    """Compile a profile (optional) and rule documents into a CompiledPolicy. Raises PolicyErrors.
-
-    `bases` are the profiles `policy` extends, nearest first: the last one gives everything but
-    the principals, which every profile of the chain adds (see `profile_chain`).
-    """
+    """Compile a (composed) profile, if any, and rule documents into a CompiledPolicy. Raises PolicyErrors."""
     chosen = engine or cel.default_engine()
     c = _Compiler(chosen)
     rules: list[CompiledRule] = []
@@ -604,18 +591,17 @@ def compile_documents(
                         empty_guard=empty_guard(d.when),
                     )
                 )
-    profile: dict[str, Any] = {}
-    if policy is not None:
-        layers = [*reversed(bases), policy]
-        profile = _compile_profile(layers[0], c, layers)
+    compiled: dict[str, Any] = {}
+    if profile is not None:
+        compiled = _compile_profile(profile, c)
     if c.problems:
         raise PolicyErrors(c.problems)
-    all_docs = ([policy, *bases] if policy else []) + docs
+    all_docs = [*reversed(profile.layers)] + docs if profile else docs
     version = hashlib.sha256(
         "\n".join(f"{d.path.rsplit('/', 1)[-1]}:{d.text_digest}" for d in all_docs).encode()
     ).hexdigest()
     return CompiledPolicy(
-        name=policy.model.metadata.name if policy else "rules",
+        name=profile.model.metadata.name if profile else "rules",
         version=f"sha256:{version[:32]}",
         engine=chosen,
         files=tuple(dict.fromkeys(d.path for d in all_docs)),
@@ -626,78 +612,24 @@ def compile_documents(
         visibility_rules=tuple(visibility),
         visibility_index=GlobIndex([(r.tools, r) for r in visibility]),
         warnings=tuple(sorted(c.warnings)),
-        **profile,
+        **compiled,
     )
 
 
-def _compile_profile(doc: LoadedDocument, c: _Compiler, layers: Sequence[LoadedDocument]) -> dict[str, Any]:
-    """Everything from `doc` (the root profile) except the principals, which come from every
-    profile of `layers` (root first)."""
-    model = doc.model
-    assert isinstance(model, Policy)
+def _compile_profile(profile: ComposedProfile, c: _Compiler) -> dict[str, Any]:
+    """Everything the effective profile gives the CompiledPolicy (problems name the file each part came from)."""
+    model = profile.model
     tier_specs = {t.name: (i, t) for i, t in enumerate(model.tiers)}
-    tiers: dict[str, CompiledTier] = {}
-    for name, (i, spec) in tier_specs.items():
-        grants: list[CompiledGrant] = []
-        chain: list[str] = []
-        current: str | None = name
-        while current is not None:
-            if current in chain:
-                c.problems.append(
-                    PolicyProblem(doc.path, doc.line_of(("tiers", i)), "", f"tier {name!r}: inheritance cycle {' -> '.join([*chain, current])}")
-                )
-                break
-            chain.append(current)
-            found = tier_specs.get(current)
-            if found is None:
-                c.problems.append(
-                    PolicyProblem(doc.path, doc.line_of(("tiers", i, "inherits")), "", f"tier {name!r} inherits unknown tier {current!r}")
-                )
-                break
-            grants.extend(
-                CompiledGrant(tuple(g.tools), tuple(sorted(g.annotations.items()))) for g in found[1].grants
-            )
-            current = found[1].inherits
-        tiers[name] = CompiledTier(name, tuple(grants), spec.max_sensitivity)
-    principals: list[CompiledPrincipal] = []
-    defined: dict[str, str] = {}
-    for layer in layers:
-        assert isinstance(layer.model, Policy)
-        for i, p in enumerate(layer.model.principals):
-            line = layer.line_of(("principals", i))
-            if p.id in defined:
-                c.problems.append(PolicyProblem(layer.path, line, "", f"principal {p.id!r} is already defined at {defined[p.id]}"))
-            defined.setdefault(p.id, f"{layer.path}:{line}")
-            if p.tier not in tiers:
-                c.problems.append(
-                    PolicyProblem(layer.path, layer.line_of(("principals", i, "tier")), "", f"principal {p.id!r} has unknown tier {p.tier!r}")
-                )
-            principals.append(
-                CompiledPrincipal(
-                    id=p.id,
-                    tier=p.tier,
-                    roles=tuple(p.roles),
-                    claims=dict(p.claims),
-                    key_digests=tuple(bytes.fromhex(d) for d in p.api_key_sha256),
-                    local_user=p.local_user,
-                )
-            )
-    sensitivity: list[CompiledSensitivity] = []
-    for i, s in enumerate(model.sensitivity):
-        escalations = []
-        for j, e in enumerate(s.escalate):
-            expr = c.expr(e.when, ESCALATION_VARIABLES, doc, ("sensitivity", i, "escalate", j, "when"), "")
-            if expr is not None:
-                escalations.append(CompiledEscalation(expr, e.to, e.message))
-        sensitivity.append(CompiledSensitivity(tuple(s.tools), s.level, tuple(escalations)))
+    tiers = _compile_tiers(profile, tier_specs, c)
+    principals = _compile_principals(profile, tiers, c)
     ids = [r.id for r in model.rate_limits]
     for dup in {x for x in ids if ids.count(x) > 1}:
-        c.problems.append(PolicyProblem(doc.path, doc.line_of(("rate_limits",)), "", f"duplicate rate limit id {dup!r}"))
-    c.problems.extend(_unadmittable_costs(doc, model))
+        c.problems.append(profile.problem(("rate_limits", ids.index(dup)), f"duplicate rate limit id {dup!r}"))
+    c.problems.extend(_unadmittable_costs(profile))
     return {
-        "principals": tuple(principals),
+        "principals": principals,
         "tiers": tiers,
-        "sensitivity": tuple(sensitivity),
+        "sensitivity": _compile_sensitivity(profile, c),
         "tool_annotations": tuple(model.tool_annotations.items()),
         "rate_limits": tuple(model.rate_limits),
         "tool_costs": tuple(model.tool_costs.items()),
@@ -708,11 +640,66 @@ def _compile_profile(doc: LoadedDocument, c: _Compiler, layers: Sequence[LoadedD
         "approval_hold_seconds": model.approval.hold_seconds,
         "approval_expires_seconds": model.approval.expires_seconds,
         "approval_allow_self": model.approval.allow_self_approval,
-        "approval_elicitation": _elicitation(doc, model, tiers, c),
+        "approval_elicitation": _elicitation(profile, tiers, c),
         "backend_timeout_seconds": model.backend_timeout_seconds,
         "disclosure_modes": tuple(model.disclosure_modes),
-        "egress": _egress(layers, tier_specs, c),
+        "egress": _egress(profile.layers, tier_specs, c),
     }
+
+
+def _compile_tiers(profile: ComposedProfile, tier_specs: dict[str, tuple[int, Any]], c: _Compiler) -> dict[str, CompiledTier]:
+    """Each tier with the grants of the tiers it inherits (by name, in the effective profile)."""
+    tiers: dict[str, CompiledTier] = {}
+    for name, (i, spec) in tier_specs.items():
+        grants: list[CompiledGrant] = []
+        chain: list[str] = []
+        current: str | None = name
+        while current is not None:
+            if current in chain:
+                c.problems.append(profile.problem(("tiers", i), f"tier {name!r}: inheritance cycle {' -> '.join([*chain, current])}"))
+                break
+            chain.append(current)
+            found = tier_specs.get(current)
+            if found is None:
+                c.problems.append(profile.problem(("tiers", i, "inherits"), f"tier {name!r} inherits unknown tier {current!r}"))
+                break
+            grants.extend(
+                CompiledGrant(tuple(g.tools), tuple(sorted(g.annotations.items()))) for g in found[1].grants
+            )
+            current = found[1].inherits
+        tiers[name] = CompiledTier(name, tuple(grants), spec.max_sensitivity)
+    return tiers
+
+
+def _compile_principals(profile: ComposedProfile, tiers: dict[str, CompiledTier], c: _Compiler) -> tuple[CompiledPrincipal, ...]:
+    """The principals in resolution order; an API key two of them hold is an error, a local user an
+    earlier one claims too an error of `dharma check` (kept in the warnings, with severity error)."""
+    principals: list[CompiledPrincipal] = []
+    for i, p in enumerate(profile.model.principals):
+        if p.tier not in tiers:
+            c.problems.append(profile.problem(("principals", i, "tier"), f"principal {p.id!r} has unknown tier {p.tier!r}"))
+        doc, loc = profile.at(("principals", i))
+        principals.append(CompiledPrincipal(
+            id=p.id, tier=p.tier, roles=tuple(p.roles), claims=dict(p.claims),
+            key_digests=tuple(bytes.fromhex(d) for d in p.api_key_sha256), local_user=p.local_user,
+            file=doc.path, line=doc.line_of(loc),
+        ))
+    found = tuple(principals)
+    c.problems.extend(key_conflicts(found))
+    c.warnings.extend(local_user_conflicts(found))
+    return found
+
+
+def _compile_sensitivity(profile: ComposedProfile, c: _Compiler) -> tuple[CompiledSensitivity, ...]:
+    sensitivity: list[CompiledSensitivity] = []
+    for i, s in enumerate(profile.model.sensitivity):
+        escalations = []
+        for j, e in enumerate(s.escalate):
+            expr = c.expr(e.when, ESCALATION_VARIABLES, *profile.at(("sensitivity", i, "escalate", j, "when")), "")
+            if expr is not None:
+                escalations.append(CompiledEscalation(expr, e.to, e.message))
+        sensitivity.append(CompiledSensitivity(tuple(s.tools), s.level, tuple(escalations)))
+    return tuple(sensitivity)
 
 
 def _egress(layers: Sequence[LoadedDocument], tier_specs: dict[str, tuple[int, Any]], c: _Compiler) -> dict[str, dict[str, list[str]]]:
@@ -748,20 +735,20 @@ def _egress(layers: Sequence[LoadedDocument], tier_specs: dict[str, tuple[int, A
     return out
 
 
-def _elicitation(doc: LoadedDocument, model: Policy, tiers: dict[str, CompiledTier], c: _Compiler) -> bool | frozenset[str]:
+def _elicitation(profile: ComposedProfile, tiers: dict[str, CompiledTier], c: _Compiler) -> bool | frozenset[str]:
     """`approval.allow_elicitation` compiled; an unknown tier is an error, and a tier it lets release
     its own held calls that can run destructive tools is a warning (the agent can answer forms)."""
-    setting = model.approval.allow_elicitation
-    line = doc.line_of(("approval", "allow_elicitation"))
+    setting = profile.model.approval.allow_elicitation
+    loc = ("approval", "allow_elicitation")
     if isinstance(setting, list):
         for name in (n for n in setting if n not in tiers):
-            c.problems.append(PolicyProblem(doc.path, line, "", f"approval.allow_elicitation names unknown tier {name!r}"))
+            c.problems.append(profile.problem(loc, f"approval.allow_elicitation names unknown tier {name!r}"))
     named = sorted(tiers) if setting is True else setting if isinstance(setting, list) else []
     risky = destructive_tiers(tiers, named)
     if risky:
         which = ", ".join(f"{name!r} (grant {why})" for name, why in risky.items())
         tiers_word, these = ("tiers", "these tiers") if len(risky) > 1 else ("tier", "that tier")
-        c.warnings.append(PolicyProblem(doc.path, line, "", (
+        c.warnings.append(profile.problem(loc, (
             f"approval.allow_elicitation lets callers of {tiers_word} {which} release their own held calls by answering "
             f"the gateway's elicitation, and {these} can run destructive tools; an agent can answer forms on its own, so "
             "such a hold is no hold. Set it false (an approver or admin decides on /ui, the CLI or the HTTP API) or list "
@@ -769,26 +756,25 @@ def _elicitation(doc: LoadedDocument, model: Policy, tiers: dict[str, CompiledTi
     return frozenset(setting) if isinstance(setting, list) else setting
 
 
-def _unadmittable_costs(doc: LoadedDocument, model: Policy) -> list[PolicyProblem]:
+def _unadmittable_costs(profile: ComposedProfile) -> list[PolicyProblem]:
     """Tool costs above the burst of a rate limit that covers some tool of that cost.
 
     GCRA admits a call of cost c only when c <= burst, so such a call would be refused forever,
     each time with a `retry_after` that lies. Reported at the cost's line.
     """
     problems = []
+    model = profile.model
     for i, limit in enumerate(model.rate_limits):
         for pattern, cost in model.tool_costs.items():
             if cost > limit.burst and any(globs_overlap(pattern, g) for g in limit.tools):
-                problems.append(PolicyProblem(
-                    doc.path, doc.line_of(("tool_costs", pattern)), limit.id,
+                doc, loc = profile.at(("rate_limits", i))
+                at = f"line {doc.line_of(loc)}" if doc is profile.at(("tool_costs", pattern))[0] else profile.where(("rate_limits", i))
+                problems.append(profile.problem(
+                    ("tool_costs", pattern),
                     f"tool cost {cost} for {pattern!r} is above the burst {limit.burst} of rate limit {limit.id!r} "
-                    f"(line {doc.line_of(('rate_limits', i))}), which covers it: such a call would never be admitted; "
-                    f"raise that burst to at least {cost} or lower the cost"))
+                    f"({at}), which covers it: such a call would never be admitted; "
+                    f"raise that burst to at least {cost} or lower the cost", rule_id=limit.id))
     return problems
-
-
-#: What a profile that `extends` another may set itself; everything else comes from the base.
-EXTENDING_KEYS = frozenset({"apiVersion", "kind", "metadata", "extends", "principals", "egress"})
 
 
 def read_profile(path: Path) -> LoadedDocument:
@@ -800,12 +786,8 @@ def read_profile(path: Path) -> LoadedDocument:
 
 
 def profile_chain(path: Path) -> list[LoadedDocument]:
-    """The profile at `path` and the profiles it `extends`, nearest first.
-
-    A profile that extends another only adds principals and egress lists (so a deployment's
-    credentials and its own internal hosts live in its own file while the shipped tiers, rules and
-    limits stay the shipped ones); setting any other key there, a missing base or a cycle is an error naming file:line.
-    """
+    """The profile at `path` and the profiles it `extends`, nearest first (a missing base or a cycle
+    is an error naming file:line). `compose.compose_profiles` merges them."""
     chain = [read_profile(path)]
     seen = {path.resolve()}
     while True:
@@ -814,79 +796,89 @@ def profile_chain(path: Path) -> list[LoadedDocument]:
         ref = doc.model.extends
         if ref is None:
             return chain
-        problems = [
-            PolicyProblem(doc.path, doc.line_of((key,)), "", f"a profile that `extends` another may only add `principals` and `egress` lists; "
-                          f"`{key}` comes from {ref} (edit that profile, or drop `extends`)")
-            for key in sorted(doc.model.model_fields_set - EXTENDING_KEYS)
-        ]
         target = (Path(doc.path).parent / ref).resolve()
         if target in seen:
-            problems.append(PolicyProblem(doc.path, doc.line_of(("extends",)), "", f"`extends` cycle: {ref} is already in the chain"))
-        elif not target.is_file():
-            problems.append(PolicyProblem(doc.path, doc.line_of(("extends",)), "", f"extended profile not found: {ref}"))
-        if problems:
-            raise PolicyErrors(problems)
+            raise PolicyErrors([PolicyProblem(doc.path, doc.line_of(("extends",)), "", f"`extends` cycle: {ref} is already in the chain")])
+        if not target.is_file():
+            raise PolicyErrors([PolicyProblem(doc.path, doc.line_of(("extends",)), "", f"extended profile not found: {ref}")])
         seen.add(target)
         chain.append(read_profile(target))
+
+
+def compose_file(path: Path) -> ComposedProfile:
+    """The effective profile of the file at `path` and the profiles it extends. Raises PolicyErrors."""
+    problems: list[PolicyProblem] = []
+    composed = compose_profiles(list(reversed(profile_chain(path))), problems)
+    if problems:
+        raise PolicyErrors(problems)
+    return composed
 
 
 def load_policy(
     path: Path, *, extra: list[Path] | None = None, engine: str | None = None, extra_docs: Sequence[LoadedDocument] = ()
 ) -> CompiledPolicy:
-    """Load a profile (and the profiles it extends) and the rule sets it names (paths relative
-    to the profile file that names them), plus `extra` rule files and `extra_docs` (a file the
-    profile already names is not added twice)."""
-    chain = profile_chain(path)
-    root = chain[-1]
-    assert isinstance(root.model, Policy)
-    docs = named_rule_documents(root, "rule_sets", root.model.rule_sets)
+    """Load a profile (composed with the profiles it extends) and its effective rule sets (each
+    relative to the profile file that names it), plus `extra` rule files and `extra_docs` (a file
+    the profile already names is not added twice)."""
+    composed = compose_file(path)
+    docs: list[LoadedDocument] = []
+    problems: list[PolicyProblem] = []
+    for ref in composed.rule_sets:
+        try:
+            docs.extend(rule_documents_named(ref.referrer, "rule_sets", ref.index, ref.ref))
+        except PolicyErrors as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise PolicyErrors(problems)
     named = {d.path for d in docs}
     docs.extend(d for d in [*load_rule_documents(extra or []), *extra_docs] if d.path not in named)
-    return compile_documents(docs, engine=engine, policy=chain[0], bases=chain[1:])
+    return compile_documents(docs, engine=engine, profile=composed)
 
 
 RULE_KINDS = (RuleSet, DisclosureRuleSet)
 
 
 def named_rule_documents(referrer: LoadedDocument, key: str, refs: Sequence[str]) -> list[LoadedDocument]:
-    """The rule documents of the files `referrer` names under `key` (paths relative to it).
+    """The rule documents of the files `referrer` names under `key` (paths relative to it); see
+    `rule_documents_named`. Every problem of every file is collected."""
+    docs: list[LoadedDocument] = []
+    problems: list[PolicyProblem] = []
+    for i, ref in enumerate(refs):
+        try:
+            docs.extend(rule_documents_named(referrer, key, i, ref))
+        except PolicyErrors as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise PolicyErrors(problems)
+    return docs
+
+
+def rule_documents_named(referrer: LoadedDocument, key: str, index: int, ref: str) -> list[LoadedDocument]:
+    """The rule documents of `ref`, item `index` of `referrer`'s `key` (a path relative to it).
 
     A named file that is missing, holds another kind (a profile, a RuleTest) or holds no rules is
     an error at the naming line, never zero rules loaded in silence. A named directory contributes
     the rule documents of its files (its RuleTest files are skipped, as they live beside the rules).
     """
-    docs: list[LoadedDocument] = []
-    problems: list[PolicyProblem] = []
-    for i, ref in enumerate(refs):
-        line = referrer.line_of((key, i))
-        target = (Path(referrer.path).parent / ref).resolve()
-        if target.is_dir():
-            try:
-                docs.extend(load_rule_documents([target]))
-            except PolicyErrors as exc:
-                problems.extend(exc.problems)
-            continue
-        if not target.is_file():
-            problems.append(PolicyProblem(referrer.path, line, "", f"rule set not found: {ref} (named in `{key}`)"))
-            continue
-        try:
-            found = read_documents(target)
-        except PolicyErrors as exc:
-            problems.extend(exc.problems)
-            continue
-        wrong = [d for d in found if not isinstance(d.model, RULE_KINDS)]
-        for d in wrong:
-            hint = " (to test a whole profile, name it in `policy:`)" if isinstance(d.model, Policy) else ""
-            problems.append(PolicyProblem(
-                referrer.path, line, "",
-                f"{key}: {ref} holds a `kind: {d.model.kind}` document at line {d.line_of(())}, not rules "
-                f"(RuleSet or DisclosureRuleSet){hint}"))
-        if not found:
-            problems.append(PolicyProblem(referrer.path, line, "", f"{key}: {ref} holds no rules"))
-        docs.extend(d for d in found if isinstance(d.model, RULE_KINDS))
+    line = referrer.line_of((key, index))
+    target = (Path(referrer.path).parent / ref).resolve()
+    if target.is_dir():
+        return load_rule_documents([target])
+    if not target.is_file():
+        raise PolicyErrors([PolicyProblem(referrer.path, line, "", f"rule set not found: {ref} (named in `{key}`)")])
+    found = read_documents(target)
+    problems = []
+    for d in (d for d in found if not isinstance(d.model, RULE_KINDS)):
+        hint = " (to test a whole profile, name it in `policy:`)" if isinstance(d.model, Policy) else ""
+        problems.append(PolicyProblem(
+            referrer.path, line, "",
+            f"{key}: {ref} holds a `kind: {d.model.kind}` document at line {d.line_of(())}, not rules "
+            f"(RuleSet or DisclosureRuleSet){hint}"))
+    if not found:
+        problems.append(PolicyProblem(referrer.path, line, "", f"{key}: {ref} holds no rules"))
     if problems:
         raise PolicyErrors(problems)
-    return docs
+    return found
 
 
 def load_rule_documents(paths: list[Path]) -> list[LoadedDocument]:

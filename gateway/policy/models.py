@@ -105,6 +105,15 @@ class DisclosureRuleSet(Document):
 # ---- policy profile ------------------------------------------------------------------
 
 
+def _no_nul(value: Any) -> Any:
+    """A file path (or a list of them) with no NUL character: no file system can name such a file."""
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, str) and "\x00" in item:
+            raise ValueError("a file path may not hold a NUL character")
+    return value
+
+
+
 class PrincipalSpec(Strict):
     """A principal and how it authenticates. API keys are stored only as SHA-256 digests."""
 
@@ -240,9 +249,12 @@ class Policy(Document):
     kind: Literal["Policy"]
     extends: str | None = Field(
         default=None,
-        description="a profile (path relative to this file) this one adds principals to; everything else comes from it",
+        description="a profile (path relative to this file) this one builds on: what this one writes overrides or adds "
+        "to it by the merge rules of docs/policy.md, \"Composing profiles\"",
     )
     principals: list[PrincipalSpec] = Field(default_factory=list)
+    principals_remove: list[str] = Field(
+        default_factory=list, description="ids of inherited principals this profile does not have; each must be inherited")
     tiers: list[Tier] = Field(default_factory=list)
     sensitivity: list[SensitivityClass] = Field(default_factory=list)
     tool_annotations: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -262,9 +274,18 @@ class Policy(Document):
     )
     egress: EgressSettings = Field(
         default_factory=EgressSettings,
-        description="where calls may go (docs/detection.md, Egress); a profile that `extends` another adds its lists",
+        description="where calls may go (docs/detection.md, Egress); a profile that `extends` another adds its lists to the base's",
     )
-    rule_sets: list[str] = Field(default_factory=list)
+    rule_sets: list[str] = Field(default_factory=list, description="rule files (relative to this file), after the inherited ones")
+    rule_sets_remove: list[str] = Field(
+        default_factory=list,
+        description="inherited rule files (relative to this file) this profile does not use; each must be inherited",
+    )
+
+    @field_validator("extends", "rule_sets", "rule_sets_remove")
+    @classmethod
+    def _paths(cls, value: Any) -> Any:
+        return _no_nul(value)
 
 
 # ---- rule tests ----------------------------------------------------------------------
@@ -361,6 +382,11 @@ class RuleTest(Document):
         "e.g. {id: a-reader, tier: reader}; they need no credentials",
     )
     cases: list[RuleCase] = Field(min_length=1)
+
+    @field_validator("rules", "policy")
+    @classmethod
+    def _paths(cls, value: Any) -> Any:
+        return _no_nul(value)
 
     @model_validator(mode="after")
     def _something_under_test(self) -> RuleTest:
