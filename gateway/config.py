@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from gateway.core.errors import ConfigError
 from gateway.policy.load import YamlProblem, compose_yaml, construct_yaml, find_scalar, line_of, node_lines
+from gateway.policy.names import fold_name
 from gateway.stores.base import SessionLimits
 
 ENV_PREFIX = "DHARMA_"
@@ -377,12 +378,13 @@ class Settings(Strict):
                 raise ValueError(f"upstream {u.id}: type mcp_stdio needs `command`")
         for i, a in enumerate(mcp):
             for b in mcp[i + 1:]:
-                if a.prefix == b.prefix:
+                pa, pb = fold_name(a.prefix or ""), fold_name(b.prefix or "")  # tool globs fold names
+                if pa == pb:
                     what = f"prefix {a.prefix!r}" if a.prefix else "no prefix"
                     raise ValueError(
                         f"MCP upstreams {a.id!r} and {b.id!r} both have {what}: their tool names could collide; "
                         "give each a distinct `prefix` (e.g. prefix: fs_)")
-                if a.prefix and b.prefix and (a.prefix.startswith(b.prefix) or b.prefix.startswith(a.prefix)):
+                if pa and pb and (pa.startswith(pb) or pb.startswith(pa)):
                     raise ValueError(
                         f"MCP upstreams {a.id!r} and {b.id!r}: prefix {a.prefix!r} and {b.prefix!r} overlap, "
                         "so a tool name could belong to either; use prefixes where neither starts the other")

@@ -1,7 +1,7 @@
-"""`dharma stdio` and `dharma tools pins|accept`: the MCP commands.
+"""`dharma stdio` and `dharma tools pins|accept|grants`: the MCP commands.
 
 `dharma stdio` wraps a stdio MCP server (the agent launches it instead of the server); `dharma
-tools` reviews the pinned tool definitions and accepts changed ones.
+tools` reviews the pinned tool definitions, accepts changed ones and shows which tiers see them.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("backend", metavar="BACKEND", help="backend id, as `dharma tools pins` shows it")
     p.add_argument("tool", nargs="?", metavar="TOOL", help="tool name (default: every changed tool of BACKEND)")
     p.set_defaults(func=cmd_tools_accept)
+    p = add_command(tools, "grants", "which tiers see which pinned tools, under the configured policy")
+    p.add_argument("--policy", help="policy profile to judge by (default: the one dharma.yaml names)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.set_defaults(func=cmd_tools_grants)
 
 
 def cmd_stdio(args: argparse.Namespace) -> int:
@@ -65,22 +69,29 @@ def cmd_stdio(args: argparse.Namespace) -> int:
     return anyio.run(main, backend_options={"loop_factory": loop_factory() if piped_io else None})
 
 
-def cmd_tools_pins(args: argparse.Namespace) -> int:
+def _pin_rows(args: argparse.Namespace, backend: str | None = None) -> list[dict[str, Any]] | None:
+    """The pin store's rows (of `backend`, or all); None after saying why they cannot be read."""
     import anyio
 
-    from gateway.mcp.pins import diff_definitions
     from gateway.runtime import open_pin_store
+    from gateway.stores.base import StoreUnavailable
 
     async def rows_of() -> list[dict[str, Any]]:
         async with open_pin_store(settings_of(args)) as store:
-            return await store.list(args.backend)
-
-    from gateway.stores.base import StoreUnavailable
+            return await store.list(backend)
 
     try:
-        rows = anyio.run(rows_of)
+        return anyio.run(rows_of)
     except (StoreUnavailable, ValueError, OSError) as exc:  # ValueError: a pins file that is not one (named)
         out(f"cannot read the pins: {exc}")
+        return None
+
+
+def cmd_tools_pins(args: argparse.Namespace) -> int:
+    from gateway.mcp.pins import diff_definitions
+
+    rows = _pin_rows(args, args.backend)
+    if rows is None:
         return EXIT_FAILED
     if args.changed:
         rows = [r for r in rows if r["changed"]]
@@ -147,3 +158,57 @@ def cmd_tools_accept(args: argparse.Namespace) -> int:
     for name in accepted:
         out(f"accepted the current definition of {args.backend} {name}" + (" as it is, findings included" if args.tool else ""))
     return EXIT_OK
+
+
+def cmd_tools_grants(args: argparse.Namespace) -> int:
+    """For every pinned tool, as clients see its name (the upstream's `prefix` + its name): the
+    tiers that see it (their grants admit it and no visibility rule hides it), the ones among them
+    whose calls the tool's sensitivity refuses, and the tools no tier sees."""
+    from pathlib import Path
+
+    from gateway.policy.compile import load_policy
+
+    settings = settings_of(args)
+    policy = load_policy(Path(args.policy), engine=settings.cel_engine) if args.policy else load_policy(
+        settings.policy, extra=list(settings.rules), engine=settings.cel_engine)
+    pins = _pin_rows(args)
+    if pins is None:
+        return EXIT_FAILED
+    rows = tool_grants(policy, pins, {u.id: u.prefix or "" for u in settings.upstreams})
+    for row in rows:
+        if args.json:
+            out(json.dumps(row, ensure_ascii=False, sort_keys=True))
+            continue
+        seen = ", ".join(t + ("(calls refused: sensitivity)" if t in row["refused_tiers"] else "") for t in row["tiers"])
+        note = f"  ({row['note']})" if row["note"] else ""
+        out(f"{row['backend']}  {row['tool']}  {row['sensitivity']}  {seen or 'NO TIER'}{note}")
+    if not rows and not args.json:
+        out("no pinned tools: run the gateway in front of a server once (tools/list pins its tools)")
+    return EXIT_OK
+
+
+def tool_grants(policy: Any, pins: list[dict[str, Any]], prefixes: dict[str, str]) -> list[dict[str, Any]]:
+    """`dharma tools grants` rows: per pinned tool (its definition as last seen, changed or not), the
+    tiers of `policy` that see it, as the gateway would decide for a caller of each tier."""
+    from gateway.core.call import Principal
+    from gateway.mcp import governance as gov
+    from gateway.policy.evaluate import classify
+    from gateway.stages.visibility import is_visible
+
+    names: dict[str, set[str]] = {}
+    for pin in pins:
+        names.setdefault(pin["backend"], set()).add(prefixes.get(pin["backend"], "") + pin["tool"])
+    rows = []
+    for pin in sorted(pins, key=lambda p: (p["backend"], p["tool"])):
+        backend, name = pin["backend"], prefixes.get(pin["backend"], "") + pin["tool"]
+        definition = (pin["seen_definition"] if pin["changed"] else pin["definition"]) or {}
+        accepted = not pin["changed"] and pin.get("accepted_digest") == pin["digest"]
+        info = gov.tool_info({**definition, "name": name}, backend, changed=pin["changed"], accepted=accepted,
+                             names=frozenset(names[backend]))
+        clash = gov.colliding_names(frozenset(names[backend])).get(name)
+        level, _ = classify(policy, name, None)
+        tiers = [] if clash else [t for t in policy.tiers if is_visible(policy, Principal(id=f"tier:{t}", tier=t), info)]
+        note = f"refused: folds to one name with {clash}" if clash else ("changed since pinned" if pin["changed"] else "")
+        rows.append({"backend": backend, "tool": name, "sensitivity": level.value, "tiers": tiers, "note": note,
+                     "refused_tiers": [t for t in tiers if level.rank > policy.tiers[t].max_sensitivity.rank]})
+    return rows

@@ -271,7 +271,8 @@ class ToolsCall:
         if entry is not None:
             known = None if entry.digest is None else [entry.digest]
             pin = (await observe_or_distrust(self.pins, entry.backend, [entry.definition], known)).get(entry.definition["name"], DISTRUSTED)
-            info = self._tool_info(entry, name, pin, frozenset(port.known_names()))
+            catalog = frozenset(port.known_names())
+            info = None if name in gov.colliding_names(catalog) else self._tool_info(entry, name, pin, catalog)
         visible = info is not None and principal is not None and is_visible(policy, principal, info)
         probe = _Probe()
         if not visible and principal is not None:
@@ -438,7 +439,8 @@ async def visible_names(gateway: Gateway, pins: PinStore, credentials: Credentia
     for cname, t in named:
         pin = pins_now.get(t["name"], DISTRUSTED)
         infos.append(gov.tool_info({**t, "name": cname}, backend, changed=pin.changed, accepted=pin.accepted, names=known))
-    return {t.name for t in visible_tools(gateway.policy, principal, infos)}
+    refused = gov.colliding_names(frozenset(c for c, _ in named) | known)
+    return {t.name for t in visible_tools(gateway.policy, principal, infos) if t.name not in refused}
 
 
 async def refresh_catalog(ask_page: Callable[[dict[str, Any] | None], Awaitable[dict[str, Any] | None]],

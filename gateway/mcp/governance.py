@@ -18,10 +18,13 @@
 from __future__ import annotations
 
 import copy
+import functools
 import secrets
 import unicodedata
 from collections.abc import Sequence
 from typing import Any
+
+import structlog
 
 from audit.canon import digest
 from gateway.core.backends import BackendResult
@@ -32,8 +35,11 @@ from gateway.mcp import jsonrpc
 from gateway.mcp.versions import HEADER_MISMATCH
 from gateway.memo import Memo
 from gateway.policy.compile import CompiledPolicy
+from gateway.policy.names import collisions, fold_name
 from gateway.stages.sanitizer.walk import SanitizeError, compile_schema
 from gateway.crypto.receipts import RECEIPT_META_KEY
+
+log = structlog.get_logger()
 
 DECISION_META_KEY = "dharma.gateway/decision"
 PURPOSE_META_KEY = "dharma.gateway/purpose"
@@ -54,8 +60,21 @@ _CONFUSABLES = str.maketrans(
 
 
 def skeleton(name: str) -> str:
-    """A comparison key under which look-alike names collide (NFKC, confusables, case)."""
-    return unicodedata.normalize("NFKC", name).translate(_CONFUSABLES).casefold()
+    """A comparison key under which look-alike names collide (NFKC, confusables, case, and the
+    separator styles tool globs treat as one: `policy.names.fold_name`)."""
+    return fold_name(unicodedata.normalize("NFKC", name).translate(_CONFUSABLES))
+
+
+@functools.lru_cache(maxsize=64)
+def colliding_names(catalog: frozenset[str]) -> dict[str, str]:
+    """The catalog's tools that fold to one name with another of its tools (`get_sum` beside
+    `get-sum`): a glob could not tell them apart while pins, approvals and the ledger do, so neither
+    is listed or callable (refused, and said once per catalog in the log)."""
+    found = collisions(sorted(catalog))
+    if found:
+        log.error("mcp.tool_name_collision", tools=sorted(found),
+                  message="tools whose names differ only in case or separators are refused; rename one upstream's tool or give it a prefix")
+    return found
 
 
 def lookalike_of(name: str, names: list[str] | set[str] | dict[str, Any]) -> str | None:

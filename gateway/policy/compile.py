@@ -9,7 +9,6 @@ keeps the last good one). No I/O beyond reading the files named.
 from __future__ import annotations
 
 import fnmatch
-import functools
 import hashlib
 import re
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from typing import Any
 from gateway.policy import cel
 from gateway.policy.destructive import destructive_tiers
 from gateway.policy.globs import globs_overlap
+from gateway.policy.names import fold_glob, fold_name, name_matches
 from gateway.core.call import BlockClass, Disclosure, Effect, Mode, Sensitivity
 from gateway.core.errors import PolicyErrors, PolicyProblem
 from gateway.policy.compose import ComposedProfile, compose_profiles
@@ -127,18 +127,19 @@ class GlobIndex:
         for order, (globs, item) in enumerate(items):
             for pattern in globs:
                 if any(ch in pattern for ch in "*?["):
-                    self._globs.append((order, pattern, item))
+                    self._globs.append((order, fold_glob(pattern), item))
                 else:
-                    self._exact.setdefault(pattern, []).append((order, item))
+                    self._exact.setdefault(fold_name(pattern), []).append((order, item))
         self._cache: dict[str, tuple[Any, ...]] = {}
 
     def candidates(self, tool: str) -> tuple[Any, ...]:
         hit = self._cache.get(tool)
         if hit is not None:
             return hit
-        found: dict[int, Any] = {order: item for order, item in self._exact.get(tool, ())}
+        folded = fold_name(tool)
+        found: dict[int, Any] = {order: item for order, item in self._exact.get(folded, ())}
         for order, pattern, item in self._globs:
-            if order not in found and glob_match(tool, pattern):
+            if order not in found and fnmatch.fnmatchcase(folded, pattern):
                 found[order] = item
         result = tuple(found[k] for k in sorted(found))
         if len(self._cache) < 65_536:
@@ -146,11 +147,9 @@ class GlobIndex:
         return result
 
 
-@functools.lru_cache(maxsize=16_384)
-def glob_match(name: str, pattern: str) -> bool:
-    """Case-sensitive glob match of a tool name (fnmatch semantics); memoised, as every call
-    matches its tool against the same grants."""
-    return fnmatch.fnmatchcase(name, pattern)
+#: Glob match of a tool name on folded spellings (`policy.names`: `get-sum`, `getSum` and `get_sum`
+#: are one name to a glob).
+glob_match = name_matches
 
 
 @dataclass(frozen=True)
@@ -766,7 +765,7 @@ def _unadmittable_costs(profile: ComposedProfile) -> list[PolicyProblem]:
     model = profile.model
     for i, limit in enumerate(model.rate_limits):
         for pattern, cost in model.tool_costs.items():
-            if cost > limit.burst and any(globs_overlap(pattern, g) for g in limit.tools):
+            if cost > limit.burst and any(globs_overlap(fold_glob(pattern), fold_glob(g)) for g in limit.tools):
                 doc, loc = profile.at(("rate_limits", i))
                 at = f"line {doc.line_of(loc)}" if doc is profile.at(("tool_costs", pattern))[0] else profile.where(("rate_limits", i))
                 problems.append(profile.problem(

@@ -42,7 +42,8 @@ triple-quoted strings with newlines (cel-python drops the newline).
 
 Helpers (function-call style, both engines), registered once in `gateway.policy.cel.helpers`
 with a declared result type that both engines keep (an int result stays an int):
-``glob(s, pattern)`` (fnmatch, case-sensitive, ``*`` also matches ``/``),
+``glob(s, pattern)`` (fnmatch, case-sensitive, ``*`` also matches ``/``), ``tool_glob(name, pattern)``
+(a tool-name glob on folded spellings, as the policy's `tools` lists match: `gateway.policy.names`),
 ``path_normalize(p)``, ``path_within(p, root)``, ``lower(s)``, ``upper(s)`` (Unicode-aware),
 and ``matches`` (RE2, replacing the engines' own).
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.memo import Memo
+from gateway.policy.names import name_matches
 from gateway.sensitive_paths import sensitive_path
 
 _MAX_MESSAGE = 300
@@ -96,6 +97,13 @@ def glob(s: str, pattern: str) -> bool:
     """Match ``s`` against a shell glob: case-sensitive, and ``*`` also matches ``/``."""
     _need_str("glob", s, pattern)
     return fnmatch.fnmatchcase(s, pattern)
+
+
+def tool_glob(name: str, pattern: str) -> bool:
+    """Match a tool name against a tool-name glob as the policy's `tools` lists do: on folded
+    spellings (`get-sum`, `getSum` and `get_sum` are one name; `gateway.policy.names`)."""
+    _need_str("tool_glob", name, pattern)
+    return name_matches(name, pattern)
 
 
 def path_normalize(p: str) -> str:
@@ -405,6 +413,7 @@ def unregister_helper(name: str) -> None:
 
 
 register_helper("glob", glob, bool)
+register_helper("tool_glob", tool_glob, bool)
 register_helper("lower", lower, str)
 register_helper("path_normalize", path_normalize, str)
 register_helper("path_within", path_within, bool)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import fnmatch
 import functools
 import re
 import shlex
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gateway.memo import Memo
+from gateway.policy.names import name_matches
 from gateway.sensitive_paths import sensitive_path
 from gateway.stages.sanitizer.text import SHELL_SYNTAX, clean_shell_text
 from gateway.stages.sanitizer.windows_shell import (
@@ -253,8 +253,9 @@ def _fold_char(ch: str, keep_marks: bool) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def is_shell_tool(name: str) -> bool:
-    """Whether a tool name matches the shell-like globs (memoised: the set of names is small)."""
-    return any(fnmatch.fnmatchcase(name, g) for g in SHELL_TOOLS)
+    """Whether a tool name matches the shell-like globs, on folded spellings as the rules' `tools`
+    are (`runCommand`, `execute-command`); memoised: the set of names is small."""
+    return any(name_matches(name, g) for g in SHELL_TOOLS)
 
 
 class Unparsed(Exception):
