@@ -281,6 +281,7 @@ def build_app(
     if mcp is not None:
         path = getattr(getattr(getattr(gateway, "settings", None), "mcp", None), "path", "/mcp")
         routes.append(Route(path, mcp))  # a pure ASGI app: SSE is streamed, never buffered
+        routes.append(Route(path + "/{group}", mcp))  # the named tool groups (`McpHttpApp` reads the path)
         lifespan = _closing(mcp, lifespan)
 
     async def server_error(request: Request, exc: Exception) -> Response:
@@ -329,7 +330,7 @@ class HttpFront(Starlette):
     direct: Any = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.direct is not None and route_path(scope) == self.direct_path:
+        if scope["type"] == "http" and self.direct is not None and _under(route_path(scope), self.direct_path):
             scope["app"] = self
             try:
                 await self.direct(scope, receive, send)
@@ -338,6 +339,11 @@ class HttpFront(Starlette):
                 raise
             return
         await super().__call__(scope, receive, send)
+
+
+def _under(path: str, base: str | None) -> bool:
+    """Whether `path` is the MCP path or a group below it (`/mcp/{group}`)."""
+    return base is not None and (path == base or (path.startswith(base) and path[len(base):len(base) + 1] == "/"))
 
 
 def mcp_only_note(settings: Any) -> dict[str, Any] | None:
