@@ -48,7 +48,7 @@ from gateway.mcp.jsonrpc import Request
 from gateway.mcp.pins import DISTRUSTED, PinState, PinStore, observe_or_distrust
 from gateway.memo import Memo
 from gateway.policy.compile import CompiledPolicy
-from gateway.stages.tier_gate import is_visible, visible_tools
+from gateway.stages.tier_gate import is_visible, unserved, visible_tools
 
 log = structlog.get_logger()
 
@@ -292,6 +292,8 @@ class ToolsCall:
             call = dataclasses.replace(call, approval_id=approval_id)
         task = visible and gov.runs_as_task(params, modern=site.modern)
         refusal = gov.task_refusal(name) if task and gov.task_conflicts(policy, name) else None
+        if entry is None and self.gateway.served(name) is not None:
+            refusal = unserved(name)  # the catalog has it, this endpoint (a group) does not serve it: unknown
         elicit = ap.can_elicit(site.capabilities) and policy.elicitation_allowed(tier)  # else only an approver decides
         mrtr = site.modern and elicit
         forward = port.forwarder(req, entry) if entry is not None and info is not None else None

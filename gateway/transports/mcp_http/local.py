@@ -5,8 +5,8 @@ as an in-process upstream of `/mcp`, with the `Upstream` interface of the real o
 and group, `tools/call` goes through the one flow (`gateway.mcp.calls`), and only an allowed call
 reaches `post`, which calls the tool's `Backend`. When no MCP upstream is configured it is the only
 (primary) upstream, so `/mcp` is a complete MCP server for every revision the gateway supports:
-`initialize` (legacy revisions, the client's when supported, else the newest), `server/discover`
-and the `_meta` envelope (2026-07-28), `ping`, `tools/list`, `tools/call`; any other method gets
+`initialize` and `ping` (legacy revisions: the client's when supported, else the newest),
+`server/discover` and the `_meta` envelope (2026-07-28), `tools/list`, `tools/call`; any other method gets
 -32601, a notification or a client's answer 202, GET 405 (no server-initiated messages).
 
 A tool's answer becomes a CallToolResult: a value that already is one (`content` a list) as is,
@@ -112,8 +112,8 @@ class LocalServer:
             return jsonrpc.result(rpc_id, {"protocolVersion": version, "capabilities": _CAPABILITIES, "serverInfo": self.info})
         if method == "server/discover" and modern:
             return self._modern(rpc_id, {"supportedVersions": sorted(MODERN_VERSIONS), "capabilities": _CAPABILITIES})
-        if method == "ping":
-            return self._modern(rpc_id, {}) if modern else jsonrpc.result(rpc_id, {})
+        if method == "ping" and not modern:  # 2026-07-28 has no ping
+            return jsonrpc.result(rpc_id, {})
         if method == "tools/list":
             return self._modern(rpc_id, {"tools": self._tools}) if modern else jsonrpc.result(rpc_id, {"tools": self._tools})
         if method == "tools/call":
