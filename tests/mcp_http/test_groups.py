@@ -74,8 +74,6 @@ async def test_python_and_http_tools_over_mcp_without_an_mcp_upstream(tmp_path: 
             unknown = await call_raw(c, "no_such_tool")
             assert hidden.replace("admin_wipe", "X") == unknown.replace("no_such_tool", "X")
             assert "Unknown tool" in unknown
-            if mode == "legacy":
-                await c.send_ping()
         async with client(gw.url, "admin-key", mode=mode) as c:
             assert (await c.call_tool("admin_wipe", {})).content[0].text == "wiped"
     calls = [r for r in ledger_records(tmp_path / "state") if r.get("tool") == "add_numbers" and r.get("status") == "ok"]
@@ -94,6 +92,8 @@ async def test_own_server_answers_other_methods_as_mcp_says(tmp_path: Path) -> N
             assert opened.status_code == 200 and opened.json()["result"]["protocolVersion"] == "2025-06-18"
             assert opened.json()["result"]["capabilities"]["tools"] == {"listChanged": False}
             sid = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+            pong = await http.post(gw.url, json={"jsonrpc": "2.0", "id": "p", "method": "ping"}, headers=sid)
+            assert pong.json() == {"jsonrpc": "2.0", "id": "p", "result": {}}, pong.text
             prompts = await http.post(gw.url, json={"jsonrpc": "2.0", "id": 2, "method": "prompts/list"}, headers=sid)
             assert prompts.json()["error"]["code"] == -32601, prompts.text
             assert (await http.get(gw.url, headers=sid)).status_code == 405

@@ -66,6 +66,7 @@ class LocalServer:
 
     prefix = ""
     forward_host = False
+    originates = False  # never sends a request to the client: its ids need no namespace
 
     def __init__(self, gateway: Gateway, *, id: str = LOCAL_ID, version: str = "0") -> None:
         self.id = id

@@ -47,6 +47,8 @@ class HttpTools:
         self.pins = pins
         self.flow = flow
         self.local = next((u for u in relay.upstreams if isinstance(u, LocalServer)), None)
+        #: More than one MCP upstream (the gateway's own server aside): listings are merged, not relayed.
+        self.several = sum(u is not self.local for u in relay.upstreams) > 1
 
     # ---- the catalog ----------------------------------------------------------------------
 
@@ -123,8 +125,11 @@ class HttpTools:
     # ---- tools/list -------------------------------------------------------------------------
 
     async def tools_list(self, ctx: Ctx, reply: Reply, req: Request, data: bytes) -> None:
+        """One MCP upstream (and perhaps the gateway's own tools): its answer relayed as it came,
+        filtered, with the gateway's own visible tools after its last page. Several: every page of
+        each, merged into one page."""
         catalog = self.relay.catalog(ctx)
-        if not self.relay.multi:
+        if not self.several:
             upstream = self.relay.primary
             first_page = not (isinstance(req.params, dict) and req.params.get("cursor"))
 
@@ -136,6 +141,10 @@ class HttpTools:
                 visible = await self.visible(ctx, upstream, named, catalog.tools)
                 renamed = dict(result)
                 renamed["tools"] = [{**t, "name": cname} if cname != t["name"] else t for cname, t in named]
+                if self.local is not None and upstream is not self.local and not result.get("nextCursor"):
+                    own = await self._own_tools(ctx, catalog)
+                    renamed["tools"] += own
+                    visible |= {t["name"] for t in own}
                 return {**msg, "result": gov.filter_list_result(renamed, visible, modern=ctx.modern)}
 
             await self.relay.relay(ctx, reply, upstream, data, req.message, expect_id=req.id, on_answer=on_answer)
@@ -148,6 +157,16 @@ class HttpTools:
             merged.extend({**t, "name": c} for c, t in named if c in visible)
         base = {"resultType": "complete", "ttlMs": 0, "cacheScope": "private"} if ctx.modern else {}
         await reply.final(jsonrpc.result(req.id, {"tools": merged, **base}))
+
+    async def _own_tools(self, ctx: Ctx, catalog: Catalog) -> list[dict[str, Any]]:
+        """The gateway's own tools this caller may see here (recorded in the session's catalog)."""
+        local = self.local
+        assert local is not None
+        if local.id not in catalog.loaded:
+            await self.refresh(ctx, local)
+        named = [(c, t) for c, (u, t) in catalog.tools.items() if u is local]
+        visible = await self.visible(ctx, local, named, catalog.tools)
+        return [t for c, t in named if c in visible]
 
     # ---- tools/call -------------------------------------------------------------------------
 
