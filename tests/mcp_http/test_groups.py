@@ -15,7 +15,7 @@ import pytest
 
 from gateway.crypto.receipts import RECEIPT_META_KEY
 from tests.mcp.conftest import ledger_records
-from tests.mcp_http.conftest import client, serve_asgi, serve_gateway, upstream, write_profile
+from tests.mcp_http.conftest import call_raw, client, serve_asgi, serve_gateway, upstream, write_profile
 from tests.mcp_http.native_tools import CITY_TOOL, http_api
 
 MODES = ["legacy", "2026-07-28"]
@@ -41,19 +41,6 @@ async def gateway_with(tmp: Path, *mcp_upstreams: dict[str, Any]) -> AsyncIterat
             yield gw
 
 
-async def call_raw(c: Any, name: str, arguments: dict[str, Any] | None = None) -> str:
-    """A call's answer as text without its receipt (an error as its message), for comparisons."""
-    from mcp import MCPError
-
-    try:
-        r = await c.call_tool(name, arguments or {})
-    except MCPError as exc:
-        return f"error {exc}"
-    d = r.model_dump(mode="json", by_alias=True, exclude_none=True)
-    d.get("_meta", {}).pop(RECEIPT_META_KEY, None)
-    return repr(d)
-
-
 @pytest.mark.parametrize("mode", MODES)
 async def test_python_and_http_tools_over_mcp_without_an_mcp_upstream(tmp_path: Path, mode: str) -> None:
     async with gateway_with(tmp_path) as gw:
@@ -74,6 +61,10 @@ async def test_python_and_http_tools_over_mcp_without_an_mcp_upstream(tmp_path: 
             unknown = await call_raw(c, "no_such_tool")
             assert hidden.replace("admin_wipe", "X") == unknown.replace("no_such_tool", "X")
             assert "Unknown tool" in unknown
+        async with client(gw.url + "/kebab", "alice-key", mode=mode) as c:  # a group over the gateway's own server
+            assert [t.name for t in (await c.list_tools()).tools] == ["add_numbers"]
+            outside = await call_raw(c, "lookup_city", {"name": "Paris"})
+            assert outside.replace("lookup_city", "X") == (await call_raw(c, "no_such_tool", {"name": "Paris"})).replace("no_such_tool", "X")
         async with client(gw.url, "admin-key", mode=mode) as c:
             assert (await c.call_tool("admin_wipe", {})).content[0].text == "wiped"
     calls = [r for r in ledger_records(tmp_path / "state") if r.get("tool") == "add_numbers" and r.get("status") == "ok"]

@@ -33,6 +33,12 @@ server processes per upstream and GET streams per session are bounded; one more 
 HTTP 429, `Retry-After` and a JSON-RPC error naming the setting (`_limit_refusal`), put on the
 record and counted. A reaper in `running()` ends expired sessions and stops their processes.
 
+One catalog: the gateway's own python and http tools are one more upstream, in process
+(`mcp_http_local.LocalServer`, the only one when no MCP upstream is configured). Named groups
+(`settings.groups`, `gateway.transports.groups`) are served at `{path}/{group}`: the same endpoint,
+with the group on the request's `Ctx`, narrowing listings and calls to the group's tools (an
+unknown group, or one the principal may not use, is 404).
+
 Several upstreams: each may have a tool-name `prefix`; `tools/list` merges them (every page of
 each, one page to the client); `tools/call` routes by prefix; other requests go to the first
 upstream. The client's credentials (Authorization, X-API-Key, cookies) are never forwarded.
@@ -226,7 +232,7 @@ class McpHttpApp:
         if path != self.path:
             group = group_for(self.groups, path[len(self.path) + 1:], principal) if path.startswith(self.path + "/") else None
             if group is None:  # unknown, or not this principal's to use: told apart by nobody
-                await plain_reply(send, 404, jsonrpc.error(None, jsonrpc.INVALID_REQUEST, f"Not Found: no tool group at {path}"))
+                await plain_reply(send, 404, jsonrpc.error(None, jsonrpc.INVALID_REQUEST, "Not Found: no such tool group"))
                 return
         version = headers.get(mh.PROTOCOL_VERSION)
         if method == "POST":
