@@ -66,6 +66,33 @@ class UpstreamConfig(Strict):
         return self.type in MCP_UPSTREAM_TYPES
 
 
+#: A group's name: one URL path segment (`/mcp/{name}`, `/v1/groups/{name}/...`), lower case.
+GROUP_NAME = r"[a-z0-9][a-z0-9_-]{0,62}"
+
+
+class GroupConfig(Strict):
+    """A named tool group (a virtual server): the tools of the one catalog whose served names match
+    one of `tools` (globs, fnmatch, case-sensitive, over the names clients see: an MCP upstream's
+    `prefix` included), served at `/mcp/{name}` and `/v1/groups/{name}/...`. A group only narrows:
+    the caller still sees no tool the compiled policy hides. With `principals` and/or `roles`, only
+    those principals (or holders of one of the roles) may use the group; anyone else gets the answer
+    of an unknown group (404)."""
+
+    name: str = Field(pattern=f"^{GROUP_NAME}$", description="URL-safe: lower-case letters, digits, '-' and '_' (at most 63)")
+    description: str = ""
+    tools: list[str] = Field(min_length=1, description="globs over the catalog's tool names as served")
+    principals: list[str] = Field(default_factory=list, description="principal ids allowed (empty: no restriction by id)")
+    roles: list[str] = Field(default_factory=list, description="roles allowed (empty: no restriction by role)")
+
+    @field_validator("tools")
+    @classmethod
+    def _globs(cls, value: list[str]) -> list[str]:
+        for glob in value:
+            if not glob.strip() or glob != glob.strip():
+                raise ValueError(f"tool glob {glob!r} must be a non-empty name or pattern without surrounding spaces")
+        return value
+
+
 LEDGER_URL_SCHEMES = ("postgresql", "postgres")
 
 
@@ -355,6 +382,7 @@ class Settings(Strict):
     server: ServerSettings = ServerSettings()
     upstreams: list[UpstreamConfig] = Field(default_factory=list)
     mcp: McpHttpSettings = McpHttpSettings()
+    groups: list[GroupConfig] = Field(default_factory=list, description="named tool groups at /mcp/{name} and /v1/groups/{name}")
     python_path: list[Path] = Field(default_factory=list, description="directories to import python upstreams from")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     auth: AuthSettings = AuthSettings()
@@ -370,6 +398,10 @@ class Settings(Strict):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"upstream id {dup[0]!r} is used more than once")
+        names = [g.name for g in self.groups]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"group name {twice[0]!r} is used more than once")
         mcp = [u for u in self.upstreams if u.is_mcp]
         for u in mcp:
             if u.type == "mcp_http" and not u.url:

@@ -33,6 +33,14 @@ def test_paths_are_relative_to_the_config_file(tmp_path):
     assert bare.command == "npx"  # a program name is looked up on PATH, not resolved
 
 
+def test_groups_are_read_from_the_file_and_the_environment(tmp_path):
+    config = write(tmp_path, "groups:\n  - {name: research, tools: [web_*, ev_get-*], roles: [analyst]}\n")
+    [group] = load_settings(config, {}).groups
+    assert (group.name, group.tools, group.roles, group.principals) == ("research", ["web_*", "ev_get-*"], ["analyst"], [])
+    env = {"DHARMA_GROUPS": "[{name: ops, tools: ['*'], principals: [oncall]}]"}
+    assert [g.name for g in load_settings(config, env).groups] == ["ops"]
+
+
 def test_environment_overrides_the_file_and_flags_override_both(tmp_path):
     config = write(tmp_path, "server: {port: 9000}\nledger: {synchronous: FULL}\n")
     env = {"DHARMA_SERVER__PORT": "9100", "DHARMA_LEDGER__SYNCHRONOUS": "NORMAL"}
@@ -52,6 +60,12 @@ def test_environment_overrides_the_file_and_flags_override_both(tmp_path):
         ("server: {header_timeout_seconds: 0}\n", {}, "server.header_timeout_seconds"),
         ("", {"DHARMA_SERVER__MAX_CONNECTIONS": "0"}, "server.max_connections"),
         ("", {"DHARMA_SERVER__MAX_CONNECTIONS_PER_ADDRESS": "-1"}, "server.max_connections_per_address"),
+        ("groups: [{name: Research, tools: [a]}]\n", {}, "groups.0.name"),
+        ("groups: [{name: a/b, tools: [a]}]\n", {}, "groups.0.name"),
+        ("groups: [{name: ops, tools: []}]\n", {}, "groups.0.tools"),
+        ("groups: [{name: ops, tools: [' a']}]\n", {}, "tool glob ' a'"),
+        ("groups: [{name: ops, tools: [a]}, {name: ops, tools: [b]}]\n", {}, "group name 'ops' is used more than once"),
+        ("groups: [{name: ops, tool: [a]}]\n", {}, "tool: unknown key"),
     ],
 )
 def test_bad_settings_name_what_and_where(tmp_path, text, env, needle):

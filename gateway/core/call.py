@@ -167,6 +167,7 @@ class ToolCall:
     dry_run: bool = False
     approval_id: str | None = None
     trace_context: Mapping[str, str] | None = None  # W3C traceparent/tracestate the client sent (MCP `_meta`)
+    group: str | None = None  # the named tool group it came through (`/mcp/{group}`, `/v1/groups/{group}`)
 
 
 @dataclass(frozen=True, slots=True)

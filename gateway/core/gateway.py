@@ -218,6 +218,10 @@ class Gateway:
         """Every tool the backends serve, unfiltered (for start-up reports, never for callers)."""
         return [info for info, _ in self._tools.values()]
 
+    def served(self, tool: str) -> tuple[ToolInfo, Backend] | None:
+        """The catalog's definition of `tool` and the backend serving it (None: no backend has it)."""
+        return self._tools.get(tool)
+
     def tools_for(self, credentials: Credentials) -> list[ToolInfo]:
         """The tools this caller may see: the same decision that gates their calls."""
         principal = authenticate(self.policy, credentials)

@@ -48,7 +48,7 @@ from gateway.mcp.jsonrpc import Request
 from gateway.mcp.pins import DISTRUSTED, PinState, PinStore, observe_or_distrust
 from gateway.memo import Memo
 from gateway.policy.compile import CompiledPolicy
-from gateway.stages.tier_gate import is_visible, visible_tools
+from gateway.stages.tier_gate import is_visible, unserved, visible_tools
 
 log = structlog.get_logger()
 
@@ -75,6 +75,9 @@ class ToolEntry:
     definition: dict[str, Any]
     backend: str
     digest: str | None = None  # `definition_digest(definition)` when the catalog already took it
+    #: The catalog's own definition when the gateway itself serves the tool (a python or http
+    #: backend): governed as on /v1, with no pin to observe (the operator configured it).
+    info: ToolInfo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,8 @@ class CallSite:
     capabilities: dict[str, Any] = field(default_factory=dict)
     #: A gateway-originated request can reach the client and its answer come back (legacy elicitation).
     can_ask_client: bool = True
+    #: The named tool group the call came through (`/mcp/{group}`), put on its ledger record.
+    group: str | None = None
 
 
 class Forwarder(Backend, Protocol):
@@ -151,7 +156,7 @@ class CallPort(Protocol):
 def tool_call(site: CallSite, name: str, arguments: Any, meta: Any, *, method: str = "tools/call") -> ToolCall:
     """The `ToolCall` an MCP message is governed as."""
     return gov.tool_call(name, arguments, meta, request_id=new_request_id(), credentials=site.credentials,
-                         method=method, protocol_version=site.protocol_version, session_id=site.session_id)
+                         method=method, protocol_version=site.protocol_version, session_id=site.session_id, group=site.group)
 
 
 async def record_refusal(gateway: Gateway, call: ToolCall, error: dict[str, Any]) -> None:
@@ -268,7 +273,9 @@ class ToolsCall:
             params = ap.strip_state(params)
             req = Request(req.id, req.method, params, {**req.message, "params": params})
         info: ToolInfo | None = None
-        if entry is not None:
+        if entry is not None and entry.info is not None:
+            info = entry.info
+        elif entry is not None:
             known = None if entry.digest is None else [entry.digest]
             pin = (await observe_or_distrust(self.pins, entry.backend, [entry.definition], known)).get(entry.definition["name"], DISTRUSTED)
             catalog = frozenset(port.known_names())
@@ -286,6 +293,8 @@ class ToolsCall:
             call = dataclasses.replace(call, approval_id=approval_id)
         task = visible and gov.runs_as_task(params, modern=site.modern)
         refusal = gov.task_refusal(name) if task and gov.task_conflicts(policy, name) else None
+        if entry is None and self.gateway.served(name) is not None:
+            refusal = unserved(name)  # the catalog has it, this endpoint (a group) does not serve it: unknown
         elicit = ap.can_elicit(site.capabilities) and policy.elicitation_allowed(tier)  # else only an approver decides
         mrtr = site.modern and elicit
         forward = port.forwarder(req, entry) if entry is not None and info is not None else None

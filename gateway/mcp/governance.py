@@ -454,7 +454,7 @@ def with_trace_context(message: dict[str, Any], tracer: CallTracer | None) -> di
 
 
 def tool_call(name: str, arguments: Any, meta: Any, *, request_id: str, credentials: Credentials, method: str,
-              protocol_version: str | None, session_id: str | None) -> ToolCall:
+              protocol_version: str | None, session_id: str | None, group: str | None = None) -> ToolCall:
     """The `ToolCall` an MCP `tools/call` (or a refused message, `method`) is governed as.
 
     The purpose comes from `_meta["dharma.gateway/purpose"]` when the client gave a string.
@@ -471,4 +471,5 @@ def tool_call(name: str, arguments: Any, meta: Any, *, request_id: str, credenti
         protocol_version=protocol_version,
         session_id=session_id,
         trace_context=traced or None,
+        group=group,
     )

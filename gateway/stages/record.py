@@ -136,6 +136,8 @@ def call_part(ctx: CallContext, policy: CompiledPolicy) -> dict[str, Any]:
             "tool_digest": tool.digest if tool else None,
             "dry_run": call.dry_run,
         }
+        if call.group is not None:  # only through a named group: records of other calls keep their bytes
+            part["group"] = call.group
     return part
 
 

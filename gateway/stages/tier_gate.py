@@ -13,9 +13,9 @@ from gateway.policy import cel
 from gateway.policy.compile import ESCALATION_VARIABLES, CompiledPolicy
 from gateway.policy.evaluate import call_variables, classify
 from gateway.stages.authenticate import authenticate, principal_for_jwt
-from gateway.stages.visibility import is_granted, is_visible, unknown_tool, visible_tools
+from gateway.stages.visibility import is_granted, is_visible, unknown_tool, unserved, visible_tools
 
-__all__ = ["TierGate", "authenticate", "is_granted", "is_visible", "principal_for_jwt", "unknown_tool", "visible_tools"]
+__all__ = ["TierGate", "authenticate", "is_granted", "is_visible", "principal_for_jwt", "unknown_tool", "unserved", "visible_tools"]
 
 
 class TierGate:

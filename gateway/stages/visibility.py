@@ -26,6 +26,12 @@ def unknown_tool(name: str) -> str:
     return f"Unknown tool: {name}"
 
 
+def unserved(name: str) -> Decision:
+    """The decision about a tool the gateway's catalog has but the endpoint does not serve to this
+    caller (a named group's outside): the one `ToolVisibility` gives an unknown tool."""
+    return Decision.block(ErrorCode.TOOL_NOT_FOUND, unknown_tool(name), BlockClass.SAFETY_TIER_GATE, stage=ToolVisibility.name)
+
+
 def is_granted(policy: CompiledPolicy, principal: Principal, tool: str, annotations: dict[str, Any]) -> bool:
     tier = policy.tiers.get(principal.tier or "")
     if tier is None:

@@ -244,6 +244,22 @@ def client(url: str, key: str | None = "alice-key", **kwargs: Any) -> Any:
     return Client(streamable_http_client(url, http_client=http), **kwargs)
 
 
+async def call_raw(c: Any, name: str, arguments: dict[str, Any] | None = None) -> str:
+    """A call's answer as text without its receipt (an error as its message): what two calls that
+    must answer alike (a hidden tool and an unknown one) are compared by."""
+    from mcp import MCPError
+
+    from gateway.crypto.receipts import RECEIPT_META_KEY
+
+    try:
+        r = await c.call_tool(name, arguments or {})
+    except MCPError as exc:
+        return f"error {exc}"
+    d = r.model_dump(mode="json", by_alias=True, exclude_none=True)
+    d.get("_meta", {}).pop(RECEIPT_META_KEY, None)
+    return repr(d)
+
+
 def upstream(url: str, id: str = "toy", prefix: str = "") -> dict[str, Any]:
     return {"id": id, "type": "mcp_http", "url": url, "prefix": prefix}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.crypto.receipts import RECEIPT_META_KEY
-from tests.mcp_http.conftest import client, serve_gateway, upstream
+from tests.mcp_http.conftest import call_raw, client, serve_gateway, upstream
 
 MODES = ["legacy", "2026-07-28"]
 
@@ -40,21 +40,9 @@ async def test_hidden_tool_answers_like_unknown(toy_url: str, tmp_path: Path, mo
     async with serve_gateway(tmp_path, [upstream(toy_url)]) as gw:
         async with client(gw.url, "alice-key", mode=mode) as c:
             await c.list_tools()
-            hidden = await _call_raw(c, "admin_reset")
-            unknown = await _call_raw(c, "no_such_tool_at_all")
+            hidden = await call_raw(c, "admin_reset")
+            unknown = await call_raw(c, "no_such_tool_at_all")
             assert hidden.replace("admin_reset", "X") == unknown.replace("no_such_tool_at_all", "X")
-
-
-async def _call_raw(c, name: str) -> str:
-    from mcp import MCPError
-
-    try:
-        r = await c.call_tool(name, {})
-    except MCPError as exc:
-        return f"error {exc}"
-    d = r.model_dump(mode="json", by_alias=True, exclude_none=True)
-    d.get("_meta", {}).pop(RECEIPT_META_KEY, None)
-    return repr(d)
 
 
 @pytest.mark.parametrize("mode", MODES)

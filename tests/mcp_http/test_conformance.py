@@ -29,7 +29,25 @@ from tests.mcp_http.conftest import CONFORMANCE
 H11_ONLY = REPO / "tests" / "mcp_http" / "h11_only"
 
 
+#: A named group over the fixture's tools (its every tool name, by globs), on a gateway that also
+#: serves python tools of its own (`tests.mcp_http.native_tools`): the group must hide those and
+#: change nothing else.
+FIXTURE_GROUP = ("[{name: fixture, tools: [test_*, json_schema_*, greet, slow_compute, failing_job, protocol_error_job, "
+                 "confirm_delete, multi_input]}]")
+CALC = "{id: calc, type: python, target: 'tests.mcp_http.native_tools:backend'}"
+
+
 def test_conformance_suite_through_the_gateway(tmp_path) -> None:
+    _through_the_gateway(tmp_path, "dharma-pytest", "", "/mcp")
+
+
+def test_conformance_suite_through_a_group(tmp_path) -> None:
+    """The same suite at `/mcp/fixture`, a group of every fixture tool on a gateway that has more
+    tools (python ones) than the fixture: through the group it is the fixture, exactly."""
+    _through_the_gateway(tmp_path, "dharma-pytest-group", f'DHARMA_GROUPS="{FIXTURE_GROUP}" ', "/mcp/fixture", extra=f", {CALC}")
+
+
+def _through_the_gateway(tmp_path, label: str, env: str, path: str, extra: str = "") -> None:
     script = CONFORMANCE / "check_gateway.sh"
     if not script.exists():
         pytest.skip(f"the conformance runner is not at {script} (../shared/conformance relative to the repo)")
@@ -39,12 +57,12 @@ def test_conformance_suite_through_the_gateway(tmp_path) -> None:
     # Every scenario runs as the one anonymous principal, and many never end their session: the suite
     # is about transparency, so the per-principal session cap (default 16) is set above what it opens.
     gateway = (
-        f'DHARMA_STATE_ROOT={state} DHARMA_UPSTREAMS="[{{id: fixture, type: mcp_http, url: $UPSTREAM_URL}}]" '
+        f'DHARMA_STATE_ROOT={state} DHARMA_UPSTREAMS="[{{id: fixture, type: mcp_http, url: $UPSTREAM_URL}}{extra}]" {env}'
         f"DHARMA_MCP__ANONYMOUS_USER=conformance DHARMA_MCP__MAX_SESSIONS_PER_PRINCIPAL=1000 PYTHONPATH={REPO} "
         f'exec {sys.executable} -m gateway serve --policy {REPO / "policies" / "permissive.yaml"} --port "$PORT"'
     )
     started = time.monotonic()
-    done = subprocess.run(["bash", str(script), "--label", "dharma-pytest", "--gateway", gateway], capture_output=True,
+    done = subprocess.run(["bash", str(script), "--label", label, "--path", path, "--gateway", gateway], capture_output=True,
                           text=True, timeout=1800, env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(H11_ONLY)})
     took = time.monotonic() - started
     out = done.stdout + done.stderr

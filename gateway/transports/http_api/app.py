@@ -34,6 +34,8 @@ from gateway.transports.http_auth import (
     route_path,
 )
 from gateway.core.gateway import ENVELOPE_VERSION, Gateway, new_request_id, rfc3339
+from gateway.stages.tier_gate import unserved
+from gateway.transports.groups import Group, group_for, groups_from
 
 log = structlog.get_logger()
 
@@ -150,8 +152,14 @@ def build_app(
 
         mcp = build_mcp_app(gateway, settings, max_body_bytes=max_body_bytes)
     mcp_only = mcp_only_note(settings)
+    groups = groups_from(settings)
 
     async def call_tool(request: Request) -> Response:
+        return await govern_call(request, None)
+
+    async def govern_call(request: Request, group: str | None, outside: Decision | None = None) -> Response:
+        """One `:call`: the body checked, then governed (`outside`: refused as an unknown tool, for
+        a tool outside the group the call came through)."""
         tool = request.path_params["name"]
         request_id = request_id_from(request)
         raw: bytes | None = None
@@ -169,7 +177,8 @@ def build_app(
             if not isinstance(body.get("dry_run", False), bool):
                 raise BadRequest("`dry_run` must be true or false")
         except BadRequest as exc:
-            refused = ToolCall(tool=tool, arguments=None, request_id=request_id, credentials=credentials_from(request), method="http/tools.call")
+            refused = ToolCall(tool=tool, arguments=None, request_id=request_id, credentials=credentials_from(request), method="http/tools.call",
+                               group=group)
             block = Decision.block(ErrorCode.INVALID_PARAMS, exc.message, BlockClass.SAFETY_CONTENT, stage="transport")
             governed = await gateway.govern(refused, refusal=block, request={"tool": tool, "body_sha256": sha256_hex(raw) if raw is not None else None})
             return JSONResponse(governed.response, status_code=400)
@@ -186,15 +195,19 @@ def build_app(
             approval_id=body.get("approval_id"),
             dry_run=bool(body.get("dry_run", False)),
             method="http/tools.call",
+            group=group,
         )
-        governed = await gateway.govern(call, request={"tool": tool, "body": body})
+        governed = await gateway.govern(call, request={"tool": tool, "body": body}, refusal=outside)
         return JSONResponse(governed.response, status_code=http_status(governed.outcome), headers=retry_headers(governed.response))
 
     async def list_tools(request: Request) -> Response:
+        return _listing(request, None)
+
+    def _listing(request: Request, group: Group | None) -> Response:
         creds = credentials_from(request)
         if gateway.principal_for(creds) is None:
             return JSONResponse(error_envelope("", ErrorCode.UNAUTHENTICATED, "no valid API key"), status_code=401)
-        tools = gateway.tools_for(creds)
+        tools = [t for t in gateway.tools_for(creds) if group is None or group.has(t.name)]
         listing: dict[str, Any] = {
             "tools": [
                 {"name": t.name, "description": t.description, "inputSchema": t.input_schema, "annotations": t.annotations}
@@ -204,6 +217,29 @@ def build_app(
         if mcp_only is not None:
             listing["mcp"] = mcp_only
         return JSONResponse(listing)
+
+    def _group(request: Request) -> Group | Response:
+        """The group the path names, if the caller may use it; else the answer (401 without a
+        principal, 404 for a group that does not exist or is not theirs: told apart by nobody)."""
+        principal = gateway.principal_for(credentials_from(request))
+        if principal is None:
+            return JSONResponse(error_envelope("", ErrorCode.UNAUTHENTICATED, "no valid API key"), status_code=401)
+        name = request.path_params["group"]
+        group = group_for(groups, name, principal)
+        if group is None:
+            return JSONResponse(error_envelope("", ErrorCode.INVALID_PARAMS, f"unknown tool group {name!r}"), status_code=404)
+        return group
+
+    async def list_group_tools(request: Request) -> Response:
+        group = _group(request)
+        return group if isinstance(group, Response) else _listing(request, group)
+
+    async def call_group_tool(request: Request) -> Response:
+        group = _group(request)
+        if isinstance(group, Response):
+            return group
+        tool = request.path_params["name"]
+        return await govern_call(request, group.name, None if group.has(tool) else unserved(tool))
 
     def approver(request: Request) -> str | None:
         principal = gateway.principal_for(credentials_from(request))
@@ -267,6 +303,8 @@ def build_app(
     routes = [
         Route("/v1/tools/{name}:call", call_tool, methods=["POST"]),
         Route("/v1/tools", list_tools, methods=["GET"]),
+        Route("/v1/groups/{group}/tools/{name}:call", call_group_tool, methods=["POST"]),
+        Route("/v1/groups/{group}/tools", list_group_tools, methods=["GET"]),
         Route("/v1/approvals", list_approvals, methods=["GET"]),
         Route("/v1/approvals/{id}:{verb}", decide_approval, methods=["POST"]),
         Route("/.well-known/jwks.json", jwks, methods=["GET"]),
@@ -281,6 +319,7 @@ def build_app(
     if mcp is not None:
         path = getattr(getattr(getattr(gateway, "settings", None), "mcp", None), "path", "/mcp")
         routes.append(Route(path, mcp))  # a pure ASGI app: SSE is streamed, never buffered
+        routes.append(Route(path + "/{group}", mcp))  # the named tool groups (`McpHttpApp` reads the path)
         lifespan = _closing(mcp, lifespan)
 
     async def server_error(request: Request, exc: Exception) -> Response:
@@ -329,7 +368,7 @@ class HttpFront(Starlette):
     direct: Any = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.direct is not None and route_path(scope) == self.direct_path:
+        if scope["type"] == "http" and self.direct is not None and _under(route_path(scope), self.direct_path):
             scope["app"] = self
             try:
                 await self.direct(scope, receive, send)
@@ -338,6 +377,11 @@ class HttpFront(Starlette):
                 raise
             return
         await super().__call__(scope, receive, send)
+
+
+def _under(path: str, base: str | None) -> bool:
+    """Whether `path` is the MCP path or a group below it (`/mcp/{group}`)."""
+    return base is not None and (path == base or (path.startswith(base) and path[len(base):len(base) + 1] == "/"))
 
 
 def mcp_only_note(settings: Any) -> dict[str, Any] | None:

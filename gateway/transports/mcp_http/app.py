@@ -33,6 +33,12 @@ server processes per upstream and GET streams per session are bounded; one more 
 HTTP 429, `Retry-After` and a JSON-RPC error naming the setting (`_limit_refusal`), put on the
 record and counted. A reaper in `running()` ends expired sessions and stops their processes.
 
+One catalog: the gateway's own python and http tools are one more upstream, in process
+(`mcp_http_local.LocalServer`, the only one when no MCP upstream is configured). Named groups
+(`settings.groups`, `gateway.transports.groups`) are served at `{path}/{group}`: the same endpoint,
+with the group on the request's `Ctx`, narrowing listings and calls to the group's tools (an
+unknown group, or one the principal may not use, is 404).
+
 Several upstreams: each may have a tool-name `prefix`; `tools/list` merges them (every page of
 each, one page to the client); `tools/call` routes by prefix; other requests go to the first
 upstream. The client's credentials (Authorization, X-API-Key, cookies) are never forwarded.
@@ -50,7 +56,7 @@ import asyncio
 import contextlib
 import math
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -74,7 +80,8 @@ from gateway.mcp.versions import (
     META_VERSION,
     MODERN_VERSIONS,
 )
-from gateway.transports.http_auth import STATE_PRINCIPAL
+from gateway.transports.groups import Group, group_for, groups_from
+from gateway.transports.http_auth import STATE_PRINCIPAL, route_path
 from gateway.transports.http_protocol import WatchedEvent
 from gateway.transports.mcp_http import headers as mh
 from gateway.stores.base import EventStore, SessionLimits, SessionStore, StoreUnavailable
@@ -122,8 +129,12 @@ class McpHttpApp:
         sessions: SessionStore | None = None,
         session_link: Any = None,
         limits: SessionLimits | None = None,
+        path: str = "/mcp",
+        groups: Mapping[str, Group] | None = None,
     ) -> None:
         self.gateway = gateway
+        self.path = path
+        self.groups = dict(groups or {})
         store = sessions if sessions is not None else MemorySessionStore(session_idle_seconds, limits=limits)
         self.relay = Relay(upstreams, store)
         self.sessions = LegacySessions(gateway, self.relay, store)
@@ -216,14 +227,21 @@ class McpHttpApp:
             await plain_reply(send, 401, jsonrpc.error(None, UNAUTHORIZED, "Unauthorized: present an API key (Authorization: Bearer <key> or X-API-Key)"),
                          {"www-authenticate": 'Bearer realm="dharma-gateway"'})
             return
+        group: Group | None = None
+        path = route_path(scope)
+        if path != self.path:
+            group = group_for(self.groups, path[len(self.path) + 1:], principal) if path.startswith(self.path + "/") else None
+            if group is None:  # unknown, or not this principal's to use: told apart by nobody
+                await plain_reply(send, 404, jsonrpc.error(None, jsonrpc.INVALID_REQUEST, "Not Found: no such tool group"))
+                return
         version = headers.get(mh.PROTOCOL_VERSION)
         if method == "POST":
-            await self._post(scope, receive, send, headers, raw_headers, credentials, principal)
+            await self._post(scope, receive, send, headers, raw_headers, credentials, principal, group)
         elif method in ("GET", "DELETE"):
             if version in MODERN_VERSIONS:
                 await plain_reply(send, 405, jsonrpc.error(None, jsonrpc.INVALID_REQUEST, f"Method Not Allowed: {method} is not part of protocol revision {version}"), {"allow": "POST"})
                 return
-            ctx = Ctx(headers, raw_headers, credentials, principal, False, version)
+            ctx = Ctx(headers, raw_headers, credentials, principal, False, version, group=group)
             if method == "GET":
                 await self._run(receive, send, lambda reply: self._stream(ctx, reply), {})
             else:
@@ -337,10 +355,10 @@ class McpHttpApp:
     # ---- POST ---------------------------------------------------------------------------
 
     async def _post(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str],
-                    raw_headers: list[tuple[str, str]], credentials: Credentials, principal: Principal) -> None:
+                    raw_headers: list[tuple[str, str]], credentials: Credentials, principal: Principal, group: Group | None) -> None:
         body, too_big = await read_body(receive, self.max_body_bytes)
         version = headers.get(mh.PROTOCOL_VERSION)
-        ctx = Ctx(headers, raw_headers, credentials, principal, version in MODERN_VERSIONS, version)
+        ctx = Ctx(headers, raw_headers, credentials, principal, version in MODERN_VERSIONS, version, group=group)
         if too_big is not None:
             reason = f"Invalid Request: message of {too_big} bytes exceeds the gateway's limit of {self.max_body_bytes} bytes"
             await self.tools.record_refusal(ctx, "oversized", reason)
@@ -455,11 +473,13 @@ class McpHttpApp:
 
 
 def build_mcp_app(gateway: Gateway, settings: Any, *, max_body_bytes: int) -> McpHttpApp | None:
-    """The /mcp app for the MCP upstreams in `settings` (None when there are none)."""
+    """The /mcp app for the MCP upstreams in `settings` and the gateway's own tools (its python and
+    http backends, served by `LocalServer`: the only upstream when no MCP one is configured, else
+    the last). None when there is nothing to serve."""
     from gateway.transports.upstreams.mcp_http import McpHttpUpstream
 
     configs = [u for u in settings.upstreams if u.is_mcp]
-    if not configs:
+    if not configs and not gateway.catalog():
         return None
     store, link = session_store(settings, configs)
     upstreams: list[Upstream] = []
@@ -472,6 +492,10 @@ def build_mcp_app(gateway: Gateway, settings: Any, *, max_body_bytes: int) -> Mc
             upstreams.append(McpStdioUpstream(cfg.id, [cfg.command, *cfg.args], env=cfg.env, prefix=cfg.prefix,
                                               max_processes=settings.mcp.max_stdio_processes,
                                               idle_seconds=settings.mcp.session_idle_seconds))
+    if gateway.catalog():
+        from gateway.transports.mcp_http.local import LocalServer
+
+        upstreams.append(LocalServer(gateway, version=_version()))
     from gateway.runtime import pin_store_for
 
     mcp = settings.mcp
@@ -487,7 +511,19 @@ def build_mcp_app(gateway: Gateway, settings: Any, *, max_body_bytes: int) -> Mc
         sessions=store,
         session_link=link,
         limits=mcp.session_limits(),
+        path=mcp.path,
+        groups=groups_from(settings),
     )
+
+
+def _version() -> str:
+    """The installed gateway's version (the `serverInfo` its own MCP server gives)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dharma-gateway")
+    except PackageNotFoundError:
+        return "0"
 
 
 def session_store(settings: Any, configs: Sequence[Any]) -> tuple[SessionStore | None, Any]:

@@ -46,6 +46,9 @@ class Relay:
         self.by_id = {u.id: u for u in self.upstreams}
         self.primary = self.upstreams[0]
         self.multi = len(self.upstreams) > 1
+        #: Server→client request ids are namespaced when more than one upstream can send requests
+        #: (the gateway's own server, `originates = False`, never does).
+        self.namespaced = sum(getattr(u, "originates", True) for u in self.upstreams) > 1
         self.by_prefix = sorted(self.upstreams, key=lambda u: len(u.prefix), reverse=True)
         self.modern_catalog = Catalog()
         self._counter = 0
@@ -141,7 +144,7 @@ class Relay:
                     await self.store.publish(SessionSignal(kind="stale", session=ctx.session.id, key=upstream.id))
                 except StoreUnavailable as exc:
                     log.error("mcp_http.stale_not_shared", upstream=upstream.id, error=str(exc))
-        if "id" in msg and self.multi:
+        if "id" in msg and self.namespaced:
             msg = {**msg, "id": f"{ID_PREFIX}u/{upstream.id}/{json.dumps(msg['id'])}"}
             return jsonrpc.dumps(msg)
         return data

@@ -17,6 +17,7 @@ from gateway.core.call import Credentials, Principal
 from gateway.mcp import jsonrpc
 from gateway.mcp.versions import ID_PREFIX, at_least
 from gateway.stores.base import EventStore, SessionFacts
+from gateway.transports.groups import Group
 from gateway.transports.upstreams.replies import UpstreamReply
 
 
@@ -133,6 +134,7 @@ class Ctx:
     version: str | None
     session: HttpSession | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    group: Group | None = None  # the named group the request came to (`/mcp/{group}`), None at `/mcp`
 
 
 def resumable_version(version: str | None) -> bool:

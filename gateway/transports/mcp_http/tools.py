@@ -29,6 +29,7 @@ from gateway.mcp.versions import (
 )
 from gateway.transports.mcp_http import headers as mh
 from gateway.transports.mcp_http.forward import HttpForwarder
+from gateway.transports.mcp_http.local import LocalServer
 from gateway.transports.mcp_http.relay import Relay
 from gateway.transports.mcp_http.reply import Reply
 from gateway.transports.mcp_http.state import Catalog, Ctx, Upstream, Waiter, obj
@@ -45,11 +46,21 @@ class HttpTools:
         self.relay = relay
         self.pins = pins
         self.flow = flow
+        self.local = next((u for u in relay.upstreams if isinstance(u, LocalServer)), None)
+        #: More than one MCP upstream (the gateway's own server aside): listings are merged, not relayed.
+        self.several = sum(u is not self.local for u in relay.upstreams) > 1
 
     # ---- the catalog ----------------------------------------------------------------------
 
     def client_name(self, upstream: Upstream, name: str) -> str | None:
-        """The name the client sees, or None when it would shadow another upstream's prefix."""
+        """The name the client sees, or None when it would shadow another upstream's prefix or one
+        of the gateway's own tools (those are never shadowed: the operator configured them)."""
+        local = self.local
+        if upstream is local:
+            return name
+        if local is not None and local.serves(upstream.prefix + name):
+            log.warning("mcp_http.tool_shadowed", upstream=upstream.id, tool=name, by="the gateway's own tool")
+            return None
         if not upstream.prefix:
             for other in self.relay.upstreams:
                 if other.prefix and name.startswith(other.prefix):
@@ -57,12 +68,26 @@ class HttpTools:
                     return None
         return upstream.prefix + name
 
-    def route(self, name: str) -> tuple[Upstream, str] | None:
-        """The upstream a client tool name belongs to, and the name that upstream knows it by."""
+    def route(self, name: str, *, unknown: bool = False) -> tuple[Upstream, str] | None:
+        """The upstream a client tool name belongs to, and the name that upstream knows it by. With
+        `unknown`, where a name nobody serves goes (by prefix alone): a hidden tool of the gateway's
+        own is asked about there too, so it answers exactly like an unknown name."""
+        local = self.local
+        if local is not None and not unknown and local.serves(name):
+            return local, name
         for upstream in self.relay.by_prefix:
             if name.startswith(upstream.prefix):
                 return upstream, name[len(upstream.prefix):]
         return None
+
+    async def visible(self, ctx: Ctx, upstream: Upstream, named: list[tuple[str, dict[str, Any]]], names: Iterable[str]) -> set[str]:
+        """The client names among `named` the caller may see here: the compiled policy's decision
+        (the gateway's own tools judged on their catalog definitions, as on /v1), then the group's."""
+        if upstream is self.local:
+            shown = {t.name for t in self.gateway.tools_for(ctx.credentials)}.intersection(c for c, _ in named)
+        else:
+            shown = await calls.visible_names(self.gateway, self.pins, ctx.credentials, upstream.id, named, names=names)
+        return shown if ctx.group is None else ctx.group.only(shown)
 
     def record(self, catalog: Catalog, upstream: Upstream, tools: list[dict[str, Any]], *, first_page: bool) -> list[tuple[str, dict[str, Any]]]:
         if first_page:
@@ -100,8 +125,11 @@ class HttpTools:
     # ---- tools/list -------------------------------------------------------------------------
 
     async def tools_list(self, ctx: Ctx, reply: Reply, req: Request, data: bytes) -> None:
+        """One MCP upstream (and perhaps the gateway's own tools): its answer relayed as it came,
+        filtered, with the gateway's own visible tools after its last page. Several: every page of
+        each, merged into one page."""
         catalog = self.relay.catalog(ctx)
-        if not self.relay.multi:
+        if not self.several:
             upstream = self.relay.primary
             first_page = not (isinstance(req.params, dict) and req.params.get("cursor"))
 
@@ -110,10 +138,13 @@ class HttpTools:
                 if not isinstance(result, dict):
                     return msg
                 named = self.record(catalog, upstream, calls.listed_tools(result), first_page=first_page)
-                visible = await calls.visible_names(self.gateway, self.pins, ctx.credentials, upstream.id, named,
-                                                    names=catalog.tools)
+                visible = await self.visible(ctx, upstream, named, catalog.tools)
                 renamed = dict(result)
                 renamed["tools"] = [{**t, "name": cname} if cname != t["name"] else t for cname, t in named]
+                if self.local is not None and upstream is not self.local and not result.get("nextCursor"):
+                    own = await self._own_tools(ctx, catalog)
+                    renamed["tools"] += own
+                    visible |= {t["name"] for t in own}
                 return {**msg, "result": gov.filter_list_result(renamed, visible, modern=ctx.modern)}
 
             await self.relay.relay(ctx, reply, upstream, data, req.message, expect_id=req.id, on_answer=on_answer)
@@ -122,11 +153,20 @@ class HttpTools:
         for upstream in self.relay.upstreams:
             await self.refresh(ctx, upstream)
             named = [(c, t) for c, (u, t) in catalog.tools.items() if u is upstream]
-            visible = await calls.visible_names(self.gateway, self.pins, ctx.credentials, upstream.id, named,
-                                                names=catalog.tools)
+            visible = await self.visible(ctx, upstream, named, catalog.tools)
             merged.extend({**t, "name": c} for c, t in named if c in visible)
         base = {"resultType": "complete", "ttlMs": 0, "cacheScope": "private"} if ctx.modern else {}
         await reply.final(jsonrpc.result(req.id, {"tools": merged, **base}))
+
+    async def _own_tools(self, ctx: Ctx, catalog: Catalog) -> list[dict[str, Any]]:
+        """The gateway's own tools this caller may see here (recorded in the session's catalog)."""
+        local = self.local
+        assert local is not None
+        if local.id not in catalog.loaded:
+            await self.refresh(ctx, local)
+        named = [(c, t) for c, (u, t) in catalog.tools.items() if u is local]
+        visible = await self.visible(ctx, local, named, catalog.tools)
+        return [t for c, t in named if c in visible]
 
     # ---- tools/call -------------------------------------------------------------------------
 
@@ -143,6 +183,7 @@ class HttpTools:
             session_id=session.id if session is not None else None,
             capabilities=dict(capabilities) if isinstance(capabilities, dict) else {},
             can_ask_client=session is not None,
+            group=ctx.group.name if ctx.group is not None else None,
         )
 
     async def record_refusal(self, ctx: Ctx, method: str, reason: str, code: int = jsonrpc.INVALID_REQUEST) -> None:
@@ -168,7 +209,8 @@ class _HttpCallPort:
         self.relay = tools.relay
 
     def _upstream(self, name: str) -> tuple[Upstream, str]:
-        route = self.tools.route(name)
+        """Where a name nobody serves (here) is asked about: the probe of a hidden or unknown tool."""
+        route = self.tools.route(name, unknown=True)
         return route if route is not None else (self.relay.primary, name)
 
     def precheck(self, request: Request) -> Refusal | None:
@@ -187,6 +229,9 @@ class _HttpCallPort:
         return None
 
     async def lookup(self, name: str) -> ToolEntry | None:
+        group = self.ctx.group
+        if group is not None and not group.has(name):
+            return None  # outside the group: as unknown as a name no upstream serves
         catalog = self.relay.catalog(self.ctx)
         route = self.tools.route(name)
         if route is not None and (route[0].id in catalog.stale or route[0].id not in catalog.loaded or name not in catalog.tools):
@@ -197,10 +242,14 @@ class _HttpCallPort:
         digest = catalog.digests.get(name)
         if digest is None:  # taken once per recorded definition, not on every call (pins, tool_info)
             digest = catalog.digests[name] = gov.definition_digest(entry[1])
-        return ToolEntry(name, entry[1], entry[0].id, digest)
+        local = self.tools.local
+        info = local.tool_info(name) if entry[0] is local and local is not None else None
+        return ToolEntry(name, entry[1], entry[0].id, digest, info)
 
     def known_names(self) -> Iterable[str]:
-        return self.relay.catalog(self.ctx).tools
+        names = self.relay.catalog(self.ctx).tools
+        group = self.ctx.group
+        return names if group is None else group.only(names)
 
     def check(self, request: Request, entry: ToolEntry | None) -> Refusal | None:
         if not self.ctx.modern:
