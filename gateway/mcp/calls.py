@@ -273,17 +273,19 @@ class ToolsCall:
             params = ap.strip_state(params)
             req = Request(req.id, req.method, params, {**req.message, "params": params})
         info: ToolInfo | None = None
+        catalog = frozenset(port.known_names())
+        if entry is not None and name in gov.colliding_names(catalog):
+            entry = None  # two tools fold to this name: neither is callable (policy.names)
         if entry is not None and entry.info is not None:
             info = entry.info
         elif entry is not None:
             known = None if entry.digest is None else [entry.digest]
             pin = (await observe_or_distrust(self.pins, entry.backend, [entry.definition], known)).get(entry.definition["name"], DISTRUSTED)
-            catalog = frozenset(port.known_names())
-            info = None if name in gov.colliding_names(catalog) else self._tool_info(entry, name, pin, catalog)
+            info = self._tool_info(entry, name, pin, catalog)
         visible = info is not None and principal is not None and is_visible(policy, principal, info)
         probe = _Probe()
         if not visible and principal is not None:
-            alike = gov.lookalike_of(name, set(port.known_names()))
+            alike = gov.lookalike_of(name, catalog)
             if alike is not None:
                 log.warning("mcp.lookalike_tool_name", name=name, imitates=alike)
             probe.name = gov.probe_name()

@@ -77,7 +77,7 @@ def colliding_names(catalog: frozenset[str]) -> dict[str, str]:
     return found
 
 
-def lookalike_of(name: str, names: list[str] | set[str] | dict[str, Any]) -> str | None:
+def lookalike_of(name: str, names: list[str] | set[str] | frozenset[str] | dict[str, Any]) -> str | None:
     """The listed tool `name` imitates (same skeleton, different spelling), or None."""
     if name in names:
         return None
