@@ -356,6 +356,9 @@ class Settings(Strict):
     mcp: McpHttpSettings = McpHttpSettings()
     python_path: list[Path] = Field(default_factory=list, description="directories to import python upstreams from")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "console", "json"] = Field(
+        default="auto", description="stderr log lines: console (for a person), json (for a collector), "
+                                    "auto (console on a terminal, else json)")
     auth: AuthSettings = AuthSettings()
     ui: UiSettings = UiSettings()
     reload: ReloadSettings = ReloadSettings()

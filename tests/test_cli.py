@@ -612,6 +612,20 @@ def test_audit_query_refuses_unknown_values(state_root: Path) -> None:
         assert f"argument {flag}: invalid choice: '{bad}'" in run.err and valid in run.err
 
 
+def test_audit_query_on_a_missing_ledger_is_one_line_with_its_newline(tmp_path: Path, state_root: Path) -> None:
+    """No ledger (the state root's default, an explicit path, an empty file): one error line ending in
+    a newline, exit 2, nothing on stdout, and no ledger created by asking."""
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    runs = dharma_many([["audit", "query"], ["audit", "query", "--ledger", tmp_path / "nope.db"],
+                        ["audit", "query", "--ledger", empty, "--format", "jsonl"]], state_root)
+    wanted = (f"dharma: {state_root / 'ledger.db'}: no ledger there\n", f"dharma: {tmp_path / 'nope.db'}: no ledger there\n",
+              f"dharma: {empty}: no karma ledger here (the file is missing or empty)\n")
+    for run, err in zip(runs, wanted, strict=True):
+        assert (run.rc, run.out, run.err) == (2, "", err)
+    assert not (state_root / "ledger.db").exists() and not (tmp_path / "nope.db").exists()
+
+
 async def test_audit_query_csv_keeps_every_jsonl_field(recorded: dict[str, Any], state_root: Path) -> None:
     jsonl, as_csv = dharma_many([["audit", "query", "--format", "jsonl"], ["audit", "query", "--format", "csv"]], state_root)
     assert jsonl.rc == as_csv.rc == 0, jsonl.err + as_csv.err
