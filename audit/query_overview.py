@@ -13,9 +13,12 @@ What is counted (from the record bytes, the verified truth):
   `forwarded`).
 - a call is **ok** when its status is `ok`; **refused** when it is `blocked` (any stage: tier gate,
   rules, rate limit, sanitizer, approval denied); an **error** when it is `error` (backend,
-  timeout); the rest (a dry run, a call answered "pending approval") count only as calls.
-- a **hold** is an approval record with event `held` (a call a human had to decide).
-- **rules** are the ids in each call's `matched_rules`, whatever their effect or mode.
+  timeout); the rest (a dry run) count only as calls.
+- a **hold** is an approval record with event `held` (a call a human had to decide). The record
+  of the call answered "pending approval" is not a call: the call is counted when it runs.
+- **rules** are the ids in each call's `matched_rules`, whatever their effect or mode, once per
+  call: a call that runs once approved (it has an `approval_id`) does not count again the rules
+  its hold already counted.
 - **latency** is each call's `latency_us`; p50 and p99 are nearest-rank percentiles.
 - requests refused before anyone was authenticated (`kind: refusal`) add their `count` to `door`.
 No I/O but the reader's.
@@ -41,6 +44,7 @@ STATUS_OK = "ok"
 STATUS_BLOCKED = "blocked"
 STATUS_ERROR = "error"
 STATUS_FORWARDED = "forwarded"
+STATUS_PENDING = "pending_approval"
 
 
 @dataclass(slots=True)
@@ -135,8 +139,11 @@ def _add(overview: Overview, bucket: Bucket, record: dict[str, Any]) -> None:
     status = record.get("status")
     if status == STATUS_FORWARDED:
         return
+    if status == STATUS_PENDING or not record.get("approval_id"):
+        overview.rules.update(rule_ids(record))
+    if status == STATUS_PENDING:
+        return
     bucket.calls += 1
-    overview.rules.update(rule_ids(record))
     latency = record.get("latency_us")
     if isinstance(latency, int) and not isinstance(latency, bool) and latency >= 0:
         bucket.latencies.append(latency)

@@ -54,8 +54,8 @@ from gateway.transports.http_api.audit import BadQuery, LedgerView, RecordsQuery
 from gateway.transports.auth_refusals import record_refusal
 from gateway.transports.http_auth import AuthResult, HttpAuth
 from gateway.transports.ui.oidc import FLOW_SECONDS, OidcLogin, OidcRefused
-from gateway.transports.ui.overview import (DEFAULT_RANGE, RANGES, VerifyBusy, aggregate, charts, fmt_ms,
-                                            last_verification, settings_of, verify_now)
+from gateway.transports.ui.overview import (DEFAULT_RANGE, RANGES, VerifyBusy, aggregate, bucket_text, charts, fmt_ms,
+                                            last_verification, settings_of, utc_text, verify_now)
 from gateway.transports.ui.sessions import COOKIE, UiSession, UiSessions
 
 log = structlog.get_logger()
@@ -496,6 +496,8 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
         ov = got.overview
         verified = await anyio.to_thread.run_sync(last_verification, view)
         return await page(request, "overview.html", found, ov=ov, size=got.size, charts=charts(ov), ranges=list(RANGES),
+                          since=utc_text(ov.since), until=utc_text(ov.until), per=bucket_text(ov.step),
+                          read_since=utc_text(ov.read_since) if ov.read_since else "",
                           range=key, verified=verified, p50=fmt_ms(ov.latency(50)), p99=fmt_ms(ov.latency(99)),
                           fmt_ms=fmt_ms, max_records=settings_of(view).overview_max_records)
 

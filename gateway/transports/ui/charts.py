@@ -18,9 +18,10 @@ from html import escape
 from markupsafe import Markup
 
 WIDTH, HEIGHT = 720, 230
-LEFT, RIGHT, TOP, BOTTOM = 58, 14, 14, 46
+LEFT, RIGHT, TOP, BOTTOM = 72, 14, 14, 46
+LIST_WIDTH = 460
 LIST_ROW = 24
-LIST_LABEL = 260
+LIST_LABEL = 190
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +33,15 @@ class Series:
     values: Sequence[float | None]
 
 
-def nice_ticks(top: float, count: int = 4) -> list[float]:
-    """Round tick values from 0 up to at least `top` (about `count` steps of 1, 2 or 5 × 10^n)."""
+def nice_ticks(top: float, count: int = 4, *, whole: bool = False) -> list[float]:
+    """Round tick values from 0 up to at least `top` (about `count` steps of 1, 2 or 5 × 10^n; `whole`: steps of at least 1)."""
     if top <= 0:
         return [0.0, 1.0]
     raw = top / count
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    if whole:
+        step = max(1, step)
     return [i * step for i in range(int(math.ceil(top / step - 1e-9)) + 1)]
 
 
@@ -52,19 +55,19 @@ def time_label(at: datetime, step: int) -> str:
     return at.strftime("%H:%M") if step < 86_400 else at.strftime("%m-%d")
 
 
-def _open(ident: str, title: str, desc: str, height: int, css: str) -> list[str]:
+def _open(ident: str, title: str, desc: str, height: int, css: str, width: int = WIDTH) -> list[str]:
     return [f'<svg class="chart {css}" id="{ident}" role="img" aria-labelledby="{ident}-title {ident}-desc" '
-            f'viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" xmlns="http://www.w3.org/2000/svg">',
+            f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">',
             f'<title id="{ident}-title">{escape(title)}</title>', f'<desc id="{ident}-desc">{escape(desc)}</desc>']
 
 
-def _axes(parts: list[str], ticks: list[float], scale: float, y_label: str, x_label: str, fmt: str) -> None:
+def _axes(parts: list[str], ticks: list[float], scale: float, y_label: str, x_label: str) -> None:
     """Horizontal grid lines with y tick labels, both axis lines and both axis titles."""
     bottom, right = HEIGHT - BOTTOM, WIDTH - RIGHT
     for tick in ticks:
         y = bottom - tick * scale
         parts.append(f'<line class="grid" x1="{LEFT}" x2="{right}" y1="{y:.1f}" y2="{y:.1f}"/>')
-        parts.append(f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(fmt.format(number(tick)))}</text>')
+        parts.append(f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{number(tick)}</text>')
     parts.append(f'<line class="axis" x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{bottom}"/>')
     parts.append(f'<line class="axis" x1="{LEFT}" x2="{right}" y1="{bottom}" y2="{bottom}"/>')
     parts.append(f'<text class="axis-label" transform="translate(14 {(TOP + bottom) / 2:.0f}) rotate(-90)" '
@@ -89,11 +92,11 @@ def time_chart(ident: str, title: str, desc: str, starts: Sequence[datetime], st
         top = max((v for s in series for v in s.values if v is not None), default=0)
     else:
         top = max((sum(v or 0 for v in column) for column in zip(*(s.values for s in series), strict=True)), default=0)
-    ticks = nice_ticks(top)
+    ticks = nice_ticks(top, whole=not lines)
     scale = (HEIGHT - TOP - BOTTOM) / ticks[-1]
     parts = _open(ident, title, desc, HEIGHT, "lines" if lines else "bars")
     _axes(parts, ticks, scale, y_label, f"time (UTC), {number(step / 60)}-minute buckets" if step < 86_400
-          else f"date (UTC), {number(step / 86_400)}-day buckets", fmt)
+          else f"date (UTC), {number(step / 86_400)}-day buckets")
     _x_labels(parts, starts, step, slot)
     if lines:
         _lines(parts, starts, series, slot, scale, fmt)
@@ -143,16 +146,16 @@ def _legend(series: Sequence[Series]) -> str:
 
 def bar_list(ident: str, title: str, items: Sequence[tuple[str, int]], css: str, *, empty: str) -> Markup:
     """Horizontal bars, one per (label, count), longest first as given; a sentence when there are none."""
-    height = TOP + max(1, len(items)) * LIST_ROW + 8
+    height = 6 + max(1, len(items)) * LIST_ROW
     desc = "; ".join(f"{label}: {count}" for label, count in items) or empty
-    parts = _open(ident, title, desc, height, "list")
+    parts = _open(ident, title, desc, height, "list", LIST_WIDTH)
     if not items:
-        parts.append(f'<text class="empty" x="{LEFT}" y="{TOP + 16}">{escape(empty)}</text>')
+        parts.append(f'<text class="empty" x="0" y="16">{escape(empty)}</text>')
     top = max((count for _, count in items), default=1)
-    room = WIDTH - LIST_LABEL - RIGHT - 60
+    room = LIST_WIDTH - LIST_LABEL - RIGHT - 40
     for i, (label, count) in enumerate(items):
-        y = TOP + i * LIST_ROW
-        shown = label if len(label) <= 36 else label[:35] + "…"
+        y = i * LIST_ROW
+        shown = label if len(label) <= 26 else label[:25] + "…"
         w = max(2.0, room * count / top)
         parts.append(f'<g class="row" data-label="{escape(label)}" data-value="{count}"><title>{escape(label)}: {count}</title>'
                      f'<text class="label" x="{LIST_LABEL - 8}" y="{y + 15}" text-anchor="end">{escape(shown)}</text>'

@@ -96,9 +96,9 @@ def charts(ov: Overview) -> dict[str, Any]:
     kinds = [Series("allowed", "allowed", values("ok")), Series("refused", "refused", values("refused")),
              Series("failed", "failed", values("errors"))]
     if any(other):
-        kinds.append(Series("other (dry run, pending)", "other", other))
+        kinds.append(Series("other (dry run)", "other", other))
     ms = [[None if v is None else v / 1000 for v in values(name)] for name in ("p50_us", "p99_us")]
-    per = f"{ov.step // 60} min" if ov.step < 86_400 else f"{ov.step // 86_400} day"
+    per = bucket_text(ov.step)
     return {
         "calls": time_chart("chart-calls", "Calls over time: allowed, refused and failed",
                             f"{ov.total('calls')} calls, {ov.total('refused')} refused, {ov.total('errors')} failed, "
@@ -117,6 +117,15 @@ def charts(ov: Overview) -> dict[str, Any]:
         "tools": bar_list("chart-tools", "Tools refused most", ov.refused_tools.most_common(TOP), "refused",
                           empty="no tool was refused in this range"),
     }
+
+
+def bucket_text(step: int) -> str:
+    """A bucket width for a person: "10 min", "3 h", "1 day"."""
+    return f"{step // 60} min" if step < 3600 else f"{step // 3600} h" if step < 86_400 else f"{step // 86_400} day"
+
+
+def utc_text(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def fmt_ms(us: int | None) -> str:
