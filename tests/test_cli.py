@@ -508,6 +508,12 @@ async def test_audit_verify_detects_tampering(recorded: dict[str, Any], tmp_path
     for run, seq in zip(bad, (3, 4, 5), strict=True):
         assert run.rc == 1, run.out + run.err
         assert run.out.startswith("FAIL") and f"at seq {seq}:" in run.out, run.out
+    # each verify, pass or fail, is kept where the overview page reads it
+    kept = json.loads(Path(str(ledger) + ".last-verify.json").read_text(encoding="utf-8"))
+    assert kept["ok"] is True and kept["size"] == 10 and kept["via"] == "cli" and kept["problem"] == ""
+    for path, seq in zip((edited, deleted, swapped), (3, 4, 5), strict=True):
+        failed = json.loads(Path(str(path) + ".last-verify.json").read_text(encoding="utf-8"))
+        assert failed["ok"] is False and failed["first_bad_seq"] == seq and failed["problem"], failed
 
 
 async def test_audit_verify_detects_truncation_against_a_checkpoint(recorded: dict[str, Any], tmp_path: Path, state_root: Path) -> None:
