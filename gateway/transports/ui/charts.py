@@ -19,9 +19,9 @@ from markupsafe import Markup
 
 WIDTH, HEIGHT = 720, 230
 LEFT, RIGHT, TOP, BOTTOM = 72, 14, 14, 46
-LIST_WIDTH = 460
+LIST_WIDTH = 520
 LIST_ROW = 24
-LIST_LABEL = 190
+LIST_LABEL = 240
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +75,20 @@ def _axes(parts: list[str], ticks: list[float], scale: float, y_label: str, x_la
     parts.append(f'<text class="axis-label" x="{(LEFT + right) / 2:.0f}" y="{HEIGHT - 6}" text-anchor="middle">{escape(x_label)}</text>')
 
 
+LABEL_SPACINGS = tuple(m * 60 for m in (5, 10, 15, 30, 60, 120, 180, 240, 360, 720, 1440, 2880, 10080))
+"""Seconds between x axis labels: the smallest giving at most eight labels, each on a round time."""
+
+
 def _x_labels(parts: list[str], starts: Sequence[datetime], step: int, slot: float) -> None:
-    """About seven evenly spaced bucket-start labels under the x axis."""
-    every = max(1, math.ceil(len(starts) / 7))
-    for i in range(0, len(starts), every):
+    """Labels under the x axis at round times (every hour, every 3 hours, every day...)."""
+    span = len(starts) * step
+    spacing = next((s for s in LABEL_SPACINGS if s >= step and span / s <= 8), LABEL_SPACINGS[-1])
+    for i, start in enumerate(starts):
+        if int(start.timestamp()) % spacing:
+            continue
         x = LEFT + i * slot
         parts.append(f'<line class="axis" x1="{x:.1f}" x2="{x:.1f}" y1="{HEIGHT - BOTTOM}" y2="{HEIGHT - BOTTOM + 4}"/>')
-        parts.append(f'<text class="tick" x="{x:.1f}" y="{HEIGHT - BOTTOM + 17}" text-anchor="middle">{time_label(starts[i], step)}</text>')
+        parts.append(f'<text class="tick" x="{x:.1f}" y="{HEIGHT - BOTTOM + 17}" text-anchor="middle">{time_label(start, spacing)}</text>')
 
 
 def time_chart(ident: str, title: str, desc: str, starts: Sequence[datetime], step: int, series: Sequence[Series], *,
@@ -155,7 +162,7 @@ def bar_list(ident: str, title: str, items: Sequence[tuple[str, int]], css: str,
     room = LIST_WIDTH - LIST_LABEL - RIGHT - 40
     for i, (label, count) in enumerate(items):
         y = i * LIST_ROW
-        shown = label if len(label) <= 26 else label[:25] + "…"
+        shown = label if len(label) <= 34 else label[:33] + "…"
         w = max(2.0, room * count / top)
         parts.append(f'<g class="row" data-label="{escape(label)}" data-value="{count}"><title>{escape(label)}: {count}</title>'
                      f'<text class="label" x="{LIST_LABEL - 8}" y="{y + 15}" text-anchor="end">{escape(shown)}</text>'
