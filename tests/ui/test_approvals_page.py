@@ -112,6 +112,8 @@ def test_the_ledger_filters_and_a_record_s_proof_verifies(served: Served, page_f
     call.wait()
     page = page_for()
     login(page, served.base, "auditor")
+    expect(page).to_have_url(served.base + "/ui/overview")
+    page.get_by_role("link", name="Ledger").click()
     expect(page).to_have_url(served.base + "/ui/ledger")
     expect(page.locator("#checkpoint")).to_contain_text("\n")
     page.get_by_label("Tool (glob)").fill("delete_*")
