@@ -14,14 +14,13 @@ import os
 import re
 import sys
 from collections.abc import MutableMapping
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 
 _SECRET_KEYS = ("api_key", "authorization", "password", "secret", "token", "private_key", "arguments", "args")
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
 """A credential after an HTTP auth scheme, as an exception text may quote a header (the detectors want a known key shape)."""
-LogFormat = Literal["auto", "console", "json"]
 LOG_FORMATS: tuple[str, ...] = ("auto", "console", "json")
 
 

@@ -177,6 +177,15 @@ def login(page: Any, base: str, who: str) -> None:
     page.get_by_role("button", name="Log in").click()
 
 
+def refused_page(page: Any, console: Console, url: str, says: str) -> None:
+    """Open `url`, which the page must refuse (the 4xx is expected in the console) with an error saying `says`."""
+    from playwright.sync_api import expect
+
+    console.expect_refusal(url)
+    page.goto(url)
+    expect(page.locator("p.error")).to_contain_text(says)
+
+
 def screenshot(page: Any, name: str) -> Path:
     path = artifacts_dir() / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)

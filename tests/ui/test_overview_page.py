@@ -17,7 +17,8 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.mcp_http.conftest import client
-from tests.ui.conftest import KEYS, RULES, Console, HeldCall, Served, login, screenshot, serve_dharma, wait_for
+from tests.ui.conftest import (KEYS, RULES, Console, HeldCall, Served, login, refused_page, screenshot, serve_dharma,
+                               wait_for)
 
 OVERVIEW_RULES = copy.deepcopy(RULES)
 OVERVIEW_RULES["rules"].append({
@@ -130,15 +131,11 @@ def test_the_overview_refuses_approvers_a_bad_range_and_a_forged_verify(traffic:
     page = page_for()
     login(page, served.base, "approver")
     expect(page.get_by_role("link", name="Overview")).to_have_count(0)
-    console.expect_refusal(served.base + "/ui/overview")
-    page.goto(served.base + "/ui/overview")
-    expect(page.locator("p.error")).to_contain_text("the overview needs a principal with role admin or auditor")
+    refused_page(page, console, served.base + "/ui/overview", "the overview needs a principal with role admin or auditor")
 
     auditor = page_for()
     login(auditor, served.base, "auditor")
-    console.expect_refusal(served.base + "/ui/overview?range=1y")
-    auditor.goto(served.base + "/ui/overview?range=1y")
-    expect(auditor.locator("p.error")).to_contain_text("range '1y' is not one of: 1h, 6h, 24h, 7d, 30d")
+    refused_page(auditor, console, served.base + "/ui/overview?range=1y", "range '1y' is not one of: 1h, 6h, 24h, 7d, 30d")
     answer = auditor.request.post(served.base + "/ui/overview/verify", form={"csrf": "forged", "range": "1h"},
                                   headers={"origin": served.base})
     assert answer.status == 403 and "CSRF" in answer.text()
