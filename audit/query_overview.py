@@ -2,9 +2,12 @@
 bucket, the rules that fired most, the principals and tools refused most, latency percentiles.
 
 Read-only and bounded: the records of `[since, until)` are read through the time index newest
-first (`query_records(newest_first=True)`, which re-checks every index hit on the record bytes),
-and at most `max_records` of them. A range holding more is answered from its newest records and
-says so (`truncated`, `read_since`): a large ledger costs the page a bounded read, never a scan.
+first (`RecordFilter(newest_first=True)`), at most `max_records` of them (one more, to know there
+are more: SQL LIMIT). A range holding more is answered from its newest records and says so
+(`truncated`, `read_since`): a large ledger costs the page a bounded read, never a scan. Each
+record's bytes are decoded into only the fields counted here (msgspec, about 5x faster than the
+whole record as a dict), and a hit whose bytes' time is not in the range (an edited index) is
+dropped with a warning, as `audit.query` drops one.
 
 What is counted (from the record bytes, the verified truth):
 - a **call** is a record with a tool that is one whole call (no `kind`) or a call's outcome
@@ -32,8 +35,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from audit.records import KIND_APPROVAL, KIND_OUTCOME, KIND_REFUSAL, rule_ids
+import msgspec
+import structlog
+
+from audit.records import KIND_APPROVAL, KIND_OUTCOME, KIND_REFUSAL, RecordFilter, normalize_time, rule_ids
 from audit.store import LedgerReader
+
+log = structlog.get_logger()
 
 BUCKET_STEPS: tuple[int, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 """Bucket widths in seconds, smallest first: the overview takes the smallest giving at most MAX_BUCKETS."""
@@ -114,8 +122,29 @@ def window(now: datetime, seconds: int) -> tuple[datetime, datetime, int]:
     return datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC), step
 
 
-def _time_of(record: dict[str, Any]) -> datetime | None:
-    text = record.get("time")
+class Counted(msgspec.Struct):
+    """The fields of an entry the overview counts (any type: a strange value is skipped, not an error)."""
+
+    time: Any = None
+    kind: Any = None
+    event: Any = None
+    status: Any = None
+    tool: Any = None
+    principal: Any = None
+    matched_rules: Any = None
+    latency_us: Any = None
+    approval_id: Any = None
+    count: Any = None
+
+
+class _Record(msgspec.Struct):
+    entry: Counted
+
+
+_decode = msgspec.json.Decoder(_Record).decode
+
+
+def _time_of(text: Any) -> datetime | None:
     if not isinstance(text, str):
         return None
     try:
@@ -124,63 +153,78 @@ def _time_of(record: dict[str, Any]) -> datetime | None:
         return None
 
 
-def _add(overview: Overview, bucket: Bucket, record: dict[str, Any]) -> None:
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _add(overview: Overview, bucket: Bucket, e: Counted) -> None:
     """Count one record into its bucket and the top lists (see the module doc for what counts)."""
-    kind = record.get("kind")
-    if kind == KIND_APPROVAL:
-        bucket.held += record.get("event") == "held"
+    if e.kind == KIND_APPROVAL:
+        bucket.held += e.event == "held"
         return
-    if kind == KIND_REFUSAL:
-        count = record.get("count")
-        overview.door += count if isinstance(count, int) and not isinstance(count, bool) else 1
+    if e.kind == KIND_REFUSAL:
+        overview.door += e.count if _whole(e.count) else 1
         return
-    if kind not in (None, KIND_OUTCOME) or not isinstance(record.get("tool"), str):
+    if e.kind not in (None, KIND_OUTCOME) or not isinstance(e.tool, str) or e.status == STATUS_FORWARDED:
         return
-    status = record.get("status")
-    if status == STATUS_FORWARDED:
-        return
-    if status == STATUS_PENDING or not record.get("approval_id"):
-        overview.rules.update(rule_ids(record))
-    if status == STATUS_PENDING:
+    if e.status == STATUS_PENDING or not e.approval_id:
+        overview.rules.update(rule_ids({"matched_rules": e.matched_rules}))
+    if e.status == STATUS_PENDING:
         return
     bucket.calls += 1
-    latency = record.get("latency_us")
-    if isinstance(latency, int) and not isinstance(latency, bool) and latency >= 0:
-        bucket.latencies.append(latency)
-    if status == STATUS_OK:
+    if _whole(e.latency_us) and e.latency_us >= 0:
+        bucket.latencies.append(e.latency_us)
+    if e.status == STATUS_OK:
         bucket.ok += 1
-    elif status == STATUS_ERROR:
+    elif e.status == STATUS_ERROR:
         bucket.errors += 1
-    elif status == STATUS_BLOCKED:
+    elif e.status == STATUS_BLOCKED:
         bucket.refused += 1
-        overview.refused_principals[str(record.get("principal") or "(unauthenticated)")] += 1
-        overview.refused_tools[record["tool"]] += 1
+        overview.refused_principals[str(e.principal or "(unauthenticated)")] += 1
+        overview.refused_tools[e.tool] += 1
+
+
+def _counted(seq: int, body: bytes, lo: str, hi: str) -> Counted | None:
+    """The counted fields of a record's bytes; None (with a warning) when they are not in [lo, hi) after all."""
+    try:
+        e = _decode(body).entry
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        log.warning("audit.overview_record_unreadable", seq=seq)
+        return None
+    at = normalize_time(e.time) if isinstance(e.time, str) else None
+    if at is None or not lo <= at < hi:
+        log.warning("audit.query_hit_dropped", seq=seq, filters=["time"],
+                    reason="the ledger's index disagrees with the record bytes; run `dharma audit verify`")
+        return None
+    return e
 
 
 def overview(reader: LedgerReader, since: datetime, until: datetime, step: int, *, max_records: int) -> Overview:
     """Aggregate the records of `[since, until)` into buckets of `step` seconds, reading at most `max_records`."""
-    from audit.query import query_records
-
     if max_records < 1:
         raise ValueError(f"max_records must be >= 1, not {max_records}")
     count = math.ceil((until - since).total_seconds() / step)
     result = Overview(since, until, step, [Bucket(since + timedelta(seconds=i * step)) for i in range(count)])
-    records = query_records(reader, since=since, until=until, limit=max_records + 1, newest_first=True)
+    lo, hi = normalize_time(since), normalize_time(until)
+    raw = reader.select_records(RecordFilter(since=lo, until=hi, limit=max_records + 1, newest_first=True))
     try:
-        for record in records:
-            at = _time_of(record)
-            if at is None:
-                continue
+        for seq, _, body in raw:
             if result.scanned == max_records:
                 result.truncated = True
                 break
             result.scanned += 1
+            e = _counted(seq, bytes(body), lo, hi)
+            at = None if e is None else _time_of(e.time)
+            if e is None or at is None:
+                continue
             result.read_since = at
             index = int((at - since).total_seconds() // step)
             if 0 <= index < count:
-                _add(result, result.buckets[index], record)
+                _add(result, result.buckets[index], e)
     finally:
-        records.close()  # type: ignore[attr-defined]
+        close = getattr(raw, "close", None)
+        if close is not None:
+            close()
     if result.truncated and result.read_since is not None:
         for bucket in result.buckets:
             bucket.read = bucket.start + timedelta(seconds=step) > result.read_since

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
+from audit import query_overview
 from audit.query import query_records
 from audit.query_overview import bucket_step, overview, percentile, window
-from tests.audit.conftest import Location, open_ledger, open_reader
+from tests.audit.conftest import Location, attacker, open_ledger, open_reader
+from tests.helpers import all_logs
 
 SINCE = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 STEP = 600
@@ -86,6 +88,20 @@ def test_a_range_over_the_bound_reads_its_newest_records_and_says_so(filled: Loc
     assert [b.read for b in ov.buckets] == [False, True, True, True, True, True]
     assert (ov.buckets[1].calls, ov.buckets[1].refused) == (2, 1) and ov.buckets[0].calls == 0
     assert ov.door == 7 and dict(ov.rules) == {"warn-sum": 1}
+
+
+def test_a_record_whose_time_index_was_edited_into_the_range_is_not_counted(filled: Location,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    conn = attacker(filled)
+    try:  # seq 1 is the call before the range; its indexed time now says minute 30, its bytes still say -5
+        conn.execute("UPDATE records SET time = ? WHERE seq = 1", (at(30),))
+    finally:
+        conn.close()
+    with open_reader(filled) as reader, all_logs(monkeypatch, query_overview) as logs:
+        ov = overview(reader, SINCE, SINCE + timedelta(hours=1), STEP, max_records=1000)
+    assert ov.scanned == 13 and ov.buckets[3].calls == 0 and ov.total("calls") == 6
+    assert [(e["event"], e["seq"], e["filters"]) for e in logs if e["log_level"] == "warning"] == [
+        ("audit.query_hit_dropped", 1, ["time"])]
 
 
 def test_newest_first_reads_the_time_index_backwards(filled: Location) -> None:
