@@ -139,3 +139,31 @@ def test_the_overview_refuses_approvers_a_bad_range_and_a_forged_verify(traffic:
     answer = auditor.request.post(served.base + "/ui/overview/verify", form={"csrf": "forged", "range": "1h"},
                                   headers={"origin": served.base})
     assert answer.status == 403 and "CSRF" in answer.text()
+
+
+def test_on_a_postgresql_ledger_the_overview_counts_and_verify_now_is_kept_in_the_state_root(
+        tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> None:
+    """The same page over a PostgreSQL ledger (a real server, tests/pg.py), read with a plain HTTP client."""
+    with serve_dharma(tmp_path_factory.mktemp("overview-pg"), rules=OVERVIEW_RULES, ledger={"url": postgres_url}) as served:
+        async def run() -> None:
+            async with client(served.base + "/mcp", KEYS["alice"], mode="legacy") as c:
+                for message in ("hello", "forbidden", "hello again"):
+                    await c.call_tool("echo", {"message": message})
+
+        anyio.run(run)
+        with httpx.Client(base_url=served.base, timeout=60) as http:
+            http.get("/ui/login")
+            login_form = {"csrf": http.cookies["dharma_ui_login"], "token": KEYS["auditor"]}
+            assert http.post("/ui/login", data=login_form, headers={"origin": served.base}).headers["location"] == "/ui/overview"
+            html = http.get("/ui/overview", params={"range": "1h"}).text
+            for name, value in (("calls", 3), ("ok", 2), ("refused", 1), ("held", 0)):
+                assert f'<dd data-total="{name}">{value}</dd>' in html, name
+            assert 'data-label="no-forbidden-echo" data-value="1"' in html
+            csrf = re.search(r'name="csrf" value="([^"]+)"', html)
+            assert csrf is not None
+            done = http.post("/ui/overview/verify", data={"csrf": csrf.group(1), "range": "1h"}, headers={"origin": served.base})
+            assert done.status_code == 303, done.text
+            assert "OK</span>" in http.get("/ui/overview").text
+        kept = list((served.directory / "state").glob("ledger-*.last-verify.json"))
+        assert len(kept) == 1 and '"ok":true' in kept[0].read_text().replace(" ", "")
+        assert "@" not in kept[0].name and postgres_url.rsplit("/", 1)[-1] not in kept[0].name
