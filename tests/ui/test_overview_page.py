@@ -8,7 +8,8 @@ from __future__ import annotations
 import copy
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anyio
@@ -25,6 +26,12 @@ OVERVIEW_RULES["rules"].append({
     "id": "no-forbidden-echo", "description": "Nobody echoes the forbidden word.", "tools": ["echo"],
     "when": 'args.message.contains("forbidden")', "effect": "deny", "message": "that word may not be echoed",
 })
+
+
+def off_the_browser_loop(run: Callable[[], Awaitable[None]]) -> None:
+    """`anyio.run(run)` in a thread of its own: Playwright's sync API keeps an event loop running in this one."""
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(anyio.run, run).result()
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +51,7 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, 
                     result = await c.call_tool(tool, arguments)
                     assert result.is_error is not allowed, (who, tool, result)
 
-        anyio.run(run)
+        off_the_browser_loop(run)
         held = HeldCall(served.base, "delete_file", {"path": "/tmp/overview"})
         approval = wait_for(lambda: next(iter(served.pending()), None), what="the delete held")
         r = httpx.post(f"{served.base}/v1/approvals/{approval['id']}:approve", headers={"X-API-Key": KEYS["approver"]}, timeout=30)
@@ -150,7 +157,7 @@ def test_on_a_postgresql_ledger_the_overview_counts_and_verify_now_is_kept_in_th
                 for message in ("hello", "forbidden", "hello again"):
                     await c.call_tool("echo", {"message": message})
 
-        anyio.run(run)
+        off_the_browser_loop(run)
         with httpx.Client(base_url=served.base, timeout=60) as http:
             http.get("/ui/login")
             login_form = {"csrf": http.cookies["dharma_ui_login"], "token": KEYS["auditor"]}

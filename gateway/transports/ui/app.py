@@ -54,8 +54,8 @@ from gateway.transports.http_api.audit import BadQuery, LedgerView, RecordsQuery
 from gateway.transports.auth_refusals import record_refusal
 from gateway.transports.http_auth import AuthResult, HttpAuth
 from gateway.transports.ui.oidc import FLOW_SECONDS, OidcLogin, OidcRefused
-from gateway.transports.ui.overview import (DEFAULT_RANGE, RANGES, VerifyBusy, aggregate, bucket_text, charts, fmt_ms,
-                                            last_verification, settings_of, utc_text, verify_now)
+from gateway.transports.ui.overview import (DEFAULT_RANGE, RANGES, Verifier, VerifyBusy, aggregate, bucket_text, charts,
+                                            fmt_ms, last_verification, settings_of, utc_text)
 from gateway.transports.ui.sessions import COOKIE, UiSession, UiSessions
 
 log = structlog.get_logger()
@@ -171,6 +171,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
     sso = OidcLogin(oidc, sessions.store) if oidc is not None else None
     authenticate = guard_login(guard) if guard is not None else api_key_login(gateway)
     view = LedgerView(gateway)
+    verify_now = Verifier(view)
     trusted_origins = frozenset(allowed_origins)
 
     # ---- the request's session and principal ---------------------------------------------
@@ -507,7 +508,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
         checked_post(found, request, fields)
         key = chosen_range(fields.get("range"))
         try:
-            result = await verify_now(view, found[1].id)
+            result = await verify_now(found[1].id)
         except VerifyBusy as exc:
             raise Refused(409, str(exc)) from None
         except ValueError as exc:

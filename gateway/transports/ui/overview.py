@@ -132,19 +132,23 @@ def fmt_ms(us: int | None) -> str:
     return "–" if us is None else f"{us / 1000:,.1f} ms"
 
 
-_verifying = anyio.Lock()
+class Verifier:
+    """"Verify now" of one `/ui` app: one verification at a time."""
 
+    def __init__(self, view: LedgerView) -> None:
+        self.view = view
+        self.lock = anyio.Lock()
 
-async def verify_now(view: LedgerView, by: str) -> VerifyLog:
-    """Verify the ledger now with the gateway's checkpoint key; record and return the result.
+    async def __call__(self, by: str) -> VerifyLog:
+        """Verify the ledger now with the gateway's checkpoint key; record and return the result.
 
-    Raises:
-        VerifyBusy: one is running already. ValueError: the ledger is over `ui.verify_max_records`.
-    """
-    if _verifying.locked():
-        raise VerifyBusy("a verification is already running; its result appears here when it ends")
-    async with _verifying:
-        return await anyio.to_thread.run_sync(_verify, view, by)
+        Raises:
+            VerifyBusy: one is running already. ValueError: the ledger is over `ui.verify_max_records`.
+        """
+        if self.lock.locked():
+            raise VerifyBusy("a verification is already running; its result appears here when it ends")
+        async with self.lock:
+            return await anyio.to_thread.run_sync(_verify, self.view, by)
 
 
 def _verify(view: LedgerView, by: str) -> VerifyLog:
