@@ -96,8 +96,9 @@ def query_records(
     error_code: str | None = None,
     approval_id: str | None = None,
     kind: str | None = None,
+    newest_first: bool = False,
 ) -> Iterator[dict[str, Any]]:
-    """Yield matching records, oldest first, as flat dicts (seq, hash, then entry fields).
+    """Yield matching records, oldest first (newest first if asked), as flat dicts (seq, hash, then entry fields).
 
     `since` is inclusive and `until` exclusive; both are RFC 3339 strings or datetimes
     (naive ones are UTC). `rule` matches any id in the record's `matched_rules`. `tool` is a
@@ -127,6 +128,7 @@ def query_records(
         since=None if since is None else normalize_time(since),
         until=None if until is None else normalize_time(until),
         limit=None if checks else limit,
+        newest_first=newest_first,
     )
     raw = reader.select_records(where)
     decoded = (decode_record(seq, bytes(digest).hex(), bytes(body)) for seq, digest, body in raw)

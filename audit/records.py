@@ -111,6 +111,8 @@ class RecordFilter:
     """A query over the indexed columns; None means any. `since` inclusive, `until` exclusive.
 
     `tool_prefix` keeps tools whose name starts with it (taken literally: it holds no glob characters).
+    `newest_first` orders by time then seq, descending (the time index read backwards), so a `limit`
+    keeps the newest records of a range.
     """
 
     principal: str | None = None
@@ -124,6 +126,7 @@ class RecordFilter:
     since: str | None = None
     until: str | None = None
     limit: int | None = None
+    newest_first: bool = False
 
 
 def encode_entry(entry: Mapping[str, Any], *, ledger: str) -> bytes:

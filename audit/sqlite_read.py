@@ -222,7 +222,7 @@ def _glob_prefix(prefix: str) -> tuple[str, str]:
 def filter_sql(
     where: RecordFilter, tool_prefix: Callable[[str], tuple[str, str]] = _glob_prefix
 ) -> tuple[str, list[Any]]:
-    """The SELECT (with `?` placeholders) of the records matching `where`, oldest first.
+    """The SELECT (with `?` placeholders) of the records matching `where`, oldest first (newest first if it says so).
 
     `tool_prefix` gives the clause and parameter that keep tools starting with a literal prefix
     (SQLite: GLOB, which uses the tool index); another backend passes its own.
@@ -251,7 +251,7 @@ def filter_sql(
         params.append(where.until)
     if clauses:
         sql += " WHERE " + " AND ".join(clauses)
-    sql += " ORDER BY r.time, r.seq"
+    sql += " ORDER BY r.time DESC, r.seq DESC" if where.newest_first else " ORDER BY r.time, r.seq"
     if where.limit is not None:
         sql += " LIMIT ?"
         params.append(where.limit)

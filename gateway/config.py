@@ -309,6 +309,12 @@ class UiSettings(Strict):
     """The approvals page at /ui (docs/operations.md#the-approvals-page)."""
 
     oidc: OidcSettings | None = Field(default=None, description="'Log in with SSO' through an OpenID Connect provider")
+    overview_max_records: int = Field(
+        default=20_000, ge=100, le=2_000_000,
+        description="the overview page reads at most this many records of its range, newest first, and says when it stopped")
+    verify_max_records: int = Field(
+        default=2_000_000, ge=0,
+        description="the overview's 'Verify now' refuses a ledger larger than this (0: never); use `dharma audit verify`")
 
 
 _LIMITS = SessionLimits()
@@ -385,6 +391,9 @@ class Settings(Strict):
     groups: list[GroupConfig] = Field(default_factory=list, description="named tool groups at /mcp/{name} and /v1/groups/{name}")
     python_path: list[Path] = Field(default_factory=list, description="directories to import python upstreams from")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "console", "json"] = Field(
+        default="auto", description="stderr log lines: console (for a person), json (for a collector), "
+                                    "auto (console on a terminal, else json)")
     auth: AuthSettings = AuthSettings()
     ui: UiSettings = UiSettings()
     reload: ReloadSettings = ReloadSettings()

@@ -35,6 +35,22 @@ def ledger_location(settings: Settings) -> Path | str:
     return settings.ledger.url or settings.ledger_path
 
 
+def verify_log_path(location: Path | str, state_root: Path) -> Path:
+    """Where the last verification of the ledger at `location` is recorded (`audit.verify_log`):
+    beside a SQLite file; under the state root, named by the URL's digest (never its password), for PostgreSQL."""
+    import hashlib
+    from urllib.parse import urlsplit
+
+    from audit.verify_log import SUFFIX
+
+    if isinstance(location, Path):
+        return location.with_name(location.name + SUFFIX)
+
+    parts = urlsplit(location)
+    name = f"{parts.hostname or ''}:{parts.port or ''}{parts.path}"
+    return state_root.expanduser() / f"ledger-{hashlib.sha256(name.encode()).hexdigest()[:16]}{SUFFIX}"
+
+
 def open_ledger_reader(location: Path | str) -> Any:
     """A read-only reader of the ledger at `location` (a SQLite file, or a postgresql:// URL).
 

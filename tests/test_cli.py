@@ -508,6 +508,12 @@ async def test_audit_verify_detects_tampering(recorded: dict[str, Any], tmp_path
     for run, seq in zip(bad, (3, 4, 5), strict=True):
         assert run.rc == 1, run.out + run.err
         assert run.out.startswith("FAIL") and f"at seq {seq}:" in run.out, run.out
+    # each verify, pass or fail, is kept where the overview page reads it
+    kept = json.loads(Path(str(ledger) + ".last-verify.json").read_text(encoding="utf-8"))
+    assert kept["ok"] is True and kept["size"] == 10 and kept["via"] == "cli" and kept["problem"] == ""
+    for path, seq in zip((edited, deleted, swapped), (3, 4, 5), strict=True):
+        failed = json.loads(Path(str(path) + ".last-verify.json").read_text(encoding="utf-8"))
+        assert failed["ok"] is False and failed["first_bad_seq"] == seq and failed["problem"], failed
 
 
 async def test_audit_verify_detects_truncation_against_a_checkpoint(recorded: dict[str, Any], tmp_path: Path, state_root: Path) -> None:
@@ -610,6 +616,20 @@ def test_audit_query_refuses_unknown_values(state_root: Path) -> None:
                                      ("require_approval", "pending_approval", "policy_blocked"), strict=True):
         assert run.rc == 2 and run.out == "", run.err
         assert f"argument {flag}: invalid choice: '{bad}'" in run.err and valid in run.err
+
+
+def test_audit_query_on_a_missing_ledger_is_one_line_with_its_newline(tmp_path: Path, state_root: Path) -> None:
+    """No ledger (the state root's default, an explicit path, an empty file): one error line ending in
+    a newline, exit 2, nothing on stdout, and no ledger created by asking."""
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    runs = dharma_many([["audit", "query"], ["audit", "query", "--ledger", tmp_path / "nope.db"],
+                        ["audit", "query", "--ledger", empty, "--format", "jsonl"]], state_root)
+    wanted = (f"dharma: {state_root / 'ledger.db'}: no ledger there\n", f"dharma: {tmp_path / 'nope.db'}: no ledger there\n",
+              f"dharma: {empty}: no karma ledger here (the file is missing or empty)\n")
+    for run, err in zip(runs, wanted, strict=True):
+        assert (run.rc, run.out, run.err) == (2, "", err)
+    assert not (state_root / "ledger.db").exists() and not (tmp_path / "nope.db").exists()
 
 
 async def test_audit_query_csv_keeps_every_jsonl_field(recorded: dict[str, Any], state_root: Path) -> None:

@@ -112,6 +112,7 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         report = verify_ledger(reader, checkpoint, keys=keys)
         elapsed = time.perf_counter() - started
+    _record_verify(args, location, report, elapsed)
     if report.ok:
         if isinstance(location, Path):  # the verified-stamp reminder sits beside a ledger file
             write_stamp(location, report)
@@ -123,6 +124,27 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     where = f" at seq {report.first_bad_seq}" if report.first_bad_seq is not None else ""
     out(f"FAIL {path}{where}: {report.problem}")
     return EXIT_FAILED
+
+
+def _record_verify(args: argparse.Namespace, location: Path | str, report: Any, elapsed: float) -> None:
+    """Keep this verify's result, pass or fail, where the overview page reads it (`audit.verify_log`)."""
+    import getpass
+
+    from audit.verify_log import record_verify
+    from gateway.ledger_access import verify_log_path
+
+    if isinstance(location, Path):
+        state_root = location.parent
+    else:
+        try:
+            state_root = settings_of(args).state_root
+        except ConfigError:
+            return  # no settings to say where: the result is printed, not kept
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = None
+    record_verify(verify_log_path(location, state_root), report, via="cli", by=user, seconds=elapsed)
 
 
 def _checkpoint_keys(args: argparse.Namespace) -> tuple[list[Any] | None, str]:

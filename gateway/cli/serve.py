@@ -28,7 +28,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = settings_of(args)
     require_policy(settings)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     host = args.host or settings.server.host
     port = args.port if args.port is not None else settings.server.port
 

@@ -29,6 +29,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 TOY = REPO / "tests" / "mcp_http" / "toy_server.py"
 KEYS = {"alice": "alice-key-0123456789", "approver": "approver-key-0123456789", "auditor": "auditor-key-0123456789",
         "admin": "admin-key-0123456789"}
+DOCS_SCREENSHOTS = ("approvals",)
+"""Screenshots `UI_DOCS_SCREENSHOT=1` copies to docs/img (the overview's comes from examples/overview_screenshot.py)."""
 WAIT_MS = 30_000
 """How long the browser waits for a condition (the CI machine is slow and shared)."""
 
@@ -80,10 +82,10 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve_dharma(d: Path, **config: Any) -> Iterator[Served]:
-    """A real `dharma serve` process (the test profile, `config` added to its dharma.yaml) in front
-    of the toy MCP server (official SDK), until the block ends."""
-    (d / "rules.yaml").write_text(yaml.safe_dump(RULES, sort_keys=False), encoding="utf-8")
+def serve_dharma(d: Path, rules: dict[str, Any] | None = None, **config: Any) -> Iterator[Served]:
+    """A real `dharma serve` process (the test profile, `rules` for its rule set, `config` added to its
+    dharma.yaml) in front of the toy MCP server (official SDK), until the block ends."""
+    (d / "rules.yaml").write_text(yaml.safe_dump(rules or RULES, sort_keys=False), encoding="utf-8")
     (d / "profile.yaml").write_text(yaml.safe_dump(PROFILE, sort_keys=False), encoding="utf-8")
     with spawn([sys.executable, str(TOY), "--url-file", str(d / "toy.url")], d / "toy.url") as (toy, _):
         port = free_port()
@@ -175,12 +177,21 @@ def login(page: Any, base: str, who: str) -> None:
     page.get_by_role("button", name="Log in").click()
 
 
+def refused_page(page: Any, console: Console, url: str, says: str) -> None:
+    """Open `url`, which the page must refuse (the 4xx is expected in the console) with an error saying `says`."""
+    from playwright.sync_api import expect
+
+    console.expect_refusal(url)
+    page.goto(url)
+    expect(page.locator("p.error")).to_contain_text(says)
+
+
 def screenshot(page: Any, name: str) -> Path:
     path = artifacts_dir() / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     print(f"screenshot: {path}")
-    if name == "approvals" and os.environ.get("UI_DOCS_SCREENSHOT") == "1":
-        shutil.copyfile(path, REPO / "docs" / "img" / "approvals.png")
+    if name in DOCS_SCREENSHOTS and os.environ.get("UI_DOCS_SCREENSHOT") == "1":
+        shutil.copyfile(path, REPO / "docs" / "img" / f"{name}.png")
     return path
 
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from playwright.sync_api import expect
 
-from tests.ui.conftest import KEYS, RULES, Console, HeldCall, Served, login, screenshot, serve_dharma, wait_for
+from tests.ui.conftest import KEYS, RULES, Console, HeldCall, Served, login, refused_page, screenshot, serve_dharma, wait_for
 
 @pytest.fixture(autouse=True)
 def no_console_errors(console: Console) -> Any:
@@ -112,6 +112,8 @@ def test_the_ledger_filters_and_a_record_s_proof_verifies(served: Served, page_f
     call.wait()
     page = page_for()
     login(page, served.base, "auditor")
+    expect(page).to_have_url(served.base + "/ui/overview")
+    page.get_by_role("link", name="Ledger").click()
     expect(page).to_have_url(served.base + "/ui/ledger")
     expect(page.locator("#checkpoint")).to_contain_text("\n")
     page.get_by_label("Tool (glob)").fill("delete_*")
@@ -147,15 +149,12 @@ def test_a_wrong_csrf_token_and_a_missing_role_are_refused(served: Served, page_
     expect(page.locator("p.error")).to_contain_text("CSRF token is missing or wrong")
     assert any(a["id"] == approval["id"] and a["state"] == "pending" for a in served.pending())
 
-    console.expect_refusal(served.base + "/ui/ledger")
-    page.goto(served.base + "/ui/ledger")  # an approver may not browse the ledger
-    expect(page.locator("p.error")).to_contain_text("needs a principal with role admin or auditor")
+    # an approver may not browse the ledger
+    refused_page(page, console, served.base + "/ui/ledger", "needs a principal with role admin or auditor")
 
     auditor = page_for()
     login(auditor, served.base, "auditor")
-    console.expect_refusal(served.base + "/ui/approvals")
-    auditor.goto(served.base + "/ui/approvals")
-    expect(auditor.locator("p.error")).to_contain_text("needs a principal with role admin or approver")
+    refused_page(auditor, console, served.base + "/ui/approvals", "needs a principal with role admin or approver")
     csrf = auditor.locator("form.who input[name=csrf]").input_value()
     answer = auditor.request.post(f"{served.base}/ui/approvals/{approval['id']}/decide",
                                   form={"csrf": csrf, "action": "approve", "reason": "auditors cannot"},

@@ -35,7 +35,7 @@ def test_a_valid_jwt_naming_an_auditor_logs_in_and_the_session_ends_with_the_tok
     expires = int(time.time()) + 120
     with httpx.Client(base_url=jwt_served.base, timeout=30) as http:
         answer = login(http, jwt_served.base, token(claims(sub="auditor", exp=expires)))
-        assert answer.status_code == 303 and answer.headers["location"] == "/ui/ledger"
+        assert answer.status_code == 303 and answer.headers["location"] == "/ui/overview"
         cookie = next(c for c in http.cookies.jar if c.name == "dharma_ui")
         assert cookie.expires is not None and cookie.expires <= expires + 1
         ledger = http.get("/ui/ledger")

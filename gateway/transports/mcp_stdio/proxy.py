@@ -501,7 +501,7 @@ async def serve_stdio(
             from gateway.runtime import open_gateway, pin_store_for
             from gateway.watch import live_reload
 
-            configure_logging(settings.log_level)
+            configure_logging(settings.log_level, settings.log_format)
             gateway = await open_gateway(settings.model_copy(update={"upstreams": []}), compiled=compiled)
             stack.push_async_callback(gateway.aclose)
             await stack.enter_async_context(live_reload(gateway, settings))  # SIGHUP and file changes reload

@@ -7,6 +7,9 @@
 - `/ui/approvals` (approver, admin): the pending held calls, newest first, kept current over
   server-sent events by reading the approval store (shared by replicas and the CLI); approve or
   deny goes through `Gateway.decide`, the one approval path the CLI and `/v1/approvals` use.
+- `/ui/overview` (auditor, admin; an auditor's landing page): calls, refusals, holds and latency over a
+  time range as server-rendered SVG, the rules that fired and who and what was refused most, the
+  ledger's size and last verification, "Verify now" (`gateway.transports.ui.overview`).
 - `/ui/ledger` (auditor, admin): `dharma audit query`'s filters, a record with its inclusion proof
   checked against the checkpoint key, the current checkpoint (`LedgerView`, shared with `/v1/audit/`).
 - `/ui/policy` (all three): the loaded policy's tiers, principals, rules with their `file:line`.
@@ -51,6 +54,8 @@ from gateway.transports.http_api.audit import BadQuery, LedgerView, RecordsQuery
 from gateway.transports.auth_refusals import record_refusal
 from gateway.transports.http_auth import AuthResult, HttpAuth
 from gateway.transports.ui.oidc import FLOW_SECONDS, OidcLogin, OidcRefused
+from gateway.transports.ui.overview import (DEFAULT_RANGE, RANGES, Verifier, VerifyBusy, aggregate, bucket_text, charts,
+                                            fmt_ms, last_verification, settings_of, utc_text)
 from gateway.transports.ui.sessions import COOKIE, UiSession, UiSessions
 
 log = structlog.get_logger()
@@ -166,6 +171,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
     sso = OidcLogin(oidc, sessions.store) if oidc is not None else None
     authenticate = guard_login(guard) if guard is not None else api_key_login(gateway)
     view = LedgerView(gateway)
+    verify_now = Verifier(view)
     trusted_origins = frozenset(allowed_origins)
 
     # ---- the request's session and principal ---------------------------------------------
@@ -268,7 +274,7 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
         if principal is None:
             return RedirectResponse(f"{PREFIX}/login", status_code=303, headers=HEADERS)
         roles = set(principal.roles)
-        target = "approvals" if roles & APPROVE_ROLES else "ledger" if roles & AUDIT_ROLES else "policy"
+        target = "approvals" if roles & APPROVE_ROLES else "overview" if roles & AUDIT_ROLES else "policy"
         return RedirectResponse(f"{PREFIX}/{target}", status_code=303, headers=HEADERS)
 
     async def home(request: Request) -> Response:
@@ -475,6 +481,43 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
             verified, ok = str(exc), False
         return await page(request, "record.html", found, doc=doc, entry=doc["entry"], proof=doc["inclusion"], verified=verified, ok=ok)
 
+    # ---- the overview --------------------------------------------------------------------------
+
+    def chosen_range(value: str | None) -> str:
+        if value is None or value == "":
+            return DEFAULT_RANGE
+        if value not in RANGES:
+            raise Refused(400, f"range {value[:20]!r} is not one of: {', '.join(RANGES)}")
+        return value
+
+    async def overview(request: Request) -> Response:
+        found = await require(request, AUDIT_ROLES, "the overview")
+        key = chosen_range(request.query_params.get("range"))
+        got = await aggregate(view, RANGES[key])
+        ov = got.overview
+        verified = await anyio.to_thread.run_sync(last_verification, view)
+        return await page(request, "overview.html", found, ov=ov, size=got.size, charts=charts(ov), ranges=list(RANGES),
+                          since=utc_text(ov.since), until=utc_text(ov.until), per=bucket_text(ov.step),
+                          read_since=utc_text(ov.read_since) if ov.read_since else "",
+                          range=key, verified=verified, p50=fmt_ms(ov.latency(50)), p99=fmt_ms(ov.latency(99)),
+                          fmt_ms=fmt_ms, max_records=settings_of(view).overview_max_records)
+
+    async def verify(request: Request) -> Response:
+        found = await require(request, AUDIT_ROLES, "verifying the ledger")
+        fields = await form(request)
+        checked_post(found, request, fields)
+        key = chosen_range(fields.get("range"))
+        try:
+            result = await verify_now(found[1].id)
+        except VerifyBusy as exc:
+            raise Refused(409, str(exc)) from None
+        except ValueError as exc:
+            raise Refused(413, str(exc)) from None
+        said = (f"Verified: {result.size} records intact" if result.ok else
+                f"Verification FAILED at record {result.first_bad_seq}: {result.problem}")
+        await sessions.set_flash(found[0], said)
+        return RedirectResponse(f"{PREFIX}/overview?range={key}", status_code=303, headers=HEADERS)
+
     # ---- the policy ---------------------------------------------------------------------------
 
     async def policy(request: Request) -> Response:
@@ -491,6 +534,8 @@ def ui_routes(gateway: Gateway, guard: HttpAuth | None = None, *, allowed_origin
         Route(f"{PREFIX}/approvals", guarded(approvals), methods=["GET"]),
         Route(f"{PREFIX}/approvals/events", guarded(events), methods=["GET"]),
         Route(PREFIX + "/approvals/{id}/decide", guarded(decide), methods=["POST"]),
+        Route(f"{PREFIX}/overview", guarded(overview), methods=["GET"]),
+        Route(f"{PREFIX}/overview/verify", guarded(verify), methods=["POST"]),
         Route(f"{PREFIX}/ledger", guarded(ledger), methods=["GET"]),
         Route(PREFIX + "/ledger/{seq:int}", guarded(record), methods=["GET"]),
         Route(f"{PREFIX}/policy", guarded(policy), methods=["GET"]),
