@@ -43,6 +43,7 @@ from gateway.stages.sanitizer.windows_shell import (
     powershell_commands,
     powershell_payload,
 )
+from gateway.stages.sanitizer.shell_options import COMMAND_VARIABLES, option_payloads
 from gateway.stages.sanitizer.shell_threats import classify_threats
 from gateway.stages.sanitizer.shell_paths import (
     REMOTE as _REMOTE,
@@ -107,9 +108,16 @@ WRAPPERS: Final = {
     "stdbuf": {"-i", "-o", "-e"}, "ionice": {"-c", "-n", "-p"}, "command": set(), "builtin": set(), "exec": {"-a"},
     "busybox": set(), "xargs": {"-I", "-i", "-n", "-P", "-L", "-d", "-E", "-s", "-a", "--max-args", "--delimiter"},
     "setsid": set(), "unbuffer": set(), "chrt": set(), "taskset": set(), "caffeinate": set(),
+    # round 4: tracers, sandboxes and session launchers that run the rest of the line
+    "strace": {"-o", "-e", "-p", "-s", "-u", "-E", "-a", "-I", "-P", "-S", "-X", "-b", "-O"},
+    "ltrace": {"-o", "-e", "-p", "-s", "-u", "-n", "-a", "-A", "-D", "-l", "-x", "-E"},
+    "chroot": {"--userspec", "--groups"}, "unshare": set(), "nsenter": {"-t", "--target"}, "firejail": set(),
+    "runuser": {"-u", "-g", "-G", "--user", "--group"}, "dbus-launch": set(), "dbus-run-session": set(),
+    "xvfb-run": {"-n", "-s", "-f", "-e", "-p"}, "proxychains": {"-f"}, "proxychains4": {"-f"}, "torsocks": set(),
+    "catchsegv": set(), "screen": {"-S", "-c", "-e", "-h", "-p", "-T", "-t"}, "sg": set(), "setpriv": set(),
 }  # fmt: skip
 #: Wrappers that take one positional argument before the command (a duration, a priority, a mask).
-_WRAPPER_POSITIONAL: Final = frozenset({"timeout", "chrt", "taskset"})
+_WRAPPER_POSITIONAL: Final = frozenset({"timeout", "chrt", "taskset", "chroot", "sg"})
 _KEYWORDS_SKIP_LINE: Final = frozenset({"for", "select"})
 _RESERVED: Final = frozenset({"then", "do", "else", "elif", "if", "while", "until", "!", "time", "fi", "done"})
 _ASSIGN: Final = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
@@ -1144,6 +1152,11 @@ class _Walker:
         wrappers, rest = _unwrap(argv)
         offset = len(argv) - len(rest)
         payload_args, raws = marked[offset + 1 :], raws[offset:]
+        if "env" in wrappers and depth < MAX_DEPTH:  # env GIT_SSH_COMMAND=… git fetch
+            for word in argv[:offset]:
+                match = _ASSIGN.match(word)
+                if match and match.group(1) in COMMAND_VARIABLES and word[match.end() :].strip():
+                    self.run_text(word[match.end() :], depth, "exec", match.group(1))
         if "xargs" in wrappers and stdin is not None:
             rest, raws, payload_args = _xargs(argv[:offset], stdin, rest, raws, payload_args)
         path = rest[0]
@@ -1159,7 +1172,7 @@ class _Walker:
         for redirect in cmd.redirects:
             self.redirect(redirect, name, depth)
         upstream.append(name)
-        self.assigns(command, stdin if heredoc is None else heredoc)
+        self.assigns(command, stdin if heredoc is None else heredoc, depth)
         self.raw_args = raws[1:]  # as written: a Windows shell's payload is read from these (its `\` are no escapes)
         self.payloads(command, payload_args, depth, stdin if heredoc is None else heredoc, decoded, heredoc is not None)
         if name in self.bodies and name not in self.calling:
@@ -1187,6 +1200,8 @@ class _Walker:
                     value = _strip_unknown(" ".join(self.expand(rest, depth, subs)), keep=True)  # not field-split
                     prior = self.env.get(match.group(1), "") if match.group(2) else ""
                     self.env[match.group(1)] = prior + value
+                    if match.group(1) in COMMAND_VARIABLES and value.strip() and depth < MAX_DEPTH:
+                        self.run_text(value, depth, "exec", match.group(1))  # GIT_SSH_COMMAND=… runs later
                     continue
             assigning = False
             fields = self.expand(word, depth, subs)
@@ -1263,7 +1278,7 @@ class _Walker:
             where = normpath(where + "/" + target[0].rstrip("/").rsplit("/", 1)[-1])
         self.links[where] = target[0]
 
-    def assigns(self, c: ShellCommand, stdin: str | None) -> None:
+    def assigns(self, c: ShellCommand, stdin: str | None, depth: int) -> None:
         """Variables set by builtins: `export/declare/local/typeset/readonly NAME=VALUE`, `printf
         -v NAME FORMAT ARGS`, `read NAME… <<< WORD` (or from known input)."""
         name, args = c.name, c.args
@@ -1273,6 +1288,8 @@ class _Walker:
                 if match:
                     prior = self.env.get(match.group(1), "") if match.group(2) else ""
                     self.env[match.group(1)] = prior + a[match.end() :]
+                    if match.group(1) in COMMAND_VARIABLES and a[match.end() :].strip() and depth < MAX_DEPTH:
+                        self.run_text(a[match.end() :], depth, "exec", match.group(1))
         elif name == "printf" and len(args) >= 3 and args[0] == "-v" and _NAME.fullmatch(args[1]):
             self.env[args[1]] = _printf(args[2], args[3:])
         elif name == "read" and stdin is not None:
@@ -1348,6 +1365,8 @@ class _Walker:
             targets = find_targets(c.args)  # what `{}` stands for
             for sub_argv in _find_exec(c.args):
                 self.synthetic([x for a in sub_argv for x in (targets if a == "{}" else [a])], depth + 1, "exec", name)
+        for run in option_payloads(name, c.args) if depth < MAX_DEPTH else ():
+            self.run_text(run, depth, "exec", name)
         code = _inline_code(c) if _PYTHON.match(name) or name in SCRIPT_FLAGS or name in _AWKS else None
         if code is not None:
             self.inline(code, name, depth)
@@ -1381,6 +1400,17 @@ class _Walker:
                 self.script(fold(command), depth + 1, "payload", name)
             except Unlexed:
                 continue
+
+    def run_text(self, run: str | list[str], depth: int, via: str, parent: str) -> None:
+        """A command line (a string) or an argv (a list) that a command runs, analysed as a
+        command of its own; a string that does not lex would not run either and is left out."""
+        if isinstance(run, list):
+            self.synthetic([fold(w) for w in run if w], depth + 1, via, parent)
+            return
+        try:
+            self.script(fold(run), depth + 1, via, parent)
+        except Unlexed:
+            pass
 
     def windows(self, c: ShellCommand, depth: int) -> None:
         """A PowerShell or cmd.exe payload, as the POSIX commands it amounts to (windows_shell)."""
