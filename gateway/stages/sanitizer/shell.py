@@ -1372,13 +1372,18 @@ class _Walker:
             self.inline(code, name, depth)
         if c.runs_stdin and stdin is not None and (name in SHELLS or name in ("source", ".")):
             self.script(stdin, depth + 1, "heredoc" if heredoc else ("decoded" if decoded else "stdin"), name)
+        elif c.runs_stdin and stdin is not None and depth < MAX_DEPTH:
+            if code is None:  # `python3 - <<'PY'`, `node <<JS`: the program is the input
+                self.inline(stdin, name, depth)
+            else:  # `python3 -c 'os.system(sys.stdin.read())'`: the input is run as a command line
+                self.run_text(stdin, depth, "decoded" if decoded else "stdin", name)
 
     def inline(self, code: str, name: str, depth: int) -> None:
         """Code on an interpreter's command line: the files its string literals name, and the
         shell commands it hands to `os.system`, `subprocess`, `execSync`, `system`… (a command
         line that does not lex would not run either, and is left out)."""
         language = _language(name)
-        folded = fold_inline(code)
+        folded = fold_inline(code, language)
         if folded != code:  # paths built from the home and literals, written out
             code = code + "\n" + folded
         if depth < MAX_DEPTH:
@@ -1744,6 +1749,8 @@ def _runs_stdin(c: ShellCommand) -> bool:
             return False
         operands = [a for a in args if not (a.startswith("-") or a.startswith("+"))]
         return not operands or operands[0] == "-" or "-s" in args
+    if (_PYTHON.match(name) or name in SCRIPT_FLAGS) and (code := _inline_code(c)) is not None:
+        return _CODE_RUNS_STDIN.search(code) is not None and _INLINE_RUNS.search(code) is not None
     if _PYTHON.match(name):
         if any(a in ("-c", "-m") or (a.startswith("-") and not a.startswith("--") and a[-1] in "cm") for a in args):
             return False
@@ -1758,6 +1765,13 @@ def _runs_stdin(c: ShellCommand) -> bool:
     if name in ("source", "."):
         return bool(args) and args[0] in ("/dev/stdin", "/dev/fd/0", "-")
     return False
+
+
+#: Inline code that reads its standard input whole (what it then runs, with `_INLINE_RUNS`).
+_CODE_RUNS_STDIN: Final = re.compile(
+    r"sys\.stdin|\binput\(\s*\)|<STDIN>|\bSTDIN\b|\$stdin|process\.stdin|readFileSync\(\s*(?:0|['\"]/dev/stdin['\"])|"
+    r"php://stdin|io\.read|\bARGF\b|\bgets\b"
+)
 
 
 def _find_exec(args: list[str]) -> list[list[str]]:
