@@ -159,6 +159,8 @@ def _obfuscated(result: ShellAnalysis, add: Any) -> None:
             add("obfuscated_exec", "a cmd command name built from variables: " + clear[:80])
         elif _squash(text) != _squash(clear) and POWERSHELL_EXEC.search(clear):
             add("obfuscated_exec", f"{name} code that runs or fetches code, once deobfuscated: {clear[:80]}")
+    for _, evidence in result.hidden:
+        add("obfuscated_exec", evidence)
     decoded: set[str] = set()
     for c in result.commands:
         name = c.name.removesuffix(".exe")
