@@ -1188,8 +1188,9 @@ class _Walker:
                 match = _ASSIGN.match(word)
                 if match and match.group(1) in COMMAND_VARIABLES and word[match.end() :].strip():
                     self.run_text(word[match.end() :], depth, "exec", match.group(1))
-        if "xargs" in wrappers and stdin is not None:
-            rest, raws, payload_args = _xargs(argv[:offset], stdin, rest, raws, payload_args)
+        feed = stdin if heredoc is None else heredoc  # `xargs rm <<< LIST` reads the here-string
+        if "xargs" in wrappers and feed is not None:
+            rest, raws, payload_args = _xargs(argv[:offset], feed, rest, raws, payload_args)
         path = rest[0]
         hidden = self.hidden_name(marked[offset], raws[0] if raws else "", path, rest[1:])
         if hidden is not None:
