@@ -595,3 +595,16 @@ def test_cmd_delayed_expansion_builds_the_command() -> None:
     result = analyse_call({"command": ["cmd", "/v:on", "/c", "set a=de&&set b=l&&!a!!b! /q C:\\Users\\bob\\x.txt"]})
     assert any(c.name == "rm" for c in result.commands)
     assert "obfuscated_exec" in result.threats
+
+
+@pytest.mark.parametrize(
+    ("text", "ran"),
+    [
+        ("ruby -e'system(\"rm -rf /srv\")'", ["rm", "-rf", "/srv"]),
+        ("perl -ne 'system(\"rm -rf /srv\")' f", ["rm", "-rf", "/srv"]),
+        ("sqlite3 /dev/null '.shell rm -rf /srv'", ["rm", "-rf", "/srv"]),
+        ("rm -rf \"$(dirname \"$PWD\")\"", ["rm", "-rf", ".."]),
+    ],
+)
+def test_attached_code_sqlite_dot_commands_and_dirname(text: str, ran: list[str]) -> None:
+    assert ran in argv(text)

@@ -1578,10 +1578,17 @@ def _inline_code(c: ShellCommand) -> str | None:
             i += 2 if args[i] in ("-F", "-v") else 1
         return args[i] if i < len(args) else None
     flags = {"-c"} if _PYTHON.match(c.name) else SCRIPT_FLAGS[c.name]
-    return next((c.args[i + 1] for i, a in enumerate(c.args[:-1]) if a in flags), None)
+    for i, a in enumerate(c.args):
+        if a in flags or (c.name in ("perl", "ruby") and re.fullmatch(r"-[a-zA-Z]*[eE]", a)):  # `perl -ne CODE`
+            return c.args[i + 1] if i + 1 < len(c.args) else None
+        short = next((f for f in flags if len(f) == 2 and a.startswith(f) and len(a) > 2), None)
+        if short is not None and c.name not in _POWERSHELL_NAMES:  # `ruby -e'CODE'`, `python3 -cCODE`
+            return a[2:]
+    return None
 
 
 _AWKS: Final = frozenset({"awk", "gawk", "mawk", "nawk"})
+_POWERSHELL_NAMES: Final = frozenset({"pwsh", "powershell"})
 
 
 def _language(name: str) -> str:
@@ -1917,6 +1924,9 @@ def _command_output(c: ShellCommand, stdin: str | None) -> str | None:
         return _printf(args[0], args[1:])
     if name in ("find", "fd", "ls"):
         return listing(name, args)
+    if name == "dirname" and c.operands:  # `dirname "$PWD"`: the directory above the workspace
+        word = c.operands[0].rstrip("/")
+        return (word.rsplit("/", 1)[0] if "/" in word.lstrip("/") else (".." if word in ("$PWD", ".", "") else ".")) + "\n"
     if (name == "which" or (name == "command" and args[:1] in (["-v"], ["-V"])) or (name == "type" and "-P" in args)) and c.operands:
         return "/usr/bin/" + c.operands[-1].rsplit("/", 1)[-1] + "\n"  # where a well-known command lives
     if stdin is None:
@@ -1925,6 +1935,9 @@ def _command_output(c: ShellCommand, stdin: str | None) -> str | None:
         return stdin
     if name in ("base64", "base32") and any(f in c.flags for f in ("-d", "-D", "--decode")):
         return _decode(stdin, name)
+    if name == "basenc" and any(f in c.flags for f in ("-d", "--decode")):
+        kind = "base32" if "--base32" in args else "hex" if "--base16" in args else "base64"
+        return _decode(stdin, kind)
     if name == "openssl" and ("base64" in args or "-base64" in args or "-a" in args) and "-d" in args:
         return _decode(stdin, "base64")
     if name == "xxd" and "-r" in c.flags and "-p" in c.flags:

@@ -191,6 +191,17 @@ def _tmux(args: list[str]) -> list[str | list[str]]:
     return []
 
 
+def _sqlite(args: list[str]) -> list[str | list[str]]:
+    """sqlite3's `.shell CMD` / `.system CMD` dot-commands (an operand or a `-cmd` value)."""
+    out: list[str | list[str]] = []
+    for a in args:
+        for line in a.split("\n"):
+            m = re.match(r"\s*\.(?:shell|system)\s+(.+)", line)
+            if m:
+                out.append(m.group(1))
+    return out
+
+
 def _parallel(args: list[str]) -> list[str | list[str]]:
     if ":::" not in args:
         return []
@@ -208,5 +219,5 @@ _HANDLERS: Final = {
     "tar": _tar, "bsdtar": _tar, "gtar": _tar, "git": _git, "ssh": _ssh, "scp": _ssh, "sftp": _ssh,
     "rsync": _rsync, "zip": _zip, "env": _env, "sort": _sort, "sed": _sed, "gsed": _sed, "man": _man,
     "watch": _watch, "flock": _dash_c_value, "script": _dash_c_value, "npx": _dash_c_value, "npm": _dash_c_value,
-    "pnpm": _dash_c_value, "tmux": _tmux, "parallel": _parallel,
+    "pnpm": _dash_c_value, "tmux": _tmux, "parallel": _parallel, "sqlite3": _sqlite,
 }  # fmt: skip

@@ -240,6 +240,8 @@ def _tar(key: str, args: list[str]) -> list[Use]:
         for word, i in operands:
             joined = word if not base or word.startswith(("/", "~")) else base.rstrip("/") + "/" + word
             uses.append(("read", _tree(joined), i if joined == word else -1))
+            if "--remove-files" in keys:  # the inputs are deleted once archived
+                uses.append(("delete", joined, i if joined == word else -1))
     return uses
 
 
