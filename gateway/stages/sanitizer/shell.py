@@ -43,6 +43,7 @@ from gateway.stages.sanitizer.windows_shell import (
     powershell_commands,
     powershell_payload,
 )
+from gateway.stages.sanitizer.shell_options import COMMAND_VARIABLES, option_payloads
 from gateway.stages.sanitizer.shell_threats import classify_threats
 from gateway.stages.sanitizer.shell_paths import (
     REMOTE as _REMOTE,
@@ -107,11 +108,39 @@ WRAPPERS: Final = {
     "stdbuf": {"-i", "-o", "-e"}, "ionice": {"-c", "-n", "-p"}, "command": set(), "builtin": set(), "exec": {"-a"},
     "busybox": set(), "xargs": {"-I", "-i", "-n", "-P", "-L", "-d", "-E", "-s", "-a", "--max-args", "--delimiter"},
     "setsid": set(), "unbuffer": set(), "chrt": set(), "taskset": set(), "caffeinate": set(),
+    # round 4: tracers, sandboxes and session launchers that run the rest of the line
+    "strace": {"-o", "-e", "-p", "-s", "-u", "-E", "-a", "-I", "-P", "-S", "-X", "-b", "-O"},
+    "ltrace": {"-o", "-e", "-p", "-s", "-u", "-n", "-a", "-A", "-D", "-l", "-x", "-E"},
+    "chroot": {"--userspec", "--groups"}, "unshare": set(), "nsenter": {"-t", "--target"}, "firejail": set(),
+    "runuser": {"-u", "-g", "-G", "--user", "--group"}, "dbus-launch": set(), "dbus-run-session": set(),
+    "xvfb-run": {"-n", "-s", "-f", "-e", "-p"}, "proxychains": {"-f"}, "proxychains4": {"-f"}, "torsocks": set(),
+    "catchsegv": set(), "screen": {"-S", "-c", "-e", "-h", "-p", "-T", "-t"}, "sg": set(), "setpriv": set(),
 }  # fmt: skip
 #: Wrappers that take one positional argument before the command (a duration, a priority, a mask).
-_WRAPPER_POSITIONAL: Final = frozenset({"timeout", "chrt", "taskset"})
+_WRAPPER_POSITIONAL: Final = frozenset({"timeout", "chrt", "taskset", "chroot", "sg"})
 _KEYWORDS_SKIP_LINE: Final = frozenset({"for", "select"})
 _RESERVED: Final = frozenset({"then", "do", "else", "elif", "if", "while", "until", "!", "time", "fi", "done"})
+#: Variables that name the running shell, and variables whose value is an absolute path (their
+#: first character is `/` whatever the machine): what `$SHELL -c` and `${HOME:0:1}` stand for.
+_SHELL_VARIABLES: Final = frozenset({"SHELL", "BASH", "0"})
+_ABSOLUTE_VARIABLES: Final = frozenset({"HOME", "PWD", "OLDPWD", "SHELL", "BASH", "PATH", "TMPDIR", "XDG_CONFIG_HOME",
+                                        "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR", "MAIL"})  # fmt: skip
+#: A command word with glob characters, and the commands such a glob is resolved against (the
+#: directories a system keeps them in, as bash would match it; the first match, as bash sorts).
+_GLOB_NAME: Final = re.compile(r"[*?\[]")
+_SYSTEM_COMMANDS: Final = tuple(sorted(
+    f"{d}/{n}" for d in ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin") for n in (
+        "sh", "bash", "dash", "zsh", "ksh", "rm", "cat", "tac", "less", "more", "head", "tail", "cp", "mv", "dd", "chmod",
+        "chown", "curl", "wget", "nc", "ncat", "socat", "python", "python3", "perl", "ruby", "php", "node", "base64",
+        "xxd", "openssl", "tar", "zip", "find", "xargs", "env", "sed", "awk", "grep", "shred", "mkfs", "wipefs", "kill",
+        "shutdown", "reboot", "sudo", "su", "crontab", "ssh", "scp", "rsync", "ls", "id", "whoami", "echo", "tee",
+        "touch", "ln", "od", "strings", "vi", "vim", "telnet", "busybox", "truncate", "unlink", "rmdir", "eval",
+    )
+))
+#: Scratch directories: an unknown command writing there is no finding.
+_SCRATCH: Final = ("/tmp/", "/var/tmp/", "/dev/", "/private/tmp/")
+#: The text of a substitution that decodes data (its output run as a command is decoded data run).
+_DECODER_TEXT: Final = re.compile(r"\b(?:base64|base32|basenc|xxd|openssl|uudecode|gunzip|zcat|rev|tr|printf|od|iconv)\b")
 _ASSIGN: Final = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _URL: Final = re.compile(r"(?i)\b(?:https?|ftps?|sftp|scp|tftp|wss?|gopher|dict|ldaps?|smb|file)://[^\s'\"<>`]+")
@@ -789,6 +818,9 @@ def _param(inner: str, quoted: bool) -> Part:
     if not match:
         return Part("lit", "${" + inner + "}", quoted=quoted)
     name, rest = match.group(), inner[match.end() :]
+    subscript = re.match(r"\[([^\]]*)\]", rest) if match.re is _NAME else None
+    if subscript:  # ${a[0]}, ${a[@]}, ${m[key]}: the element (arrays are kept as NAME[i] variables)
+        name, rest = f"{name}[{subscript.group(1).strip(chr(34) + chr(39))}]", rest[subscript.end() :]
     for op in (":-", ":=", ":+", ":?", "-", "=", "+", "?", "##", "#", "%%", "%", "^^", ",,", "^", ",", "//", "/", ":"):
         if rest.startswith(op):
             arg = _Lexer(rest[len(op) :]).read_word() if op in (":-", ":=", "-", "=") else [Part("lit", rest[len(op) :])]
@@ -940,6 +972,9 @@ class ShellAnalysis:
     threats: dict[str, list[str]] = field(default_factory=dict)
     #: Windows scripts seen (shell name, as written, deobfuscated), for `shell_threats`; not in CEL.
     scripts: list[tuple[str, str, str]] = field(default_factory=list)
+    #: Command names the analysis could not resolve (a variable it cannot know, a glob), with
+    #: what makes running it a finding (a path outside the workspace, decoded data): not in CEL.
+    hidden: list[tuple[str, str]] = field(default_factory=list)
 
     def as_cel(self) -> dict[str, Any]:
         """The CEL variable `args_shell`. No field repeats another (see `ShellCommand.as_cel`):
@@ -1116,6 +1151,10 @@ class _Walker:
                     self.env[name] = value
         elif value is not None and part.op:
             value = _param_op(value, part.op, part.arg[0].text if part.arg else "")
+        if value is None and name in _SHELL_VARIABLES and not part.op:
+            value = "/bin/bash"  # $SHELL, $BASH, $0: the shell running the command
+        elif value is None and name in _ABSOLUTE_VARIABLES and part.op == ":" and part.arg and part.arg[0].text.strip() in ("0:1", "0 :1", "0: 1", ":1"):
+            value = "/"  # ${HOME:0:1}: every one of these starts with the root
         if value is None:
             return _UNK_OPEN + "$" + name + _UNK_CLOSE
         value = value.translate(_INERT)
@@ -1145,9 +1184,18 @@ class _Walker:
         wrappers, rest = _unwrap(argv)
         offset = len(argv) - len(rest)
         payload_args, raws = marked[offset + 1 :], raws[offset:]
-        if "xargs" in wrappers and stdin is not None:
-            rest, raws, payload_args = _xargs(argv[:offset], stdin, rest, raws, payload_args)
+        if "env" in wrappers and depth < MAX_DEPTH:  # env GIT_SSH_COMMAND=… git fetch
+            for word in argv[:offset]:
+                match = _ASSIGN.match(word)
+                if match and match.group(1) in COMMAND_VARIABLES and word[match.end() :].strip():
+                    self.run_text(word[match.end() :], depth, "exec", match.group(1))
+        feed = stdin if heredoc is None else heredoc  # `xargs rm <<< LIST` reads the here-string
+        if "xargs" in wrappers and feed is not None:
+            rest, raws, payload_args = _xargs(argv[:offset], feed, rest, raws, payload_args)
         path = rest[0]
+        hidden = self.hidden_name(marked[offset], raws[0] if raws else "", path, rest[1:])
+        if hidden is not None:
+            path = rest[0] = hidden
         name = path.rsplit("/", 1)[-1].lower() or path.lower()
         command = ShellCommand(
             name=name, path=path, args=rest[1:], wrappers=wrappers, via=via, parent=parent,
@@ -1160,7 +1208,7 @@ class _Walker:
         for redirect in cmd.redirects:
             self.redirect(redirect, name, depth)
         upstream.append(name)
-        self.assigns(command, stdin if heredoc is None else heredoc)
+        self.assigns(command, stdin if heredoc is None else heredoc, depth)
         self.raw_args = raws[1:]  # as written: a Windows shell's payload is read from these (its `\` are no escapes)
         self.payloads(command, payload_args, depth, stdin if heredoc is None else heredoc, decoded, heredoc is not None)
         if name in self.bodies and name not in self.calling:
@@ -1188,6 +1236,10 @@ class _Walker:
                     value = _strip_unknown(" ".join(self.expand(rest, depth, subs)), keep=True)  # not field-split
                     prior = self.env.get(match.group(1), "") if match.group(2) else ""
                     self.env[match.group(1)] = prior + value
+                    if value.startswith("(") and value.endswith(")"):
+                        self.array(match.group(1), value[1:-1])
+                    if match.group(1) in COMMAND_VARIABLES and value.strip() and depth < MAX_DEPTH:
+                        self.run_text(value, depth, "exec", match.group(1))  # GIT_SSH_COMMAND=… runs later
                     continue
             assigning = False
             fields = self.expand(word, depth, subs)
@@ -1264,7 +1316,48 @@ class _Walker:
             where = normpath(where + "/" + target[0].rstrip("/").rsplit("/", 1)[-1])
         self.links[where] = target[0]
 
-    def assigns(self, c: ShellCommand, stdin: str | None) -> None:
+    def hidden_name(self, word: str, raw: str, path: str, args: list[str]) -> str | None:
+        """A command word the shell resolves at run time: a glob (`/???/r?`, `/usr/bin/b[a]sh`)
+        is matched against the well-known system commands (`_SYSTEM_COMMANDS`) and returned as
+        the command it stands for; a word that is nothing but unknown expansions (`$TOOL`,
+        `$(…)` of unknown output) is unresolvable. Either is recorded in `hidden` when it runs
+        on a path outside the workspace or on decoded data (`shell_threats`); None keeps `path`."""
+        evidence = ""
+        found = None
+        if _GLOB_NAME.search(path) and _UNK_OPEN not in word:
+            found = _glob_command(path)
+            evidence = f"a glob standing for a command name: {path}" + (f" ({found})" if found else "")
+        elif (_UNK_OPEN in word and not _UNKNOWN.sub("", word).strip()) or _opaque_value(raw, self.env):
+            if _DECODER_TEXT.search(word if _UNK_OPEN in word else self.env.get(_VAR_WORD.fullmatch(raw).group(1), "")):  # type: ignore[union-attr]
+                evidence = f"decoded data run as a command: {_strip_unknown(word, keep=True)[:80]}"
+            else:
+                for a in args:
+                    resolved = self.resolve(a) if not a.startswith("-") else None
+                    if resolved is not None and resolved[1] and not resolved[0].startswith(_SCRATCH):
+                        evidence = f"a command whose name cannot be known ({_strip_unknown(word, keep=True)[:40]}) on {resolved[0]}"
+                        break
+        if evidence and len(self.result.hidden) < 16:
+            self.result.hidden.append((path, evidence))
+        return found
+
+    def array(self, name: str, body: str) -> None:
+        """`a=(x y z)` / `declare -A m=([k]=v)`: each element as the variable `a[i]`, `a` as
+        `a[0]`, and `a[@]` as the whole list (split into words even when quoted, as `"$@"`)."""
+        try:
+            items = shlex.split(body)
+        except ValueError:
+            return
+        values: list[str] = []
+        for i, item in enumerate(items[:256]):
+            keyed = re.match(r"^\[([^\]]*)\]=(.*)$", item, re.S)
+            key, value = (keyed.group(1).strip("\"'"), keyed.group(2)) if keyed else (str(i), item)
+            self.env[f"{name}[{key}]"] = value
+            values.append(value)
+        self.env[name] = values[0] if values else ""
+        self.env[f"{name}[@]"] = _SPLIT.join(values)
+        self.env[f"{name}[*]"] = " ".join(values)
+
+    def assigns(self, c: ShellCommand, stdin: str | None, depth: int) -> None:
         """Variables set by builtins: `export/declare/local/typeset/readonly NAME=VALUE`, `printf
         -v NAME FORMAT ARGS`, `read NAME… <<< WORD` (or from known input)."""
         name, args = c.name, c.args
@@ -1274,6 +1367,15 @@ class _Walker:
                 if match:
                     prior = self.env.get(match.group(1), "") if match.group(2) else ""
                     self.env[match.group(1)] = prior + a[match.end() :]
+                    if a[match.end() :].startswith("(") and a.endswith(")"):
+                        self.array(match.group(1), a[match.end() + 1 : -1])
+                    if match.group(1) in COMMAND_VARIABLES and a[match.end() :].strip() and depth < MAX_DEPTH:
+                        self.run_text(a[match.end() :], depth, "exec", match.group(1))
+        elif name == "set" and args and (args[0] == "--" or not args[0].startswith(("-", "+"))):
+            params = args[1:] if args[0] == "--" else args  # set -- a b c: the positional parameters
+            for i, key in enumerate(_POSITIONAL):
+                self.env[key] = params[i] if i < len(params) else ""
+            self.env["@"], self.env["*"], self.env["#"] = _SPLIT.join(params), " ".join(params), str(len(params))
         elif name == "printf" and len(args) >= 3 and args[0] == "-v" and _NAME.fullmatch(args[1]):
             self.env[args[1]] = _printf(args[2], args[3:])
         elif name == "read" and stdin is not None:
@@ -1349,18 +1451,25 @@ class _Walker:
             targets = find_targets(c.args)  # what `{}` stands for
             for sub_argv in _find_exec(c.args):
                 self.synthetic([x for a in sub_argv for x in (targets if a == "{}" else [a])], depth + 1, "exec", name)
+        for run in option_payloads(name, c.args) if depth < MAX_DEPTH else ():
+            self.run_text(run, depth, "exec", name)
         code = _inline_code(c) if _PYTHON.match(name) or name in SCRIPT_FLAGS or name in _AWKS else None
         if code is not None:
             self.inline(code, name, depth)
         if c.runs_stdin and stdin is not None and (name in SHELLS or name in ("source", ".")):
             self.script(stdin, depth + 1, "heredoc" if heredoc else ("decoded" if decoded else "stdin"), name)
+        elif c.runs_stdin and stdin is not None and depth < MAX_DEPTH:
+            if code is None:  # `python3 - <<'PY'`, `node <<JS`: the program is the input
+                self.inline(stdin, name, depth)
+            else:  # `python3 -c 'os.system(sys.stdin.read())'`: the input is run as a command line
+                self.run_text(stdin, depth, "decoded" if decoded else "stdin", name)
 
     def inline(self, code: str, name: str, depth: int) -> None:
         """Code on an interpreter's command line: the files its string literals name, and the
         shell commands it hands to `os.system`, `subprocess`, `execSync`, `system`… (a command
         line that does not lex would not run either, and is left out)."""
         language = _language(name)
-        folded = fold_inline(code)
+        folded = fold_inline(code, language)
         if folded != code:  # paths built from the home and literals, written out
             code = code + "\n" + folded
         if depth < MAX_DEPTH:
@@ -1382,6 +1491,17 @@ class _Walker:
                 self.script(fold(command), depth + 1, "payload", name)
             except Unlexed:
                 continue
+
+    def run_text(self, run: str | list[str], depth: int, via: str, parent: str) -> None:
+        """A command line (a string) or an argv (a list) that a command runs, analysed as a
+        command of its own; a string that does not lex would not run either and is left out."""
+        if isinstance(run, list):
+            self.synthetic([fold(w) for w in run if w], depth + 1, via, parent)
+            return
+        try:
+            self.script(fold(run), depth + 1, via, parent)
+        except Unlexed:
+            pass
 
     def windows(self, c: ShellCommand, depth: int) -> None:
         """A PowerShell or cmd.exe payload, as the POSIX commands it amounts to (windows_shell)."""
@@ -1459,10 +1579,17 @@ def _inline_code(c: ShellCommand) -> str | None:
             i += 2 if args[i] in ("-F", "-v") else 1
         return args[i] if i < len(args) else None
     flags = {"-c"} if _PYTHON.match(c.name) else SCRIPT_FLAGS[c.name]
-    return next((c.args[i + 1] for i, a in enumerate(c.args[:-1]) if a in flags), None)
+    for i, a in enumerate(c.args):
+        if a in flags or (c.name in ("perl", "ruby") and re.fullmatch(r"-[a-zA-Z]*[eE]", a)):  # `perl -ne CODE`
+            return c.args[i + 1] if i + 1 < len(c.args) else None
+        short = next((f for f in flags if len(f) == 2 and a.startswith(f) and len(a) > 2), None)
+        if short is not None and c.name not in _POWERSHELL_NAMES:  # `ruby -e'CODE'`, `python3 -cCODE`
+            return a[2:]
+    return None
 
 
 _AWKS: Final = frozenset({"awk", "gawk", "mawk", "nawk"})
+_POWERSHELL_NAMES: Final = frozenset({"pwsh", "powershell"})
 
 
 def _language(name: str) -> str:
@@ -1688,6 +1815,30 @@ def _unwrap(argv: list[str]) -> tuple[list[str], list[str]]:
     return wrappers, argv[i:]
 
 
+#: A word that is one variable (`$c`, `"${c}"`).
+_VAR_WORD: Final = re.compile(r'"?\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?"?')
+
+
+def _opaque_value(raw: str, env: dict[str, str]) -> bool:
+    """Whether a command word written as one variable holds the text of a substitution the
+    analysis could not run (`c=$(base64 -d < f); $c`): its value is only known at run time."""
+    m = _VAR_WORD.fullmatch(raw)
+    value = env.get(m.group(1), "") if m else ""
+    return value.startswith(("$(", "`"))
+
+
+@functools.lru_cache(maxsize=256)
+def _glob_command(pattern: str) -> str | None:
+    """The well-known system command a glob in command position matches (segment by segment, as
+    bash matches paths), or None."""
+    parts = pattern.split("/")
+    for candidate in _SYSTEM_COMMANDS if pattern.startswith("/") else ():
+        segments = candidate.split("/")
+        if len(segments) == len(parts) and all(fnmatch.fnmatchcase(s, p) for s, p in zip(segments, parts)):
+            return candidate
+    return None
+
+
 def _dash_c(args: list[str], anywhere: bool = False) -> str | None:
     """The command string of `sh -c STRING` / `bash -lc STRING` (options first) or, with
     `anywhere`, of `su USER -c STRING`."""
@@ -1715,6 +1866,8 @@ def _runs_stdin(c: ShellCommand) -> bool:
             return False
         operands = [a for a in args if not (a.startswith("-") or a.startswith("+"))]
         return not operands or operands[0] == "-" or "-s" in args
+    if (_PYTHON.match(name) or name in SCRIPT_FLAGS) and (code := _inline_code(c)) is not None:
+        return _CODE_RUNS_STDIN.search(code) is not None and _INLINE_RUNS.search(code) is not None
     if _PYTHON.match(name):
         if any(a in ("-c", "-m") or (a.startswith("-") and not a.startswith("--") and a[-1] in "cm") for a in args):
             return False
@@ -1729,6 +1882,13 @@ def _runs_stdin(c: ShellCommand) -> bool:
     if name in ("source", "."):
         return bool(args) and args[0] in ("/dev/stdin", "/dev/fd/0", "-")
     return False
+
+
+#: Inline code that reads its standard input whole (what it then runs, with `_INLINE_RUNS`).
+_CODE_RUNS_STDIN: Final = re.compile(
+    r"sys\.stdin|\binput\(\s*\)|<STDIN>|\bSTDIN\b|\$stdin|process\.stdin|readFileSync\(\s*(?:0|['\"]/dev/stdin['\"])|"
+    r"php://stdin|io\.read|\bARGF\b|\bgets\b"
+)
 
 
 def _find_exec(args: list[str]) -> list[list[str]]:
@@ -1765,12 +1925,20 @@ def _command_output(c: ShellCommand, stdin: str | None) -> str | None:
         return _printf(args[0], args[1:])
     if name in ("find", "fd", "ls"):
         return listing(name, args)
+    if name == "dirname" and c.operands:  # `dirname "$PWD"`: the directory above the workspace
+        word = c.operands[0].rstrip("/")
+        return (word.rsplit("/", 1)[0] if "/" in word.lstrip("/") else (".." if word in ("$PWD", ".", "") else ".")) + "\n"
+    if (name == "which" or (name == "command" and args[:1] in (["-v"], ["-V"])) or (name == "type" and "-P" in args)) and c.operands:
+        return "/usr/bin/" + c.operands[-1].rsplit("/", 1)[-1] + "\n"  # where a well-known command lives
     if stdin is None:
         return None
     if name == "cat" and not c.operands:
         return stdin
     if name in ("base64", "base32") and any(f in c.flags for f in ("-d", "-D", "--decode")):
         return _decode(stdin, name)
+    if name == "basenc" and any(f in c.flags for f in ("-d", "--decode")):
+        kind = "base32" if "--base32" in args else "hex" if "--base16" in args else "base64"
+        return _decode(stdin, kind)
     if name == "openssl" and ("base64" in args or "-base64" in args or "-a" in args) and "-d" in args:
         return _decode(stdin, "base64")
     if name == "xxd" and "-r" in c.flags and "-p" in c.flags:
@@ -2236,6 +2404,7 @@ def _copy(done: ShellAnalysis) -> ShellAnalysis:
         commands=list(done.commands), redirects=list(done.redirects), functions=list(done.functions),
         urls=list(done.urls), classes=set(done.classes), class_paths={k: list(v) for k, v in done.class_paths.items()},
         paths=list(done.paths), threats={k: list(v) for k, v in done.threats.items()}, scripts=list(done.scripts),
+        hidden=list(done.hidden),
     )  # fmt: skip
 
 

@@ -240,6 +240,8 @@ def _tar(key: str, args: list[str]) -> list[Use]:
         for word, i in operands:
             joined = word if not base or word.startswith(("/", "~")) else base.rstrip("/") + "/" + word
             uses.append(("read", _tree(joined), i if joined == word else -1))
+            if "--remove-files" in keys:  # the inputs are deleted once archived
+                uses.append(("delete", joined, i if joined == word else -1))
     return uses
 
 
@@ -435,22 +437,31 @@ _CALL_NAME: Final = re.compile(r"([A-Za-z_][\w.:]*)(?=\s*\(|\s)")
 _WRITE_BEFORE: Final = re.compile(r""">>?\s*$|['"][+]?>>?['"]\s*,\s*$""")
 _DELETE_CALLS: Final = re.compile(
     r"(?:^|\.|\s)(rmtree|remove|removedirs|unlink|rmdir|rmSync|rmdirSync|unlinkSync|rm|rm_rf|rm_r|remove_dir|"
-    r"remove_file|rimraf|delete|deleteSync|remove_tree|removeSync)(?=\s|$)"
+    r"remove_file|rimraf|delete|deleteSync|remove_tree|removeSync|rename|renames|renameSync|move|moveSync|mv)(?=\s|$)"
 )
 _WRITE_CALLS: Final = re.compile(
     r"(?:^|\.|\s)(writeFile|writeFileSync|appendFile|appendFileSync|write_text|write_bytes|file_put_contents|"
     r"mkdir|mkdirSync|makedirs|copyfile|copy|copy2|copytree|copyFileSync|symlink|symlinkSync|chmod|chmodSync)(?=\s|$)"
+)
+#: Calls that list a tree (`os.walk`, `glob`, `readdirSync`, `Dir.glob`, `find`): a literal they
+#: list is deleted when the code also deletes through a variable (what the listing yielded).
+_LISTING_CALLS: Final = re.compile(r"(?:^|\.|\s)(walk|glob|iglob|rglob|listdir|scandir|iterdir|readdirSync|readdir|"
+                                   r"children|entries|find|opendir|each_child|Find|finddepth)(?=\s|$)")
+_VARIABLE_DELETE: Final = re.compile(
+    r"(?:\b(?:rmtree|remove|unlink|rmdir|rmSync|rmdirSync|unlinkSync|rm_rf|rm_r|rm|remove_tree|removedirs|"
+    r"""delete|rename|move)\s*\(\s*(?!['"\s)])|\bunlink\s+(?!['"(])\$?\w)"""
 )
 _OPEN_MODE: Final = re.compile(r"""\s*,\s*(?:mode\s*=\s*)?['"][rb]*[wax+]""")
 _METHOD_AFTER: Final = re.compile(r"\s*\)\s*(?:\.\s*expanduser\s*\(\s*\)\s*)?\.\s*(\w+)\s*\(")
 #: Per language, the calls that hand a string to a shell (`os.system`, `subprocess.run(...,
 #: shell=True)`, `child_process.execSync`, `system`) or an argv list to a program.
 _SHELL_CALLS: Final = {
-    "python": re.compile(r"\b(?:os\.system|os\.popen|subprocess\.\w+|commands\.getoutput|getoutput|getstatusoutput|"
-                         r"pty\.spawn|os\.exec\w+)\s*\(\s*(\[)?"),
+    "python": re.compile(r"(?:\b(?:os\.system|os\.popen|subprocess\.\w+|commands\.getoutput|getoutput|getstatusoutput|"
+                         r"pty\.spawn|os\.exec\w+|os\.spawn\w+)|(?:\b\w+|\))\.(?:system|popen|call|run|Popen|check_output|"
+                         r"check_call|getoutput|getstatusoutput|spawn))\s*\(\s*(\[)?"),
     "perl": re.compile(r"\b(?:system|exec|readpipe|qx)(?:\s*\(\s*|\s+)(\[)?"),
     "ruby": re.compile(r"\b(?:system|exec|spawn|IO\.popen|Open3\.\w+)(?:\s*\(\s*|\s+)(\[)?"),
-    "awk": re.compile(r"\bsystem\s*\(\s*(\[)?"),
+    "awk": re.compile(r"\bsystem\s*\(?\s*(\[)?"),
     "php": re.compile(r"\b(?:system|exec|shell_exec|passthru|popen|proc_open)\s*\(\s*(\[)?"),
     "lua": re.compile(r"\b(?:os\.execute|io\.popen)\s*\(?\s*(\[)?"),
     "osascript": re.compile(r"\bdo\s+shell\s+script\s+(\[)?"),
@@ -460,7 +471,7 @@ _SHELL_CALLS: Final = {
 _HOME_EXPR: Final = re.compile(
     r"""os\.path\.expanduser\(\s*['"]~['"]\s*\)|os\.environ\s*\[\s*['"]HOME['"]\s*\]|os\.environ\.get\(\s*['"]HOME['"]\s*\)|"""
     r"""(?:os\.)?getenv\(\s*['"]HOME['"]\s*\)|(?:pathlib\.)?Path\.home\(\s*\)|(?:require\(\s*['"]os['"]\s*\)|\bos)\.homedir\(\s*\)|"""
-    r"""process\.env\.HOME\b|process\.env\[\s*['"]HOME['"]\s*\]|Deno\.env\.get\(\s*['"]HOME['"]\s*\)|Deno\.homeDir\(\s*\)|"""
+    r"""process\.env\.HOME\b|\bENVIRON\s*\[\s*['"]HOME['"]\s*\]|process\.env\[\s*['"]HOME['"]\s*\]|Deno\.env\.get\(\s*['"]HOME['"]\s*\)|Deno\.homeDir\(\s*\)|"""
     r"""\bDir\.home\b|ENV\s*\[\s*['"]HOME['"]\s*\]|\$ENV\s*\{\s*['"]?HOME['"]?\s*\}|\$_SERVER\s*\[\s*['"]HOME['"]\s*\]"""
 )
 #: Two literals joined by `+`, `..` (lua), `.` (perl, php) or `/` (pathlib), and a join call of literals only.
@@ -468,6 +479,32 @@ _LIT_JOIN: Final = re.compile(r"""(['"])([^'"\n\\]*)\1\s*(\+|\.\.|\.|/)\s*(['"])
 _JOIN_CALL: Final = re.compile(r"""\b(?:os\.path|path|posixpath|File|\w+)\.join\(\s*((?:(['"])[^'"\n]*\2\s*,\s*)+(['"])[^'"\n]*\3)\s*\)""")
 #: Languages where a backtick string runs a shell command.
 _BACKTICK_SHELL: Final = frozenset({"perl", "ruby", "php"})
+
+
+#: A home expression interpolated in a string: perl `"$ENV{HOME}/x"`, ruby `"#{Dir.home}/x"`,
+#: python `f"{os.environ['HOME']}/x"`, JavaScript `` `${os.homedir()}/x` ``, php `"{$_SERVER['HOME']}"`.
+_HOME_IN_STRING: Final = re.compile(
+    r"""(?:#\{|\$\{|\{)\s*(?:""" + _HOME_EXPR.pattern + r""")\s*\}|(?<=["'])\$ENV\{\s*['"]?HOME['"]?\s*\}"""
+)
+#: Character codes that spell a string (python, perl, php, ruby, JavaScript, PowerShell).
+_CHAR_CODES: Final = re.compile(
+    r"""(?:(['"])\1\s*\.\s*join\(\s*)?map\(\s*chr\s*,\s*[\[(]\s*((?:\d{1,3}\s*,\s*)+\d{1,3})\s*,?\s*[\])]\s*\)(?(1)\s*\))"""
+    r"""|String\.fromCharCode\(\s*((?:\d{1,3}\s*,\s*)+\d{1,3})\s*\)"""
+    r"""|bytes\(\s*\[\s*((?:\d{1,3}\s*,\s*)+\d{1,3})\s*\]\s*\)(?:\.decode\(\s*\))?"""
+    r"""|\b(?:chr|char|Chr)\(\s*(\d{1,3})\s*\)|\[char\]\s*(\d{1,3})"""
+)
+#: awk concatenates strings written side by side.
+_AWK_CONCAT: Final = re.compile(r'"([^"\n\\]*)"[ \t]+"([^"\n\\]*)"')
+
+
+def _char_literal(m: re.Match[str]) -> str:
+    codes = next(g for g in m.groups()[1:] if g is not None)
+    try:
+        text = "".join(chr(int(x)) for x in re.findall(r"\d+", codes))
+    except ValueError:
+        return m.group()
+    quote = '"' if '"' not in text else "'" if "'" not in text else ""
+    return quote + text.replace("\\", "\\\\") + quote if quote and text.isprintable() else m.group()
 
 
 def _unquote(text: str) -> str:
@@ -484,15 +521,22 @@ def _requote(m: re.Match[str]) -> str:
     return quote + body + quote if quote else m.group()
 
 
-def fold_inline(code: str) -> str:
+def fold_inline(code: str, language: str = "") -> str:
     """Inline code with the paths it builds at run time written out, as far as they are literal:
     the home (`os.environ['HOME']`, `Path.home()`, `os.homedir()`, `Dir.home`, `getenv("HOME")`)
-    as `"~"`, then literals joined by `+`/`..`/`.`/`/` and `os.path.join`/`File.join`/`path.join`
-    of literals as one literal (`"~/.ssh/id_rsa"`). Variables stay unknown."""
-    out = _QUOTE_OP.sub(_requote, _HOME_EXPR.sub('"~"', code[:65_536]))
+    as `"~"` (inside a string, `"$ENV{HOME}/x"`, `"#{Dir.home}/x"`, `f"{Path.home()}/x"`, as `~`),
+    character codes (`chr(114)`, `map(chr, […])`, `String.fromCharCode(…)`, `bytes([…])`) as the
+    literal they spell, then literals joined by `+`/`..`/`.`/`/` (awk: side by side) and
+    `os.path.join`/`File.join`/`path.join` of literals as one literal (`"~/.ssh/id_rsa"`).
+    Variables stay unknown."""
+    out = _HOME_IN_STRING.sub("~", code[:65_536])
+    out = _QUOTE_OP.sub(_requote, _HOME_EXPR.sub('"~"', out))
+    out = _CHAR_CODES.sub(_char_literal, out)
     for _ in range(16):
         joined = _JOIN_CALL.sub(lambda m: '"' + "/".join(x.group(2) for x in re.finditer(r"""(['"])([^'"\n]*)\1""", m.group(1))) + '"', out)
         joined = _LIT_JOIN.sub(lambda m: '"' + m.group(2) + ("/" if m.group(3) == "/" and not m.group(2).endswith("/") else "") + m.group(5) + '"', joined)
+        if language == "awk":
+            joined = _AWK_CONCAT.sub(lambda m: '"' + m.group(1) + m.group(2) + '"', joined)
         if joined == out:
             break
         out = joined
@@ -517,7 +561,9 @@ def inline_paths(code: str, language: str) -> list[tuple[str, str]]:
         func = " ".join(_CALL_NAME.findall(before.group(1))) if before else ""
         after = _METHOD_AFTER.match(code, m.end())
         method = after.group(1) if after else ""
-        if _DELETE_CALLS.search(func) or _DELETE_CALLS.search("." + method):
+        if _DELETE_CALLS.search(func) or _DELETE_CALLS.search("." + method) or (
+            _LISTING_CALLS.search(func) and _VARIABLE_DELETE.search(code) is not None
+        ):
             op = "delete"
         elif _WRITE_CALLS.search(func) or _WRITE_CALLS.search("." + method) or _WRITE_BEFORE.search(
             code, max(0, m.start() - 12), m.start()
@@ -546,15 +592,62 @@ def inline_commands(code: str, language: str) -> list[str | list[str]]:
             continue
         first = _LITERAL.match(code, m.end())
         if first is None:
+            bound = _bound_literal(code, m.end())
+            if bound is not None:
+                out.append(bound)
             continue
         argv = re.match(r"\s*,\s*\[", code[first.end() :])
         if argv:  # spawn('rm', ['-rf', 'x'])
             end = code.find("]", first.end())
             rest = [_unquote(x.group("s")) for x in _LITERAL.finditer(code, first.end(), end if end >= 0 else len(code))]
             out.append([_unquote(first.group("s")), *rest])
+        elif re.match(r"""\s*,\s*['"]""", code[first.end() :]):  # exec "sh", "-c", "…" (an argv as a list of literals)
+            items, pos = [_unquote(first.group("s"))], first.end()
+            while (x := _LIST_ITEM.match(code, pos)) is not None and len(items) < 64:
+                items.append(_unquote(x.group("s")))
+                pos = x.end()
+            out.append(_argv0(items))
         else:
             out.append(_unquote(first.group("s")))
+    if language == "awk":
+        out.extend(_awk_pipes(code[:65_536]))
     return out[:32]
+
+
+_LIST_ITEM: Final = re.compile(r"""\s*,\s*(?P<q>['"])(?P<s>(?:\\.|(?!(?P=q))[^\\\n])*)(?P=q)""")
+#: awk's `"cmd" | getline` and `print … | "cmd"` run a command line.
+_AWK_GETLINE: Final = re.compile(r'"([^"\n]+)"\s*\|\s*getline')
+_AWK_PRINT_PIPE: Final = re.compile(r'\bprintf?\s*\(?\s*((?:"[^"\n]*"\s*)+)\)?\s*\|\s*"([^"\n]+)"')
+_SHELL_WORDS: Final = frozenset({"sh", "bash", "zsh", "dash", "ksh", "/bin/sh", "/bin/bash", "/usr/bin/sh", "/usr/bin/bash"})
+
+
+def _awk_pipes(code: str) -> list[str | list[str]]:
+    """awk commands: `"cmd" | getline`, `print … | "cmd"` (and, piped into a shell, what it prints)."""
+    out: list[str | list[str]] = [m.group(1) for m in _AWK_GETLINE.finditer(code)]
+    for m in _AWK_PRINT_PIPE.finditer(code):
+        out.append(m.group(2))
+        if m.group(2).strip().split(" ")[0] in _SHELL_WORDS:
+            out.append("".join(re.findall(r'"([^"\n]*)"', m.group(1))))
+    return out
+
+
+def _argv0(items: list[str]) -> list[str]:
+    """An argv given as a list of literals; `execl(path, name, …)` repeats the program as argv[0]."""
+    if len(items) > 1 and items[1].rsplit("/", 1)[-1] == items[0].rsplit("/", 1)[-1]:
+        return [items[0], *items[2:]]
+    return items
+
+
+def _bound_literal(code: str, at: int) -> str | None:
+    """The literal last assigned to the variable a call is given (`c = "rm -rf ~"; system(c)`)."""
+    var = re.match(r"\s*(\$?[A-Za-z_]\w*)\s*[),;]", code[at:])
+    if var is None:
+        return None
+    name = re.escape(var.group(1))
+    found = None
+    for m in re.finditer(r"(?:^|[\s;({,])(?:my\s+|local\s+|const\s+|let\s+|var\s+)?" + name + r"""\s*=\s*(?P<q>['"])(?P<s>(?:\\.|(?!(?P=q))[^\\\n])*)(?P=q)""", code[:at]):
+        found = _unquote(m.group("s"))
+    return found
 
 
 # ---------------------------------------------------------------- resolution

@@ -31,7 +31,7 @@ _SOCAT_EXEC: Final = re.compile(r"^(exec|system)[:,]", re.I)
 _SOCAT_NET: Final = re.compile(r"^(tcp|udp|sctp|openssl|ssl|tcp4|tcp6|udp4|udp6)[a-z46-]*[:,]", re.I)
 _SOCKET_CODE: Final = re.compile(
     r"\bsocket\b|IO::Socket|TCPSocket|fsockopen|stream_socket_client|Net\.Sockets|TCPClient|net\.connect|"
-    r"net\.Socket|createConnection|/inet/tcp/|/inet/udp/|\bztcp\b|Socket\.tcp|socket\.connect|/dev/tcp/",
+    r"net\.Socket|createConnection|require\(\s*['\"]net['\"]\s*\)|/inet/tcp/|/inet/udp/|\bztcp\b|Socket\.tcp|socket\.connect|/dev/tcp/",
     re.I,
 )
 _SHELL_CODE: Final = re.compile(
@@ -107,6 +107,12 @@ def _reverse_shell(result: ShellAnalysis, add: Any) -> None:
         code = _code(c)
         if code and _SOCKET_CODE.search(code) and _SHELL_CODE.search(code):
             add("reverse_shell", f"{name} code: a socket and a shell")
+        if name == "ztcp" and c.operands and any(s in _SHELLS for s in (x.name for x in result.commands)):
+            add("reverse_shell", "zsh ztcp with a shell on its descriptor")
+    if any(r["command"] == "read" and r["op"] == "<" and r["target"].startswith(_DEVICE_SOCKET) for r in result.redirects) and any(
+        c.name in ("eval", "source", ".") or c.name in _SHELLS or c.name.startswith("$") for c in result.commands
+    ):
+        add("reverse_shell", "commands read from a socket and run")
 
 
 def _fd_shell(result: ShellAnalysis) -> bool:
@@ -159,6 +165,8 @@ def _obfuscated(result: ShellAnalysis, add: Any) -> None:
             add("obfuscated_exec", "a cmd command name built from variables: " + clear[:80])
         elif _squash(text) != _squash(clear) and POWERSHELL_EXEC.search(clear):
             add("obfuscated_exec", f"{name} code that runs or fetches code, once deobfuscated: {clear[:80]}")
+    for _, evidence in result.hidden:
+        add("obfuscated_exec", evidence)
     decoded: set[str] = set()
     for c in result.commands:
         name = c.name.removesuffix(".exe")

@@ -57,9 +57,10 @@ def powershell_payload(args: list[str]) -> str | None:
     i = 0
     while i < len(args):
         a = args[i].lower()
-        if a in ("-encodedcommand", "-enc", "-e", "-ec", "-en", "-encoded") and i + 1 < len(args):
-            return _decode_utf16(args[i + 1])
-        if a in ("-command", "-c", "-com", "-comm") :
+        a = "-" + a[1:] if a.startswith("/") and len(a) > 1 else a  # powershell.exe takes /enc as -enc
+        if (a in ("-e", "-ec") or (len(a) >= 3 and "-encodedcommand".startswith(a))) and i + 1 < len(args):
+            return _decode_utf16(args[i + 1])  # any prefix of -EncodedCommand
+        if len(a) >= 2 and "-command".startswith(a):
             return " ".join(args[i + 1 :]) or None
         if a in ("-file", "-f"):
             return None
@@ -243,6 +244,8 @@ def deobfuscate_powershell(text: str) -> str:
     the `-f` format operator over literals, reversed-string indexing (`'…'[-1..-N]`) and
     `-join` of the result. Run-time values (variables) stay as written."""
     out = _TICK.sub("", text)
+    out = _FROM_BASE64.sub(_base64_literal, out)
+    out = _ENV_IN_CONCAT.sub(lambda m: "'" + (m.group(1) or m.group(2)) + "'", out)
     out = _CHAR_ARRAY.sub(lambda m: "'" + "".join(chr(int(n)) for n in re.findall(r"\d+", m.group(1))) + "'", out)
     out = _CHAR_ONE.sub(lambda m: "'" + chr(int(m.group(1))) + "'", out)
     for _ in range(16):
@@ -252,7 +255,39 @@ def deobfuscate_powershell(text: str) -> str:
         if joined == out:
             break
         out = joined
-    return _JOIN_OP.sub("", out)
+    out = _JOIN_OP.sub("", out)
+    alias = _ALIAS.search(out)
+    if alias is not None:  # Set-Alias x Invoke-Expression; x '…': the uses after it, as the command
+        use = re.compile(r"(?<![\w$-])" + re.escape(alias.group(1)) + r"(?![\w-])")
+        out = out[: alias.end()] + use.sub(lambda _: alias.group(2), out[alias.end() :])
+    return _RUN_LITERAL.sub(lambda m: "iex\n" + m.group(2) + "\n", out)
+
+
+#: `[Text.Encoding]::UTF8.GetString([Convert]::FromBase64String('…'))` (and a bare FromBase64String): the text it decodes.
+_FROM_BASE64: Final = re.compile(
+    r"(?:\[(?:system\.)?text\.encoding\]::\w+\.getstring\(\s*)?\[(?:system\.)?convert\]::frombase64string\(\s*"
+    r"""(['"])([A-Za-z0-9+/=\s]{8,})\1\s*\)(?:\s*\))?""",
+    re.I,
+)
+#: An environment variable between concatenated literals (`'rm ' + $env:USERPROFILE + '\x'`): its name, as text.
+_ENV_IN_CONCAT: Final = re.compile(r"(?:(?<=\+)|(?<=\())\s*(\$env:\w+)\s*(?=\+)|(?<=\+)\s*(\$env:\w+)\s*(?=\))", re.I)
+#: `Set-Alias NAME VALUE` / `sal`/`New-Alias`/`nal` (with or without -Name/-Value).
+_ALIAS: Final = re.compile(r"""(?:set-alias|new-alias|\bsal\b|\bnal\b)\s+(?:-name\s+)?['"]?([\w-]+)['"]?\s+(?:-value\s+)?['"]?([\w-]+)['"]?""", re.I)
+#: A literal script run: `iex 'X'`, `& ([scriptblock]::Create('X'))`, `[scriptblock]::Create('X').Invoke()`.
+_RUN_LITERAL: Final = re.compile(
+    r"""(?:\biex\b|invoke-expression|&|\[scriptblock\]::create)\s*\(*\s*(?:\[scriptblock\]::create\(\s*)?(['"])([^'"\n]{4,})\1\s*\)*(?:\.invoke\(\s*\))?""",
+    re.I,
+)
+
+
+def _base64_literal(m: re.Match[str]) -> str:
+    """The text a FromBase64String literal decodes to (UTF-16LE when it looks so, else UTF-8), as a literal."""
+    try:
+        raw = base64.b64decode(re.sub(r"\s", "", m.group(2)) + "=" * (-len(re.sub(r"\s", "", m.group(2))) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        return m.group()
+    text = raw.decode("utf-16-le", errors="replace") if raw[1:2] == b"\x00" else raw.decode("utf-8", errors="replace")
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _format(m: re.Match[str]) -> str:
@@ -264,7 +299,8 @@ def _format(m: re.Match[str]) -> str:
 
 
 _CMD_SET: Final = re.compile(r"(?:^|&&?|\|\|?|\n)\s*set\s+\"?([A-Za-z_][\w]*)=([^&|\n\"]*)\"?", re.I)
-_CMD_VAR: Final = re.compile(r"%([A-Za-z_][\w]*)(?::~(-?\d+)(?:,(-?\d+))?)?%")
+#: `%X%`, `%X:~a,b%`, and with delayed expansion (`cmd /v:on`) `!X!`, `!X:~a,b!`.
+_CMD_VAR: Final = re.compile(r"%([A-Za-z_][\w]*)(?::~(-?\d+)(?:,(-?\d+))?)?%|!([A-Za-z_][\w]*)(?::~(-?\d+)(?:,(-?\d+))?)?!")
 #: cmd.exe's own variables an obfuscator slices letters out of (`%COMSPEC:~-7,1%`).
 _CMD_ENV: Final = {"comspec": r"C:\Windows\system32\cmd.exe", "programfiles": r"C:\Program Files",
                    "public": r"C:\Users\Public", "windir": r"C:\Windows", "systemroot": r"C:\Windows"}  # fmt: skip
@@ -280,15 +316,15 @@ def expand_cmd(text: str) -> tuple[str, bool]:
         env[m.group(1).lower()] = m.group(2).rstrip()
 
     def var(m: re.Match[str]) -> str:
-        value = env.get(m.group(1).lower())
+        key, first, length = m.group(1, 2, 3) if m.group(1) else m.group(4, 5, 6)
+        value = env.get(key.lower())
         if value is None:
             return m.group()
-        if m.group(2) is None:
+        if first is None:
             return value
-        start = int(m.group(2))
+        start = int(first)
         part = value[start:] if start else value
-        return part[: int(m.group(3))] if m.group(3) is not None and int(m.group(3)) >= 0 else (
-            part[: int(m.group(3))] if m.group(3) is not None else part)
+        return part[: int(length)] if length is not None else part
 
-    built = any(re.match(r"\s*(?:@|call\s+)*%(?!~)", s, re.I) for s in re.split(r"&&?|\|\|?|\n", text))
+    built = any(re.match(r"\s*(?:@|call\s+)*(?:%(?!~)|![A-Za-z_])", s, re.I) for s in re.split(r"&&?|\|\|?|\n", text))
     return _CMD_VAR.sub(var, text), built

@@ -1,0 +1,223 @@
+"""Options and arguments that make a command run another command (issue 24, round 4).
+
+Many ordinary tools run a program named in one of their options: `tar --checkpoint-action=exec=`,
+`git -c core.sshCommand=`, `ssh -o ProxyCommand=`, `rsync -e`, `zip -TT`, `sed`'s `e` command,
+`vim -c '!…'`, `env -S`, `sort --compress-program`, `gcc -wrapper`, `watch`, `flock -c`,
+`script -c`, `tmux new-session`, `git rebase --exec`... A writer who knows the analysis follows
+`sh -c` hides the command there instead. `option_payloads` reads a command's arguments with a
+table of (command, option) that executes its value and returns what would run: a command line
+(a string, run by a shell) or an argv (a list). The caller analyses each one as a command in
+its own right, so the rules judge what it does, not that an option was used: `rsync -e 'ssh -p
+2222'` or `git rebase --exec 'make test'` stay allowed.
+
+`COMMAND_VARIABLES` are the environment variables whose value a program runs as a command
+(`GIT_SSH_COMMAND`, `PAGER`, `EDITOR`...): an assignment of one is analysed the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+#: Environment variables a program runs as a command line.
+COMMAND_VARIABLES: Final = frozenset({
+    "GIT_SSH_COMMAND", "GIT_SSH", "GIT_PAGER", "GIT_EDITOR", "GIT_SEQUENCE_EDITOR", "GIT_EXTERNAL_DIFF", "GIT_ASKPASS",
+    "GIT_PROXY_COMMAND", "SSH_ASKPASS", "SUDO_ASKPASS", "PAGER", "MANPAGER", "SYSTEMD_PAGER", "EDITOR", "VISUAL",
+    "BROWSER", "PROMPT_COMMAND", "LESSOPEN", "LESSCLOSE", "RSYNC_RSH", "CVS_RSH", "FCEDIT",
+})  # fmt: skip
+#: `git -c KEY=VALUE` keys whose value git runs (a shell command line).
+_GIT_KEYS: Final = re.compile(
+    r"(?i)^(core\.(sshcommand|pager|editor|fsmonitor|askpass|gitproxy)|sequence\.editor|diff\.external|"
+    r"pager\.[\w.-]+|gpg\.(program|\w+\.program)|credential(\.[^=]*)?\.helper|(diff|merge|filter)\.[^=]*\.(command|textconv|"
+    r"clean|smudge|process|cmd|driver)|(difftool|mergetool)\.[^=]*\.cmd|uploadpack\.packobjectshook|"
+    r"core\.hookspath|alias\.[\w.-]+|protocol\.ext\.allow)$"
+)
+#: ssh -o options that run a local command.
+_SSH_KEYS: Final = re.compile(r"(?i)^(proxycommand|localcommand|knownhostscommand|permitlocalcommand)$")
+#: sed's `e COMMAND` (run a command), after an optional address, at the start of a script command.
+_SED_E: Final = re.compile(r"(?:^|[;\n{}])\s*(?:(?:\d+|\$|/[^/\n]*/)(?:\s*,\s*(?:\d+|\$|/[^/\n]*/))?)?\s*!?\s*e\s+([^;\n}]+)")
+#: vim/ex commands that run a shell command: `:!cmd`, `:r !cmd`, `:w !cmd`, `:call system('cmd')`.
+_VIM_BANG: Final = re.compile(r"^[:\s]*(?:\d*|%)\s*(?:r(?:ead)?|w(?:rite)?|silent!?|exe(?:cute)?)?\s*!(.+)$|system\(\s*['\"]([^'\"]+)")
+_VIMS: Final = frozenset({"vi", "vim", "nvim", "ex", "view", "gvim", "rvim", "vimdiff"})
+_TMUX_RUNS: Final = frozenset({"new", "new-session", "new-window", "neww", "split-window", "splitw", "respawn-pane",
+                               "respawnp", "respawn-window", "respawnw", "run-shell", "run", "if-shell", "if"})  # fmt: skip
+
+
+def option_payloads(name: str, args: list[str]) -> list[str | list[str]]:
+    """What `name args…` runs because of its options: command lines (str) and argvs (list)."""
+    handler = _HANDLERS.get(name)
+    if handler is None:
+        if name in _VIMS:
+            return _vim(args)
+        if name in ("gcc", "g++", "cc", "c++", "clang", "clang++"):
+            return _gcc(args)
+        return []
+    return handler(args)[:16]
+
+
+def _values(args: list[str], *names: str) -> list[str]:
+    """The values of the options `names` (`--o=v`, `--o v`, `-o v`, `-ov` for a one-letter `-o`)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        for n in names:
+            if a == n and i + 1 < len(args):
+                out.append(args[i + 1])
+                i += 1
+                break
+            if n.startswith("--") and a.startswith(n + "="):
+                out.append(a[len(n) + 1 :])
+                break
+            if len(n) == 2 and a.startswith(n) and len(a) > 2 and not a.startswith("--"):
+                out.append(a[2:])
+                break
+            if len(n) == 2 and i + 1 < len(args) and re.fullmatch(r"-[A-Za-z]+", a) and a.endswith(n[1]):
+                out.append(args[i + 1])  # a short cluster ending with the option (`script -qc CMD`)
+                i += 1
+                break
+        i += 1
+    return out
+
+
+def _tar(args: list[str]) -> list[str | list[str]]:
+    out: list[str | list[str]] = []
+    for action in _values(args, "--checkpoint-action"):
+        if action.startswith("exec="):
+            out.append(action[5:])
+    out.extend(_values(args, "--to-command", "--use-compress-program", "-I", "--rsh-command", "--info-script", "-F",
+                       "--new-volume-script"))  # fmt: skip
+    return out
+
+
+def _git(args: list[str]) -> list[str | list[str]]:
+    out: list[str | list[str]] = []
+    for setting in _values(args, "-c"):
+        key, _, value = setting.partition("=")
+        if _GIT_KEYS.match(key) and value:
+            out.append(value[1:] if value.startswith("!") else value)
+    sub = next((a for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] not in ("-c", "-C"))), "")
+    rest = args[args.index(sub) + 1 :] if sub else []
+    if sub in ("rebase", "difftool"):
+        out.extend(_values(rest, "--exec", "-x", "--extcmd"))
+    elif sub == "submodule" and "foreach" in rest:
+        tail = [a for a in rest[rest.index("foreach") + 1 :] if not a.startswith("--")]
+        if tail:
+            out.append(" ".join(tail))
+    elif sub == "bisect" and rest[:1] == ["run"] and len(rest) > 1:
+        out.append(rest[1:])
+    elif sub == "filter-branch":
+        out.extend(_values(rest, "--tree-filter", "--index-filter", "--msg-filter", "--env-filter", "--commit-filter",
+                           "--parent-filter", "--tag-name-filter"))  # fmt: skip
+    for a in args:  # the ext:: remote helper runs its URL as a command (`%` escapes a space)
+        if a.startswith("ext::"):
+            out.append(a[5:].replace("% ", " ").replace("%%", "%"))
+    return out
+
+
+def _ssh(args: list[str]) -> list[str | list[str]]:
+    out: list[str | list[str]] = []
+    for option in _values(args, "-o"):
+        parts = re.split(r"\s*=\s*|\s+", option.strip(), maxsplit=1)
+        key, value = parts[0], parts[1] if len(parts) > 1 else ""
+        if _SSH_KEYS.match(key) and value and value.lower() not in ("yes", "no", "none"):
+            out.append(value)
+    out.extend([p] for p in _values(args, "-S"))  # scp/sftp -S PROGRAM
+    return out
+
+
+def _rsync(args: list[str]) -> list[str | list[str]]:
+    return list(_values(args, "-e", "--rsh"))
+
+
+def _zip(args: list[str]) -> list[str | list[str]]:
+    return list(_values(args, "-TT", "--unzip-command"))
+
+
+def _env(args: list[str]) -> list[str | list[str]]:
+    return list(_values(args, "-S", "--split-string"))
+
+
+def _sort(args: list[str]) -> list[str | list[str]]:
+    return [[p] for p in _values(args, "--compress-program")]
+
+
+def _sed(args: list[str]) -> list[str | list[str]]:
+    scripts = _values(args, "-e", "--expression")
+    if not scripts:
+        operands = [a for a in args if not a.startswith("-")]
+        scripts = operands[:1]
+    return [m.group(1).strip() for s in scripts for m in _SED_E.finditer(s)]
+
+
+def _vim(args: list[str]) -> list[str | list[str]]:
+    out: list[str | list[str]] = []
+    commands = _values(args, "-c", "--cmd") + [a[1:] for a in args if a.startswith("+") and len(a) > 1]
+    for command in commands:
+        m = _VIM_BANG.search(command)
+        if m:
+            out.append((m.group(1) or m.group(2)).strip())
+    return out
+
+
+def _gcc(args: list[str]) -> list[str | list[str]]:
+    return [w.split(",") for w in _values(args, "-wrapper")]
+
+
+def _man(args: list[str]) -> list[str | list[str]]:
+    return list(_values(args, "-P", "--pager", "-H", "--html"))
+
+
+def _watch(args: list[str]) -> list[str | list[str]]:
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        i += 2 if args[i] in ("-n", "--interval", "-q", "--equexit") else 1
+    return [" ".join(args[i:])] if i < len(args) else []
+
+
+def _dash_c_value(args: list[str]) -> list[str | list[str]]:
+    """`flock -c CMD`, `script -c CMD`, `npx -c CMD`, `npm exec -c CMD`, `expect -c`-less forms."""
+    return list(_values(args, "-c", "--command", "--call"))
+
+
+def _tmux(args: list[str]) -> list[str | list[str]]:
+    for i, a in enumerate(args):
+        if a in _TMUX_RUNS:
+            rest = args[i + 1 :]
+            j = 0
+            while j < len(rest) and rest[j].startswith("-"):
+                j += 2 if rest[j] in ("-t", "-s", "-n", "-c", "-x", "-y", "-e", "-F", "-l") else 1
+            return [" ".join(rest[j:])] if j < len(rest) else []
+    return []
+
+
+def _sqlite(args: list[str]) -> list[str | list[str]]:
+    """sqlite3's `.shell CMD` / `.system CMD` dot-commands (an operand or a `-cmd` value)."""
+    out: list[str | list[str]] = []
+    for a in args:
+        for line in a.split("\n"):
+            m = re.match(r"\s*\.(?:shell|system)\s+(.+)", line)
+            if m:
+                out.append(m.group(1))
+    return out
+
+
+def _parallel(args: list[str]) -> list[str | list[str]]:
+    if ":::" not in args:
+        return []
+    i = args.index(":::")
+    command = [a for a in args[:i] if not a.startswith("-")]
+    inputs = [a for a in args[i + 1 :] if a not in (":::", "::::")]
+    if not command:
+        return []
+    if any("{}" in a for a in command):
+        return [[a.replace("{}", x) for a in command] for x in inputs[:8]]
+    return [[*command, x] for x in inputs[:8]]
+
+
+_HANDLERS: Final = {
+    "tar": _tar, "bsdtar": _tar, "gtar": _tar, "git": _git, "ssh": _ssh, "scp": _ssh, "sftp": _ssh,
+    "rsync": _rsync, "zip": _zip, "env": _env, "sort": _sort, "sed": _sed, "gsed": _sed, "man": _man,
+    "watch": _watch, "flock": _dash_c_value, "script": _dash_c_value, "npx": _dash_c_value, "npm": _dash_c_value,
+    "pnpm": _dash_c_value, "tmux": _tmux, "parallel": _parallel, "sqlite3": _sqlite,
+}  # fmt: skip
