@@ -5,13 +5,21 @@ Anthropic, OpenAI, Google, Hugging Face, SendGrid, PyPI, ... and PEM private key
 string. Each format is a literal that every match contains (a cheap `in` test first), the token's
 grammar, the characters that may not touch it on either side, and a check of its body: a value
 made only of placeholder words and filler (`sk_live_xxxx`, `sk-proj-your-api-key-here`,
-`AKIAXXXXXXXXXXXXXXXX`) is no credential, and neither is a documented example value (AWS's
-`...EXAMPLE` key ids, jwt.io's token): those are `example_secret`. Stripe test-mode keys
+`AKIAXXXXXXXXXXXXXXXX`) is no credential, and neither is a documented example value (a body
+carrying the upper-case word EXAMPLE, the convention AWS's and other vendors' documentation use:
+`AKIAIOSFODNN7EXAMPLE`, `wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY`; jwt.io's token): those are
+`example_secret` (`documented_example`). Stripe test-mode keys
 (`sk_test_`) are not live secrets and are not looked for.
 
 With `glued` (a text whose separators were removed to rejoin a token cut by spaces, pipes,
 quotes or concatenation), a match may touch the text after it, and the character before it is
 checked in the original string instead.
+
+A private key is also found without its PEM armour: a base64 body whose first bytes are a DER
+private-key structure (PKCS#1 RSA/DSA, SEC 1 EC, PKCS#8, PKCS#12: a SEQUENCE opening with a small
+version INTEGER, which certificates, CSRs and public keys never do), an OpenSSH key body
+(`openssh-key-v1`) or a PuTTY key file (`key_body_hits`): what is left when an attacker drops or
+cuts the BEGIN line.
 
 `public_hits(s)` finds public key material: PEM certificates and public keys, PGP public key
 blocks, SSH public keys (the blob must name its key type), Stripe publishable keys and age
@@ -34,7 +42,7 @@ from typing import Final
 
 from gateway.stages.sanitizer.decode import decode_base64
 
-__all__ = ["FORMATS", "PREFIXES", "credential_hits", "is_placeholder", "jwt_alg", "public_hits"]
+__all__ = ["FORMATS", "PREFIXES", "credential_hits", "documented_example", "is_placeholder", "jwt_alg", "key_body_hits", "public_hits"]
 
 FormatHit = tuple[str, int, int, str]
 _ALNUM: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
@@ -64,6 +72,14 @@ _NEUTRAL_WORDS: Final = frozenset(
      "admin", "svcacct", "ghp", "github", "pat", "npm", "xoxb", "xoxp", "akia", "aiza", "hf", "glpat", "whsec",
      "real", "actual", "new", "own", "personal", "env", "var", "name", "s", "1", "2"}
 )  # fmt: skip
+
+
+def documented_example(value: str) -> bool:
+    """Whether a credential-shaped value is a documented example: vendors' documentation marks
+    example credentials with the upper-case word EXAMPLE in the body (AWS: `AKIAIOSFODNN7EXAMPLE`,
+    `wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY`, session tokens `AQoEXAMPLEH4aoAH…`); a random body
+    spells it once in ~10^11 values."""
+    return "EXAMPLE" in value
 
 
 def is_placeholder(value: str) -> bool:
@@ -188,7 +204,7 @@ def jwt_alg(header: str) -> str | None:
 
 def _describe(fmt: _Format, token: str) -> tuple[str, str] | None:
     """(kind, detail) for one match of `fmt`, or None when it is a placeholder or fails its check."""
-    if fmt.example is not None and fmt.example(token):
+    if (fmt.example or documented_example)(token[fmt.prefix :]):
         return "example_secret", f"{fmt.label}: a documented example value"
     if (fmt.check is not None and not fmt.check(token)) or is_placeholder(token[fmt.prefix :]):
         return None
@@ -211,6 +227,7 @@ def credential_hits(s: str, glued: Sequence[int] | None = None, original: str = 
                     _format_hits(fmt, s, glued, original, hits)
     if glued is None:
         _pem_and_jwt(s, hits)
+        key_body_hits(s, hits)
     return hits
 
 
@@ -254,6 +271,52 @@ def _pem_and_jwt(s: str, hits: list[FormatHit]) -> None:
             else:
                 hits.append(("jwt", m.start(), m.end(), f"JWT (alg {alg[:16]}), {m.end() - m.start()} chars"))
 
+
+#: Where an armour-less private key body can start: base64 of a DER SEQUENCE (0x30: `M`, then a
+#: length byte: `C`-`J`), of `openssh-key-v1`, or a PuTTY key file's header.
+_KEY_BODY: Final = re.compile(r"(?<![A-Za-z0-9+/])(?:M[C-J][A-Za-z0-9+/]{38}|b3BlbnNzaC1rZXktdjE)|PuTTY-User-Key-File-[23]:")
+
+
+def _der_private(head: str) -> str | None:
+    """What DER private-key structure a base64 run starts with, or None: a SEQUENCE whose first
+    element is INTEGER 0, 1 or 3 followed by an INTEGER (PKCS#1), an OCTET STRING (SEC 1 EC) or a
+    SEQUENCE (PKCS#8, PKCS#12). Certificates, CSRs and public keys open with a SEQUENCE instead."""
+    data = decode_base64(head[:16])
+    if data is None or len(data) < 8 or data[0] != 0x30:
+        return None
+    n = 2 if data[1] < 0x80 else 2 + (data[1] & 0x7F)
+    if n > 5 or data[n : n + 2] != b"\x02\x01" or len(data) <= n + 3:
+        return None
+    version, nxt = data[n + 2], data[n + 3]
+    if version == 0 and nxt == 0x02:
+        return "RSA (PKCS#1)"
+    if version in (0, 1) and nxt == 0x30:
+        return "PKCS#8"
+    if version == 1 and nxt == 0x04:
+        return "EC (SEC 1)"
+    if version == 3 and nxt == 0x30:
+        return "PKCS#12"
+    return None
+
+
+def key_body_hits(s: str, hits: list[FormatHit]) -> None:
+    """Private keys without their PEM armour in `s` (see the module doc): a hit spans from the start
+    of the body to the end of its base64 run (line breaks included)."""
+    for m in _KEY_BODY.finditer(s):
+        a = m.start()
+        if any(h[1] <= a < h[2] for h in hits):
+            continue  # inside a PEM block found already
+        text = m.group()
+        label = "PuTTY" if text[0] == "P" else "OpenSSH" if text[0] == "b" else _der_private(text)
+        if label is None:
+            continue
+        end = a + len(text)
+        while end < len(s) and (s[end] in _BASE64_RUN):
+            end += 1
+        hits.append(("private_key", a, end, f"{label} private key body without PEM armour"))
+
+
+_BASE64_RUN: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=\r\n")
 
 # ---- public key material -------------------------------------------------------------------
 
