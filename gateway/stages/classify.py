@@ -507,7 +507,8 @@ def history_detail(ctx: CallContext, *, ran: bool) -> dict[str, Any]:
     confidential document, whatever the tool is called), each with "the answer of <tool>" as its path."""
     classes = set(ctx.classes)
     earned: set[str] = set()
-    if ran and ctx.answer is not None and not ctx.answer.is_error and "network_send" not in classes:
+    # A send's answer echoes what was sent; a "fetch" of a document by id (no URL) is a read.
+    if ran and ctx.answer is not None and not ctx.answer.is_error and not ctx.class_paths.get("network_send"):
         earned = result_classes(ctx.answer.result) - classes
         classes |= earned
     return {
