@@ -227,7 +227,8 @@ def credential_hits(s: str, glued: Sequence[int] | None = None, original: str = 
                     _format_hits(fmt, s, glued, original, hits)
     if glued is None:
         _pem_and_jwt(s, hits)
-        key_body_hits(s, hits)
+        if len(s) >= _KEY_BODY_MIN:
+            key_body_hits(s, hits)
     return hits
 
 
@@ -274,7 +275,9 @@ def _pem_and_jwt(s: str, hits: list[FormatHit]) -> None:
 
 #: Where an armour-less private key body can start: base64 of a DER SEQUENCE (0x30: `M`, then a
 #: length byte: `C`-`J`), of `openssh-key-v1`, or a PuTTY key file's header.
-_KEY_BODY: Final = re.compile(r"(?<![A-Za-z0-9+/])(?:M[C-J][A-Za-z0-9+/]{38}|b3BlbnNzaC1rZXktdjE)|PuTTY-User-Key-File-[23]:")
+_KEY_BODY_MIN: Final = 19  # the shortest start looked for (`b3BlbnNzaC1rZXktdjE`)
+_DER_START: Final = re.compile(r"M[C-J][A-Za-z0-9+/]{38}")  # a literal first character: the engine skips to it
+_OTHER_STARTS: Final = ("b3BlbnNzaC1rZXktdjE", "PuTTY-User-Key-File-")
 
 
 def _der_private(head: str) -> str | None:
@@ -302,20 +305,23 @@ def _der_private(head: str) -> str | None:
 def key_body_hits(s: str, hits: list[FormatHit]) -> None:
     """Private keys without their PEM armour in `s` (see the module doc): a hit spans from the start
     of the body to the end of its base64 run (line breaks included)."""
-    for m in _KEY_BODY.finditer(s):
-        a = m.start()
-        if any(h[1] <= a < h[2] for h in hits):
-            continue  # inside a PEM block found already
-        text = m.group()
-        label = "PuTTY" if text[0] == "P" else "OpenSSH" if text[0] == "b" else _der_private(text)
+    starts: list[tuple[int, str]] = [(m.start(), "") for m in _DER_START.finditer(s)]
+    for lead in _OTHER_STARTS:
+        if lead in s:
+            starts += [(m.start(), lead) for m in re.finditer(re.escape(lead), s)]
+    for a, lead in starts:
+        if (a and s[a - 1] in _BASE64_CHARS) or any(h[1] <= a < h[2] for h in hits):
+            continue  # inside a longer run, or a PEM block found already
+        label = ("PuTTY" if lead[0] == "P" else "OpenSSH") if lead else _der_private(s[a : a + 16])
         if label is None:
             continue
-        end = a + len(text)
-        while end < len(s) and (s[end] in _BASE64_RUN):
+        end = a + len(lead)
+        while end < len(s) and s[end] in _BASE64_RUN:
             end += 1
         hits.append(("private_key", a, end, f"{label} private key body without PEM armour"))
 
 
+_BASE64_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
 _BASE64_RUN: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=\r\n")
 
 # ---- public key material -------------------------------------------------------------------
