@@ -257,6 +257,30 @@ def _placeholder_head(fmt: _Format, s: str, glued: Sequence[int], a: int, b: int
     return k - a > fmt.prefix and is_placeholder(s[a + fmt.prefix : k])
 
 
+_OIDC_HINT: Final = re.compile(r"[?&](?:id_token_hint|request|logout_hint)=\Z")
+_URL_HOST: Final = re.compile(r"\s*https?://([A-Za-z0-9.-]+)[/?:]")
+
+
+def _oidc_hint_home(s: str, start: int, payload: str) -> bool:
+    """Whether the JWT at `start` is the `id_token_hint`/`request` of a URL (the whole string) on the
+    same registered domain as the JWT's `iss` or `aud`: an OIDC logout or request object going back
+    to the identity provider it names. Sent to any other host it stays a `jwt`."""
+    if start < 8 or _OIDC_HINT.search(s, max(0, start - 16), start) is None:
+        return False
+    url, claims = _URL_HOST.match(s), decode_base64(payload)
+    try:
+        parsed = json.loads(claims) if claims else None
+    except ValueError:
+        return False
+    if url is None or not isinstance(parsed, dict):
+        return False
+    aud = parsed.get("aud")
+    named = [parsed.get("iss"), *(aud if isinstance(aud, list) else [aud])]
+    site = url.group(1).lower().split(".")[-2:]
+    return any(isinstance(u, str) and (h := _URL_HOST.match(u + "/")) is not None and h.group(1).lower().split(".")[-2:] == site
+               for u in named)
+
+
 def _pem_and_jwt(s: str, hits: list[FormatHit]) -> None:
     if "-----BEGIN" in s:
         for m in _PRIVATE_KEY.finditer(s):
@@ -267,6 +291,8 @@ def _pem_and_jwt(s: str, hits: list[FormatHit]) -> None:
             alg = jwt_alg(m.group(1))
             if alg is None:
                 continue
+            if _oidc_hint_home(s, m.start(), m.group(2)):
+                continue  # an ID token handed back to its own identity provider (urls._home_tokens)
             if m.group(1, 2) == _JWT_IO_SAMPLE:
                 hits.append(("example_secret", m.start(), m.end(), "jwt.io's sample JWT"))
             else:
