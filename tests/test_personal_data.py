@@ -207,3 +207,19 @@ def test_a_secret_store_read_is_a_credential_read(tool: str, args: dict[str, Any
     assert ("credential_read" in classes) is read
     if read:
         assert paths["credential_read"][0].startswith(tool)
+
+
+def test_answers_earn_credential_confidential_and_row_classes() -> None:
+    """Round 4: what an answer holds classifies the read, whatever the tool is called."""
+    from gateway.stages.classify import result_classes
+
+    rsa_body = "MIIEpAIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gunVTLw7onLRnrq0"
+    assert result_classes(text_result(f"deploy_host: 10.2.3.4\nssh_key: {rsa_body}")) == {"credential_read"}
+    assert result_classes(text_result("aws_access_key_id = AKIAIOSFODNN7EXAMPLE")) == set()
+    assert result_classes(text_result("STRICTLY CONFIDENTIAL\nBoard pack\n1. Acquisition")) == {"confidential_read"}
+    assert result_classes(text_result("Einstufung: VERTRAULICH\nPreise 2027")) == {"confidential_read"}
+    prose = "Privacy policy\nConfidential information you share with support is deleted after 90 days, and we never sell it."
+    assert result_classes(text_result(prose)) == set()
+    assert result_classes(text_result("Secret Santa\nGifts under 20 EUR")) == set()
+    rows = "name; born; address\nAnna Keller; born 1970-01-10; 12 Mill Lane, Leeds\nBrian Osei; born 1983-06-02; 4 Park Road, York"
+    assert result_classes(text_result(rows)) == {"records_read"}

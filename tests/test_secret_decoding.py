@@ -712,3 +712,29 @@ def test_a_secret_is_found_by_its_vendors_name_alone() -> None:
     assert [f.via for f in detect_secrets(f"aws_secret_access_key = {secret}".encode().hex())] == ["hex"]
     digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
     assert list(detect_secrets(f"secret_key_sha256 = {digest}\naccess_token_ttl = 3600\nsecret_key = <your-secret-key-here>")) == []
+
+
+def test_private_key_bodies_without_armour_and_keys_cut_at_a_seam() -> None:
+    """Round 4: a DER/OpenSSH key body is a private key; public DER is not; a key cut across two values is found joined."""
+    rsa = "MIIEpAIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gunVTLw7onLRnrq0"
+    ec = "MHcCAQEEIIBJRg78jRgZaXtTb5QFJlHiwGUVdL5g1wDEhKO7mAbCdEfGoAoGCCqGSM49AwEHoUQDQgAE"
+    spki = "MIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEA0y4AClh0e/P0oEPnijE6abcdefghijklmnop"
+    csr = "MIHWMH0CAQAwGzEZMBcGA1UEAwwQc2hvcC5leGFtcGxlLm9yZzBZMBMGByqGSM49abcdefghijklmn"
+    assert {f.kind for f in detect_secrets({"k": rsa})} == {"private_key"}
+    assert {f.kind for f in detect_secrets({"k": "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAA"})} == {"private_key"}
+    assert detect_secrets({"a": spki, "b": csr}) == ()
+    cut = detect_secrets({"a": "notes\n" + ec[:5], "b": ec[5:] + "\n"})
+    assert [(f.kind, f.path, f.via) for f in cut] == [("private_key", "$.a+$.b", "split")]
+    header = detect_secrets({"a": "see below\n-----BEGIN RSA PRIV", "b": "ATE KEY-----\n(rest follows)"})
+    assert [(f.kind, f.via) for f in header] == [("private_key", "split")]
+
+
+def test_documented_example_values_of_any_vendor_are_examples() -> None:
+    """Round 4: a credential-shaped value spelling EXAMPLE is example_secret, under any name."""
+    for value in (
+        {"t": "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"},
+        {"aws_secret": "je7MtGbClwBF/2Zp9Utk/h3yCo8nvbEXAMPLEKEY"},
+        {"t": "AKIAIOSFODNN7EXAMPLE"},
+    ):
+        assert {f.kind for f in detect_secrets(value)} == {"example_secret"}, value
+    assert {f.kind for f in detect_secrets({"t": "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYzq8Rt2KEY"})} == {"api_key"}

@@ -3,7 +3,8 @@
 `classify_call(tool, annotations, arguments)` names the classes of one call (`credential_read`,
 `env_read`, `network_send`, `download`, `write`, `execute`, `recon`, `destructive`, `records_read`:
 records of people read from a database, CRM, FHIR/EHR, HR, billing or ticketing tool;
-`personal_data`: a send whose content carries data about people, `personal.carries_personal`) and
+`personal_data`: a send whose content carries data about people, `personal.carries_personal`;
+`confidential_read`, earned only by an answer: a document marked confidential) and
 the paths or URLs each touches. It looks at the tool's name (split into words: `read_text_file`,
 `readTextFile`), the paths and URLs in its arguments and, to add classes only, the backend's
 `openWorldHint` / `destructiveHint` annotations (a backend cannot classify its way out). Shell
@@ -26,6 +27,7 @@ from urllib.parse import unquote_plus
 from gateway.memo import Memo
 from gateway.sensitive_paths import CREDENTIAL_FILE, sensitive_path
 from gateway.stages.sanitizer.decode import decode_base64
+from gateway.stages.sanitizer.formats import credential_hits
 from gateway.stages.sanitizer.personal import carries_personal, emails, personal_kinds
 
 if TYPE_CHECKING:
@@ -39,7 +41,7 @@ __all__ = [
 #: The class vocabulary (shared with the shell analysis).
 CLASSES: Final = frozenset(
     {"credential_read", "env_read", "network_send", "download", "write", "execute", "recon", "destructive",
-     "records_read", "personal_data"}
+     "records_read", "personal_data", "confidential_read"}
 )
 
 _MAX_PATHS: Final = 16  # per class: a call naming hundreds of files keeps the first few
@@ -409,17 +411,67 @@ def _own_record(text: str, kinds: dict[str, int], addressees: list[str]) -> bool
 
 
 def result_classes(result: Any) -> set[str]:
-    """Classes a call earns by what it answered: `records_read` when its text holds the records of
-    several people (two or more emails, phone numbers, IBANs or national ids with other personal
-    data: a report, an export, a database page, whatever the tool is called). A character count
-    for an answer with fewer than two `@` and two `+`."""
+    """Classes a call earns by what it answered, whatever the tool is called: `records_read` when its
+    text holds the records of several people (two or more emails, phone numbers, IBANs, national
+    ids, birth dates or addresses with other personal data: a report, an export, a database page);
+    `credential_read` when it holds a private key or a vendor-format credential (a settings tool
+    answering with a deploy key, a state file full of access keys: redacted before the model saw
+    it, but the agent reached the secrets); `confidential_read` when a classification marking heads
+    or ends it (`_marked`). Character counts and `in` tests gate each look."""
     text = _result_text(result)
-    if text.count("@") < 2 and text.count("+") < 2:
+    if not text:
         return set()
-    kinds = personal_kinds(text)
-    if carries_personal(kinds) and any(kinds.get(k, 0) >= 2 for k in ("email", "phone", "iban", "national_id")):
-        return {"records_read"}
-    return set()
+    found: set[str] = set()
+    if any(h[0] in ("private_key", "api_key") for h in credential_hits(text)):
+        found.add("credential_read")
+    if _marked(text):
+        found.add("confidential_read")
+    if text.count("@") >= 2 or text.count("+") >= 2:
+        kinds = personal_kinds(text)
+    elif text.count("\n", 0, _ROWS_SPAN) >= 2:  # rows without contacts: birth dates, addresses
+        kinds = personal_kinds(text[:_ROWS_SPAN])
+    else:
+        return found
+    if carries_personal(kinds) and any(kinds.get(k, 0) >= 2 for k in ("email", "phone", "iban", "national_id", "birthdate", "address")):
+        found.add("records_read")
+    return found
+
+
+_ROWS_SPAN: Final = 16_384  # characters of an answer without emails or phone numbers read for rows of people
+
+#: A classification marking: an optional label (`Classification:`, `Einstufung:`), then the level.
+_MARKING: Final = re.compile(
+    r"""(?:(?P<label>classification|classified|sensitivity|security\ label|einstufung|klassifizierung|clasificaci[oó]n|
+          classification\ de\ s[ée]curit[ée]|niveau|data\ class(?:ification)?)\s*[:=\-–—]\s*)?
+        (?P<mark>(?:strictly\ |highly\ |company\ |business\ |commercially\ |streng\ |strictement\ |estrictamente\ )?
+          (?:confidential|internal\ (?:use\ )?only|for\ internal\ use\ only|restricted|top\ secret|secret|
+             privileged(?:\ (?:&|and)\ confidential)?|proprietary(?:\ (?:&|and)\ confidential)?|attorney[-\ ]client\ privileged|
+             vertraulich|geheim|nur\ f[üu]r\ den\ internen\ gebrauch|confidentiel(?:le)?|diffusion\ restreinte|
+             confidencial|reservado|riservato|confidenziale|vertrouwelijk|poufne|sekretess|fortrolig|
+             機密|社外秘|极密|机密|绝密|대외비))(?![a-z])""",
+    re.I | re.X,
+)
+_WEAK_MARKS: Final = frozenset({"secret", "restricted", "geheim", "reservado", "top secret"})  # also headings: capitals or a label only
+_DECORATION: Final = " \t*#=_~|[](){}<>:-–—•"
+_MARKING_SPAN: Final = 2_048  # characters read at each end of a document
+
+
+def _marked(text: str) -> bool:
+    """Whether a classification marking stands at the start of a line in the head or the tail of a
+    document: with a label (`Classification: Internal only`), written in capitals (`STRICTLY
+    CONFIDENTIAL`), or as a short line of its own (`Confidential – draft`). Prose that says data is
+    kept confidential, mid-sentence or in a long line, is no marking."""
+    ends = text if len(text) <= 2 * _MARKING_SPAN else text[:_MARKING_SPAN] + "\n" + text[-_MARKING_SPAN:]
+    for line in ends.splitlines():
+        bare = line.strip(_DECORATION)
+        m = _MARKING.match(bare)
+        if m is None:
+            continue
+        mark = m.group("mark")
+        short = len(bare.split()) <= 6 and mark.lower() not in _WEAK_MARKS
+        if m.group("label") or (mark.isupper() if mark.isascii() else True) or short:
+            return True
+    return False
 
 
 def _result_text(result: Any) -> str:
@@ -451,17 +503,21 @@ def history_detail(ctx: CallContext, *, ran: bool) -> dict[str, Any]:
     """What the session history keeps of a call for later sequence rules: its classes, the paths
     each touched (normalised; URLs without user, query or fragment), the kinds of its argument
     findings, whether it reached its backend, and its time in epoch seconds. A call that ran also
-    keeps the classes its answer earns (`result_classes`: records of people, whatever the tool
-    is called)."""
+    keeps the classes its answer earns (`result_classes`: records of people, credentials, a
+    confidential document, whatever the tool is called), each with "the answer of <tool>" as its path."""
     classes = set(ctx.classes)
-    if ran and ctx.answer is not None and not ctx.answer.is_error and "network_send" not in classes:
-        classes |= result_classes(ctx.answer.result)
+    earned: set[str] = set()
+    # A send's answer echoes what was sent; a "fetch" of a document by id (no URL) is a read.
+    if ran and ctx.answer is not None and not ctx.answer.is_error and not ctx.class_paths.get("network_send"):
+        earned = result_classes(ctx.answer.result) - classes
+        classes |= earned
     return {
         "at": ctx.clock,
         "ran": ran,
         "classes": sorted(classes),
         "paths": {
-            cls: [safe_location(p) if "://" in p else normalise_path(p) for p in ctx.class_paths.get(cls, ())[:_MAX_PATHS]]
+            cls: [f"the answer of {ctx.call.tool[:128]}"] if cls in earned else
+            [safe_location(p) if "://" in p else normalise_path(p) for p in ctx.class_paths.get(cls, ())[:_MAX_PATHS]]
             for cls in sorted(classes)
         },
         "findings": sorted({f.kind for f in ctx.findings}),

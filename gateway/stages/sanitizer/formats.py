@@ -5,13 +5,21 @@ Anthropic, OpenAI, Google, Hugging Face, SendGrid, PyPI, ... and PEM private key
 string. Each format is a literal that every match contains (a cheap `in` test first), the token's
 grammar, the characters that may not touch it on either side, and a check of its body: a value
 made only of placeholder words and filler (`sk_live_xxxx`, `sk-proj-your-api-key-here`,
-`AKIAXXXXXXXXXXXXXXXX`) is no credential, and neither is a documented example value (AWS's
-`...EXAMPLE` key ids, jwt.io's token): those are `example_secret`. Stripe test-mode keys
+`AKIAXXXXXXXXXXXXXXXX`) is no credential, and neither is a documented example value (a body
+carrying the upper-case word EXAMPLE, the convention AWS's and other vendors' documentation use:
+`AKIAIOSFODNN7EXAMPLE`, `wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY`; jwt.io's token): those are
+`example_secret` (`documented_example`). Stripe test-mode keys
 (`sk_test_`) are not live secrets and are not looked for.
 
 With `glued` (a text whose separators were removed to rejoin a token cut by spaces, pipes,
 quotes or concatenation), a match may touch the text after it, and the character before it is
 checked in the original string instead.
+
+A private key is also found without its PEM armour: a base64 body whose first bytes are a DER
+private-key structure (PKCS#1 RSA/DSA, SEC 1 EC, PKCS#8, PKCS#12: a SEQUENCE opening with a small
+version INTEGER, which certificates, CSRs and public keys never do), an OpenSSH key body
+(`openssh-key-v1`) or a PuTTY key file (`key_body_hits`): what is left when an attacker drops or
+cuts the BEGIN line.
 
 `public_hits(s)` finds public key material: PEM certificates and public keys, PGP public key
 blocks, SSH public keys (the blob must name its key type), Stripe publishable keys and age
@@ -34,7 +42,7 @@ from typing import Final
 
 from gateway.stages.sanitizer.decode import decode_base64
 
-__all__ = ["FORMATS", "PREFIXES", "credential_hits", "is_placeholder", "jwt_alg", "public_hits"]
+__all__ = ["FORMATS", "PREFIXES", "credential_hits", "documented_example", "is_placeholder", "jwt_alg", "key_body_hits", "public_hits"]
 
 FormatHit = tuple[str, int, int, str]
 _ALNUM: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
@@ -64,6 +72,14 @@ _NEUTRAL_WORDS: Final = frozenset(
      "admin", "svcacct", "ghp", "github", "pat", "npm", "xoxb", "xoxp", "akia", "aiza", "hf", "glpat", "whsec",
      "real", "actual", "new", "own", "personal", "env", "var", "name", "s", "1", "2"}
 )  # fmt: skip
+
+
+def documented_example(value: str) -> bool:
+    """Whether a credential-shaped value is a documented example: vendors' documentation marks
+    example credentials with the upper-case word EXAMPLE in the body (AWS: `AKIAIOSFODNN7EXAMPLE`,
+    `wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY`, session tokens `AQoEXAMPLEH4aoAH…`); a random body
+    spells it once in ~10^11 values."""
+    return "EXAMPLE" in value
 
 
 def is_placeholder(value: str) -> bool:
@@ -188,7 +204,7 @@ def jwt_alg(header: str) -> str | None:
 
 def _describe(fmt: _Format, token: str) -> tuple[str, str] | None:
     """(kind, detail) for one match of `fmt`, or None when it is a placeholder or fails its check."""
-    if fmt.example is not None and fmt.example(token):
+    if (fmt.example or documented_example)(token[fmt.prefix :]):
         return "example_secret", f"{fmt.label}: a documented example value"
     if (fmt.check is not None and not fmt.check(token)) or is_placeholder(token[fmt.prefix :]):
         return None
@@ -211,6 +227,8 @@ def credential_hits(s: str, glued: Sequence[int] | None = None, original: str = 
                     _format_hits(fmt, s, glued, original, hits)
     if glued is None:
         _pem_and_jwt(s, hits)
+        if len(s) >= _KEY_BODY_MIN:
+            key_body_hits(s, hits)
     return hits
 
 
@@ -239,6 +257,30 @@ def _placeholder_head(fmt: _Format, s: str, glued: Sequence[int], a: int, b: int
     return k - a > fmt.prefix and is_placeholder(s[a + fmt.prefix : k])
 
 
+_OIDC_HINT: Final = re.compile(r"[?&](?:id_token_hint|request|logout_hint)=\Z")
+_URL_HOST: Final = re.compile(r"\s*https?://([A-Za-z0-9.-]+)[/?:]")
+
+
+def _oidc_hint_home(s: str, start: int, payload: str) -> bool:
+    """Whether the JWT at `start` is the `id_token_hint`/`request` of a URL (the whole string) on the
+    same registered domain as the JWT's `iss` or `aud`: an OIDC logout or request object going back
+    to the identity provider it names. Sent to any other host it stays a `jwt`."""
+    if start < 8 or _OIDC_HINT.search(s, max(0, start - 16), start) is None:
+        return False
+    url, claims = _URL_HOST.match(s), decode_base64(payload)
+    try:
+        parsed = json.loads(claims) if claims else None
+    except ValueError:
+        return False
+    if url is None or not isinstance(parsed, dict):
+        return False
+    aud = parsed.get("aud")
+    named = [parsed.get("iss"), *(aud if isinstance(aud, list) else [aud])]
+    site = url.group(1).lower().split(".")[-2:]
+    return any(isinstance(u, str) and (h := _URL_HOST.match(u + "/")) is not None and h.group(1).lower().split(".")[-2:] == site
+               for u in named)
+
+
 def _pem_and_jwt(s: str, hits: list[FormatHit]) -> None:
     if "-----BEGIN" in s:
         for m in _PRIVATE_KEY.finditer(s):
@@ -249,11 +291,64 @@ def _pem_and_jwt(s: str, hits: list[FormatHit]) -> None:
             alg = jwt_alg(m.group(1))
             if alg is None:
                 continue
+            if _oidc_hint_home(s, m.start(), m.group(2)):
+                continue  # an ID token handed back to its own identity provider (urls._home_tokens)
             if m.group(1, 2) == _JWT_IO_SAMPLE:
                 hits.append(("example_secret", m.start(), m.end(), "jwt.io's sample JWT"))
             else:
                 hits.append(("jwt", m.start(), m.end(), f"JWT (alg {alg[:16]}), {m.end() - m.start()} chars"))
 
+
+#: Where an armour-less private key body can start: base64 of a DER SEQUENCE (0x30: `M`, then a
+#: length byte: `C`-`J`), of `openssh-key-v1`, or a PuTTY key file's header.
+_KEY_BODY_MIN: Final = 19  # the shortest start looked for (`b3BlbnNzaC1rZXktdjE`)
+_DER_START: Final = re.compile(r"M[C-J][A-Za-z0-9+/]{38}")  # a literal first character: the engine skips to it
+_OTHER_STARTS: Final = ("b3BlbnNzaC1rZXktdjE", "PuTTY-User-Key-File-")
+
+
+def _der_private(head: str) -> str | None:
+    """What DER private-key structure a base64 run starts with, or None: a SEQUENCE whose first
+    element is INTEGER 0, 1 or 3 followed by an INTEGER (PKCS#1), an OCTET STRING (SEC 1 EC) or a
+    SEQUENCE (PKCS#8, PKCS#12). Certificates, CSRs and public keys open with a SEQUENCE instead."""
+    data = decode_base64(head[:16])
+    if data is None or len(data) < 8 or data[0] != 0x30:
+        return None
+    n = 2 if data[1] < 0x80 else 2 + (data[1] & 0x7F)
+    if n > 5 or data[n : n + 2] != b"\x02\x01" or len(data) <= n + 3:
+        return None
+    version, nxt = data[n + 2], data[n + 3]
+    if version == 0 and nxt == 0x02:
+        return "RSA (PKCS#1)"
+    if version in (0, 1) and nxt == 0x30:
+        return "PKCS#8"
+    if version == 1 and nxt == 0x04:
+        return "EC (SEC 1)"
+    if version == 3 and nxt == 0x30:
+        return "PKCS#12"
+    return None
+
+
+def key_body_hits(s: str, hits: list[FormatHit]) -> None:
+    """Private keys without their PEM armour in `s` (see the module doc): a hit spans from the start
+    of the body to the end of its base64 run (line breaks included)."""
+    starts: list[tuple[int, str]] = [(m.start(), "") for m in _DER_START.finditer(s)]
+    for lead in _OTHER_STARTS:
+        if lead in s:
+            starts += [(m.start(), lead) for m in re.finditer(re.escape(lead), s)]
+    for a, lead in starts:
+        if (a and s[a - 1] in _BASE64_CHARS) or any(h[1] <= a < h[2] for h in hits):
+            continue  # inside a longer run, or a PEM block found already
+        label = ("PuTTY" if lead[0] == "P" else "OpenSSH") if lead else _der_private(s[a : a + 16])
+        if label is None:
+            continue
+        end = a + len(lead)
+        while end < len(s) and s[end] in _BASE64_RUN:
+            end += 1
+        hits.append(("private_key", a, end, f"{label} private key body without PEM armour"))
+
+
+_BASE64_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+_BASE64_RUN: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=\r\n")
 
 # ---- public key material -------------------------------------------------------------------
 

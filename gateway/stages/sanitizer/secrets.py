@@ -28,7 +28,7 @@ from gateway.core.call import Finding
 from gateway.memo import MemoSet
 from gateway.stages.sanitizer import decode
 from gateway.stages.sanitizer.decode import MIN_TEXT, Layer, charcode_text, decode_base64, whole_text
-from gateway.stages.sanitizer.formats import PREFIXES, credential_hits, is_placeholder, public_hits
+from gateway.stages.sanitizer.formats import PREFIXES, credential_hits, documented_example, is_placeholder, key_body_hits, public_hits
 from gateway.stages.sanitizer.paths import child_path
 from gateway.stages.sanitizer.wallets import is_test_key, wallet_hits
 
@@ -202,7 +202,7 @@ def _env_secret(name: str, value: str) -> bool:
     (`NEXT_PUBLIC_*`, `*_PUBLISHABLE_KEY`), with a value that is no placeholder and no public key."""
     if _ENV_SECRET_NAME.search(name) is None or _ENV_PUBLIC_NAME.search(name) is not None:
         return False
-    return _ENV_PLACEHOLDER.match(value.strip()) is None and not is_placeholder(value) and not _public(value)
+    return _ENV_PLACEHOLDER.match(value.strip()) is None and not is_placeholder(value) and not _public(value) and not documented_example(value)
 
 
 def _env_dump(s: str, hits: list[_Hit]) -> None:
@@ -238,20 +238,28 @@ def _scan_plain(s: str) -> list[_Hit]:
     if "api" in low:
         for m in _GENERIC_KEY.finditer(s):
             if not is_placeholder(m.group(1)):
-                add(("api_key", m.start(1), m.end(1), f"api_key assignment in text, {m.end(1) - m.start(1)} chars"))
+                add(_named_hit("api_key", m.start(1), m.end(1), m.group(1), "api_key assignment in text"))
     if "secret" in low or "token" in low:
         for m in _NAMED_SECRET.finditer(s):
             value = m.group(2)
             overlaps = any(h[1] < m.end(2) and m.start(2) < h[2] for h in hits)  # a JWT, a vendor key: found already
             if _mixed_case_digit(value) and not overlaps and not is_placeholder(value):
-                add(("api_key", m.start(2), m.end(2), f"{m.group(1).lower()} assignment in text, {len(value)} chars"))
+                add(_named_hit("api_key", m.start(2), m.end(2), value, f"{m.group(1).lower()} assignment in text"))
     if "pass" in low or "pwd" in low:
         for m in _PASSWORD_TEXT.finditer(s):
             g = 1 if m.group(1) is not None else 2 if m.group(2) is not None else 3
             if _password_literal(m.group(g), quoted=g < 3, single=g == 2):
-                add(("password", m.start(g), m.end(g), f"password assignment in text, {m.end(g) - m.start(g)} chars"))
+                add(_named_hit("password", m.start(g), m.end(g), m.group(g), "password assignment in text"))
     _numbers(s, hits)
     return hits
+
+
+def _named_hit(kind: str, start: int, end: int, value: str, what: str) -> tuple[str, int, int, str]:
+    """A value found by the name it is given: `kind`, or `example_secret` when it is a documented
+    example (AWS's `wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY` under `aws_secret_access_key`)."""
+    if documented_example(value):
+        return "example_secret", start, end, f"{what}: a documented example value"
+    return kind, start, end, f"{what}, {end - start} chars"
 
 
 def _password_literal(value: str, quoted: bool, single: bool) -> bool:
@@ -377,7 +385,9 @@ def value_hits(value: Any, key_kind: str | None) -> list[_Hit]:
     """Hits for a scalar value: its text, plus what its key's name says it is."""
     if type(value) is str:
         hits = _scan(value) if len(value) >= MIN_SCAN else []
-        if key_kind is not None and value and not is_placeholder(value) and not _public(value):
+        if key_kind is not None and value and documented_example(value):
+            hits.append(("example_secret", 0, len(value), f"{key_kind} field: a documented example value", "", ""))
+        elif key_kind is not None and value and not is_placeholder(value) and not _public(value):
             if key_kind == "password":
                 hit: _Hit | None = ("password", 0, len(value), f"password-like field, {len(value)} chars", "", "")
             elif key_kind == "private_key":  # a raw key under its name: hex, base58, base64 (a PEM is found as text)
@@ -484,6 +494,35 @@ def _encoded_pieces(parent: str, pieces: Sequence[Piece], seen: set[tuple[str, s
             path = "+".join(child_path(parent, pieces[i][0]) for i in covered)
             finding = Finding(kind, path, f"{detail}, split across {len(covered)} fields", "", f"split>{group[0][1][0]}")
             out.append((finding, [(i, (kind, 0, len(pieces[i][1]), detail, "split", "")) for i in covered]))
+    return out
+
+
+_KEY_HEADER: Final = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+_EDGE_TAIL: Final = 48  # characters of a value's end and of the next value's start joined at a seam
+_EDGE_HEAD: Final = 64
+
+
+def key_edges(parent: str, values: Sequence[tuple[str | int, str, frozenset[str]]]) -> list[Finding]:
+    """Private keys cut at the seam between two consecutive string values of a container, where
+    `split_secrets` does not look (values with line breaks or longer than a piece: a PEM block cut
+    inside its BEGIN line, an armour-less body cut in its first characters). Only the end of one
+    value and the start of the next are joined, so the cost is bounded per seam; a key found in
+    either value alone is not reported again."""
+    out: list[Finding] = []
+    for (ka, a, kinds_a), (kb, b, kinds_b) in zip(values[:SPLIT_MAX_STARTS], values[1 : SPLIT_MAX_STARTS + 1]):
+        if "private_key" in kinds_a or "private_key" in kinds_b or (split_piece(a) and split_piece(b)):
+            continue
+        tail = a[-_EDGE_TAIL:]
+        seam = tail + b[:_EDGE_HEAD]
+        hits: list[tuple[str, int, int, str]] = []
+        if "-----BEGIN" in seam:
+            hits += [("private_key", m.start(), m.end(), "private key block") for m in _KEY_HEADER.finditer(seam)]
+        key_body_hits(seam, hits)
+        for _kind, start, end, detail in hits:
+            if start < len(tail) < end:
+                path = f"{child_path(parent, ka)}+{child_path(parent, kb)}"
+                out.append(Finding("private_key", path, f"{detail}, split across 2 fields", "", "split"))
+                break
     return out
 
 
@@ -607,6 +646,7 @@ def _walk_container(src: Any, dst: Any, here: str, order: tuple[int, ...], rebui
     scalar_hits: dict[int, tuple[list[_Hit], str | None]] = {}
     pieces: list[Piece] = []
     piece_index: list[int] = []
+    texts: list[Piece] = []
     for i, (key, v) in enumerate(pairs):
         if isinstance(v, (dict, list, tuple)):
             continue
@@ -615,10 +655,12 @@ def _walk_container(src: Any, dst: Any, here: str, order: tuple[int, ...], rebui
         scalar_hits[i] = (hits, key_kind)
         if hits and isinstance(key, (str, int)):
             add_findings(hits, child_path(here, key), findings)
-        if type(v) is str and isinstance(key, (str, int)) and split_piece(v):
+        if type(v) is str and isinstance(key, (str, int)):
             kinds = frozenset(h[0] for h in hits) if hits else NO_KINDS
-            pieces.append((key, v, kinds))
-            piece_index.append(i)
+            texts.append((key, v, kinds))
+            if split_piece(v):
+                pieces.append((key, v, kinds))
+                piece_index.append(i)
     if pieces:
         spread.add(order, here, pieces, piece_index, dst)
     extra: dict[int, list[_Hit]] = {}
@@ -627,6 +669,8 @@ def _walk_container(src: Any, dst: Any, here: str, order: tuple[int, ...], rebui
             findings.append(finding)
             for piece, hit in parts:
                 extra.setdefault(piece_index[piece], []).append(hit)
+    if len(texts) > 1:
+        findings.extend(key_edges(here, texts))
     codes = charcode_hits(src) if type(src) is not dict and len(scalar_hits) == len(pairs) else []
     add_findings(codes, here, findings)
     for i, (key, v) in enumerate(pairs):

@@ -41,6 +41,7 @@ from urllib.parse import unquote, unquote_plus
 from gateway.memo import Memo
 from gateway.stages.classify import tool_words
 from gateway.stages.sanitizer.decode import decode_base64
+from gateway.stages.sanitizer.formats import credential_hits, documented_example, is_placeholder
 from gateway.stages.sanitizer.hosts import CLASSES, HostFacts, host_facts
 from gateway.stages.sanitizer.paths import child_path
 from gateway.stages.sanitizer.personal import identifies_person, personal_kinds
@@ -65,8 +66,12 @@ NETWORK_SCHEMES: Final = frozenset({
     "memcached", "sip", "xmpp", "ldapi",
 })  # fmt: skip
 #: Schemes that read local files or run code (their "host" is not one, when they have any).
-LOCAL_SCHEMES: Final = frozenset({"file", "jar", "netdoc", "php", "phar", "expect", "javascript", "vbscript"})
-_OPAQUE: Final = frozenset({"jar", "javascript", "vbscript", "php", "phar", "expect"})
+LOCAL_SCHEMES: Final = frozenset({"file", "jar", "netdoc", "php", "phar", "expect", "javascript", "vbscript", "data"})
+_OPAQUE: Final = frozenset({"jar", "javascript", "vbscript", "php", "phar", "expect", "data"})
+#: Media types a `data:` URL may carry into a URL field and stay inert (an inline picture for an image
+#: tool); any other (HTML, SVG, script, text, none) is a document a browser renders and runs.
+_INERT_MEDIA: Final = ("image/png", "image/jpeg", "image/jpg", "image/gif", "image/webp", "image/avif", "image/bmp",
+                       "image/x-icon", "image/vnd.microsoft.icon", "image/tiff", "audio/", "video/", "font/")
 _SPECIAL: Final = frozenset({"http", "https", "ws", "wss", "ftp", "file"})  # WHATWG: `\` is `/`, slashes optional
 _DEFAULT_PORTS: Final = {
     "http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21, "ftps": 990, "sftp": 22, "ssh": 22, "git": 9418,
@@ -269,6 +274,10 @@ def _found(text: str, url_field: bool, host_field: bool) -> Iterator[tuple[str, 
             url = _trim(url)
         spans.append(m.span())
         yield url, ""
+    if not spans and url_field and whole[:5].lower() == "data:":
+        if not whole[5:].split(",", 1)[0].split(";", 1)[0].strip().lower().startswith(_INERT_MEDIA):
+            yield whole[:4096], ""  # a document the client renders: the `data` scheme (egress.yaml)
+        return
     if not spans:
         bare = _NO_SLASHES.match(whole)
         if bare is not None:
@@ -484,7 +493,10 @@ def _carried(url: str, parts: _Parts, facts: HostFacts, nested: list[tuple[str, 
     data: list[str] = []
     secrets: set[str] = set()
     entropy = 0.0
-    _scan_secrets(url, secrets)
+    pairs = parts.query.split("&")[:MAX_PARTS]
+    oauth = _oauth_request(pairs)
+    home = _home_tokens(pairs, parts.host) if oauth else set()
+    _scan_secrets(_without(url, home) if home else url, secrets)
     if parts.host and not facts.ip and not facts.invalid:
         entropy = _host_labels(parts.host, data, secrets)
     if parts.userinfo:
@@ -494,18 +506,125 @@ def _carried(url: str, parts: _Parts, facts: HostFacts, nested: list[tuple[str, 
         _token(unquote(parts.userinfo), "userinfo", data, secrets, nested)
     _path(parts.path, data, secrets, nested)
     fields: list[str] = []  # `key: value`, the query's pairs as personal_kinds reads labels
-    for pair in parts.query.split("&")[:MAX_PARTS]:
+    for pair in pairs:
         value = pair.partition("=")[2] or (pair if "=" not in pair else "")
-        if value:
+        if value and value not in home:
             text, hidden = _unquoted(value, plus=True)
             if hidden >= 8:
                 data.append("query_encoded")
-            _value(text, hidden, "query", data, secrets, nested)
+            opaque = oauth and unquote_plus(pair.partition("=")[0]).lower() in _OAUTH_OPAQUE
+            _value(text, hidden, "query", [] if opaque else data, secrets, nested)
             fields.append(f"{_unquoted(pair.partition('=')[0], plus=True)[0]}: {text}")
-    fields.extend(unquote(seg) for seg in parts.path.split("/")[:MAX_PARTS] if seg)
+    segments = [unquote(seg) for seg in parts.path.split("/")[:MAX_PARTS] if seg]
+    fields.extend(segments)
+    _chunked(segments, secrets)
+    _chunked([f.partition(": ")[2] for f in fields[: len(fields) - len(segments)]], secrets)
+    if parts.host and not facts.ip:
+        labels = parts.host.split(".")
+        _chunked(labels[: -_registrable(labels)], secrets)
     if fields and identifies_person(personal_kinds("\n".join(fields))):
         data.append("url_personal")
     return sorted(set(data)), sorted(secrets), entropy
+
+
+#: An OAuth 2.0 / OpenID Connect request or redirect (RFC 6749, OIDC Core and RP-Initiated Logout):
+#: its query names a client, a redirect or a logout hint, or carries an authorization code with its state.
+_OAUTH_MARKS: Final = frozenset({"client_id", "response_type", "redirect_uri", "id_token_hint", "post_logout_redirect_uri",
+                                 "code_challenge", "logout_hint"})
+#: Parameters whose values are opaque by design (random, or the client's own encoded state): what they
+#: decode to is not data carried out. Their secrets still count (a token hidden in a state).
+_OAUTH_OPAQUE: Final = frozenset({"state", "nonce", "code_challenge", "code", "session_state", "relaystate", "login_hint"})
+#: Parameters that hand a JWT to the identity provider: fine when the JWT names that provider.
+_OAUTH_TOKENS: Final = frozenset({"id_token_hint", "request", "logout_hint"})
+
+
+def _oauth_request(pairs: list[str]) -> bool:
+    """Whether a URL's query pairs are an OAuth/OIDC request or redirect (`_OAUTH_MARKS`, or a code with its state)."""
+    names = {unquote_plus(p.partition("=")[0]).lower() for p in pairs if "=" in p}
+    return bool(names & _OAUTH_MARKS) or {"code", "state"} <= names
+
+
+def _home_tokens(pairs: list[str], host: str) -> set[str]:
+    """The raw values of an OAuth URL's JWT parameters (`id_token_hint`, `request`) that go back to
+    the identity provider they name: the JWT's `iss` or `aud` is a URL on the same site as the
+    URL's host. An ID token sent to any other host is a token leaving, and is judged as one."""
+    home: set[str] = set()
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if unquote_plus(name).lower() not in _OAUTH_TOKENS or value.count(".") != 2:
+            continue
+        raw = decode_base64(unquote_plus(value).split(".")[1])
+        try:
+            claims = json.loads(raw) if raw else None
+        except ValueError:
+            continue
+        if not isinstance(claims, dict):
+            continue
+        named = [claims.get("iss"), *(claims.get("aud") if isinstance(claims.get("aud"), list) else [claims.get("aud")])]
+        if any(isinstance(u, str) and "://" in u and _same_site(_split(u.strip()).host, host) for u in named):
+            home.add(value)
+    return home
+
+
+def _same_site(a: str, b: str) -> bool:
+    """Whether two host names share their registered domain (`login.microsoftonline.com`, `sso.acme.com`/`acme.com`)."""
+    la, lb = a.lower().rstrip(".").split("."), b.lower().rstrip(".").split(".")
+    n = _registrable(la)
+    return len(la) >= n and la[-n:] == lb[-n:]
+
+
+def _without(url: str, values: set[str]) -> str:
+    """`url` with the given query values cut out (the JWTs `_home_tokens` let through)."""
+    for value in values:
+        url = url.replace(value, "")
+    return url
+
+
+_CHUNK_KINDS: Final = frozenset({"api_key", "private_key", "jwt"})
+#: The start of a vendor credential with only part of its body: the first chunk of a secret sent in
+#: pieces over several requests (`?d=ghp_dGlMoiyrl`, then the rest), or a PEM block's first line.
+_SECRET_HEAD: Final = re.compile(
+    r"(?:gh[pousr]_|github_pat_|glpat-|npm_|xox[bpaser]-|xapp-|[sr]k_live_|whsec_|sk-ant-|sk-(?:proj|svcacct|admin)-|"
+    r"AKIA|ASIA|AIza|hf_|pypi-AgE|do[opr]_v1_|shp(?:at|ss|ca|pa)_|AGE-SECRET-KEY-1)([A-Za-z0-9_-]{4,})\Z"
+    r"|-----BEGIN [A-Z0-9 ]*PRIVATE KEY"
+)
+
+
+def _head(text: str, where: str, data: list[str]) -> None:
+    """`<where>_secret_head` when a query value or path segment (or what it decodes to) is a vendor
+    credential's prefix with part of a body (`_SECRET_HEAD`): no whole credential, yet nothing but
+    a credential starts so. Placeholders (`ghp_xxxx`) and documented examples are not."""
+    if len(text) < 8 or len(text) > 512:
+        return
+    m = _SECRET_HEAD.match(text)
+    if m is None:
+        return
+    body = m.group(1)
+    if body is None or (_random_body(body) and not is_placeholder(body) and not documented_example(body)):
+        data.append(f"{where}_secret_head")
+
+
+def _random_body(body: str) -> bool:
+    """Two of upper case, lower case and digits: a random token's body, not a word (`npm_lazy`)."""
+    return sum((any(c.isupper() for c in body), any(c.islower() for c in body), any(c.isdigit() for c in body))) >= 2
+
+
+def _chunked(pieces: list[str], secrets: set[str]) -> None:
+    """A credential cut in chunks across the query values, the path segments or the host labels of
+    one URL (`?p1=ghp_dGlM&p2=oiyrlfx…`, `/ghp_dGlM/oiyrlfx…/`): the chunks joined in order (each
+    boundary remembered, as the scanner rejoins a token cut by separators) and read for credential
+    formats; one spanning two chunks counts (a credential inside one chunk was found already)."""
+    if len(pieces) < 2 or sum(map(len, pieces)) > 4_096:
+        return
+    original = "\n".join(pieces)
+    index = [i for i, ch in enumerate(original) if ch != "\n"]
+    joined = original.replace("\n", "")
+    if len(joined) < 16 or len(joined) != len(index):
+        return
+    index.append(len(original))
+    for kind, start, end, _detail in credential_hits(joined, index, original):
+        if kind in _CHUNK_KINDS and "\n" in original[index[start] : index[end - 1]]:
+            secrets.add(kind)
 
 
 def _path(path: str, data: list[str], secrets: set[str], nested: list[tuple[str, str]]) -> None:
@@ -516,6 +635,10 @@ def _path(path: str, data: list[str], secrets: set[str], nested: list[tuple[str,
     for text, hidden in [*segments, ("", 0)]:
         if hidden >= 8:
             data.append("path_encoded")
+        _head(text, "path", data)
+        stem = text.rpartition(".")[0]  # `<chunk>.png`: a file name made of an encoded chunk
+        if len(stem) >= 12 and (chunk := decode_token(stem, minimum=12)) is not None:
+            _head(chunk[1].strip(), "path", data)
         if _B64.match(text) and len(text) >= 8:
             run.append(text)
             continue
@@ -564,6 +687,7 @@ def _value(text: str, hidden: int, where: str, data: list[str], secrets: set[str
         nested.extend((_trim(m.group()), where) for m in _FIND.finditer(text) if _fetches(m))
     if hidden:
         _scan_secrets(text, secrets)  # the scanner itself decodes 3 layers of the whole URL
+    _head(text, where, data)
     _token(text, where, data, secrets, nested)
 
 
@@ -586,6 +710,7 @@ def _judge(plain: str, how: str, where: str, data: list[str], secrets: set[str],
         nested.extend((_trim(m.group()), f"{where}>{how}") for m in _FIND.finditer(plain) if _fetches(m))
         return
     found = _scan_secrets(plain, secrets)
+    _head(plain.strip(), where, data)
     if identifies_person(personal_kinds(plain)):  # before the JSON test: a person as a JSON blob is still a person
         data.append("url_personal")
     if found or (not is_json(plain) and not _id_record(plain) and (len(plain) >= 24 or "\n" in plain)):

@@ -39,6 +39,7 @@ from gateway.stages.sanitizer.secrets import (
     add_findings,
     charcode_hits,
     detect_secrets,
+    key_edges,
     kind_of_key,
     redact_secrets,
     split_piece,
@@ -156,6 +157,7 @@ def _walk(root: dict[Any, Any], limits: SanitizerLimits) -> tuple[dict[str, Any]
         entries: Iterable[tuple[Any, Any]] = src.items() if is_object else enumerate(src)
         pieces: list[tuple[str | int, str, frozenset[str]]] = []  # short strings: a secret may be split across them
         indexes: list[int] = []
+        texts: list[tuple[str | int, str, frozenset[str]]] = []  # every string: a key cut at a seam
         for i, (key, v) in enumerate(entries):
             key_kind = None
             if is_object:
@@ -196,9 +198,11 @@ def _walk(root: dict[Any, Any], limits: SanitizerLimits) -> tuple[dict[str, Any]
                 hits = value_hits(v, key_kind) if key_kind is not None or len(v) >= MIN_SCAN else []
                 if hits:
                     add_findings(hits, child_path(path, key), findings)
+                kinds = frozenset(h[0] for h in hits) if hits else NO_KINDS
                 if split_piece(v):
-                    pieces.append((key, v, frozenset(h[0] for h in hits) if hits else NO_KINDS))
+                    pieces.append((key, v, kinds))
                     indexes.append(i)
+                texts.append((key, v, kinds))
             elif t is dict or t is list or t is tuple:
                 child = child_path(path, key)
                 if depth >= max_depth:
@@ -225,6 +229,8 @@ def _walk(root: dict[Any, Any], limits: SanitizerLimits) -> tuple[dict[str, Any]
             else:
                 dst.append(v)
         _joined_findings(path, order, pieces, indexes, dst, spread, findings)
+        if len(texts) > 1:
+            findings.extend(key_edges(path, texts))
     findings.extend(finding for finding, _places in spread.secrets())
     return out, findings, changed
 
