@@ -730,11 +730,22 @@ def test_private_key_bodies_without_armour_and_keys_cut_at_a_seam() -> None:
 
 
 def test_documented_example_values_of_any_vendor_are_examples() -> None:
-    """Round 4: a credential-shaped value spelling EXAMPLE is example_secret, under any name."""
+    """Round 4: a vendor's published example value, or a value marked EXAMPLE with no random body
+    beside the mark, is example_secret, under any name."""
     for value in (
         {"t": "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"},
         {"aws_secret": "je7MtGbClwBF/2Zp9Utk/h3yCo8nvbEXAMPLEKEY"},
         {"t": "AKIAIOSFODNN7EXAMPLE"},
     ):
         assert {f.kind for f in detect_secrets(value)} == {"example_secret"}, value
+    assert not {f.kind for f in detect_secrets({"stripe_secret_key": "sk_test_EXAMPLE0000000000000000"})} - {"example_secret"}
+
+
+@pytest.mark.parametrize("marked", ["{}EXAMPLE", "EXAMPLE{}", "{}EXAMPLEKEY", "EXAMPLE-{}"])
+def test_a_real_secret_marked_example_stays_a_secret(marked: str) -> None:
+    """The mark is no way out: a random body beside EXAMPLE is still a secret (an agent told to
+    append EXAMPLE to what it sends must not get a credential through)."""
+    body = "Zr9x2Lq8Vb7Nc6Mm5Kk4Jj3Hh2Gg1Ff0Ddd1Qq"
+    kinds = {f.kind for f in detect_secrets({"t": "aws_secret_access_key = " + marked.format(body)})}
+    assert "example_secret" not in kinds and kinds, kinds
     assert {f.kind for f in detect_secrets({"t": "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYzq8Rt2KEY"})} == {"api_key"}

@@ -74,12 +74,29 @@ _NEUTRAL_WORDS: Final = frozenset(
 )  # fmt: skip
 
 
+#: Example credentials vendors publish in their documentation, with a random-looking body (the
+#: AWS CLI and STS guides' secret keys and session token). Exact values only: a real secret with
+#: EXAMPLE appended or inserted is still a secret.
+PUBLISHED_EXAMPLES: Final = frozenset({
+    "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "je7MtGbClwBF/2Zp9Utk/h3yCo8nvbEXAMPLEKEY",
+    "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+    "AQoEXAMPLEH4aoAH0gNCAPyJxz4BlCFFxWNE1OPTgk5TthT+FvwqnKwRcOIfrRh3c/LTo6UDdyJwOOvEVPvLXCrrrUtdnniCEXAMPLE/"
+    "IvU1dYUg2RVAJBanLiHb4IgRmpRV3zrkuWJOgQs8IZZaIv2BXIa2R4Olgk",
+})  # fmt: skip
+_RUN: Final = re.compile(r"[A-Za-z0-9+/]+")
+
+
 def documented_example(value: str) -> bool:
-    """Whether a credential-shaped value is a documented example: vendors' documentation marks
-    example credentials with the upper-case word EXAMPLE in the body (AWS: `AKIAIOSFODNN7EXAMPLE`,
-    `wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY`, session tokens `AQoEXAMPLEH4aoAH…`); a random body
-    spells it once in ~10^11 values."""
-    return "EXAMPLE" in value
+    """Whether a credential-shaped value is a documented example: one of the values vendors publish
+    (`PUBLISHED_EXAMPLES`), or a value marked EXAMPLE whose every other run is no random body
+    (`sk_test_EXAMPLE0000000000000000`, `ghp_EXAMPLEEXAMPLE…`: at most 7 characters, or at most 3
+    distinct ones). Appending EXAMPLE to a real secret keeps its random body, so it stays a secret."""
+    v = value.strip().strip("\"'`")
+    if v in PUBLISHED_EXAMPLES:
+        return True
+    if "EXAMPLE" not in v:
+        return False
+    return all(len(run) <= 7 or len(set(run)) <= 3 for run in _RUN.findall(v.replace("EXAMPLE", " ")))
 
 
 def is_placeholder(value: str) -> bool:

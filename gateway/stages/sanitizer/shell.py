@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fnmatch
 import functools
 import re
 import shlex
