@@ -133,6 +133,11 @@ _SYSTEM: Final = re.compile(
     r"[\[<【(]\s*(?:system|sys|system\s+(?:message|note|notice|prompt|override|instructions?|update)|syst[èe]me|sistema"
     r"|systemnachricht)\s*[\]>】)]"
     r"|<\|im_start\|>\s*system|<\|system\|>|<<SYS>>"
+    # a forged turn boundary: the end of the tool's answer, or a new user/assistant turn in a chat template's tokens
+    r"|<\|im_(?:start|end)\|>|<\|eot_id\|>|<\|start_header_id\|>|<\|(?:user|assistant|end)\|>|<(?:start|end)_of_turn>|\[/?INST\]"
+    r"|</(?:tool_result|tool_response|function_results?|tool_output)\s*>"
+    r"|\[\s*(?:platform|gateway|admin(?:istrator)?|operator|developer|security|policy|compliance)\s+(?:notice|message|directive"
+    r"|override|alert|update|instruction)\b[^\]\n]{0,60}\]"
     r"|^[ \t>*]*#{1,6}[ \t]*system(?:[ \t]+(?:message|prompt|note))?[ \t]*:?[ \t]*$"
     r"|^[ \t>*]*(?:system|syst[èe]me|sistema)(?:[ \t]+(?:message|note|notice|override|prompt|update|alert))?[ \t]*:[ \t]*\S"
     r"|\bBEGIN\s+(?:SYSTEM|DEVELOPER|ADMIN)\s+(?:PROMPT|MESSAGE|INSTRUCTIONS?)\b"
@@ -143,7 +148,8 @@ _SYSTEM: Final = re.compile(
 )
 _SYSTEM_CAPS: Final = re.compile(r"\bSYSTEM\s+(?:OVERRIDE|MESSAGE|NOTICE|PROMPT|DIRECTIVE|INSTRUCTIONS?|UPDATE|ALERT)\b")
 #: Where a forged turn can start: the patterns run only in a window around each (a whole-text search costs ~0.1 ms per 2 KB).
-_SYSTEM_MARKS: Final = ("syst", "sistema", "<|", "<<sys>>", "begin ", "end of ", "admin", "developer", "operator")
+_SYSTEM_MARKS: Final = ("syst", "sistema", "<|", "<<sys>>", "begin ", "end of ", "admin", "developer", "operator", "inst]",
+                        "_of_turn>", "</tool_", "</function_", "[platform", "[gateway", "[security", "[policy", "[compliance")
 _TEAM = (
     r"(?:anthropic|openai|google|deepmind|microsoft|meta|mistral|platform|system|security|safety|trust\s*(?:&|and)\s*safety"
     r"|admin\w*|developer|operator|moderation)(?:\s+(?:safety|security|trust|policy|alignment|admin\w*|moderation|compliance"
