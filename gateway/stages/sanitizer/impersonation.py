@@ -377,7 +377,7 @@ def _hidden(raw: str, prose: str, low: str, where: str, rescan: Rescan, quoted: 
         text = " ".join(_TAG.sub(" ", html.unescape(text)).split()) if via == "markup" else text
         if len(text) < 8:
             continue
-        texts = [text, *unseen.base64_texts(text)] if via == "markup" and len(text) >= 24 else [text]
+        texts = [text, *unseen.encoded_texts(text)] if via == "markup" and len(text) >= 24 else [text]
         for text in texts:
             found = rescan(text)
             if via == "markup" and ("hidden_instruction", via) not in seen and (

@@ -21,14 +21,15 @@ at import, each behind a cheap word test.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable
 from typing import Final
 
 from gateway.core.call import Finding
-from gateway.stages.sanitizer.decode import decode_base64
+from gateway.stages.sanitizer.decode import decoded_layers
 
-__all__ = ["AI_KEY", "READER", "base64_texts", "order"]
+__all__ = ["AI_KEY", "READER", "encoded_texts", "order"]
 
 _AI = (
     r"(?:ai|a\.i\.|llms?|gpt|chatgpt|claude|gemini|copilot|(?:ai|language|large\s+language)\s+models?|ai\s+systems?"
@@ -121,7 +122,6 @@ AI_KEY: Final = re.compile(
     r"(?i:for|to)?(?:[_\W]|(?=[A-Z]))*(?i:ai|llm|agents?|assistants?|gpt|copilot)(?:$|[_\W])"
 )
 _ORDERED_KINDS: Final = frozenset(("tool_reference", "exfiltration", "credential_request", "data_request", "url_data"))
-_BASE64_RUN: Final = re.compile(r"[A-Za-z0-9+/]{24,}={0,2}")
 
 
 def order(text: str, found: Iterable[Finding], *, addressed: bool = False) -> re.Match[str] | None:
@@ -142,19 +142,7 @@ def order(text: str, found: Iterable[Finding], *, addressed: bool = False) -> re
     return None
 
 
-def base64_texts(text: str) -> list[str]:
-    """Readable texts hidden as base64 runs in `text` (at most 4): a blob in a comment a reader never sees."""
-    out: list[str] = []
-    for m in _BASE64_RUN.finditer(text):
-        data = decode_base64(m.group())
-        if data is None:
-            continue
-        try:
-            plain = data.decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        if plain.isprintable() and " " in plain:
-            out.append(plain)
-            if len(out) >= 4:
-                break
-    return out
+def encoded_texts(text: str) -> list[str]:
+    """Readable texts hidden in encoded runs of `text` (base64, hex, URL escapes; one layer, at most
+    4): a blob in a comment a reader never sees."""
+    return [layer.text for layer in itertools.islice(decoded_layers(text), 8) if ">" not in layer.via and " " in layer.text][:4]
