@@ -268,16 +268,6 @@ _FOLDED: Final = re.compile(
 )
 _TAG: Final = re.compile(r"<[^<>]{0,400}>")
 _RLO: Final = re.compile("\u202e([^\u202c\n]{4,2000})")
-#: Hidden text addressed to an AI ("Assistant, …", "Note for LLMs: …", "AI agents reading this page: …") or telling
-#: "you" what to do beside an AI word: nobody hides such text from the human reader for an honest reason.
-_ADDRESSED: Final = re.compile(
-    r"^\W{0,4}(?:(?:dear|hey|hi|hello|attention|note\s+(?:to|for)|message\s+(?:to|for)|instructions?\s+for)\s+)?(?:all\s+)?"
-    r"(?:the\s+)?(?:ai|llms?|gpt|claude|chatgpt|gemini|assistants?|models?|agents?|bots?|language\s+models?)"
-    r"(?:\s+(?:assistants?|agents?|models?|crawlers?|systems?|readers?))?(?:\s+(?:and|&)\s+(?:ai\s+)?\w+)?"
-    r"(?:\s+(?:reading|summari[sz]ing|processing|visiting)\s+this(?:\s+(?:page|site|document|text))?)?\s*(?:[,:]|\s-\s)"
-    r"|\b(?:ai|llm|assistant|model|agent)s?\b[^.!?]{0,60}\byou\s+(?:must|shall|should|are\s+to|need\s+to|have\s+to)\b",
-    re.I,
-)
 
 
 def scan(raw: str, prose: str, low: str, words: frozenset[str], code: list[tuple[int, int]], where: str,
@@ -381,7 +371,7 @@ def _hidden(raw: str, prose: str, low: str, where: str, rescan: Rescan, quoted: 
         for text in texts:
             found = rescan(text)
             if via == "markup" and ("hidden_instruction", via) not in seen and (
-                    m := _ADDRESSED.search(text) or unseen.order(text, found)) is not None:
+                    m := unseen.order(text, found)) is not None:
                 seen.add(("hidden_instruction", via))
                 yield Finding("hidden_instruction", where, "an order in hidden text", _excerpt(text, m.start(), m.end()), via)
             for f in found:

@@ -36,15 +36,26 @@ _AI = (
     r"|(?<!user\s)(?<!customer\s)(?<!travel\s)(?<!support\s)(?<!sales\s)(?:ai\s+|autonomous\s+|coding\s+)?(?:assistants?|agents?)"
     r"|automated\s+(?:readers?|agents?|systems?|tools?|assistants?|processors?|summari[sz]ers?|reviewers?))"
 )
+_VERB = (
+    r"(?:call|use|invoke|run|execute|trigger|send|e-?mail|forward|post|upload|share|read|retrieve|open|load|visit|fetch|delete"
+    r"|remove|ignore|disregard|follow|obey|append|add|include|attach|insert|reply|respond|write|publish|transfer|pay|grant|copy"
+    r"|paste|print|output|reveal|list|collect|approve|merge|push|submit|escalate|begin|start|look\s+up|go\s+ahead|make\s+sure"
+    r"|close|refund|cancel|update|set|change|create|install|download|mark|treat|resolve|assign|book|buy|order|disable|enable"
+    r"|be\s+sure|remember\s+to|skip)"
+)
 #: An AI reader in the position of the addressee: a dedication ("note for AI agents", "site policy for
 #: crawlers and language models"), a vocative opening a sentence ("Assistant, …", "AI agents:"), the
 #: subject of an obligation or a polite request ("models summarising this article are expected to",
 #: "it would be appreciated if the assistant…"), "if you are an automated reader", "whoever processes".
 _ADDRESSEE: Final = re.compile(
     r"\b(?:note|notes|message|instructions?|documentation|guidance|guidelines|policy|notice|info(?:rmation)?|memo|hint|request"
-    r"|reminder)\s+(?:(?:is\s+)?(?:for|to)\s+)(?:(?:all|any|every|the|other)\s+)?(?:\w+\s+(?:and|&|or)\s+)?" + _AI + r"\b"
-    r"|(?:^|[.!?:;]\s+|\()(?:(?:dear|hey|hi|hello|attention|to)\s+)?(?:(?:all|any|every|the)\s+)?" + _AI + r"\s*[,:]"
-    r"|\b(?:for|to)\s+(?:\w+\s+)?(?:and|&)\s+" + _AI + r"\s*[,:]"
+    r"|reminder)\s+(?:is\s+)?(?:for|to)\s+(?:(?:all|any|every|the|other)\s+)?(?:\w+\s+(?:and|&|or)\s+)?" + _AI + r"\b[^.!?:\n]{0,40}?"
+    r"(?:[:,\u2013\u2014]|\s-\s)"
+    r"|(?:^|[.!?;]\s+|\()\W{0,3}(?:(?:dear|hey|hi|hello|attention|to)\s+)?(?:(?:all|any|every|the)\s+)?" + _AI
+    + r"(?:\s+(?:reading|summari[sz]ing|processing|visiting|viewing)\s+this(?:\s+\w+)?)?\s*(?:[,:]|\s-\s)\s*"
+    r"(?=(?:[\w'\u2019]+\s+){0,3}?(?:please|kindly|you|your|do\s+not|don['\u2019]t|never|always|before|first|the\s+following|"
+    + _VERB + r")\b)"
+    r"|\b(?:ai|llm|assistant|model|agent)s?\b[^.!?]{0,60}\byou\s+(?:must|shall|should|are\s+to|need\s+to|have\s+to)\b"
     r"|\b" + _AI + r"\b(?:\s+(?:and\s+\w+\s+)?(?:reading|summari[sz]ing|processing|visiting|reviewing|completing|setting|working|indexing"
     r"|parsing|handling)\b[^.!?\n]{0,40}?)?\s+(?:(?:is|are)\s+(?:expected|asked|required|requested|kindly\s+asked|instructed"
     r"|invited|encouraged)\s+to|(?:should|must|shall|need\s+to|needs\s+to|has\s+to|have\s+to|are\s+to|is\s+to|may\s+skip"
@@ -59,13 +70,6 @@ _ADDRESSEE_GATE: Final = frozenset((
     "ai", "llm", "llms", "gpt", "chatgpt", "claude", "gemini", "copilot", "models", "model", "assistant", "assistants",
     "agent", "agents", "automated", "whoever",
 ))  # fmt: skip
-_VERB = (
-    r"(?:call|use|invoke|run|execute|trigger|send|e-?mail|forward|post|upload|share|read|retrieve|open|load|visit|fetch|delete"
-    r"|remove|ignore|disregard|follow|obey|append|add|include|attach|insert|reply|respond|write|publish|transfer|pay|grant|copy"
-    r"|paste|print|output|reveal|list|collect|approve|merge|push|submit|escalate|begin|start|look\s+up|go\s+ahead|make\s+sure"
-    r"|close|refund|cancel|update|set|change|create|install|download|mark|treat|resolve|assign|book|buy|order|disable|enable"
-    r"|be\s+sure|remember\s+to|skip)"
-)
 #: A directive: an imperative opening a sentence (after an optional fronted clause, "Before quoting, look
 #: up…"), an obligation or a polite request, "the next step is to use…".
 _DIRECTIVE: Final = re.compile(
