@@ -1459,17 +1459,21 @@ def _data_field(path: str, text: str) -> bool:
     return not path.startswith("$.content[") or path.count(".") > 2 or is_json(text)
 
 
+_JSON_KEY: Final = re.compile(r'"([^"\\\n]{2,60})"\s*:')
+
+
 def _agent_fields(path: str, key: str | int | None, text: str, found: list[Finding]) -> Iterator[Finding]:
     """An order in a record field named for the agent (`_agent_note`, `ai_handling`), a value of
     the answer's JSON or of JSON written out as text: the field's name addresses the model, so a
     directive there is enough (`unseen.order`)."""
-    if isinstance(key, str) and unseen.AI_KEY.search(key) is not None and _data_field(path, text):
+    if isinstance(key, str) and unseen.agent_key(key) and _data_field(path, text):
         if (m := unseen.order(text, found, addressed=True)) is not None:
             yield Finding("hidden_instruction", path, "an order in a field named for the agent", _excerpt(text, m.start(), m.end()), "field")
         return
-    if text.lstrip()[:1] in ("{", "[") and unseen.AI_KEY.search(text) is not None and is_json(text):
+    if (text.lstrip()[:1] in ("{", "[") and any(map(unseen.agent_key, set(_JSON_KEY.findall(text, 0, MAX_SCAN))))
+            and is_json(text)):
         for parent, inner, value in _leaves(json.loads(text), path):
-            if isinstance(inner, str) and unseen.AI_KEY.search(inner) is not None and (
+            if isinstance(inner, str) and unseen.agent_key(inner) and (
                     m := unseen.order(value, scan_text(value, parent), addressed=True)) is not None:
                 yield Finding("hidden_instruction", child_path(parent, inner), "an order in a field named for the agent",
                               _excerpt(value, m.start(), m.end()), "field")

@@ -29,7 +29,7 @@ from typing import Final
 from gateway.core.call import Finding
 from gateway.stages.sanitizer.decode import decoded_layers
 
-__all__ = ["AI_KEY", "READER", "encoded_texts", "order"]
+__all__ = ["READER", "agent_key", "encoded_texts", "order"]
 
 _AI = (
     r"(?:ai|a\.i\.|llms?|gpt|chatgpt|claude|gemini|copilot|(?:ai|language|large\s+language)\s+models?|ai\s+systems?"
@@ -119,13 +119,21 @@ _MOVE: Final = re.compile(
     re.I,
 )
 #: A record field whose key addresses an agent (`_agent_note`, `ai_handling`, `llmInstructions`).
-AI_KEY: Final = re.compile(
+_AI_KEY: Final = re.compile(
     r"(?:^|[_\W]|(?<=[a-z])(?=[A-Z]))(?i:ai|llm|agent|assistant|gpt|copilot)s?(?:[_\W]|(?=[A-Z]))*(?i:note|notes|instructions?|hint"
     r"|hints|handling|directives?|guidance|policy|task|tasks|action|actions|todo|memo)(?:$|[_\W])"
     r"|(?:^|[_\W])(?i:note|notes|instructions?|hint|hints|handling|directives?|guidance|memo|message)(?:[_\W]|(?=[A-Z]))*"
     r"(?i:for|to)?(?:[_\W]|(?=[A-Z]))*(?i:ai|llm|agents?|assistants?|gpt|copilot)(?:$|[_\W])"
 )
 _ORDERED_KINDS: Final = frozenset(("tool_reference", "exfiltration", "credential_request", "data_request", "url_data"))
+
+
+def agent_key(key: str) -> bool:
+    """Whether a record field's name addresses an agent (`_agent_note`, `ai_handling`, `llmHint`); a
+    substring test first, the pattern only for the few names that hold one."""
+    low = key.lower()
+    return ("ai" in low or "llm" in low or "agent" in low or "assistant" in low or "gpt" in low or "copilot" in low) and (
+        _AI_KEY.search(key) is not None)
 
 
 def order(text: str, found: Iterable[Finding], *, addressed: bool = False) -> re.Match[str] | None:
