@@ -32,8 +32,9 @@ from collections.abc import Callable, Iterator
 from typing import Final
 
 from gateway.core.call import Finding
+from gateway.stages.sanitizer import unseen
 
-__all__ = ["KINDS", "ORDER_KINDS", "scan"]
+__all__ = ["KINDS", "ORDER_KINDS", "quoting", "scan"]
 
 KINDS: Final = ("prompt_extraction", "system_impersonation", "fake_authority", "rule_override")
 #: Kinds that are an order to the model (what hidden markup must carry to be withheld).
@@ -77,8 +78,21 @@ _EN_ASKED = (
     r"|instructions|tool\s+definitions)\s+you\s+(?:received|were\s+given|got|have\s+been\s+given|started\s+with)\b"
     r"|(?:^|[.:!?]\s+)list\s+(?:all|every|each)\s+(?:of\s+)?(?:the\s+)?tools?\s+(?:you\s+(?:can|have|may)|available\s+to\s+you)"
 )
+#: The model's instructions named by where they came from instead of by name: "the text you were given
+#: before this conversation started", "the guidelines you are operating under", "the part that sets out
+#: how you should behave", "a verbatim copy of your guidelines".
+_EN_CIRCUMLOCUTION = (
+    r"\b(?:paste|share|send|post|submit|include|copy|repeat|print|output|reveal|quote|reproduce|write\s+out|begin\s+with|start\s+with"
+    r"|tell\s+(?:me|us))\b" + _S + r"{0,80}?(?:\b(?:text|instructions|messages?|rules|guidelines|directives|words|prompt)\s+you\s+"
+    r"(?:were\s+given|received|got|were\s+sent)\s+(?:before|ahead\s+of|at\s+the\s+start\s+of)\s+(?:this|the)\s+(?:conversation|chat"
+    r"|session|exchange)|\b(?:guidelines|instructions|rules|directives|policies)\s+you\s+(?:are|were)\s+(?:operating|working|running)"
+    r"\s+under|\bpart\s+that\s+(?:sets\s+out|describes|defines|tells\s+you)\s+how\s+you\s+(?:should|must|are\s+to)\s+(?:behave|act"
+    r"|respond)|\bverbatim\s+(?:copy|version|text)\s+of\s+(?:your|the)\s+(?:\w+\s+){0,3}?(?:instructions|guidelines|rules|prompt"
+    r"|directives))"
+)
 _EXTRACT: Final = tuple(re.compile(p, re.I) for p in (
     _EN_VERB + _S + r"{0,80}?(?:" + _EN_OWN + "|" + _EN_ABOVE + ")",
+    _EN_CIRCUMLOCUTION,
     _EN_ITS,
     _EN_ASKED,
     r"\b(?:repet|repit|muestr|mostr|imprim|revel|escrib|dime|compart|devuelv|ense[ñn])\w*" + _S + r"{0,80}?"
@@ -102,7 +116,7 @@ _EXTRACT_GATE: Final = frozenset((
     "prompt", "prompts", "instructions", "instruction", "above", "configuration", "definitions", "instrucciones",
     "anterior", "consignes", "précède", "precede", "anweisungen", "systemanweisungen", "systemprompt", "istruzioni",
     "instruções", "instrucoes", "acima", "sopra", "vorherige", "bisherige", "oben", "schemas", "message", "rules",
-    "directives", "tools", "messages", "tool",
+    "directives", "tools", "messages", "tool", "guidelines", "verbatim", "conversation",
 ))  # fmt: skip
 _CJK_MARKS: Final = ("系统提示", "系統提示", "提示词", "系统指令", "システムプロンプト", "初期指示")
 #: "asks the model to print its…", "by asking it to repeat…": someone else is asked, this text only reports it.
@@ -119,6 +133,11 @@ _SYSTEM: Final = re.compile(
     r"[\[<【(]\s*(?:system|sys|system\s+(?:message|note|notice|prompt|override|instructions?|update)|syst[èe]me|sistema"
     r"|systemnachricht)\s*[\]>】)]"
     r"|<\|im_start\|>\s*system|<\|system\|>|<<SYS>>"
+    # a forged turn boundary: the end of the tool's answer, or a new user/assistant turn in a chat template's tokens
+    r"|<\|im_(?:start|end)\|>|<\|eot_id\|>|<\|start_header_id\|>|<\|(?:user|assistant|end)\|>|<(?:start|end)_of_turn>|\[/?INST\]"
+    r"|</(?:tool_result|tool_response|function_results?|tool_output)\s*>"
+    r"|\[\s*(?:platform|gateway|admin(?:istrator)?|operator|developer|security|policy|compliance)\s+(?:notice|message|directive"
+    r"|override|alert|update|instruction)\b[^\]\n]{0,60}\]"
     r"|^[ \t>*]*#{1,6}[ \t]*system(?:[ \t]+(?:message|prompt|note))?[ \t]*:?[ \t]*$"
     r"|^[ \t>*]*(?:system|syst[èe]me|sistema)(?:[ \t]+(?:message|note|notice|override|prompt|update|alert))?[ \t]*:[ \t]*\S"
     r"|\bBEGIN\s+(?:SYSTEM|DEVELOPER|ADMIN)\s+(?:PROMPT|MESSAGE|INSTRUCTIONS?)\b"
@@ -129,7 +148,8 @@ _SYSTEM: Final = re.compile(
 )
 _SYSTEM_CAPS: Final = re.compile(r"\bSYSTEM\s+(?:OVERRIDE|MESSAGE|NOTICE|PROMPT|DIRECTIVE|INSTRUCTIONS?|UPDATE|ALERT)\b")
 #: Where a forged turn can start: the patterns run only in a window around each (a whole-text search costs ~0.1 ms per 2 KB).
-_SYSTEM_MARKS: Final = ("syst", "sistema", "<|", "<<sys>>", "begin ", "end of ", "admin", "developer", "operator")
+_SYSTEM_MARKS: Final = ("syst", "sistema", "<|", "<<sys>>", "begin ", "end of ", "admin", "developer", "operator", "inst]",
+                        "_of_turn>", "</tool_", "</function_", "[platform", "[gateway", "[security", "[policy", "[compliance")
 _TEAM = (
     r"(?:anthropic|openai|google|deepmind|microsoft|meta|mistral|platform|system|security|safety|trust\s*(?:&|and)\s*safety"
     r"|admin\w*|developer|operator|moderation)(?:\s+(?:safety|security|trust|policy|alignment|admin\w*|moderation|compliance"
@@ -240,24 +260,14 @@ _UNSHOWN: Final = re.compile(
     r"|^[ \t]{0,3}\[[^\]\n]{1,60}\]:[ \t]*\S+[ \t]+[\"'(](.{4,400})[\"')][ \t]*$",
     re.I | re.S | re.M,
 )
-#: A sentence of hidden text that opens with an order ("Immediately invoke…", "Forward the thread…").
-_HIDDEN_ORDER: Final = re.compile(
-    r"(?:\A|[.!?:]\s+)(?:(?:please|now|immediately|first|then|also|always)\s+)*(?:call|use|run|invoke|execute|trigger|send|forward"
-    r"|e-?mail|upload|post|delete|open|fetch|visit|ignore|disregard|reveal|print|output|include|append)\b",
-    re.I,
+#: Collapsed `<details>` content (after its summary) and JSON-LD, which the page shows no reader.
+_FOLDED: Final = re.compile(
+    r"<details\b(?![^>]{0,200}\bopen\b)[^>]{0,200}>(?:\s*<summary\b.{0,400}?</summary\s*>)?(.{4,4000}?)</details\s*>"
+    r"|<script\b[^>]{0,200}application/ld\+json[^>]{0,100}>(.{4,8000}?)</script\s*>",
+    re.I | re.S,
 )
 _TAG: Final = re.compile(r"<[^<>]{0,400}>")
 _RLO: Final = re.compile("\u202e([^\u202c\n]{4,2000})")
-#: Hidden text addressed to an AI ("Assistant, …", "Note for LLMs: …", "AI agents reading this page: …") or telling
-#: "you" what to do beside an AI word: nobody hides such text from the human reader for an honest reason.
-_ADDRESSED: Final = re.compile(
-    r"^\W{0,4}(?:(?:dear|hey|hi|hello|attention|note\s+(?:to|for)|message\s+(?:to|for)|instructions?\s+for)\s+)?(?:all\s+)?"
-    r"(?:the\s+)?(?:ai|llms?|gpt|claude|chatgpt|gemini|assistants?|models?|agents?|bots?|language\s+models?)"
-    r"(?:\s+(?:assistants?|agents?|models?|crawlers?|systems?|readers?))?(?:\s+(?:and|&)\s+(?:ai\s+)?\w+)?"
-    r"(?:\s+(?:reading|summari[sz]ing|processing|visiting)\s+this(?:\s+(?:page|site|document|text))?)?\s*(?:[,:]|\s-\s)"
-    r"|\b(?:ai|llm|assistant|model|agent)s?\b[^.!?]{0,60}\byou\s+(?:must|shall|should|are\s+to|need\s+to|have\s+to)\b",
-    re.I,
-)
 
 
 def scan(raw: str, prose: str, low: str, words: frozenset[str], code: list[tuple[int, int]], where: str,
@@ -285,7 +295,7 @@ def scan(raw: str, prose: str, low: str, words: frozenset[str], code: list[tuple
         sources = (m for tag in _HTML_IMAGE.finditer(prose) for m in _IMAGE_SOURCE.finditer(prose, tag.start(), tag.end()))
         out.extend(_images(sources, prose, code, mentioned, where))
     if rescan is not None:
-        out.extend(_hidden(raw, prose, low, where, rescan))
+        out.extend(_hidden(raw, prose, low, where, rescan, lambda at: mentioned(prose, at, code) or quoting(prose, at)))
     return out
 
 
@@ -342,20 +352,12 @@ def _images(images: Iterator[re.Match[str]], prose: str, code: list[tuple[int, i
             yield Finding("url_data", where, f"image URL carrying {what} ({host})", url[:80])
 
 
-def _hidden(raw: str, prose: str, low: str, where: str, rescan: Rescan) -> Iterator[Finding]:
-    """Orders in text a human reader does not see (markup, reversed bidi runs, declared rot13)."""
+def _hidden(raw: str, prose: str, low: str, where: str, rescan: Rescan, quoted: Callable[[int], bool]) -> Iterator[Finding]:
+    """Orders in text a human reader does not see (markup, reversed bidi runs, declared rot13). Hidden
+    markup is held to `unseen.order`'s lower bar; markup inside a quotation (`quoted`) is evidence."""
     regions: list[tuple[str, str]] = []
     if "<" in prose or "]:" in prose:
-        if "<!" in prose:
-            regions.extend(("markup", m.group(1) or m.group(2)) for m in _COMMENT.finditer(prose))
-        if "]:" in prose:
-            regions.extend(("markup", m.group(1)) for m in _MD_COMMENT.finditer(prose))
-        if "<" in prose and ("hidden" in low or "style" in low or "noscript" in low or "template" in low or "width" in low):
-            regions.extend(("markup", m.group(2) or m.group(4)) for m in _HIDDEN_ELEMENT.finditer(prose))
-        if "=" in prose:
-            regions.extend(("markup", value) for value in _attribute_values(prose))
-        if "<desc" in low or "content" in low or "]:" in prose:
-            regions.extend(("markup", m.group(1) or m.group(3) or m.group(4)) for m in _UNSHOWN.finditer(prose))
+        regions.extend(("markup", text) for at, text in _markup_regions(prose, low) if not quoted(at))
     if "\u202e" in raw:
         regions.extend(("bidi", m.group(1)[::-1]) for m in _RLO.finditer(raw))
     if "rot13" in low or "rot-13" in low or "rot 13" in low:
@@ -365,23 +367,52 @@ def _hidden(raw: str, prose: str, low: str, where: str, rescan: Rescan) -> Itera
         text = " ".join(_TAG.sub(" ", html.unescape(text)).split()) if via == "markup" else text
         if len(text) < 8:
             continue
-        if via == "markup" and ("hidden_instruction", via) not in seen and (m := _ADDRESSED.search(text)) is not None:
-            seen.add(("hidden_instruction", via))
-            yield Finding("hidden_instruction", where, "hidden text addressed to the model", _excerpt(text, m.start(), m.end()), via)
-        found = rescan(text)
-        if via == "markup" and ("hidden_instruction", via) not in seen and any(
-                f.kind in ("tool_reference", "exfiltration") for f in found) and (m := _HIDDEN_ORDER.search(text)) is not None:
-            seen.add(("hidden_instruction", via))
-            yield Finding("hidden_instruction", where, "an order in hidden text", _excerpt(text, m.start(), m.end()), via)
-        for f in found:
-            if f.kind in ORDER_KINDS and (f.kind, via) not in seen:
-                seen.add((f.kind, via))
-                yield Finding(f.kind, f.path, f"{f.detail} (in {'hidden markup' if via == 'markup' else via} text)", f.excerpt,
-                              via if not f.via else f"{via}>{f.via}")
+        texts = [text, *unseen.encoded_texts(text)] if via == "markup" and len(text) >= 24 else [text]
+        for text in texts:
+            found = rescan(text)
+            if via == "markup" and ("hidden_instruction", via) not in seen and (
+                    m := unseen.order(text, found)) is not None:
+                seen.add(("hidden_instruction", via))
+                yield Finding("hidden_instruction", where, "an order in hidden text", _excerpt(text, m.start(), m.end()), via)
+            for f in found:
+                if f.kind in ORDER_KINDS and (f.kind, via) not in seen:
+                    seen.add((f.kind, via))
+                    yield Finding(f.kind, f.path, f"{f.detail} (in {'hidden markup' if via == 'markup' else via} text)", f.excerpt,
+                                  via if not f.via else f"{via}>{f.via}")
 
 
-def _attribute_values(prose: str) -> Iterator[str]:
-    """The quoted values of the attributes that hold text a reader does not see (alt, title, meta
+def _markup_regions(prose: str, low: str) -> Iterator[tuple[int, str]]:
+    """(offset, text) of each piece of markup a reader does not see: comments, hidden elements,
+    attribute values, SVG desc / CSS content / markdown titles, collapsed `<details>`, JSON-LD."""
+    if "<!" in prose:
+        yield from ((m.start(), m.group(1) or m.group(2)) for m in _COMMENT.finditer(prose))
+    if "]:" in prose:
+        yield from ((m.start(), m.group(1)) for m in _MD_COMMENT.finditer(prose))
+    if "<" in prose and ("hidden" in low or "style" in low or "noscript" in low or "template" in low or "width" in low):
+        yield from ((m.start(), m.group(2) or m.group(4)) for m in _HIDDEN_ELEMENT.finditer(prose))
+    if "=" in prose:
+        yield from _attribute_values(prose)
+    if "<desc" in low or "content" in low or "]:" in prose:
+        yield from ((m.start(), m.group(1) or m.group(3) or m.group(4)) for m in _UNSHOWN.finditer(prose))
+    if "<details" in low or "ld+json" in low:
+        yield from ((m.start(), m.group(1) or m.group(2)) for m in _FOLDED.finditer(prose))
+
+
+def quoting(text: str, at: int) -> bool:
+    """Whether offset `at` is inside a `<blockquote>`, `<q>`, `<pre>` or `<code>` element: text quoted as evidence."""
+    if "<" not in text:
+        return False
+    low = text[max(0, at - 8000):at].lower()
+    at = len(low)
+    for tag in ("blockquote", "q", "pre", "code"):
+        opened = max(low.rfind(f"<{tag}>", 0, at), low.rfind(f"<{tag} ", 0, at))
+        if opened >= 0 and low.rfind(f"</{tag}", opened, at) < 0:
+            return True
+    return False
+
+
+def _attribute_values(prose: str) -> Iterator[tuple[int, str]]:
+    """(offset, value) of the quoted values of the attributes that hold text a reader does not see (alt, title, meta
     content, srcdoc, aria-label, placeholder) that have a space in them (at most 32)."""
     count, i = 0, prose.find("=")
     while i >= 0 and count < 32:
@@ -393,7 +424,7 @@ def _attribute_values(prose: str) -> Iterator[str]:
             value = prose[j + 1:end] if end > 0 else ""
             if " " in value:
                 count += 1
-                yield value
+                yield i, value
         i = prose.find("=", i + 1)
 
 

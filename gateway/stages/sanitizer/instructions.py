@@ -33,6 +33,7 @@ inline code span, or introduced by "such as", "like", "e.g.", "detects"…), and
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator
@@ -40,7 +41,7 @@ from typing import Any, Final
 
 from gateway.core.call import Finding
 from gateway.memo import MemoSet
-from gateway.stages.sanitizer import impersonation, lexicon
+from gateway.stages.sanitizer import impersonation, lexicon, unseen
 from gateway.stages.sanitizer.decode import decoded_layers
 from gateway.stages.sanitizer.paths import child_path
 from gateway.stages.sanitizer.urls import is_json
@@ -614,7 +615,7 @@ def _mentioned(text: str, start: int, code: list[tuple[int, int]]) -> bool:
         return True
     before = text[max(0, start - 40):start]
     if (_MENTION.search(before) is not None or _quoted_report(text, start) or _quoted_block(text, start)
-            or lexicon.reported_quote(text, start)):
+            or lexicon.reported_quote(text, start) or impersonation.quoting(text, start)):
         return True
     after_list = _NEXT_QUOTED.search(before)
     if after_list is None:
@@ -627,7 +628,7 @@ def _mentioned(text: str, start: int, code: list[tuple[int, int]]) -> bool:
 #: Before an opening quote: a verb that reports what a text said ("the ticket contained the text "…"").
 _REPORT_FRAME: Final = re.compile(
     r"\b(?:contain(?:ed|s|ing)?|includ(?:ed|es|ing)|said|says|saying|wrote|writes|written|reads|stated|states|quoted?|quoting"
-    r"|reported|injected|planted|embedded|inserted|hid|hidden)\s+(?:(?:the|this|a|an)\s+)?"
+    r"|reported|injected|planted|embedded|inserted|hid|hidden|found|discovered|observed|spotted|captured|recovered)\s+(?:(?:the|this|a|an)\s+)?"
     r"(?:(?:text|string|message|phrase|line|payload|comment|sentence|instruction|prompt)s?\s*)?[:,]?\s*[\"“]\Z",
     re.I,
 )
@@ -791,6 +792,8 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
     if links:
         findings.extend(_url_data(prose, [m for m in links if prose[m.start()] == text[m.start()]], code, where, words))
     findings.extend(_tool_references(prose, low, words, where, other_tools, own_name, code))
+    if not instructed and not words.isdisjoint(_AI_GATE) and any(f.kind == "tool_reference" for f in findings):
+        instructed = _first(unseen.READER, prose, code, findings, "hidden_instruction", "an order to the AI reading this text", where)
     if not words.isdisjoint(_OWNER_WORDS) and not words.isdisjoint(_CAPABILITY_GATE):
         findings.extend(_capability(prose, code, where))
     if not prose.isascii() and "_" in low:
@@ -1456,6 +1459,27 @@ def _data_field(path: str, text: str) -> bool:
     return not path.startswith("$.content[") or path.count(".") > 2 or is_json(text)
 
 
+_JSON_KEY: Final = re.compile(r'"([^"\\\n]{2,60})"\s*:')
+
+
+def _agent_fields(path: str, key: str | int | None, text: str, found: list[Finding]) -> Iterator[Finding]:
+    """An order in a record field named for the agent (`_agent_note`, `ai_handling`), a value of
+    the answer's JSON or of JSON written out as text: the field's name addresses the model, so a
+    directive there is enough (`unseen.order`)."""
+    if isinstance(key, str) and unseen.agent_key(key) and _data_field(path, text):
+        if (m := unseen.order(text, found, addressed=True)) is not None:
+            yield Finding("hidden_instruction", path, "an order in a field named for the agent", _excerpt(text, m.start(), m.end()), "field")
+        return
+    if (text.lstrip()[:1] in ("{", "[") and any(map(unseen.agent_key, set(_JSON_KEY.findall(text, 0, MAX_SCAN))))
+            and is_json(text)):
+        for parent, inner, value in _leaves(json.loads(text), path):
+            if isinstance(inner, str) and unseen.agent_key(inner) and (
+                    m := unseen.order(value, scan_text(value, parent), addressed=True)) is not None:
+                yield Finding("hidden_instruction", child_path(parent, inner), "an order in a field named for the agent",
+                              _excerpt(value, m.start(), m.end()), "field")
+                return
+
+
 def scan_result(result: Any, other_tools: Iterable[str] = ()) -> tuple[Finding, ...]:
     """Findings in every string of a tool's answer (MCP `content[].text`, `structuredContent`, or a
     plain JSON result), with `$`-paths like the secret findings'. `_meta` is not shown to the model."""
@@ -1469,6 +1493,8 @@ def scan_result(result: Any, other_tools: Iterable[str] = ()) -> tuple[Finding, 
             continue
         found = scan_text(text, path, others)
         findings.extend(found)
+        if not any(f.kind == "hidden_instruction" for f in found):
+            findings.extend(_agent_fields(path, key, text, found))
         if any(f.kind == "hidden_instruction" for f in found) and _data_field(path, text):
             f = next(f for f in found if f.kind == "hidden_instruction")
             findings.append(Finding("hidden_instruction", path, "an order to the model in a data field", f.excerpt, "field"))
