@@ -7,7 +7,7 @@ below), `…` "and so on", `# …` a comment, ` | ` or ` > ` a shell pipe or red
 command before it counts).
 
 - Every span and line: its command path exists and every flag it names exists on that command.
-- Full commands (fenced lines and the commands in the first cell of README's command table):
+- Full commands (fenced lines and the commands in the first cell of docs/cli.md's command table):
   every variant, with all optional parts and without them, parses with the real parser.
   Long-running commands (`serve`, `stdio`) also run through `main()` with `--help` added (before
   `--`), which must print that command's help and exit 0; the rest are not run.
@@ -29,6 +29,7 @@ from gateway.cli.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+COMMAND_TABLE = "docs/cli.md"
 LONG_RUNNING = {("serve",), ("stdio",)}
 PLACEHOLDERS = {
     "F": "dharma.yaml", "FILE": "checkpoint.txt", "DIR": "state", "CMD": "python3", "ARGS": "server.py",
@@ -66,8 +67,8 @@ def shown_commands() -> Iterator[Shown]:
                     command = command.rstrip("\\") + " " + more.strip()
                 yield Shown(name, command, full=True)
         prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
-        for row in prose.splitlines():  # README's command table: the first cell holds whole commands
-            if doc.name == "README.md" and row.startswith("| `dharma "):
+        for row in prose.splitlines():  # docs/cli.md's command table: the first cell holds whole commands
+            if name == COMMAND_TABLE and row.startswith("| `dharma "):
                 first_cell = re.split(r"(?<!\\)\|", row)[1]
                 yield from (Shown(name, span, full=True) for span in re.findall(r"`(dharma [^`]+)`", first_cell))
         for span in re.findall(r"`([^`]+)`", prose):
@@ -163,7 +164,8 @@ def _accepts(action: argparse.Action, value: str) -> bool:
 
 def test_the_docs_show_commands() -> None:
     assert len([s for s in SHOWN if s.full]) >= 15, SHOWN
-    assert {s.where for s in SHOWN} >= {"README.md", "docs/mcp.md", "docs/ledger-and-receipts.md", "docs/policy.md"}
+    assert {s.where for s in SHOWN} >= {"README.md", "docs/mcp.md", "docs/ledger-and-receipts.md", "docs/policy.md", COMMAND_TABLE}
+    assert len([s for s in SHOWN if s.full and s.where == COMMAND_TABLE]) >= 20  # the table's rows are read as commands
 
 
 @pytest.mark.parametrize("shown", SHOWN, ids=lambda s: f"{s.where}: {s.text}")
