@@ -29,9 +29,16 @@ def _celpy_env() -> tuple[Any, dict[str, Any]]:
 
 Helpers are added per compiled program from the registry (`_helper_functions`)."""
     import celpy
+
+    return celpy.Environment(runner_class=_strict_runner()), _operator_overrides()
+
+
+def _strict_runner() -> type:
+    """cel-python's interpreted runner with the spec's `has()` and comprehension checks."""
+    import celpy
     from celpy import celtypes
     from celpy.evaluation import CELEvalError as PyEvalError
-    from celpy.evaluation import Evaluator, base_functions
+    from celpy.evaluation import Evaluator
 
     class _StrictEvaluator(Evaluator):  # type: ignore[misc]
         def macro_has_eval(self, exprlist: Any) -> Any:
@@ -59,6 +66,17 @@ Helpers are added per compiled program from the registry (`_helper_functions`)."
     class _StrictRunner(celpy.InterpretedRunner):  # type: ignore[misc]
         def evaluate(self, context: Any) -> Any:
             return _StrictEvaluator(ast=self.ast, activation=self.new_activation()).evaluate(context)
+
+    return _StrictRunner
+
+
+def _operator_overrides() -> dict[str, Any]:
+    """The operators cel-python gets wrong against the spec (and the Rust engine): heterogeneous
+    equality, numeric ordering across kinds, `in` over lists, negative and string indexing, and no
+    implicit numeric conversion in arithmetic."""
+    from celpy import celtypes
+    from celpy.evaluation import CELEvalError as PyEvalError
+    from celpy.evaluation import base_functions
 
     numeric = (celtypes.IntType, celtypes.UintType, celtypes.DoubleType)
 
@@ -151,7 +169,7 @@ Helpers are added per compiled program from the registry (`_helper_functions`)."
         "_in_": op_in,
         "_[_]": op_index,
     }
-    return celpy.Environment(runner_class=_StrictRunner), functions
+    return functions
 
 
 def _lark_chain_to(node: Any, target: str) -> Any:
