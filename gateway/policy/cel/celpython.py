@@ -78,34 +78,7 @@ def _operator_overrides() -> dict[str, Any]:
     from celpy.evaluation import CELEvalError as PyEvalError
     from celpy.evaluation import base_functions
 
-    numeric = (celtypes.IntType, celtypes.UintType, celtypes.DoubleType)
-
-    def num(v: Any) -> int | float | None:
-        if isinstance(v, numeric) and not isinstance(v, celtypes.BoolType):
-            return float(v) if isinstance(v, celtypes.DoubleType) else int(v)
-        return None
-
-    def kind(v: Any) -> str:
-        for k, types in (
-            ("bool", celtypes.BoolType), ("num", numeric), ("str", str), ("bytes", bytes),
-            ("ts", dt.datetime), ("dur", dt.timedelta), ("list", list), ("map", dict),
-        ):  # fmt: skip
-            if isinstance(v, types):
-                return k
-        return "null" if v is None else type(v).__name__
-
-    def heq(a: Any, b: Any) -> bool:
-        """CEL runtime (heterogeneous) equality: numbers on one line, other kinds never equal."""
-        ka, kb = kind(a), kind(b)
-        if ka != kb:
-            return False
-        if ka == "num":
-            return num(a) == num(b)
-        if ka == "list":
-            return len(a) == len(b) and all(heq(x, y) for x, y in zip(a, b))
-        if ka == "map":
-            return len(a) == len(b) and all(k in b and heq(v, b[k]) for k, v in a.items())
-        return bool(a == b)
+    num, heq = _cel_values()
 
     def lifted(op: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         def fn(a: Any, b: Any) -> Any:
@@ -170,6 +143,43 @@ def _operator_overrides() -> dict[str, Any]:
         "_[_]": op_index,
     }
     return functions
+
+
+def _cel_values() -> tuple[Callable[[Any], int | float | None], Callable[[Any, Any], bool]]:
+    """`num` (a CEL number as a Python one, else None) and `heq` (CEL's heterogeneous equality)
+    over cel-python's value types."""
+    from celpy import celtypes
+
+    numeric = (celtypes.IntType, celtypes.UintType, celtypes.DoubleType)
+
+    def num(v: Any) -> int | float | None:
+        if isinstance(v, numeric) and not isinstance(v, celtypes.BoolType):
+            return float(v) if isinstance(v, celtypes.DoubleType) else int(v)
+        return None
+
+    def kind(v: Any) -> str:
+        for k, types in (
+            ("bool", celtypes.BoolType), ("num", numeric), ("str", str), ("bytes", bytes),
+            ("ts", dt.datetime), ("dur", dt.timedelta), ("list", list), ("map", dict),
+        ):  # fmt: skip
+            if isinstance(v, types):
+                return k
+        return "null" if v is None else type(v).__name__
+
+    def heq(a: Any, b: Any) -> bool:
+        """CEL runtime (heterogeneous) equality: numbers on one line, other kinds never equal."""
+        ka, kb = kind(a), kind(b)
+        if ka != kb:
+            return False
+        if ka == "num":
+            return num(a) == num(b)
+        if ka == "list":
+            return len(a) == len(b) and all(heq(x, y) for x, y in zip(a, b))
+        if ka == "map":
+            return len(a) == len(b) and all(k in b and heq(v, b[k]) for k, v in a.items())
+        return bool(a == b)
+
+    return num, heq
 
 
 def _lark_chain_to(node: Any, target: str) -> Any:

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from audit.canon import sha256_hex
-from gateway.core.call import BlockClass, Decision, ToolCall
+from gateway.core.call import BlockClass, Credentials, Decision, ToolCall
 from gateway.core.errors import ErrorCode
 from gateway.core.gateway import Gateway
 from gateway.stages.tier_gate import unserved
@@ -50,6 +50,25 @@ def call_body(raw: bytes, limit: int) -> dict[str, Any]:
     return body
 
 
+def tool_call(tool: str, body: dict[str, Any], request_id: str, credentials: Credentials, group: str | None) -> ToolCall:
+    """The call a checked `:call` body asks for."""
+    return ToolCall(
+        tool=tool,
+        arguments=body.get("arguments"),
+        request_id=request_id,
+        credentials=credentials,
+        purpose=body.get("purpose"),
+        disclosure_mode=body.get("disclosure_mode"),
+        depth=body.get("depth"),
+        session_id=body.get("session_id"),
+        idempotency_key=body.get("idempotency_key"),
+        approval_id=body.get("approval_id"),
+        dry_run=bool(body.get("dry_run", False)),
+        method="http/tools.call",
+        group=group,
+    )
+
+
 def tool_routes(gateway: Gateway, settings: Any = None, *, max_body_bytes: int) -> list[Route]:
     """The tool API over `gateway` (`settings`: its dharma.yaml, when opened from one: tool groups
     and the note that MCP upstreams are served at the MCP path)."""
@@ -74,21 +93,7 @@ def tool_routes(gateway: Gateway, settings: Any = None, *, max_body_bytes: int) 
             block = Decision.block(ErrorCode.INVALID_PARAMS, exc.message, BlockClass.SAFETY_CONTENT, stage="transport")
             governed = await gateway.govern(refused, refusal=block, request={"tool": tool, "body_sha256": sha256_hex(raw) if raw is not None else None})
             return JSONResponse(governed.response, status_code=400)
-        call = ToolCall(
-            tool=tool,
-            arguments=body.get("arguments"),
-            request_id=request_id,
-            credentials=credentials_from(request),
-            purpose=body.get("purpose"),
-            disclosure_mode=body.get("disclosure_mode"),
-            depth=body.get("depth"),
-            session_id=body.get("session_id"),
-            idempotency_key=body.get("idempotency_key"),
-            approval_id=body.get("approval_id"),
-            dry_run=bool(body.get("dry_run", False)),
-            method="http/tools.call",
-            group=group,
-        )
+        call = tool_call(tool, body, request_id, credentials_from(request), group)
         governed = await gateway.govern(call, request={"tool": tool, "body": body}, refusal=outside)
         return JSONResponse(governed.response, status_code=http_status(governed.outcome), headers=retry_headers(governed.response))
 
