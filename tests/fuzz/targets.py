@@ -161,7 +161,7 @@ def check_session_server(lines: list[bytes]) -> None:
 
 def check_http_body(body: bytes) -> None:
     """`parse_json_body` refuses with BadRequest (a 400 naming the problem), nothing else."""
-    from gateway.transports.http_api.app import BadRequest, parse_json_body
+    from gateway.transports.http_api.common import BadRequest, parse_json_body
 
     try:
         parse_json_body(body, 1 << 20)

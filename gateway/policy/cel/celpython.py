@@ -29,9 +29,16 @@ def _celpy_env() -> tuple[Any, dict[str, Any]]:
 
 Helpers are added per compiled program from the registry (`_helper_functions`)."""
     import celpy
+
+    return celpy.Environment(runner_class=_strict_runner()), _operator_overrides()
+
+
+def _strict_runner() -> type:
+    """cel-python's interpreted runner with the spec's `has()` and comprehension checks."""
+    import celpy
     from celpy import celtypes
     from celpy.evaluation import CELEvalError as PyEvalError
-    from celpy.evaluation import Evaluator, base_functions
+    from celpy.evaluation import Evaluator
 
     class _StrictEvaluator(Evaluator):  # type: ignore[misc]
         def macro_has_eval(self, exprlist: Any) -> Any:
@@ -60,34 +67,18 @@ Helpers are added per compiled program from the registry (`_helper_functions`)."
         def evaluate(self, context: Any) -> Any:
             return _StrictEvaluator(ast=self.ast, activation=self.new_activation()).evaluate(context)
 
-    numeric = (celtypes.IntType, celtypes.UintType, celtypes.DoubleType)
+    return _StrictRunner
 
-    def num(v: Any) -> int | float | None:
-        if isinstance(v, numeric) and not isinstance(v, celtypes.BoolType):
-            return float(v) if isinstance(v, celtypes.DoubleType) else int(v)
-        return None
 
-    def kind(v: Any) -> str:
-        for k, types in (
-            ("bool", celtypes.BoolType), ("num", numeric), ("str", str), ("bytes", bytes),
-            ("ts", dt.datetime), ("dur", dt.timedelta), ("list", list), ("map", dict),
-        ):  # fmt: skip
-            if isinstance(v, types):
-                return k
-        return "null" if v is None else type(v).__name__
+def _operator_overrides() -> dict[str, Any]:
+    """The operators cel-python gets wrong against the spec (and the Rust engine): heterogeneous
+    equality, numeric ordering across kinds, `in` over lists, negative and string indexing, and no
+    implicit numeric conversion in arithmetic."""
+    from celpy import celtypes
+    from celpy.evaluation import CELEvalError as PyEvalError
+    from celpy.evaluation import base_functions
 
-    def heq(a: Any, b: Any) -> bool:
-        """CEL runtime (heterogeneous) equality: numbers on one line, other kinds never equal."""
-        ka, kb = kind(a), kind(b)
-        if ka != kb:
-            return False
-        if ka == "num":
-            return num(a) == num(b)
-        if ka == "list":
-            return len(a) == len(b) and all(heq(x, y) for x, y in zip(a, b))
-        if ka == "map":
-            return len(a) == len(b) and all(k in b and heq(v, b[k]) for k, v in a.items())
-        return bool(a == b)
+    num, heq = _cel_values()
 
     def lifted(op: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         def fn(a: Any, b: Any) -> Any:
@@ -151,7 +142,44 @@ Helpers are added per compiled program from the registry (`_helper_functions`)."
         "_in_": op_in,
         "_[_]": op_index,
     }
-    return celpy.Environment(runner_class=_StrictRunner), functions
+    return functions
+
+
+def _cel_values() -> tuple[Callable[[Any], int | float | None], Callable[[Any, Any], bool]]:
+    """`num` (a CEL number as a Python one, else None) and `heq` (CEL's heterogeneous equality)
+    over cel-python's value types."""
+    from celpy import celtypes
+
+    numeric = (celtypes.IntType, celtypes.UintType, celtypes.DoubleType)
+
+    def num(v: Any) -> int | float | None:
+        if isinstance(v, numeric) and not isinstance(v, celtypes.BoolType):
+            return float(v) if isinstance(v, celtypes.DoubleType) else int(v)
+        return None
+
+    def kind(v: Any) -> str:
+        for k, types in (
+            ("bool", celtypes.BoolType), ("num", numeric), ("str", str), ("bytes", bytes),
+            ("ts", dt.datetime), ("dur", dt.timedelta), ("list", list), ("map", dict),
+        ):  # fmt: skip
+            if isinstance(v, types):
+                return k
+        return "null" if v is None else type(v).__name__
+
+    def heq(a: Any, b: Any) -> bool:
+        """CEL runtime (heterogeneous) equality: numbers on one line, other kinds never equal."""
+        ka, kb = kind(a), kind(b)
+        if ka != kb:
+            return False
+        if ka == "num":
+            return num(a) == num(b)
+        if ka == "list":
+            return len(a) == len(b) and all(heq(x, y) for x, y in zip(a, b))
+        if ka == "map":
+            return len(a) == len(b) and all(k in b and heq(v, b[k]) for k, v in a.items())
+        return bool(a == b)
+
+    return num, heq
 
 
 def _lark_chain_to(node: Any, target: str) -> Any:

@@ -37,7 +37,7 @@ from audit.records import index_fields, normalize_time
 from gateway.core.errors import ConfigError, ErrorCode
 from gateway.core.gateway import LEDGER_ORIGIN, Gateway
 from gateway.ledger_access import ledger_location, open_ledger_reader, query_choices
-from gateway.transports.http_api.app import credentials_from, error_envelope
+from gateway.transports.http_api.common import credentials_from, error_envelope
 
 log = structlog.get_logger()
 

@@ -20,7 +20,7 @@ from gateway.core.errors import ErrorCode
 from gateway.core.gateway import Gateway
 from gateway.metrics import Scrape, render
 from gateway.stores.base import StoreUnavailable
-from gateway.transports.http_api.app import credentials_from, error_envelope
+from gateway.transports.http_api.common import credentials_from, error_envelope
 
 log = structlog.get_logger()
 RELOAD_ROLES = frozenset({"admin"})
