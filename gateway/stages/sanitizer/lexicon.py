@@ -48,12 +48,14 @@ class Hit(NamedTuple):
     lang: str
 
 
-_TOKEN_BREAKS: Final = " \t\r\n!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~’‘“”«»„،؛؟।。、，！？：；「」『』（）《》…"
+_TOKEN_BREAKS: Final = "።፣፤။၊۔։ \t\r\n!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~’‘“”«»„،؛؟।。、，！？：；「」『』（）《》…"
 _TOKEN: Final = re.compile("[^" + re.escape(_TOKEN_BREAKS) + "]+")
 
 
 _Use = tuple[str, str, str]  # (text, concept, language)
-_NON_LATIN: Final = re.compile("[\u0400-\u04ff\u0600-\u06ff\u0750-\u077f\u0900-\u097f\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+_NON_LATIN: Final = re.compile("[\u0370-\u03ff\u0400-\u04ff\u0530-\u06ff\u0980-\u0dff\u0e00-\u0eff\u1000-\u10ff\u1200-\u137f\u1780-\u17ff\u0750-\u077f\u0900-\u097f\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+#: Scripts whose words take glued prefixes or particles ("وأرسل", "ולשלוח", "کو"): every entry a substring.
+_GLUED: Final = frozenset(("ar", "fa", "he", "ur"))
 _BREAKS: Final = str.maketrans({c: " " for c in _TOKEN_BREAKS})
 
 
@@ -78,7 +80,7 @@ def _build() -> _Index:
             for entry in filter(None, entries.split("|")):
                 text = entry.strip("*")
                 pieces = text.translate(_BREAKS).split()
-                if lang in SUBSTRING_LANGS or _NON_LATIN.search(text) and (entry.startswith("*") or lang in ("ar", "fa")):
+                if lang in SUBSTRING_LANGS or _NON_LATIN.search(text) and (entry.startswith("*") or lang in _GLUED):
                     index.by_char.setdefault(text[0], []).append((text, concept, lang))
                 elif entry.startswith("*") and pieces == [text]:
                     index.by_lang.setdefault(lang, []).append((text, concept, lang))
@@ -109,6 +111,10 @@ _FOREIGN_STOP: Final = frozenset((
     "dan", "yang", "ke", "ini", "itu", "anda", "kamu", "tidak", "untuk", "dengan", "ve", "bir", "bu", "icin", "ile", "nie",
     "sie", "jest", "na", "khong", "cua", "va", "la", "vse", "ne", "aur", "ka", "ki", "ko", "ke", "hai", "karo", "mat",
     "sahayak",
+    # ms, tl, sw, ha, ro, cs, sk, sh, hu, fi, da, no (round 4)
+    "dengan", "ang", "ng", "mga", "sa", "ako", "kwa", "ya", "wa", "za", "kuwa", "cikin", "kuma", "shi", "si", "cu", "pe",
+    "este", "sau", "je", "se", "ze", "pro", "aby", "sme", "pre", "je", "az", "egy", "hogy", "ja", "ole", "og", "er", "til",
+    "ikke", "af", "det", "ett", "jeg", "kako", "ili", "su", "bu",
 ))  # fmt: skip
 
 
@@ -188,8 +194,8 @@ def _within(found: Concepts, a: int, b: int) -> Concepts:
 
 # ---- the grammar -------------------------------------------------------------------------------
 
-_SENTENCE_STOP: Final = re.compile(r"[.!?](?=\s|\Z)|[。！？؟।\n]")
-_CLAUSE_STOP: Final = re.compile(r"[,;:，、；：،؛]|\s[-–—]\s")
+_SENTENCE_STOP: Final = re.compile(r"[.!?](?=\s|\Z)|[。！？؟।\n።။۔։]")
+_CLAUSE_STOP: Final = re.compile(r"[,;:，、；：،؛፣፤၊]|\s[-–—]\s")
 #: Where a destination is written out: a URL or an e-mail address.
 _DESTINATION: Final = re.compile(r"\b(?:https?|ftp|wss?)://\S|[\w.+-]+@[\w-]+\.[a-z]{2,}", re.I)
 #: A tool's name: snake_case or camelCase (a word of prose is neither).
@@ -202,8 +208,16 @@ _RISKY_TOOL: Final = re.compile(
 _VOCATIVE_MARK: Final = re.compile(r"[^\S\n]{0,2}[,:!，：！、]")
 #: Quoted text (what a report quotes); only skipped in a document that reports an attack.
 _QUOTED: Final = re.compile(r"\"[^\"\n]{3,400}\"|“[^”\n]{3,400}”|«[^»\n]{3,400}»|„[^“”\n]{3,400}[“”]|「[^」\n]{1,400}」|『[^』\n]{1,400}』")
+#: A sentence of so few words that names the model heads the next one ("Бележка за асистента." then
+#: the order): the order split over two sentences is one order to the model.
+_HEADER_WORDS: Final = 4
+#: How far into its sentence the model's name may stand ("Hola, asistente, …") and how soon after it
+#: an order's verb must follow ("Asistente, por favor, reenvía …"), for a vocative address.
+_ADDRESS_LEAD: Final = 24
+_ADDRESS_LEAD_WORDS: Final = 3
+_ORDER_REACH: Final = 28
 #: Verb-final languages: a negation after the verb ("送信しないで", "보내지 마세요") negates it.
-_NEG_AFTER: Final = frozenset(("ja", "ko", "tr"))
+_NEG_AFTER: Final = frozenset(("ja", "ko", "tr", "bn", "ta", "te", "mr", "gu", "pa"))
 #: The rules: (name, kinds, detail); the conditions are in `_fires`.
 GRAMMAR: Final = (
     ("override", ("hidden_instruction", "rule_override"), "an order to ignore the model's instructions"),
@@ -212,6 +226,7 @@ GRAMMAR: Final = (
     ("handover", ("hidden_instruction",), "an order to hand over credentials or private data"),
     ("tool", ("hidden_instruction", "tool_reference"), "an order to the model to call a tool"),
     ("secrecy", ("hidden_instruction",), "an order to keep something from the user"),
+    ("address", ("hidden_instruction",), "an order addressed to the model"),
 )
 
 
@@ -229,11 +244,16 @@ def scan(prose: str, low: str, code: list[tuple[int, int]]) -> list[Hit]:
         found_all = {c: hits for c, hits in found_all.items() if hits}
     hits: list[Hit] = []
     done: set[str] = set()
+    transcript = _transcript(found_all, low)
+    header: list[tuple[str, int]] = []
     for a, b in _sentences(low):
         found = _within(found_all, a, b)
+        heading, header = header, (found.get("addr", []) if len(_TOKEN.findall(low, a, b)) <= _HEADER_WORDS else [])
         if not _possible(found):
             continue
-        for name, kinds, detail, lang in _fires(found, low, a, b):
+        if heading and "addr" not in found:
+            found["addr"] = heading
+        for name, kinds, detail, lang in _fires(found, low, a, b, bool(heading), transcript):
             if name not in done:
                 done.add(name)
                 hits.append(Hit(kinds, detail, a, b, lang))
@@ -272,12 +292,15 @@ def _sentences(text: str) -> Iterator[tuple[int, int]]:
         yield start, len(text)
 
 
-def _fires(f: Concepts, text: str, a: int, b: int) -> Iterator[tuple[str, tuple[str, ...], str, str]]:
-    """(rule, kinds, detail, language) for each rule whose concepts the sentence `text[a:b]` holds."""
+def _fires(f: Concepts, text: str, a: int, b: int, heading: bool = False,
+           transcript: bool = False) -> Iterator[tuple[str, tuple[str, ...], str, str]]:
+    """(rule, kinds, detail, language) for each rule whose concepts the sentence `text[a:b]` holds
+    (`heading`: the sentence before it was a short line naming the model, "Note for the agent.",
+    which addresses this one; `transcript`: the text labels the user as a speaker)."""
     has = f.__contains__
     sentence = text[a:b]
     free = _unnegated(f, text, a, b)
-    addressed = has("addr") and (has("must") or _vocative(f, text))
+    addressed = heading or has("addr") and (has("must") or _vocative(f, text))
     names = _TOOL_NAME.findall(sentence) if has("call") and has("addr") else []
     sensitive = has("cred") or has("data") or (has("key") and (has("user") or has("addr") or has("secret") or has("must")))
     rules = (
@@ -294,6 +317,7 @@ def _fires(f: Concepts, text: str, a: int, b: int) -> Iterator[tuple[str, tuple[
             or any(_RISKY_TOOL.search(n) for n in names)), ("addr", "call", "tool", "must")),
         ("secrecy", (has("neg") and has("tell") and has("user")) or (has("secret") and (has("move") or has("call") or has("read"))),
          ("neg", "tell", "user", "secret")),
+        ("address", _called_then_ordered(f, text, a, heading, transcript, free), ("addr", "move", "read", "reveal", "override")),
     )
     for name, ok, core in rules:
         if not ok:
@@ -346,6 +370,31 @@ def _vocative(f: Concepts, text: str) -> bool:
         if _VOCATIVE_MARK.match(text, end) is not None or _VOCATIVE_MARK.match(text, _word_end(text, at)) is not None:
             return True
     return False
+
+
+def _called_then_ordered(f: Concepts, text: str, a: int, heading: bool, transcript: bool, free: set[str]) -> bool:
+    """The model named at the head of the sentence ("Asistente, …", "KI-Assistent: …", or a heading line
+    before it) and an order's verb right after (`_ORDER_REACH`): what English's vocative rule sees. A
+    speaker label in a transcript ("Asistente:" after a "Usuario:" line) is not an address."""
+    verbs = sorted(at for c in ("move", "read", "reveal", "override") for _, at in f.get(c, ()) if c == "override" or c in free)
+    if not verbs:
+        return False
+    if heading:
+        return verbs[0] - a <= _ORDER_REACH
+    for _, at in f.get("addr", ()):
+        if at - a > _ADDRESS_LEAD or len(_TOKEN.findall(text, a, at)) > _ADDRESS_LEAD_WORDS:
+            continue
+        m = _VOCATIVE_MARK.match(text, _word_end(text, at))
+        if m is None or (transcript and m.group().strip() in (":", "：")):
+            continue
+        if any(0 <= v - m.end() <= _ORDER_REACH for v in verbs):
+            return True
+    return False
+
+
+def _transcript(f: Concepts, text: str) -> bool:
+    """Whether the text labels a speaker as the user ("Usuario:", "Benutzer:"): a chat transcript."""
+    return any(_VOCATIVE_MARK.match(text, _word_end(text, at)) is not None for _, at in f.get("user", ()))
 
 
 def _word_end(text: str, at: int) -> int:
