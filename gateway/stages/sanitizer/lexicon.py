@@ -3,8 +3,10 @@
 Phrase patterns per language did not generalise (an attacker rewords, a language has many forms of
 one order). This layer finds CONCEPTS instead (`lexicon_words`: the model addressed, "ignore",
 "instructions", "previous", "send", "password", "the conversation", "do not", "tell", "the user",
-"must", "before", "tool", "call", ... in es pt fr it de nl sv pl ru uk tr ar fa hi zh ja ko vi id)
-and a grammar over their co-occurrence inside one sentence (`GRAMMAR`):
+"must", "before", "tool", "call", ... in es pt fr it de nl sv pl ru uk tr ar fa hi zh ja ko vi id,
+and since round 4 th lo km my he el cs sk ro hu fi da no ms tl sw ha bn ta te mr gu pa ur bg sh sr am
+ka hy: every major script) and a grammar over their co-occurrence inside one sentence (`GRAMMAR`;
+a heading line of a few words naming the model addresses the sentence after it):
 
 - override: ignore/forget + instructions/rules + previous / the model / its system prompt / must
   -> `hidden_instruction`, `rule_override`;
@@ -17,7 +19,9 @@ and a grammar over their co-occurrence inside one sentence (`GRAMMAR`):
 - handover: send/read/include + credentials or the conversation + the model, "must", "before"
   or secrecy -> `hidden_instruction`, `credential_request` / `data_request`;
 - tool: the model addressed (by a vocative "Asistente," or with "must") + call/use + a tool's
-  name (snake_case) -> `hidden_instruction`, `tool_reference`.
+  name (snake_case) -> `hidden_instruction`, `tool_reference`;
+- address: the model named at the head of the sentence ("Asistente, …", "KI-Assistent: …") and an
+  order's verb right after it, whatever the object (English's vocative rule) -> `hidden_instruction`.
 
 A rule fires only when one of its concept words is of a language other than English (loanwords like
 "AI", "token", "API key" are neutral), so English text stays the English scanner's. Each finding's
@@ -30,6 +34,7 @@ built at import, regexes compiled at import.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterator
 from typing import Final, NamedTuple
 
@@ -73,11 +78,18 @@ class _Index(NamedTuple):
     by_lang: dict[str, list[_Use]]
 
 
+def _spellings(entries: str) -> list[str]:
+    """The entries of a table cell, each also in its NFKC form when that differs (text is scanned
+    after NFKC: Thai "คำ" becomes "คํา", Lao "ຳ" splits the same way)."""
+    out = list(filter(None, entries.split("|")))
+    return out + [n for n in (unicodedata.normalize("NFKC", e) for e in out) if n not in out]
+
+
 def _build() -> _Index:
     index = _Index({}, {}, (), {}, {}, {})
     for lang, table in [("", NEUTRAL), *WORDS.items()]:
         for concept, entries in table.items():
-            for entry in filter(None, entries.split("|")):
+            for entry in _spellings(entries):
                 text = entry.strip("*")
                 pieces = text.translate(_BREAKS).split()
                 if lang in SUBSTRING_LANGS or _NON_LATIN.search(text) and (entry.startswith("*") or lang in _GLUED):
@@ -319,8 +331,9 @@ def _fires(f: Concepts, text: str, a: int, b: int, heading: bool = False,
          ("neg", "tell", "user", "secret")),
         ("address", _called_then_ordered(f, text, a, heading, transcript, free), ("addr", "move", "read", "reveal", "override")),
     )
+    fired = False
     for name, ok, core in rules:
-        if not ok:
+        if not ok or (fired and name == "address"):  # "address" only when no rule that says more fired
             continue
         lang = _language(f, core)
         if not lang:
@@ -328,6 +341,7 @@ def _fires(f: Concepts, text: str, a: int, b: int, heading: bool = False,
         kinds, detail = next((k, d) for n, k, d in GRAMMAR if n == name)
         if name in ("exfil", "handover"):
             kinds = kinds + (("credential_request",) if has("cred") or has("key") else ()) + (("data_request",) if has("data") else ())
+        fired = True
         yield name, kinds, detail, lang
 
 
