@@ -123,10 +123,8 @@ _FOREIGN_STOP: Final = frozenset((
     "dan", "yang", "ke", "ini", "itu", "anda", "kamu", "tidak", "untuk", "dengan", "ve", "bir", "bu", "icin", "ile", "nie",
     "sie", "jest", "na", "khong", "cua", "va", "la", "vse", "ne", "aur", "ka", "ki", "ko", "ke", "hai", "karo", "mat",
     "sahayak",
-    # ms, tl, sw, ha, ro, cs, sk, sh, hu, fi, da, no (round 4)
-    "dengan", "ang", "ng", "mga", "sa", "ako", "kwa", "ya", "wa", "za", "kuwa", "cikin", "kuma", "shi", "si", "cu", "pe",
-    "este", "sau", "je", "se", "ze", "pro", "aby", "sme", "pre", "je", "az", "egy", "hogy", "ja", "ole", "og", "er", "til",
-    "ikke", "af", "det", "ett", "jeg", "kako", "ili", "su", "bu",
+    # tl, sw, ha, ro, cs, hu, da, no, sh (round 4; words English text does not use, short ones left out)
+    "mga", "ang", "kwa", "kuwa", "cikin", "kuma", "este", "sau", "aby", "hogy", "egy", "ikke", "jeg", "kako", "til", "og",
 ))  # fmt: skip
 
 
@@ -134,13 +132,13 @@ _FOREIGN_STOP: Final = frozenset((
 _ENGLISH: Final = frozenset((
     "ignore", "model", "agent", "instructions", "instruction", "post", "upload", "token", "tool", "open", "print", "public",
     "assistant", "message", "messages", "use", "run", "call", "include", "function", "user", "agents", "ignores", "visa",
-    "posting", "passe", "dime", "joins", "si", "pon", "mets", "toon", "cole", "gib",
+    "posting", "passe", "dime", "joins", "si", "pon", "mets", "toon", "cole", "gib", "password", "conversation", "parol",
 ))
 #: The same for words of an order: an ASCII text (transliterated, or written without diacritics)
 #: holding one of them pays for this layer ("zignoruj", "abaikan", "ignoriruy").
 _ASCII_GATE: Final = _FOREIGN_STOP | frozenset(
     w for w, uses in _WORDS.items() if w.isascii() and w not in _ENGLISH
-    and any(lang and concept in ("addr", "override", "move", "user", "reveal", "secret") for concept, lang in uses))
+    and any(lang and concept in ("addr", "override", "move", "user", "reveal", "secret", "cred", "data") for concept, lang in uses))
 
 
 def gate(low: str, words: frozenset[str]) -> bool:
