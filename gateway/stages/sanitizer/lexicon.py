@@ -339,6 +339,9 @@ def _fires(f: Concepts, text: str, a: int, b: int, heading: bool = False,
         kinds, detail = next((k, d) for n, k, d in GRAMMAR if n == name)
         if name in ("exfil", "handover"):
             kinds = kinds + (("credential_request",) if has("cred") or has("key") else ()) + (("data_request",) if has("data") else ())
+        elif name == "address" and _DESTINATION.search(sentence) is not None:
+            # what it wants done: something sent to, or a page opened at, a place the text names
+            kinds = kinds + (("exfiltration",) if "move" in free else ("tool_reference",))
         fired = True
         yield name, kinds, detail, lang
 
