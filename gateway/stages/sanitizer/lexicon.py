@@ -3,8 +3,10 @@
 Phrase patterns per language did not generalise (an attacker rewords, a language has many forms of
 one order). This layer finds CONCEPTS instead (`lexicon_words`: the model addressed, "ignore",
 "instructions", "previous", "send", "password", "the conversation", "do not", "tell", "the user",
-"must", "before", "tool", "call", ... in es pt fr it de nl sv pl ru uk tr ar fa hi zh ja ko vi id)
-and a grammar over their co-occurrence inside one sentence (`GRAMMAR`):
+"must", "before", "tool", "call", ... in es pt fr it de nl sv pl ru uk tr ar fa hi zh ja ko vi id,
+and since round 4 th lo km my he el cs sk ro hu fi da no ms tl sw ha bn ta te mr gu pa ur bg sh sr am
+ka hy: every major script) and a grammar over their co-occurrence inside one sentence (`GRAMMAR`;
+a heading line of a few words naming the model addresses the sentence after it):
 
 - override: ignore/forget + instructions/rules + previous / the model / its system prompt / must
   -> `hidden_instruction`, `rule_override`;
@@ -17,7 +19,9 @@ and a grammar over their co-occurrence inside one sentence (`GRAMMAR`):
 - handover: send/read/include + credentials or the conversation + the model, "must", "before"
   or secrecy -> `hidden_instruction`, `credential_request` / `data_request`;
 - tool: the model addressed (by a vocative "Asistente," or with "must") + call/use + a tool's
-  name (snake_case) -> `hidden_instruction`, `tool_reference`.
+  name (snake_case) -> `hidden_instruction`, `tool_reference`;
+- address: the model named at the head of the sentence ("Asistente, …", "KI-Assistent: …") and an
+  order's verb right after it, whatever the object (English's vocative rule) -> `hidden_instruction`.
 
 A rule fires only when one of its concept words is of a language other than English (loanwords like
 "AI", "token", "API key" are neutral), so English text stays the English scanner's. Each finding's
@@ -30,6 +34,7 @@ built at import, regexes compiled at import.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterator
 from typing import Final, NamedTuple
 
@@ -48,12 +53,14 @@ class Hit(NamedTuple):
     lang: str
 
 
-_TOKEN_BREAKS: Final = " \t\r\n!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~’‘“”«»„،؛؟।。、，！？：；「」『』（）《》…"
+_TOKEN_BREAKS: Final = "።፣፤။၊۔։ \t\r\n!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~’‘“”«»„،؛؟।。、，！？：；「」『』（）《》…"
 _TOKEN: Final = re.compile("[^" + re.escape(_TOKEN_BREAKS) + "]+")
 
 
 _Use = tuple[str, str, str]  # (text, concept, language)
-_NON_LATIN: Final = re.compile("[\u0400-\u04ff\u0600-\u06ff\u0750-\u077f\u0900-\u097f\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+_NON_LATIN: Final = re.compile("[\u0370-\u03ff\u0400-\u04ff\u0530-\u06ff\u0980-\u0dff\u0e00-\u0eff\u1000-\u10ff\u1200-\u137f\u1780-\u17ff\u0750-\u077f\u0900-\u097f\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+#: Scripts whose words take glued prefixes or particles ("وأرسل", "ולשלוח", "کو"): every entry a substring.
+_GLUED: Final = frozenset(("ar", "fa", "he", "ur"))
 _BREAKS: Final = str.maketrans({c: " " for c in _TOKEN_BREAKS})
 
 
@@ -71,14 +78,21 @@ class _Index(NamedTuple):
     by_lang: dict[str, list[_Use]]
 
 
+def _spellings(entries: str) -> list[str]:
+    """The entries of a table cell, each also in its NFKC form when that differs (text is scanned
+    after NFKC: Thai "คำ" becomes "คํา", Lao "ຳ" splits the same way)."""
+    out = list(filter(None, entries.split("|")))
+    return out + [n for n in (unicodedata.normalize("NFKC", e) for e in out) if n not in out]
+
+
 def _build() -> _Index:
     index = _Index({}, {}, (), {}, {}, {})
     for lang, table in [("", NEUTRAL), *WORDS.items()]:
         for concept, entries in table.items():
-            for entry in filter(None, entries.split("|")):
+            for entry in _spellings(entries):
                 text = entry.strip("*")
                 pieces = text.translate(_BREAKS).split()
-                if lang in SUBSTRING_LANGS or _NON_LATIN.search(text) and (entry.startswith("*") or lang in ("ar", "fa")):
+                if lang in SUBSTRING_LANGS or _NON_LATIN.search(text) and (entry.startswith("*") or lang in _GLUED):
                     index.by_char.setdefault(text[0], []).append((text, concept, lang))
                 elif entry.startswith("*") and pieces == [text]:
                     index.by_lang.setdefault(lang, []).append((text, concept, lang))
@@ -109,6 +123,8 @@ _FOREIGN_STOP: Final = frozenset((
     "dan", "yang", "ke", "ini", "itu", "anda", "kamu", "tidak", "untuk", "dengan", "ve", "bir", "bu", "icin", "ile", "nie",
     "sie", "jest", "na", "khong", "cua", "va", "la", "vse", "ne", "aur", "ka", "ki", "ko", "ke", "hai", "karo", "mat",
     "sahayak",
+    # tl, sw, ha, ro, cs, hu, da, no, sh (round 4; words English text does not use, short ones left out)
+    "mga", "ang", "kwa", "kuwa", "cikin", "kuma", "este", "sau", "aby", "hogy", "egy", "ikke", "jeg", "kako", "til", "og",
 ))  # fmt: skip
 
 
@@ -116,13 +132,13 @@ _FOREIGN_STOP: Final = frozenset((
 _ENGLISH: Final = frozenset((
     "ignore", "model", "agent", "instructions", "instruction", "post", "upload", "token", "tool", "open", "print", "public",
     "assistant", "message", "messages", "use", "run", "call", "include", "function", "user", "agents", "ignores", "visa",
-    "posting", "passe", "dime", "joins", "si", "pon", "mets", "toon", "cole", "gib",
+    "posting", "passe", "dime", "joins", "si", "pon", "mets", "toon", "cole", "gib", "password", "conversation", "parol",
 ))
 #: The same for words of an order: an ASCII text (transliterated, or written without diacritics)
 #: holding one of them pays for this layer ("zignoruj", "abaikan", "ignoriruy").
 _ASCII_GATE: Final = _FOREIGN_STOP | frozenset(
     w for w, uses in _WORDS.items() if w.isascii() and w not in _ENGLISH
-    and any(lang and concept in ("addr", "override", "move", "user", "reveal", "secret") for concept, lang in uses))
+    and any(lang and concept in ("addr", "override", "move", "user", "reveal", "secret", "cred", "data") for concept, lang in uses))
 
 
 def gate(low: str, words: frozenset[str]) -> bool:
@@ -188,8 +204,8 @@ def _within(found: Concepts, a: int, b: int) -> Concepts:
 
 # ---- the grammar -------------------------------------------------------------------------------
 
-_SENTENCE_STOP: Final = re.compile(r"[.!?](?=\s|\Z)|[。！？؟।\n]")
-_CLAUSE_STOP: Final = re.compile(r"[,;:，、；：،؛]|\s[-–—]\s")
+_SENTENCE_STOP: Final = re.compile(r"[.!?](?=\s|\Z)|[。！？؟।\n።။۔։]")
+_CLAUSE_STOP: Final = re.compile(r"[,;:，、；：،؛፣፤၊]|\s[-–—]\s")
 #: Where a destination is written out: a URL or an e-mail address.
 _DESTINATION: Final = re.compile(r"\b(?:https?|ftp|wss?)://\S|[\w.+-]+@[\w-]+\.[a-z]{2,}", re.I)
 #: A tool's name: snake_case or camelCase (a word of prose is neither).
@@ -202,8 +218,16 @@ _RISKY_TOOL: Final = re.compile(
 _VOCATIVE_MARK: Final = re.compile(r"[^\S\n]{0,2}[,:!，：！、]")
 #: Quoted text (what a report quotes); only skipped in a document that reports an attack.
 _QUOTED: Final = re.compile(r"\"[^\"\n]{3,400}\"|“[^”\n]{3,400}”|«[^»\n]{3,400}»|„[^“”\n]{3,400}[“”]|「[^」\n]{1,400}」|『[^』\n]{1,400}』")
+#: A sentence of so few words that names the model heads the next one ("Бележка за асистента." then
+#: the order): the order split over two sentences is one order to the model.
+_HEADER_WORDS: Final = 4
+#: How far into its sentence the model's name may stand ("Hola, asistente, …") and how soon after it
+#: an order's verb must follow ("Asistente, por favor, reenvía …"), for a vocative address.
+_ADDRESS_LEAD: Final = 24
+_ADDRESS_LEAD_WORDS: Final = 3
+_ORDER_REACH: Final = 28
 #: Verb-final languages: a negation after the verb ("送信しないで", "보내지 마세요") negates it.
-_NEG_AFTER: Final = frozenset(("ja", "ko", "tr"))
+_NEG_AFTER: Final = frozenset(("ja", "ko", "tr", "bn", "ta", "te", "mr", "gu", "pa"))
 #: The rules: (name, kinds, detail); the conditions are in `_fires`.
 GRAMMAR: Final = (
     ("override", ("hidden_instruction", "rule_override"), "an order to ignore the model's instructions"),
@@ -212,6 +236,7 @@ GRAMMAR: Final = (
     ("handover", ("hidden_instruction",), "an order to hand over credentials or private data"),
     ("tool", ("hidden_instruction", "tool_reference"), "an order to the model to call a tool"),
     ("secrecy", ("hidden_instruction",), "an order to keep something from the user"),
+    ("address", ("hidden_instruction",), "an order addressed to the model"),
 )
 
 
@@ -229,11 +254,16 @@ def scan(prose: str, low: str, code: list[tuple[int, int]]) -> list[Hit]:
         found_all = {c: hits for c, hits in found_all.items() if hits}
     hits: list[Hit] = []
     done: set[str] = set()
+    transcript = _transcript(found_all, low)
+    header: list[tuple[str, int]] = []
     for a, b in _sentences(low):
         found = _within(found_all, a, b)
+        heading, header = header, (found.get("addr", []) if len(_TOKEN.findall(low, a, b)) <= _HEADER_WORDS else [])
         if not _possible(found):
             continue
-        for name, kinds, detail, lang in _fires(found, low, a, b):
+        if heading and "addr" not in found:
+            found["addr"] = heading
+        for name, kinds, detail, lang in _fires(found, low, a, b, bool(heading), transcript):
             if name not in done:
                 done.add(name)
                 hits.append(Hit(kinds, detail, a, b, lang))
@@ -272,12 +302,15 @@ def _sentences(text: str) -> Iterator[tuple[int, int]]:
         yield start, len(text)
 
 
-def _fires(f: Concepts, text: str, a: int, b: int) -> Iterator[tuple[str, tuple[str, ...], str, str]]:
-    """(rule, kinds, detail, language) for each rule whose concepts the sentence `text[a:b]` holds."""
+def _fires(f: Concepts, text: str, a: int, b: int, heading: bool = False,
+           transcript: bool = False) -> Iterator[tuple[str, tuple[str, ...], str, str]]:
+    """(rule, kinds, detail, language) for each rule whose concepts the sentence `text[a:b]` holds
+    (`heading`: the sentence before it was a short line naming the model, "Note for the agent.",
+    which addresses this one; `transcript`: the text labels the user as a speaker)."""
     has = f.__contains__
     sentence = text[a:b]
     free = _unnegated(f, text, a, b)
-    addressed = has("addr") and (has("must") or _vocative(f, text))
+    addressed = heading or has("addr") and (has("must") or _vocative(f, text))
     names = _TOOL_NAME.findall(sentence) if has("call") and has("addr") else []
     sensitive = has("cred") or has("data") or (has("key") and (has("user") or has("addr") or has("secret") or has("must")))
     rules = (
@@ -294,9 +327,11 @@ def _fires(f: Concepts, text: str, a: int, b: int) -> Iterator[tuple[str, tuple[
             or any(_RISKY_TOOL.search(n) for n in names)), ("addr", "call", "tool", "must")),
         ("secrecy", (has("neg") and has("tell") and has("user")) or (has("secret") and (has("move") or has("call") or has("read"))),
          ("neg", "tell", "user", "secret")),
+        ("address", _called_then_ordered(f, text, a, heading, transcript, free), ("addr", "move", "read", "reveal", "override")),
     )
+    fired = False
     for name, ok, core in rules:
-        if not ok:
+        if not ok or (fired and name == "address"):  # "address" only when no rule that says more fired
             continue
         lang = _language(f, core)
         if not lang:
@@ -304,6 +339,10 @@ def _fires(f: Concepts, text: str, a: int, b: int) -> Iterator[tuple[str, tuple[
         kinds, detail = next((k, d) for n, k, d in GRAMMAR if n == name)
         if name in ("exfil", "handover"):
             kinds = kinds + (("credential_request",) if has("cred") or has("key") else ()) + (("data_request",) if has("data") else ())
+        elif name == "address" and _DESTINATION.search(sentence) is not None:
+            # what it wants done: something sent to, or a page opened at, a place the text names
+            kinds = kinds + (("exfiltration",) if "move" in free else ("tool_reference",))
+        fired = True
         yield name, kinds, detail, lang
 
 
@@ -346,6 +385,31 @@ def _vocative(f: Concepts, text: str) -> bool:
         if _VOCATIVE_MARK.match(text, end) is not None or _VOCATIVE_MARK.match(text, _word_end(text, at)) is not None:
             return True
     return False
+
+
+def _called_then_ordered(f: Concepts, text: str, a: int, heading: bool, transcript: bool, free: set[str]) -> bool:
+    """The model named at the head of the sentence ("Asistente, …", "KI-Assistent: …", or a heading line
+    before it) and an order's verb right after (`_ORDER_REACH`): what English's vocative rule sees. A
+    speaker label in a transcript ("Asistente:" after a "Usuario:" line) is not an address."""
+    verbs = sorted(at for c in ("move", "read", "reveal", "override") for _, at in f.get(c, ()) if c == "override" or c in free)
+    if not verbs:
+        return False
+    if heading:
+        return verbs[0] - a <= _ORDER_REACH
+    for _, at in f.get("addr", ()):
+        if at - a > _ADDRESS_LEAD or len(_TOKEN.findall(text, a, at)) > _ADDRESS_LEAD_WORDS:
+            continue
+        m = _VOCATIVE_MARK.match(text, _word_end(text, at))
+        if m is None or (transcript and m.group().strip() in (":", "：")):
+            continue
+        if any(0 <= v - m.end() <= _ORDER_REACH for v in verbs):
+            return True
+    return False
+
+
+def _transcript(f: Concepts, text: str) -> bool:
+    """Whether the text labels a speaker as the user ("Usuario:", "Benutzer:"): a chat transcript."""
+    return any(_VOCATIVE_MARK.match(text, _word_end(text, at)) is not None for _, at in f.get("user", ()))
 
 
 def _word_end(text: str, at: int) -> int:
