@@ -88,10 +88,13 @@ async def _wait_until(what: str, ready: Any, proc: Proc, log_path: Path, timeout
         await asyncio.sleep(0.05)
 
 
-def start_upstream(tmp: Path, log: IO[bytes], log_path: Path) -> tuple[Proc, Path]:
-    url_file = tmp / "upstream.url"
+def start_upstream(tmp: Path, log: IO[bytes], log_path: Path, shape: str = "default") -> tuple[Proc, Path]:
+    """`bench/mcp_server.py` over HTTP answering JSON, echo answering in `shape`; returns it and
+    the file its URL appears in once it listens."""
+    url_file = tmp / f"upstream-{shape}.url"
     url_file.unlink(missing_ok=True)
-    return Proc([sys.executable, str(SERVER), "http", "--json", "--url-file", str(url_file)], log, child_env()), url_file
+    cmd = [sys.executable, str(SERVER), "http", "--json", "--shape", shape, "--url-file", str(url_file)]
+    return Proc(cmd, log, child_env()), url_file
 
 
 def gateway_policy(tmp: Path) -> tuple[Path, str]:
@@ -105,21 +108,54 @@ def gateway_policy(tmp: Path) -> tuple[Path, str]:
     return path, what + (f"; MISSING rule sets skipped: {', '.join(missing)}" if missing else "")
 
 
-def start_gateway(tmp: Path, upstream_url: str, log: IO[bytes]) -> tuple[Proc, str, str]:
-    """`dharma serve` in front of `upstream_url`; returns it, its /mcp URL and what its policy is."""
+def start_gateway(tmp: Path, upstream_url: str, log: IO[bytes],
+                  policy: tuple[Path, str] | None = None) -> tuple[Proc, str, str]:
+    """`dharma serve` in front of `upstream_url` under `policy` (file, what it is; default
+    `gateway_policy`), its state in `tmp`; returns it, its /mcp URL and what its policy is."""
     port = _free_port()
-    policy, what = gateway_policy(tmp)
+    path, what = policy if policy is not None else gateway_policy(tmp)
     config = {
-        "policy": str(policy),
+        "policy": str(path),
         "state_root": str(tmp / "state"),
         "upstreams": [{"id": "echo", "type": "mcp_http", "url": upstream_url}],
         # one principal opens every session: up to max(CONCURRENCY) at once, above the default cap of 16
         "mcp": {"anonymous_user": ANONYMOUS, "max_sessions_per_principal": 2 * max(CONCURRENCY)},
     }
-    path = tmp / "dharma.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    cmd = [sys.executable, "-m", "gateway", "--config", str(path), "serve", "--host", "127.0.0.1", "--port", str(port)]
+    config_path = tmp / "dharma.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    cmd = [sys.executable, "-m", "gateway", "--config", str(config_path), "serve", "--host", "127.0.0.1", "--port", str(port)]
     return Proc(cmd, log, child_env()), f"http://127.0.0.1:{port}/mcp", what
+
+
+async def started_upstream(stack: contextlib.ExitStack, tmp: Path, log: IO[bytes], log_path: Path,
+                           shape: str = "default") -> tuple[Proc, str]:
+    """`start_upstream`, closed with `stack`, once it listens; returns it and its URL."""
+    upstream, url_file = start_upstream(tmp, log, log_path, shape)
+    stack.callback(upstream.close)
+
+    async def ready() -> bool:
+        return url_file.exists() and bool(url_file.read_text().strip())
+
+    await _wait_until("the upstream MCP server", ready, upstream, log_path)
+    return upstream, url_file.read_text().strip()
+
+
+async def started_gateway(stack: contextlib.ExitStack, tmp: Path, upstream_url: str, log: IO[bytes], log_path: Path,
+                          policy: tuple[Path, str] | None = None) -> tuple[Proc, str, str]:
+    """`start_gateway`, closed with `stack`, once /healthz answers; returns it, its /mcp URL and its policy."""
+    gateway, url, what = start_gateway(tmp, upstream_url, log, policy)
+    stack.callback(gateway.close)
+    health = url.rsplit("/", 1)[0] + "/healthz"
+
+    async def ready() -> bool:
+        try:
+            async with httpx.AsyncClient(timeout=1.0) as h:
+                return (await h.get(health)).status_code < 500
+        except httpx.HTTPError:
+            return False
+
+    await _wait_until("dharma serve", ready, gateway, log_path, timeout=60.0)
+    return gateway, url, what
 
 
 def _messages(response: httpx.Response) -> list[dict[str, Any]]:
@@ -328,26 +364,8 @@ async def run(opts: Options, results: Results) -> None:
         log_path = tmp / "servers.log"
         log = stack.enter_context(open(log_path, "wb"))
         t_start = time.perf_counter()
-        upstream, url_file = start_upstream(tmp, log, log_path)
-        stack.callback(upstream.close)
-
-        async def upstream_ready() -> bool:
-            return url_file.exists() and bool(url_file.read_text().strip())
-
-        await _wait_until("the upstream MCP server", upstream_ready, upstream, log_path)
-        upstream_url = url_file.read_text().strip()
-        gateway, gateway_url, policy = start_gateway(tmp, upstream_url, log)
-        stack.callback(gateway.close)
-        health = gateway_url.rsplit("/", 1)[0] + "/healthz"
-
-        async def gateway_ready() -> bool:
-            try:
-                async with httpx.AsyncClient(timeout=1.0) as h:
-                    return (await h.get(health)).status_code < 500
-            except httpx.HTTPError:
-                return False
-
-        await _wait_until("dharma serve", gateway_ready, gateway, log_path)
+        upstream, upstream_url = await started_upstream(stack, tmp, log, log_path)
+        gateway, gateway_url, policy = await started_gateway(stack, tmp, upstream_url, log, log_path)
         startup = time.perf_counter() - t_start
 
         pairs: list[Pair] = []
