@@ -430,7 +430,10 @@ def _report(pairs: list[Pair], tput: list[tuple[str, str, int, dict[str, float]]
                            TARGET_ADDED_MS, "ms", higher_is_better=False,
                            note=f"direct p50 {fmt_time(p.direct.p50)}, through the gateway {fmt_time(p.governed.p50)}"))
         results.add(Target(f"mcp http gateway CPU per call ({p.era})", p.cpu_gateway * 1e3, TARGET_CPU_MS, "ms",
-                           higher_is_better=False, note="from /proc, sequential SDK calls"))
+                           higher_is_better=False,
+                           note=f"from /proc, sequential SDK calls; the SDK upstream spent {fmt_time(p.cpu_direct)} a call "
+                                f"it served in the same run ({p.cpu_gateway / p.cpu_direct:.2f}x that: compare runs by this "
+                                "ratio, a shared VM's speed drifts)"))
     for path, era, callers, r in tput:
         if path == "gateway" and callers == 8:
             results.add(Target(f"mcp http 8 clients vs direct ({era})", r["rate"] / base_rate[(era, callers)],
