@@ -123,7 +123,8 @@ def start_gateway(tmp: Path, upstream_url: str, log: IO[bytes],
     }
     config_path = tmp / "dharma.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    cmd = [sys.executable, "-m", "gateway", "--config", str(config_path), "serve", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [sys.executable, "-m", "gateway", "--config", str(config_path), "serve",
+           "--host", "127.0.0.1", "--port", str(port)]
     return Proc(cmd, log, child_env()), f"http://127.0.0.1:{port}/mcp", what
 
 
@@ -385,7 +386,8 @@ async def run(opts: Options, results: Results) -> None:
         except (RuntimeError, httpx.HTTPError, OSError) as exc:
             log.flush()
             raise RuntimeError(f"{exc}; server logs:\n{log_path.read_text(errors='replace')[-2000:]}") from None
-    _report(pairs, tput, results, policy=policy, seconds=seconds, tput_seconds=tput_seconds, max_calls=max_calls, startup=startup)
+    _report(pairs, tput, results, policy=policy, seconds=seconds, tput_seconds=tput_seconds, max_calls=max_calls,
+            startup=startup)
 
 
 def _report(pairs: list[Pair], tput: list[tuple[str, str, int, dict[str, float]]], results: Results, *, policy: str,
@@ -431,9 +433,9 @@ def _report(pairs: list[Pair], tput: list[tuple[str, str, int, dict[str, float]]
                            note=f"direct p50 {fmt_time(p.direct.p50)}, through the gateway {fmt_time(p.governed.p50)}"))
         results.add(Target(f"mcp http gateway CPU per call ({p.era})", p.cpu_gateway * 1e3, TARGET_CPU_MS, "ms",
                            higher_is_better=False,
-                           note=f"from /proc, sequential SDK calls; the SDK upstream spent {fmt_time(p.cpu_direct)} a call "
-                                f"it served in the same run ({p.cpu_gateway / p.cpu_direct:.2f}x that: compare runs by this "
-                                "ratio, a shared VM's speed drifts)"))
+                           note=f"from /proc, sequential SDK calls; the SDK upstream spent {fmt_time(p.cpu_direct)} "
+                                f"a call it served in the same run ({p.cpu_gateway / p.cpu_direct:.2f}x that: compare "
+                                "runs by this ratio, a shared VM's speed drifts)"))
     for path, era, callers, r in tput:
         if path == "gateway" and callers == 8:
             results.add(Target(f"mcp http 8 clients vs direct ({era})", r["rate"] / base_rate[(era, callers)],

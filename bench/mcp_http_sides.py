@@ -107,7 +107,8 @@ def report(variants: list[Variant], rounds: int, calls: int, load: tuple[float, 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.mcp_http_sides", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.mcp_http_sides",
+                                     description="/mcp's CPU per call by upstream answer shape and policy, side by side")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--calls", type=int, default=200, help="sequential calls per block")
     args = parser.parse_args()
