@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import fmt_time, table
+from bench import fmt_time, positive, table
 from bench.mcp_http import REPO, SdkHttp, started_gateway, started_upstream
 from bench.mcp_stdio import proc_cpu
 from bench.mcp_server import SHAPES
@@ -109,8 +109,8 @@ def report(variants: list[Variant], rounds: int, calls: int, load: tuple[float, 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.mcp_http_sides",
                                      description="/mcp's CPU per call by upstream answer shape and policy, side by side")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--calls", type=int, default=200, help="sequential calls per block")
+    parser.add_argument("--rounds", type=positive(int), default=6)
+    parser.add_argument("--calls", type=positive(int), default=200, help="sequential calls per block")
     args = parser.parse_args()
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     variants = asyncio.run(run(args.rounds, args.calls))
