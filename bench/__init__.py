@@ -8,6 +8,7 @@ These print figures; nothing here asserts on speed (see bench/README.md).
 
 from __future__ import annotations
 
+import argparse
 import gc
 import logging
 import math
@@ -211,3 +212,16 @@ def info_logging_to_devnull() -> Any:
     finally:
         sys.stderr = saved
     return sink
+
+
+def positive(kind: type[int] | type[float]) -> Any:
+    """An argparse type: a number of `kind` above zero, or a clear error naming the value."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be above zero")
+        return value
+    return parse

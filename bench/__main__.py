@@ -10,9 +10,8 @@ import os
 import platform
 import sys
 import time
-from typing import Any
 
-from bench import BENCHMARKS, LEDGER_BACKENDS, LEDGER_BENCHMARKS, Options, Results, quiet_logging
+from bench import BENCHMARKS, LEDGER_BACKENDS, LEDGER_BENCHMARKS, Options, Results, positive, quiet_logging
 from tests.pg import pg_bin, running_postgres
 
 
@@ -24,11 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="directory for the ledgers (default: a temp dir on /tmp)")
     parser.add_argument("--backend", action="append", choices=LEDGER_BACKENDS,
                         help="ledger backend of the ledger_* benchmarks (repeatable; default: both)")
-    parser.add_argument("--append-seconds", type=_positive(float), default=None, metavar="S",
+    parser.add_argument("--append-seconds", type=positive(float), default=None, metavar="S",
                         help="ledger_append: seconds per row (default 3, --quick 0.3)")
-    parser.add_argument("--verify-records", type=_positive(int), default=None, metavar="N",
+    parser.add_argument("--verify-records", type=positive(int), default=None, metavar="N",
                         help="ledger_verify: ledger size (default 100,000, --quick 5,000)")
-    parser.add_argument("--query-records", type=_positive(int), default=None, metavar="N",
+    parser.add_argument("--query-records", type=positive(int), default=None, metavar="N",
                         help="ledger_query: ledger size (default 1,000,000, --quick 20,000)")
     args = parser.parse_args(argv)
     quiet_logging()
@@ -45,19 +44,6 @@ def main(argv: list[str] | None = None) -> int:
                        postgres_missing=missing, append_seconds=args.append_seconds,
                        verify_records=args.verify_records, query_records=args.query_records)
         return _run(opts, chosen)
-
-
-def _positive(kind: type[int] | type[float]) -> Any:
-    """An argparse type: a number of `kind` above zero, or a clear error naming the value."""
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be above zero")
-        return value
-    return parse
 
 
 def _run(opts: Options, chosen: list[str]) -> int:

@@ -25,15 +25,13 @@ import yaml
 
 from audit.sqlite import SqliteLedger
 from bench import Options, Results, Stats, Target, fmt_time, info_logging_to_devnull, quiet_logging, sample_async, table
-from bench.policygen import OPERATOR_KEY, backend, profile_document, write_generated_policy
+from bench.policygen import OPERATOR_KEY, backend, profile_document, standard_document, write_generated_policy
 from gateway.core.call import Status
 from gateway.core.errors import PolicyErrors
 from gateway.core.gateway import Gateway
 from gateway.policy.compile import CompiledPolicy, load_policy
 from gateway.crypto.receipts import KeyStore
 
-REPO = Path(__file__).resolve().parent.parent
-STANDARD = REPO / "policies" / "standard.yaml"
 
 #: Calls an operator may make under the standard profile; all allowed and forwarded.
 CALLS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -47,14 +45,7 @@ TOOLS = tuple(dict.fromkeys(t for t, _ in CALLS))
 
 def _standard_policy(tmp: Path) -> tuple[CompiledPolicy, str, str]:
     """The standard profile with raised rate limits; returns (policy, description, api key)."""
-    doc = yaml.safe_load(STANDARD.read_text(encoding="utf-8"))
-    for limit in doc.get("rate_limits", []):
-        limit.update(rate=1_000_000_000, burst=1_000_000_000, per_seconds=1)
-    refs = list(doc.get("rule_sets", []))
-    present = [r for r in refs if (STANDARD.parent / r).resolve().exists()]
-    missing = [r for r in refs if r not in present]
-    doc["rule_sets"] = [str((STANDARD.parent / r).resolve()) for r in present]
-    doc["principals"] = [*doc.get("principals", []), profile_document([])["principals"][0]]
+    doc, missing = standard_document(profile_document([])["principals"][0])
     path = tmp / "standard-bench.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     policy = load_policy(path)

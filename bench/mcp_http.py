@@ -4,7 +4,8 @@ Backend: `bench/mcp_server.py http --json` (official `mcp` SDK, one trivial `ech
 sessions, every POST answered with one JSON body: `json_response=True`) on 127.0.0.1.
 Gateway: `dharma --config <tmp>/dharma.yaml serve --host 127.0.0.1 --port <free>` as a real
 subprocess (uvicorn, one worker), the backend as its one `mcp_http` upstream (no prefix),
-`policies/permissive.yaml`, `mcp.anonymous_user` set (no credentials on the wire), a fresh state
+the shipped `policies/standard.yaml` with every rule set it names (rate limits raised; the anonymous
+caller a principal of its `admin` tier), `mcp.anonymous_user` set (no credentials on the wire), a fresh state
 root (SQLite ledger synchronous FULL, Ed25519 receipts), the default log level (info) to a file.
 Clients, as real agents talk: the official SDK client (`mcp.Client` over
 `mcp.client.streamable_http`), on both protocol eras (2025-11-25 sessions, and 2026-07-28),
@@ -39,7 +40,8 @@ import httpx
 import yaml
 
 from bench import Options, Results, Stats, Target, fmt_time, table
-from bench.mcp_stdio import PERMISSIVE, REPO, SERVER, child_env, proc_cpu
+from bench.mcp_stdio import REPO, SERVER, child_env, proc_cpu
+from bench.policygen import standard_document
 
 PROTOCOL = "2025-11-25"
 CONCURRENCY = (1, 8, 32)
@@ -47,6 +49,7 @@ ACCEPT = "application/json, text/event-stream"
 TARGET_ADDED_MS = 2.0  # design §8: added p50 ≤ 2 ms
 TARGET_CPU_MS = 2.0  # gateway CPU ≤ 2 ms per call
 TARGET_RATIO = 0.7  # 8 clients ≥ 0.7× direct calls/s
+ANONYMOUS = "bench"  # mcp.anonymous_user: the local user every HTTP caller is
 
 
 def _free_port() -> int:
@@ -85,25 +88,75 @@ async def _wait_until(what: str, ready: Any, proc: Proc, log_path: Path, timeout
         await asyncio.sleep(0.05)
 
 
-def start_upstream(tmp: Path, log: IO[bytes], log_path: Path) -> tuple[Proc, Path]:
-    url_file = tmp / "upstream.url"
+def start_upstream(tmp: Path, log: IO[bytes], log_path: Path, shape: str = "default") -> tuple[Proc, Path]:
+    """`bench/mcp_server.py` over HTTP answering JSON, echo answering in `shape`; returns it and
+    the file its URL appears in once it listens."""
+    url_file = tmp / f"upstream-{shape}.url"
     url_file.unlink(missing_ok=True)
-    return Proc([sys.executable, str(SERVER), "http", "--json", "--url-file", str(url_file)], log, child_env()), url_file
+    cmd = [sys.executable, str(SERVER), "http", "--json", "--shape", shape, "--url-file", str(url_file)]
+    return Proc(cmd, log, child_env()), url_file
 
 
-def start_gateway(tmp: Path, upstream_url: str, log: IO[bytes]) -> tuple[Proc, str]:
+def gateway_policy(tmp: Path) -> tuple[Path, str]:
+    """The shipped standard profile with every rule set (`standard_document`), the anonymous caller
+    `bench` as a principal of its `admin` tier (the profile grants `echo` to no other tier); returns
+    the file and what it is."""
+    doc, missing = standard_document({"id": "bench", "local_user": ANONYMOUS, "tier": "admin"})
+    path = tmp / "standard-bench.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    what = f"policies/standard.yaml + {len(doc['rule_sets'])} rule sets (rate limits raised)"
+    return path, what + (f"; MISSING rule sets skipped: {', '.join(missing)}" if missing else "")
+
+
+def start_gateway(tmp: Path, upstream_url: str, log: IO[bytes],
+                  policy: tuple[Path, str] | None = None) -> tuple[Proc, str, str]:
+    """`dharma serve` in front of `upstream_url` under `policy` (file, what it is; default
+    `gateway_policy`), its state in `tmp`; returns it, its /mcp URL and what its policy is."""
     port = _free_port()
+    path, what = policy if policy is not None else gateway_policy(tmp)
     config = {
-        "policy": str(PERMISSIVE),
+        "policy": str(path),
         "state_root": str(tmp / "state"),
         "upstreams": [{"id": "echo", "type": "mcp_http", "url": upstream_url}],
         # one principal opens every session: up to max(CONCURRENCY) at once, above the default cap of 16
-        "mcp": {"anonymous_user": "bench", "max_sessions_per_principal": 2 * max(CONCURRENCY)},
+        "mcp": {"anonymous_user": ANONYMOUS, "max_sessions_per_principal": 2 * max(CONCURRENCY)},
     }
-    path = tmp / "dharma.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    cmd = [sys.executable, "-m", "gateway", "--config", str(path), "serve", "--host", "127.0.0.1", "--port", str(port)]
-    return Proc(cmd, log, child_env()), f"http://127.0.0.1:{port}/mcp"
+    config_path = tmp / "dharma.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    cmd = [sys.executable, "-m", "gateway", "--config", str(config_path), "serve",
+           "--host", "127.0.0.1", "--port", str(port)]
+    return Proc(cmd, log, child_env()), f"http://127.0.0.1:{port}/mcp", what
+
+
+async def started_upstream(stack: contextlib.ExitStack, tmp: Path, log: IO[bytes], log_path: Path,
+                           shape: str = "default") -> tuple[Proc, str]:
+    """`start_upstream`, closed with `stack`, once it listens; returns it and its URL."""
+    upstream, url_file = start_upstream(tmp, log, log_path, shape)
+    stack.callback(upstream.close)
+
+    async def ready() -> bool:
+        return url_file.exists() and bool(url_file.read_text().strip())
+
+    await _wait_until("the upstream MCP server", ready, upstream, log_path)
+    return upstream, url_file.read_text().strip()
+
+
+async def started_gateway(stack: contextlib.ExitStack, tmp: Path, upstream_url: str, log: IO[bytes], log_path: Path,
+                          policy: tuple[Path, str] | None = None) -> tuple[Proc, str, str]:
+    """`start_gateway`, closed with `stack`, once /healthz answers; returns it, its /mcp URL and its policy."""
+    gateway, url, what = start_gateway(tmp, upstream_url, log, policy)
+    stack.callback(gateway.close)
+    health = url.rsplit("/", 1)[0] + "/healthz"
+
+    async def ready() -> bool:
+        try:
+            async with httpx.AsyncClient(timeout=1.0) as h:
+                return (await h.get(health)).status_code < 500
+        except httpx.HTTPError:
+            return False
+
+    await _wait_until("dharma serve", ready, gateway, log_path, timeout=60.0)
+    return gateway, url, what
 
 
 def _messages(response: httpx.Response) -> list[dict[str, Any]]:
@@ -312,26 +365,8 @@ async def run(opts: Options, results: Results) -> None:
         log_path = tmp / "servers.log"
         log = stack.enter_context(open(log_path, "wb"))
         t_start = time.perf_counter()
-        upstream, url_file = start_upstream(tmp, log, log_path)
-        stack.callback(upstream.close)
-
-        async def upstream_ready() -> bool:
-            return url_file.exists() and bool(url_file.read_text().strip())
-
-        await _wait_until("the upstream MCP server", upstream_ready, upstream, log_path)
-        upstream_url = url_file.read_text().strip()
-        gateway, gateway_url = start_gateway(tmp, upstream_url, log)
-        stack.callback(gateway.close)
-        health = gateway_url.rsplit("/", 1)[0] + "/healthz"
-
-        async def gateway_ready() -> bool:
-            try:
-                async with httpx.AsyncClient(timeout=1.0) as h:
-                    return (await h.get(health)).status_code < 500
-            except httpx.HTTPError:
-                return False
-
-        await _wait_until("dharma serve", gateway_ready, gateway, log_path)
+        upstream, upstream_url = await started_upstream(stack, tmp, log, log_path)
+        gateway, gateway_url, policy = await started_gateway(stack, tmp, upstream_url, log, log_path)
         startup = time.perf_counter() - t_start
 
         pairs: list[Pair] = []
@@ -351,10 +386,11 @@ async def run(opts: Options, results: Results) -> None:
         except (RuntimeError, httpx.HTTPError, OSError) as exc:
             log.flush()
             raise RuntimeError(f"{exc}; server logs:\n{log_path.read_text(errors='replace')[-2000:]}") from None
-    _report(pairs, tput, results, seconds=seconds, tput_seconds=tput_seconds, max_calls=max_calls, startup=startup)
+    _report(pairs, tput, results, policy=policy, seconds=seconds, tput_seconds=tput_seconds, max_calls=max_calls,
+            startup=startup)
 
 
-def _report(pairs: list[Pair], tput: list[tuple[str, str, int, dict[str, float]]], results: Results, *,
+def _report(pairs: list[Pair], tput: list[tuple[str, str, int, dict[str, float]]], results: Results, *, policy: str,
             seconds: float, tput_seconds: float, max_calls: int, startup: float) -> None:
     def row(label: str, era: str, st: Stats, base: Stats | None, cpu: float) -> list[str]:
         return [label, era, str(st.n), fmt_time(st.p50), fmt_time(st.p99), fmt_time(st.mean), f"{1 / st.mean:,.0f}",
@@ -370,7 +406,7 @@ def _report(pairs: list[Pair], tput: list[tuple[str, str, int, dict[str, float]]
     table("mcp_http: sequential tools/call echo over Streamable HTTP, direct vs through `dharma serve` /mcp",
           ["client / path", "era", "calls", "p50", "p99", "mean", "calls/s", "cpu/call", "added p50", "added p99",
            "x direct"], rows,
-          note=f"gateway: `dharma serve` subprocess (uvicorn), permissive policy, anonymous_user, SQLite ledger FULL + "
+          note=f"gateway: `dharma serve` subprocess (uvicorn), {policy}, anonymous_user, SQLite ledger FULL + "
                f"Ed25519 receipts (receipt returned: {'yes' if receipts else 'NO'}), info log to a file\n"
                f"upstream: SDK server answering JSON (json_response=True); direct and gateway calls interleaved, "
                f"~{seconds:g} s per SDK pair; cpu/call = the gateway process alone (its rows) or the upstream per "
@@ -396,7 +432,10 @@ def _report(pairs: list[Pair], tput: list[tuple[str, str, int, dict[str, float]]
                            TARGET_ADDED_MS, "ms", higher_is_better=False,
                            note=f"direct p50 {fmt_time(p.direct.p50)}, through the gateway {fmt_time(p.governed.p50)}"))
         results.add(Target(f"mcp http gateway CPU per call ({p.era})", p.cpu_gateway * 1e3, TARGET_CPU_MS, "ms",
-                           higher_is_better=False, note="from /proc, sequential SDK calls"))
+                           higher_is_better=False,
+                           note=f"from /proc, sequential SDK calls; the SDK upstream spent {fmt_time(p.cpu_direct)} "
+                                f"a call it served in the same run ({p.cpu_gateway / p.cpu_direct:.2f}x that: compare "
+                                "runs by this ratio, a shared VM's speed drifts)"))
     for path, era, callers, r in tput:
         if path == "gateway" and callers == 8:
             results.add(Target(f"mcp http 8 clients vs direct ({era})", r["rate"] / base_rate[(era, callers)],

@@ -5,6 +5,8 @@ trivial tool, `echo(text) -> "echo: <text>"`.
     python bench/mcp_server.py http --url-file F      # Streamable HTTP on 127.0.0.1:<free port>/mcp
                                                       # (SDK defaults: stateful sessions, SSE replies)
     python bench/mcp_server.py http --json --url-file F   # the same, every POST answered with JSON
+    ... --shape plain|record                          # echo's answer: text only (no structuredContent,
+                                                      # no outputSchema), or a small object (below)
 
 The URL is written to F once the server listens. Loopback only.
 """
@@ -16,15 +18,35 @@ import socket
 import sys
 from typing import Any
 
+from pydantic import BaseModel
+
 from mcp.server.mcpserver import MCPServer
 
+#: echo's answer shapes: the SDK's default for a `str` return (a text block, plus `structuredContent`
+#: `{"result": ...}` and an `outputSchema`); text only; a small object with its output schema.
+SHAPES = ("default", "plain", "record")
 
-def build() -> MCPServer:
+
+class Echoed(BaseModel):
+    """echo's answer in the `record` shape: a few fields of the kinds real tools return."""
+
+    text: str
+    length: int
+    words: list[str]
+    meta: dict[str, str]
+
+
+def build(shape: str = "default") -> MCPServer:
     mcp = MCPServer("dharma-bench-echo", log_level="WARNING")
 
-    @mcp.tool(description="Echo the text back.")
-    def echo(text: str) -> str:
-        return f"echo: {text}"
+    if shape == "record":
+        @mcp.tool(name="echo", description="Echo the text back.")
+        def echo_record(text: str) -> Echoed:
+            return Echoed(text=f"echo: {text}", length=len(text), words=text.split(), meta={"source": "bench"})
+    else:
+        @mcp.tool(description="Echo the text back.", structured_output=False if shape == "plain" else None)
+        def echo(text: str) -> str:
+            return f"echo: {text}"
 
     return mcp
 
@@ -34,8 +56,9 @@ def main() -> int:
     parser.add_argument("transport", choices=("stdio", "http"))
     parser.add_argument("--url-file", help="http: where to write the URL once listening")
     parser.add_argument("--json", action="store_true", help="http: answer each POST with JSON, not an SSE stream")
+    parser.add_argument("--shape", choices=SHAPES, default="default", help="echo's answer shape (see SHAPES)")
     args = parser.parse_args()
-    mcp = build()
+    mcp = build(args.shape)
     if args.transport == "stdio":
         mcp.run("stdio")
         return 0
