@@ -355,6 +355,31 @@ class Pipeline:
     background: bool = False
 
 
+@dataclass(slots=True)
+class _Pipes:
+    """One list's pipelines as they are read: the finished ones, the current pipeline's elements
+    and the command being read."""
+
+    out: list[Pipeline] = field(default_factory=list)
+    elements: list[Any] = field(default_factory=list)
+    current: Simple | None = None
+    expect_command: bool = True
+
+    def end(self, background: bool = False) -> None:
+        """The pipeline being read is complete (an empty command is dropped)."""
+        if self.current is not None and (self.current.words or self.current.redirects):
+            self.elements.append(self.current)
+        if self.elements:
+            self.out.append(Pipeline(self.elements, background))
+        self.elements, self.current, self.expect_command = [], None, True
+
+    def command(self) -> Simple:
+        """The command being read, started if there is none."""
+        if self.current is None:
+            self.current = Simple()
+        return self.current
+
+
 class _Lexer:
     """A recursive-descent reader of the bash subset that matters for analysis."""
 
@@ -410,152 +435,156 @@ class _Lexer:
 
     def parse_list(self, stop: str | None) -> list[Pipeline]:
         """Pipelines up to `stop` (")" for a subshell or substitution, "}" for a group, None: end)."""
-        out: list[Pipeline] = []
-        elements: list[Any] = []
-        current: Simple | None = None
-        expect_command = True
-
-        def end_pipeline(background: bool = False) -> None:
-            nonlocal current, elements, expect_command
-            if current is not None and (current.words or current.redirects):
-                elements.append(current)
-            if elements:
-                out.append(Pipeline(elements, background))
-            elements, current, expect_command = [], None, True
-
+        st = _Pipes()
         while True:
             self.skip_blanks()
             if self.i >= self.n:
                 if stop is not None:
                     raise self.error(f"missing {stop!r}")
-                end_pipeline()
-                return out
+                st.end()
+                return st.out
             c = self.s[self.i]
-            if c == "#":  # at a word's start (words are read whole): a comment to the end of the line
-                nl = self.s.find("\n", self.i)
-                self.i = self.n if nl < 0 else nl
-                continue
-            if c == "\n":
-                self.i += 1
-                end_pipeline()
-                if self.pending:
-                    self.read_heredocs()
-                continue
-            if c == ";":
-                self.i += 2 if self.peek(1) in (";", "&") else 1
-                end_pipeline()
-                continue
-            if c == "&":
-                if self.peek(1) == "&":
-                    self.i += 2
-                    end_pipeline()
-                    continue
-                if self.peek(1) == ">":
-                    self.read_redirect(current := current or Simple())
-                    continue
-                self.i += 1
-                end_pipeline(background=True)
-                continue
-            if c == "|":
-                if self.peek(1) == "|":
-                    self.i += 2
-                    end_pipeline()
-                    continue
-                self.i += 2 if self.peek(1) == "&" else 1
-                if current is not None:
-                    elements.append(current)
-                current, expect_command = None, True
-                continue
-            if c == ")":
+            if c in "#\n;&|":
+                self._separator(c, st)
+            elif c == ")":
                 if stop == ")":
                     self.i += 1
-                    end_pipeline()
-                    return out
-                if self.case_depth:
-                    self.i += 1
-                    continue
-                raise self.error("unexpected ')'")
-            if c == "(":
-                if self.peek(1) == "(" and current is None:  # arithmetic command (( ... ))
-                    self.skip_arith(2)
-                    continue
+                    st.end()
+                    return st.out
+                if not self.case_depth:
+                    raise self.error("unexpected ')'")
                 self.i += 1
-                if current is not None and len(current.words) == 1 and not current.redirects:
-                    self.skip_blanks()
-                    if self.peek() != ")":
-                        raise self.error("unexpected '('")
-                    self.i += 1
-                    name = "".join(p.text for p in current.words[0])
-                    self.skip_blanks()
-                    while self.peek() == "\n":
-                        self.i += 1
-                        self.skip_blanks()
-                    body = self.parse_compound()
-                    elements.append(FuncDef(name, body))
-                    current = None
-                    continue
-                if current is not None:
-                    raise self.error("unexpected '('")
-                elements.append(Group(self.parse_list(")"), subshell=True))
+            elif c == "(":
+                self._open_paren(st)
+            elif (c in "<>" or c.isdigit()) and self._redirect(c, st):
                 continue
-            if c in "<>":
-                if self.peek(1) == "(":
-                    start = self.i
-                    word = self.read_word()
-                    current = current or Simple()
-                    current.words.append(word)
-                    current.raws.append(self.span(start, self.i))
-                    continue
-                self.read_redirect(current := current or Simple())
-                continue
-            if c.isdigit():
-                j = self.i
-                while j < self.n and self.s[j].isdigit():
-                    j += 1
-                if j < self.n and self.s[j] in "<>" and (j + 1 >= self.n or self.s[j + 1] != "("):
-                    self.i = j
-                    self.read_redirect(current := current or Simple())
-                    continue
-            start = self.i
-            word = self.read_word()
-            raw = self.s[start : self.i]
-            if current is None or not current.words:
-                if raw == stop == "}" and expect_command:
-                    end_pipeline()
-                    return out
-                if raw == "{" and expect_command:
-                    elements.append(Group(self.parse_list("}")))
-                    current = None
-                    continue
-                if raw in _RESERVED:
-                    continue
-                if raw == "esac":
-                    self.case_depth = max(0, self.case_depth - 1)
-                    continue
-                if raw in _KEYWORDS_SKIP_LINE or raw == "case":
-                    header = self.skip_header(raw)
-                    if raw in _KEYWORDS_SKIP_LINE and len(header) >= 2 and header[1][0] == "in":
-                        out.append(Pipeline([LoopVar(header[0][0], [w for _, w in header[2:]])]))
-                    continue
-                if raw == "function":
-                    self.skip_blanks()
-                    fname = "".join(p.text for p in self.read_word())
-                    self.skip_blanks()
-                    if self.peek() == "(" and self.peek(1) == ")":
-                        self.i += 2
-                    self.skip_blanks()
-                    while self.peek() == "\n":
-                        self.i += 1
-                        self.skip_blanks()
-                    elements.append(FuncDef(fname, self.parse_compound()))
-                    continue
-                if self.case_depth and self.peek() == ")" and current is None:
-                    self.i += 1  # a case pattern `pat)`
-                    continue
-            current = current or Simple()
-            current.words.append(word)
-            current.raws.append(self.span(start, self.i))
-            expect_command = False
+            elif self._word(st, stop):
+                return st.out
+
+    def _separator(self, c: str, st: _Pipes) -> None:
+        """A comment, newline, `;`, `&`, `&&`, `|`, `||` or `|&` at the reading position."""
+        if c == "#":  # at a word's start (words are read whole): a comment to the end of the line
+            nl = self.s.find("\n", self.i)
+            self.i = self.n if nl < 0 else nl
+        elif c == "\n":
+            self.i += 1
+            st.end()
+            if self.pending:
+                self.read_heredocs()
+        elif c == ";":
+            self.i += 2 if self.peek(1) in (";", "&") else 1
+            st.end()
+        elif c == "&":
+            if self.peek(1) == "&":
+                self.i += 2
+                st.end()
+            elif self.peek(1) == ">":
+                self.read_redirect(st.command())
+            else:
+                self.i += 1
+                st.end(background=True)
+        elif self.peek(1) == "|":
+            self.i += 2
+            st.end()
+        else:
+            self.i += 2 if self.peek(1) == "&" else 1
+            if st.current is not None:
+                st.elements.append(st.current)
+            st.current, st.expect_command = None, True
+
+    def _open_paren(self, st: _Pipes) -> None:
+        """`((` arithmetic, `name()` a function definition, or `(` a subshell."""
+        if self.peek(1) == "(" and st.current is None:  # arithmetic command (( ... ))
+            self.skip_arith(2)
+            return
+        self.i += 1
+        current = st.current
+        if current is not None and len(current.words) == 1 and not current.redirects:
+            self.skip_blanks()
+            if self.peek() != ")":
+                raise self.error("unexpected '('")
+            self.i += 1
+            name = "".join(p.text for p in current.words[0])
+            self.skip_blank_lines()
+            st.elements.append(FuncDef(name, self.parse_compound()))
+            st.current = None
+            return
+        if current is not None:
+            raise self.error("unexpected '('")
+        st.elements.append(Group(self.parse_list(")"), subshell=True))
+
+    def _redirect(self, c: str, st: _Pipes) -> bool:
+        """A redirection or a process substitution `<(…)`/`>(…)` at the reading position; False when
+        a digit starts an ordinary word."""
+        if c in "<>":
+            if self.peek(1) == "(":
+                start = self.i
+                word = self.read_word()
+                st.command().words.append(word)
+                st.command().raws.append(self.span(start, self.i))
+            else:
+                self.read_redirect(st.command())
+            return True
+        j = self.i
+        while j < self.n and self.s[j].isdigit():
+            j += 1
+        if j < self.n and self.s[j] in "<>" and (j + 1 >= self.n or self.s[j + 1] != "("):
+            self.i = j
+            self.read_redirect(st.command())
+            return True
+        return False
+
+    def _word(self, st: _Pipes, stop: str | None) -> bool:
+        """The next word: a reserved word in command position, or the command's next word. True when
+        it is the `}` that ends the list being read."""
+        start = self.i
+        word = self.read_word()
+        raw = self.s[start : self.i]
+        if st.current is None or not st.current.words:
+            if raw == stop == "}" and st.expect_command:
+                st.end()
+                return True
+            if self._keyword(raw, st):
+                return False
+        st.command().words.append(word)
+        st.command().raws.append(self.span(start, self.i))
+        st.expect_command = False
+        return False
+
+    def _keyword(self, raw: str, st: _Pipes) -> bool:
+        """Act on `raw` read in command position if it is a reserved word (or a case pattern's `)`);
+        False when it is an ordinary command word."""
+        if raw == "{" and st.expect_command:
+            st.elements.append(Group(self.parse_list("}")))
+            st.current = None
+        elif raw in _RESERVED:
+            pass
+        elif raw == "esac":
+            self.case_depth = max(0, self.case_depth - 1)
+        elif raw in _KEYWORDS_SKIP_LINE or raw == "case":
+            header = self.skip_header(raw)
+            if raw in _KEYWORDS_SKIP_LINE and len(header) >= 2 and header[1][0] == "in":
+                st.out.append(Pipeline([LoopVar(header[0][0], [w for _, w in header[2:]])]))
+        elif raw == "function":
+            self.skip_blanks()
+            fname = "".join(p.text for p in self.read_word())
+            self.skip_blanks()
+            if self.peek() == "(" and self.peek(1) == ")":
+                self.i += 2
+            self.skip_blank_lines()
+            st.elements.append(FuncDef(fname, self.parse_compound()))
+        elif self.case_depth and self.peek() == ")" and st.current is None:
+            self.i += 1  # a case pattern `pat)`
+        else:
+            return False
+        return True
+
+    def skip_blank_lines(self) -> None:
+        """Blanks and newlines (between a function's header and its body)."""
+        self.skip_blanks()
+        while self.peek() == "\n":
+            self.i += 1
+            self.skip_blanks()
 
     def parse_compound(self) -> Any:
         if self.peek() == "{":
