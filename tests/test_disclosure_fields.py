@@ -154,3 +154,14 @@ async def test_answers_are_disclosed_as_with_the_whole_response(
     results = {row[0]: row[2] for row in got[: len(ANSWERS)]}
     for tool in withheld:
         assert results[tool] == text_result("nothing found")
+
+
+def test_response_text_holds_each_text_once() -> None:
+    """The SDK mirrors a plain answer as a text block and `structuredContent`: `response.text` holds
+    it once (it was scanned twice), and structured strings no text block holds are still in it."""
+    from gateway.policy.evaluate import response_text
+
+    mirrored = {"content": [{"type": "text", "text": "sunny, 21C"}], "structuredContent": {"result": "sunny, 21C"}}
+    assert response_text(mirrored) == "sunny, 21C"
+    extra = {"content": [{"type": "text", "text": "see record"}], "structuredContent": {"note": "AKIA only here"}}
+    assert response_text(extra) == "see record\nAKIA only here"
