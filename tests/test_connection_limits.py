@@ -152,6 +152,31 @@ async def test_slow_heads_bodies_and_idle_connections_are_cut_off(served: Any) -
     assert "Traceback" not in log.read_text()
 
 
+async def test_a_client_still_sending_when_cut_off_reads_its_408_not_a_reset(served: Any) -> None:
+    """A connection past its deadline is half-closed and drained, not closed with the client's bytes
+    unread (which sends a reset that can destroy the 408 before the client reads it): a client that
+    keeps writing after the answer gets end-of-stream, its further writes are taken, and its own
+    close ends the connection."""
+    url, server, _, _ = served(watch=False, server={"header_timeout_seconds": 1, "body_idle_seconds": 1, "body_timeout_seconds": 2})
+    async with client(url) as http:
+        await wait_for(lambda: healthy(http), "the gateway to be healthy", server)
+        for first, more in ((b"POST /mcp HTTP/1.1\r\n", b"x-slow: 1\r\n"),
+                            (b"POST /v1/tools/read_note:call HTTP/1.1\r\nhost: x\r\ncontent-length: 999\r\n\r\n{", b" ")):
+            reader, writer = await connect(url)
+            try:
+                writer.write(first)
+                got = await until_closed(reader)
+                assert parsed(got)[0] == 408, got
+                for _ in range(20):  # a peer that had closed would answer these with a reset
+                    writer.write(more)
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
+                assert not writer.transport.is_closing()
+            finally:
+                writer.close()
+            await writer.wait_closed()
+
+
 async def test_caps_per_address_and_in_total_refuse_with_an_answer_naming_the_limit(served: Any) -> None:
     url, server, log, _ = served(watch=False, server={
         "max_connections": 6, "max_connections_per_address": 4, "keep_alive_seconds": 600, "header_timeout_seconds": 600})

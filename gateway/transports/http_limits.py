@@ -10,11 +10,13 @@ alike:
 - Admission. A new connection over `max_connections` (all addresses) or over
   `max_connections_per_address` (one IPv4 address, or one IPv6 /64) is answered at once, 503 or
   429 with `Retry-After` and a JSON body naming the limit, half-closed and dropped when the client
-  closes or after `LINGER_SECONDS` (`RefusedConnection`). It never reaches uvicorn or the app.
+  closes or after `LINGER_SECONDS` (`LingeringConnection`). It never reaches uvicorn or the app.
 - Deadlines. Each admitted connection notes what it waits for (`HEAD`, `BODY`, `WAIT`, `IDLE`)
   and since when, read from the guard's clock; one timer per server (`ConnectionGuard`, every
   `tick` seconds) walks the open connections and closes those past their deadline, answering 408
-  when nothing of a response is on its way. A request arms and cancels no timer of its own.
+  when nothing of a response is on its way, and lingering like a refused connection: the client
+  that is still sending reads the answer instead of a reset. A request arms and cancels no timer
+  of its own.
 - Records. Every refusal and timeout is counted (`gateway.metrics.ConnectionStats`, at
   `/metrics`) and logged at most once per reason per `LOG_INTERVAL` with the count, never once
   per connection: an attack must not turn into a log flood.
@@ -42,9 +44,9 @@ log = structlog.get_logger()
 LOG_INTERVAL = 10.0
 """Seconds between two log lines of one kind of refusal or timeout (each says how many it covers)."""
 LINGER_SECONDS = 2.0
-"""How long a refused connection is kept half-closed for its client to read the answer."""
+"""How long a refused or timed-out connection is kept half-closed for its client to read the answer."""
 LINGER_SHARE = 8
-"""At most `max_connections / LINGER_SHARE` refused connections linger at once: with the cap at half
+"""At most `max_connections / LINGER_SHARE` refused or timed-out connections linger at once: with the cap at half
 the descriptor limit, admitted and lingering connections leave the gateway over 40 % of its
 descriptors (its ledger, upstreams and stores) whatever a flood does."""
 RETRY_AFTER = 1
@@ -307,16 +309,18 @@ class ConnectionGuard:
             self._log(reason)
 
 
-class RefusedConnection(asyncio.Protocol):
-    """A connection over a cap: answered at once and half-closed, whatever the client still sends
-    read and dropped until it closes or `LINGER_SECONDS` pass. Closing with unread bytes would
-    send a reset, which can destroy the answer before the client reads it. In a flood (past
+class LingeringConnection(asyncio.Protocol):
+    """A connection the guard is done with (over a cap, or past a deadline): its answer, if any,
+    written and the connection half-closed, whatever the client still sends read and dropped until
+    it closes or `LINGER_SECONDS` pass. Closing with unread bytes would send a reset, which can
+    destroy the answer before the client reads it. In a flood (past
     `ConnectionGuard.max_lingering` lingering at once) one is closed straight after its answer."""
 
-    def __init__(self, guard: ConnectionGuard, transport: asyncio.Transport, refusal: bytes, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, guard: ConnectionGuard, transport: asyncio.Transport, answer: bytes | None, loop: asyncio.AbstractEventLoop) -> None:
         self.guard = guard
         self.timer: asyncio.TimerHandle | None = None
-        transport.write(refusal)
+        if answer is not None:
+            transport.write(answer)
         if guard.lingering >= guard.max_lingering or not transport.can_write_eof():
             transport.close()
             return
@@ -355,6 +359,7 @@ class GuardedHttpToolsProtocol(OneWriteHttpToolsProtocol):
     guard: ConnectionGuard
     requests_left = -1  # counts down to 0 (then `connection: close`); from -1 never reaches it
     address = ""
+    socket_transport: asyncio.Transport
     phase = HEAD
     since = 0.0
     body_at = 0.0
@@ -364,10 +369,11 @@ class GuardedHttpToolsProtocol(OneWriteHttpToolsProtocol):
         self.address = address_key(transport.get_extra_info("peername"))
         refusal = guard.admit(self, self.loop)
         if refusal is not None:
-            transport.set_protocol(RefusedConnection(guard, transport, refusal, self.loop))
+            transport.set_protocol(LingeringConnection(guard, transport, refusal, self.loop))
             return
         self.since = guard.now
         self.logger = _UVICORN_LOG
+        self.socket_transport = transport
         super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -399,7 +405,7 @@ class GuardedHttpToolsProtocol(OneWriteHttpToolsProtocol):
     def timeout_keep_alive_handler(self) -> None:
         if not self.transport.is_closing():
             self.guard.event("keep_alive_idle", self.address)
-        super().timeout_keep_alive_handler()
+            self.linger(None, "keep_alive_idle")
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request it cannot parse (it closes the connection): counted and
@@ -438,14 +444,24 @@ class GuardedHttpToolsProtocol(OneWriteHttpToolsProtocol):
         self.guard.event(reason, self.address)
         cycle = self.cycle
         refusal = self.guard.reasons[reason][2]
-        if refusal is not None and not self.pipeline:
-            if self.phase == HEAD and (cycle is None or cycle.response_complete):
-                self.transport.write(refusal)
-            elif self.phase == BODY and cycle is not None and not cycle.response_started:
-                cycle.disconnected = True  # the app's `receive` answers `http.disconnect`, its `send` is dropped
-                cycle.message_event.set()
-                self.transport.write(refusal)
-        self.transport.close()
+        if self.pipeline:
+            self.transport.close()
+        elif refusal is None:  # idle between requests: nothing to answer
+            self.linger(None, reason)
+        elif self.phase == HEAD and (cycle is None or cycle.response_complete):
+            self.linger(refusal, reason)
+        elif self.phase == BODY and cycle is not None and not cycle.response_started:
+            self.linger(refusal, reason)  # the app's `receive` answers `http.disconnect`, its `send` is dropped
+        else:
+            self.transport.close()  # an answer is under way: it ends the connection as it stands
+
+    def linger(self, answer: bytes | None, reason: str) -> None:
+        """Hand the connection to a `LingeringConnection` (with `answer`, if any): uvicorn's state for
+        it is cleaned up as if the client had gone, without closing the socket, and its slot freed."""
+        self.transport.flush()  # a response head held for its body, if any
+        self._unset_keepalive_if_required()
+        self.connection_lost(ConnectionAbortedError(reason))
+        self.socket_transport.set_protocol(LingeringConnection(self.guard, self.socket_transport, answer, self.loop))
 
 
 def guarded_protocol(guard: ConnectionGuard) -> type[GuardedHttpToolsProtocol]:
