@@ -54,7 +54,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.checkpoint import CheckpointSchedule, CheckpointSigner, checkpoint_to_store
 from audit.errors import LedgerError
-from audit.hotlog import settle
 from audit.stats import AppendStats
 from audit.merkle import SUBTREE_STRIDE, CompactRange, CompletedSubtree
 from audit.records import (
@@ -295,7 +294,6 @@ class SqliteLedger:
         self._wal_restarted = False  # the last WAL checkpoint was complete: the WAL starts again
         self._wal_nudged = False  # a `_Tick` is queued for a due WAL checkpoint (under `_writing`)
         self.wal_checkpoints = 0
-        self._log: tuple[Any, bool] | None = None  # `settle(log)`, taken at the first commit
 
     @classmethod
     async def open(
@@ -649,12 +647,8 @@ class SqliteLedger:
         else:
             self.stats.committed(now, [item.queued for item in batch])
         self._head = _Head(seq, prev, grown)
-        if self._log is None:
-            self._log = settle(log)
-        logger, quiet = self._log
-        if not quiet:
-            logger.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
-                         ms=round((time.perf_counter() - started) * 1000, 3))
+        log.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
+                  ms=round((time.perf_counter() - started) * 1000, 3))
         return results
 
     def _write(

@@ -1,0 +1,351 @@
+"""optimisations: what each non-obvious optimisation of the governed call pays, side by side (issue 26).
+
+    python -m bench.optimisations [--rounds 12] [--quick]
+
+Each row times a plain form and the optimised form of one piece of per-call work in this process,
+alternating them round by round (the order flipped every round), so a drift of the machine's speed
+falls on both alike. A row's figure is the median over rounds of (plain - optimised) per call, scaled
+by how many times a governed call does that work. Forms the gateway no longer ships (removed by
+issue 26 because they paid under ~10 µs a call) are kept here, as they were, so the figure can be
+reproduced. The CEL fast path is measured at the level it matters: the decision on each shipped
+profile (`policies/*.yaml` with their rule sets) and a whole governed call (`bench.governed`'s setup,
+durable SQLite ledger, receipt) with the policy compiled with and without it; CPU time per call.
+Not part of `python -m bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import secrets
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+import yaml
+
+from bench import positive, quiet_logging, table
+from bench.policygen import OPERATOR_KEY, STANDARD, backend, profile_document, standard_document
+
+Row = list[str]
+
+
+# ---- the forms removed by issue 26, kept to reproduce their figures ----------------------------
+
+_IDS_PER_BLOCK = 512
+_blocks: dict[int, bytes] = {}
+_numbers = iter(range(1 << 62))
+
+
+def block_request_id() -> str:
+    """The request id cut from shared blocks of random bytes (gateway.core.gateway before issue 26)."""
+    block, index = divmod(next(_numbers), _IDS_PER_BLOCK)
+    data = _blocks.get(block)
+    if data is None:
+        data = _blocks.setdefault(block, secrets.token_bytes(8 * _IDS_PER_BLOCK))
+        for done in [b for b in list(_blocks) if b < block - 1]:
+            _blocks.pop(done, None)
+    index *= 8
+    return "req_" + data[index:index + 8].hex()
+
+
+def plain_request_id() -> str:
+    return "req_" + secrets.token_hex(8)
+
+
+def settle(proxy: Any) -> tuple[Any, bool]:
+    """audit.hotlog.settle before issue 26: the logger structlog settled on, and whether it drops debug."""
+    import logging
+
+    bound = proxy.bind()
+    if proxy.bind() is not bound:
+        return proxy, False
+    enabled = getattr(bound, "is_enabled_for", None)
+    return bound, enabled is not None and not enabled(logging.DEBUG)
+
+
+class Deadline:
+    """gateway.transports.mcp_http.forward.Deadline before issue 26: asyncio.timeout for a known loop."""
+
+    __slots__ = ("_loop", "_seconds", "_task", "_cancelling", "_handle", "_expired")
+
+    def __init__(self, seconds: float, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop, self._seconds, self._handle, self._expired = loop, seconds, None, False
+
+    async def __aenter__(self) -> None:
+        task = asyncio.current_task(self._loop)
+        assert task is not None
+        self._task, self._cancelling = task, task.cancelling()
+        self._handle = self._loop.call_later(self._seconds, self._expire)
+
+    def _expire(self) -> None:
+        self._expired = True
+        self._task.cancel()
+
+    async def __aexit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._expired and self._task.uncancel() <= self._cancelling and kind is asyncio.CancelledError:
+            raise TimeoutError from exc
+
+
+# ---- side by side ---------------------------------------------------------------------------------
+
+
+def side_by_side(plain: Callable[[], Any], fast: Callable[[], Any], rounds: int, n: int) -> tuple[float, float, float]:
+    """(plain, optimised, median of plain - optimised) seconds per run, rounds alternating."""
+    a: list[float] = []
+    b: list[float] = []
+    clock = time.perf_counter
+    for r in range(rounds):
+        for fn, out in ((plain, a), (fast, b)) if r % 2 == 0 else ((fast, b), (plain, a)):
+            fn()
+            t0 = clock()
+            for _ in range(n):
+                fn()
+            out.append((clock() - t0) / n)
+    return statistics.median(a), statistics.median(b), statistics.median(x - y for x, y in zip(a, b, strict=True))
+
+
+def _row(name: str, where: str, per_call: int, timed: tuple[float, float, float], verdict: str) -> Row:
+    plain, fast, gain = timed
+    return [name, where, str(per_call), f"{plain * 1e6:.2f}", f"{fast * 1e6:.2f}", f"{gain * per_call * 1e6:+.2f}", verdict]
+
+
+def micro_rows(rounds: int, n: int) -> list[Row]:
+    from gateway.stages.record import rfc3339
+
+    rows = [_row("request id from shared random blocks", "gateway/core/gateway.py (removed)", 1,
+                 side_by_side(plain_request_id, block_request_id, rounds, n), "removed")]
+
+    stamp = [time.time()]
+
+    def cached() -> None:
+        stamp[0] += 1e-6
+        for _ in range(3):
+            rfc3339(stamp[0])
+
+    def iso() -> None:
+        stamp[0] += 1e-6
+        for _ in range(3):
+            datetime.fromtimestamp(stamp[0], UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+    rows.append(_row("cached RFC 3339 timestamp (3 formats a call)", "gateway/stages/record.py:48", 1,
+                     side_by_side(iso, cached, rounds, n), "see text"))
+
+    from gateway.logging import configure_logging
+
+    with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
+        configure_logging("info")
+        proxy = structlog.get_logger("bench.optimisations")
+        proxy.info("first use")  # the proxy settles on its logger
+        settled = settle(proxy)
+
+        def shim() -> None:
+            logger, quiet = settled
+            if not quiet:
+                logger.debug("ledger.batch_committed", first_seq=1, count=1, ms=0.1)
+
+        def direct() -> None:
+            proxy.debug("ledger.batch_committed", first_seq=1, count=1, ms=0.1)
+
+        rows.append(_row("settled-logger shim (2 debug lines a call)", "audit/hotlog.py (removed)", 2,
+                         side_by_side(direct, shim, rounds, n), "removed"))
+    quiet_logging()
+    rows += _stores_rows(rounds, n)
+    rows.append(_row("Deadline instead of asyncio.timeout", "gateway/transports/mcp_http/forward.py (removed)", 1,
+                     _deadline(rounds, n // 4), "removed"))
+    rows.append(_row("one-statement commit instead of BEGIN…COMMIT", "audit/sqlite.py `_write`", 2,
+                     _commit(rounds, max(50, n // 100)), "see text"))
+    return rows
+
+
+def _stores_rows(rounds: int, n: int) -> list[Row]:
+    """The legacy session's copy on load, and the pin file's "unchanged?" look."""
+    from gateway.stores.base import SessionFacts
+    from gateway.stores.memory_sessions import detached
+
+    facts = SessionFacts(id="dgs_" + "x" * 43, principal="alice", nonce="0a1b2c3d4e5f", version="2025-11-25",
+                         capabilities={"roots": {"listChanged": True}, "sampling": {}, "elicitation": {"form": {}}},
+                         upstream_sids={"default": "up-session-1"}, upstream_versions={"default": "2025-11-25"})
+    rows = [_row("session facts copied field by field", "gateway/stores/memory_sessions.py:108", 1,
+                 side_by_side(lambda: facts.model_copy(deep=True), lambda: detached(facts), rounds, n), "see text")]
+    with tempfile.NamedTemporaryFile(prefix="dharma-bench-pins-") as f:
+        fd, name = f.fileno(), f.name
+        rows.append(_row("pin file: fstat of a kept descriptor", "gateway/stores/file_pins.py:39-90", 1,
+                         side_by_side(lambda: os.stat(name), lambda: os.fstat(fd), rounds, n), "kept"))
+    return rows
+
+
+def _deadline(rounds: int, n: int) -> tuple[float, float, float]:
+    async def main() -> tuple[float, float, float]:
+        loop = asyncio.get_running_loop()
+        a: list[float] = []
+        b: list[float] = []
+        for r in range(rounds):
+            for kind, out in (("plain", a), ("fast", b)) if r % 2 == 0 else (("fast", b), ("plain", a)):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    async with (asyncio.timeout(30.0) if kind == "plain" else Deadline(30.0, loop)):
+                        pass
+                out.append((time.perf_counter() - t0) / n)
+        return statistics.median(a), statistics.median(b), statistics.median(x - y for x, y in zip(a, b, strict=True))
+
+    return asyncio.run(main())
+
+
+def _commit(rounds: int, n: int) -> tuple[float, float, float]:
+    """CPU per commit of one row in WAL mode, synchronous FULL (the ledger's default): one INSERT in
+    autocommit against BEGIN IMMEDIATE; INSERT; COMMIT. Process CPU, so the sync's wait is not counted."""
+    with tempfile.TemporaryDirectory(prefix="dharma-bench-opt-") as tmp:
+        conn = sqlite3.connect(str(Path(tmp) / "t.db"), isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE r(seq INTEGER PRIMARY KEY, body BLOB, digest BLOB)")
+        row = (b"x" * 600, b"d" * 32)
+
+        def one() -> None:
+            conn.execute("INSERT INTO r(body, digest) VALUES (?, ?)", row)
+
+        def wrapped() -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO r(body, digest) VALUES (?, ?)", row)
+            conn.execute("COMMIT")
+
+        a: list[float] = []
+        b: list[float] = []
+        for r in range(rounds):
+            for fn, out in ((wrapped, a), (one, b)) if r % 2 == 0 else ((one, b), (wrapped, a)):
+                t0 = time.process_time()
+                for _ in range(n):
+                    fn()
+                out.append((time.process_time() - t0) / n)
+        conn.close()
+    return statistics.median(a), statistics.median(b), statistics.median(x - y for x, y in zip(a, b, strict=True))
+
+
+# ---- the ledger's inline commit and the CEL fast path, on whole calls -------------------------------
+
+
+def profile_policy(tmp: Path, profile: Path, fast: bool) -> Any:
+    """A shipped profile (benchmark principal first, rate limits raised), compiled with or without the
+    CEL fast path."""
+    from gateway.policy import cel
+    from gateway.policy.compile import load_policy
+
+    principal = dict(profile_document([])["principals"][0])
+    tiers = [t["name"] for t in yaml.safe_load(profile.read_text(encoding="utf-8"))["tiers"]]
+    principal["tier"] = "operator" if "operator" in tiers else tiers[0]
+    doc, missing = standard_document(principal, profile)
+    if missing:
+        raise SystemExit(f"{profile}: rule sets missing: {missing}")
+    path = tmp / f"{profile.stem}-{'fast' if fast else 'engine'}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    saved = cel.compile_fast
+    if not fast:
+        cel.compile_fast = lambda source: None  # type: ignore[assignment]
+    try:
+        return load_policy(path)
+    finally:
+        cel.compile_fast = saved
+
+
+async def _cpu_blocks(runs: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dict[str, list[float]]:
+    """Process CPU per call of each run, `calls` at a time, the order rotated every round."""
+    out: dict[str, list[float]] = {k: [] for k in runs}
+    names = list(runs)
+    for r in range(rounds + 1):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            t0 = time.process_time()
+            for _ in range(calls):
+                await runs[name]()
+            if r:  # round 0 warms every run
+                out[name].append((time.process_time() - t0) / calls)
+    return out
+
+
+async def whole_call_rows(rounds: int, calls: int) -> list[Row]:
+    from audit.sqlite import SqliteLedger
+    from bench.decision import _NoLedger, make_decider
+    from bench.governed import CALLS, TOOLS
+    from gateway.core.call import Credentials, ToolCall
+    from gateway.core.gateway import Gateway
+    from gateway.crypto.receipts import KeyStore
+
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="dharma-bench-opt-") as name:
+        tmp = Path(name)
+        runs: dict[str, Callable[[], Any]] = {}
+        closers = []
+        for profile in sorted(STANDARD.parent.glob("*.yaml")):
+            for fast in (False, True):
+                gw = Gateway(profile_policy(tmp, profile, fast), [backend(TOOLS)], ledger=_NoLedger(), keys=None)  # type: ignore[arg-type]
+                decide = make_decider(gw)
+                todo = [ToolCall(tool=t, arguments=a, request_id=f"req_{i}", credentials=Credentials(api_key=OPERATOR_KEY),
+                                 session_id="s") for i, (t, a) in enumerate(CALLS)]
+                runs[f"decision {profile.name} fast={fast}"] = _cycle(decide, todo)
+        keys = KeyStore.open(tmp / "state")
+        for label, fast, inline in (("engine", False, 2.0), ("fast", True, 2.0), ("fast, no inline", True, 0.0)):
+            ledger = await SqliteLedger.open(tmp / f"{label}.db", inline_max_ms=inline)
+            gw = Gateway(profile_policy(tmp, STANDARD, fast), [backend(TOOLS)], ledger=ledger, keys=keys)
+            closers.append(gw)
+            calls_of = [(t, a) for t, a in CALLS]
+            runs[f"governed standard {label}"] = _cycle(
+                lambda c, gw=gw: gw.call(c[0], c[1], api_key=OPERATOR_KEY, session_id="s"), calls_of)
+        try:
+            cpu = await _cpu_blocks(runs, rounds, calls)
+        finally:
+            for gw in closers:
+                await gw.aclose()
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    for profile in sorted(STANDARD.parent.glob("*.yaml")):
+        plain, fast = med[f"decision {profile.name} fast=False"], med[f"decision {profile.name} fast=True"]
+        rows.append([f"CEL fast path: decision, {profile.name}", "gateway/policy/cel/fast.py", "1",
+                     f"{plain * 1e6:.1f}", f"{fast * 1e6:.1f}", f"{(plain - fast) * 1e6:+.1f}", "see text"])
+    plain, fast, slow = (med["governed standard engine"], med["governed standard fast"],
+                         med["governed standard fast, no inline"])
+    rows.append(["CEL fast path: governed call, standard.yaml", "gateway/policy/cel/fast.py", "1",
+                 f"{plain * 1e6:.0f}", f"{fast * 1e6:.0f}", f"{(plain - fast) * 1e6:+.0f}", "see text"])
+    rows.append(["inline ledger commit (2 appends a call)", "audit/sqlite.py `_append_inline`", "1",
+                 f"{slow * 1e6:.0f}", f"{fast * 1e6:.0f}", f"{(slow - fast) * 1e6:+.0f}", "kept"])
+    return rows
+
+
+def _cycle(fn: Callable[[Any], Any], items: list[Any]) -> Callable[[], Any]:
+    state = [0]
+
+    def next_call() -> Any:
+        state[0] += 1
+        return fn(items[state[0] % len(items)])
+
+    return next_call
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.optimisations", description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=positive(int), default=12)
+    parser.add_argument("--quick", action="store_true", help="fewer runs per round (a smoke run)")
+    args = parser.parse_args()
+    quiet_logging()
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    n = 2_000 if args.quick else 20_000
+    rows = micro_rows(args.rounds, n)
+    rows += asyncio.run(whole_call_rows(args.rounds, 20 if args.quick else 200))
+    table("optimisations: plain form vs optimised, side by side (µs)",
+          ["optimisation", "where", "times a call", "plain µs", "optimised µs", "gain µs a call", "verdict"], rows,
+          note=f"{args.rounds} rounds, alternating; load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end")
+    print(f"   (took {time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
