@@ -642,10 +642,7 @@ class SqliteLedger:
         now = time.perf_counter()
         self._commit_time += (now - writing - self._commit_time) * COMMIT_EWMA
         self._wal_commits += 1
-        if len(batch) == 1:  # a lone append (every inline commit): no list to build
-            self.stats.committed_one(now, batch[0].queued)
-        else:
-            self.stats.committed(now, [item.queued for item in batch])
+        self.stats.committed(now, [item.queued for item in batch])
         self._head = _Head(seq, prev, grown)
         log.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
                   ms=round((time.perf_counter() - started) * 1000, 3))

@@ -274,7 +274,36 @@ def _http_rows(rounds: int, n: int) -> list[Row]:
 
     rows.append(_row("header map memo (3 looks a call)", "gateway/transports/mcp_http/headers.py (removed)", 3,
                      side_by_side(lambda: header_map(schema), memo_map, rounds, n), "removed"))
-    return rows
+    return rows + [_infos_row(rounds, n, True), _infos_row(rounds, n, False)]
+
+
+def _infos_row(rounds: int, n: int, same_name: bool) -> Row:
+    """`tools/call`'s ToolInfo of the called tool, built from its catalog entry or memoised."""
+    from gateway.mcp import governance as gov
+
+    definition = {"name": "read_file", "description": "Read a text file under the workspace root and return it.",
+                  "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+                  "annotations": {"readOnlyHint": True}}
+    digest = gov.definition_digest(definition)
+    names = frozenset({"read_file", "write_file", "list_directory", "search_docs"})
+    infos: dict[tuple[Any, ...], Any] = {}
+
+    name = "read_file" if same_name else "files_read_file"
+
+    def build() -> Any:  # a prefixed name's renamed definition is digested anew
+        return gov.tool_info({**definition, "name": name}, "default", changed=False,
+                             digest=digest if same_name else None, accepted=False, names=names)
+
+    def memoised() -> Any:
+        key = ("default", name, digest, False, False, names)
+        info = infos.get(key)
+        if info is None:
+            info = infos[key] = build()
+        return info
+
+    what = "" if same_name else ", prefixed name"
+    return _row(f"ToolInfo memo of the called tool{what}", "gateway/mcp/calls.py (removed)", 1,
+                side_by_side(build, memoised, rounds, n), "removed")
 
 
 def _deadline(rounds: int, n: int) -> tuple[float, float, float]:
@@ -327,11 +356,11 @@ def _commit(rounds: int, n: int) -> tuple[float, float, float]:
 # ---- the ledger's inline commit and the CEL fast path, on whole calls -------------------------------
 
 
-def profile_policy(tmp: Path, profile: Path, fast: bool) -> Any:
+def profile_policy(tmp: Path, profile: Path, fast: bool, guards: bool = True) -> Any:
     """A shipped profile (benchmark principal first, rate limits raised), compiled with or without the
-    CEL fast path."""
+    CEL fast path and the rules' static guards (`has(args.x) && …` and the like, gateway/policy/compile.py)."""
     from gateway.policy import cel
-    from gateway.policy.compile import load_policy
+    from gateway.policy import compile as compiler
 
     principal = dict(profile_document([])["principals"][0])
     tiers = [t["name"] for t in yaml.safe_load(profile.read_text(encoding="utf-8"))["tiers"]]
@@ -339,15 +368,19 @@ def profile_policy(tmp: Path, profile: Path, fast: bool) -> Any:
     doc, missing = standard_document(principal, profile)
     if missing:
         raise SystemExit(f"{profile}: rule sets missing: {missing}")
-    path = tmp / f"{profile.stem}-{'fast' if fast else 'engine'}.yaml"
+    path = tmp / f"{profile.stem}-{fast}-{guards}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    saved = cel.compile_fast
-    if not fast:
-        cel.compile_fast = lambda source: None  # type: ignore[assignment]
+    none = lambda source: None  # noqa: E731
+    switched = ([] if fast else [(cel, "compile_fast")]) + (
+        [] if guards else [(compiler, "leading_guard"), (compiler, "class_guard"), (compiler, "empty_guard")])
+    saved = [(module, name, getattr(module, name)) for module, name in switched]
+    for module, name in switched:
+        setattr(module, name, none)
     try:
-        return load_policy(path)
+        return compiler.load_policy(path)
     finally:
-        cel.compile_fast = saved
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
 async def _cpu_blocks(runs: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dict[str, list[float]]:
@@ -366,6 +399,7 @@ async def _cpu_blocks(runs: dict[str, Callable[[], Any]], rounds: int, calls: in
 
 
 async def whole_call_rows(rounds: int, calls: int) -> list[Row]:
+    from audit import canon
     from audit.sqlite import SqliteLedger
     from bench.decision import _NoLedger, make_decider
     from bench.governed import CALLS, TOOLS
@@ -388,6 +422,8 @@ async def whole_call_rows(rounds: int, calls: int) -> list[Row]:
                                  session_id="s") for i, (t, a) in enumerate(CALLS)]
                 runs[f"decision {profile.name} fast={fast}"] = _cycle(decide, todo)
         standard = runs["decision standard.yaml fast=True"]
+        gw = Gateway(profile_policy(tmp, STANDARD, True, guards=False), [backend(TOOLS)], ledger=_NoLedger(), keys=None)  # type: ignore[arg-type]
+        runs["decision standard.yaml guards off"] = _cycle(make_decider(gw), todo)
         runs["decision standard.yaml classify memo off"] = _switched(classify, "_CLASSIFIED_LONGEST", -1, standard)
         runs["decision standard.yaml regex memo off"] = _switched(helpers, "_MATCHED_LONGEST", -1, standard)
         keys = KeyStore.open(tmp / "state")
@@ -398,6 +434,8 @@ async def whole_call_rows(rounds: int, calls: int) -> list[Row]:
             calls_of = [(t, a) for t, a in CALLS]
             runs[f"governed standard {label}"] = _cycle(
                 lambda c, gw=gw: gw.call(c[0], c[1], api_key=OPERATOR_KEY, session_id="s"), calls_of)
+        runs["governed standard canon fast path off"] = _switched(canon, "_plain", lambda value: False,
+                                                                  runs["governed standard fast"])
         try:
             cpu = await _cpu_blocks(runs, rounds, calls)
         finally:
@@ -409,7 +447,8 @@ async def whole_call_rows(rounds: int, calls: int) -> list[Row]:
         rows.append([f"CEL fast path: decision, {profile.name}", "gateway/policy/cel/fast.py", "1",
                      f"{plain * 1e6:.1f}", f"{fast * 1e6:.1f}", f"{(plain - fast) * 1e6:+.1f}", "see text"])
     fast = med["decision standard.yaml fast=True"]
-    for what, where in (("classify memo", "gateway/stages/classify.py:235-256"),
+    for what, where in (("guards", "gateway/policy/compile.py:310-380, evaluate.py:262"),
+                        ("classify memo", "gateway/stages/classify.py:235-256"),
                         ("regex memo", "gateway/policy/cel/helpers.py:146-170")):
         plain = med[f"decision standard.yaml {what} off"]
         rows.append([f"{what}: decision, standard.yaml", where, "1", f"{plain * 1e6:.1f}", f"{fast * 1e6:.1f}",
@@ -418,6 +457,9 @@ async def whole_call_rows(rounds: int, calls: int) -> list[Row]:
                          med["governed standard fast, no inline"])
     rows.append(["CEL fast path: governed call, standard.yaml", "gateway/policy/cel/fast.py", "1",
                  f"{plain * 1e6:.0f}", f"{fast * 1e6:.0f}", f"{(plain - fast) * 1e6:+.0f}", "see text"])
+    plain = med["governed standard canon fast path off"]
+    rows.append(["canonical JSON by msgspec, rfc8785 only for the rest", "audit/canon.py:31-80", "1",
+                 f"{plain * 1e6:.0f}", f"{fast * 1e6:.0f}", f"{(plain - fast) * 1e6:+.0f}", "kept"])
     rows.append(["inline ledger commit (2 appends a call)", "audit/sqlite.py `_append_inline`", "1",
                  f"{slow * 1e6:.0f}", f"{fast * 1e6:.0f}", f"{(slow - fast) * 1e6:+.0f}", "kept"])
     return rows
