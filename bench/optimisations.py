@@ -274,6 +274,23 @@ def _http_rows(rounds: int, n: int) -> list[Row]:
 
     rows.append(_row("header map memo (3 looks a call)", "gateway/transports/mcp_http/headers.py (removed)", 3,
                      side_by_side(lambda: header_map(schema), memo_map, rounds, n), "removed"))
+    from gateway.transports.upstreams.http1 import HttpPool
+
+    pool = HttpPool("up", "http://127.0.0.1:9000/mcp")
+    up = {"content-type": "application/json", "accept": "application/json, text/event-stream",
+          "mcp-protocol-version": "2025-11-25", "mcp-session-id": "f3b1c0de" * 4, "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"}
+
+    heads: dict[tuple[object, ...], bytes] = {}
+
+    def memoised() -> bytes:
+        key = ("POST", *up.items())
+        head = heads.get(key)
+        if head is None:
+            head = heads[key] = pool._head("POST", up)
+        return head
+
+    rows.append(_row("upstream request head memo", "gateway/transports/upstreams/http1.py (removed)", 1,
+                     side_by_side(lambda: pool._head("POST", up), memoised, rounds, n), "removed"))
     return rows + [_infos_row(rounds, n, True), _infos_row(rounds, n, False)]
 
 

@@ -64,8 +64,7 @@ def test_a_bound_that_keeps_nothing_is_refused(bound: object) -> None:
 
 
 def test_the_module_level_sites_keep_their_bounds() -> None:
-    """The module-level tables moved onto the helper kept their bounds (the per-instance one, the
-    HTTP/1 pool's heads, is checked in its own tests)."""
+    """The module-level tables moved onto the helper kept their bounds."""
     from gateway.mcp import governance
     from gateway.policy.cel import helpers
     from gateway.stages import classify
