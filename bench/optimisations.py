@@ -291,6 +291,19 @@ def _http_rows(rounds: int, n: int) -> list[Row]:
 
     rows.append(_row("upstream request head memo", "gateway/transports/upstreams/http1.py (removed)", 1,
                      side_by_side(lambda: pool._head("POST", up), memoised, rounds, n), "removed"))
+    from gateway.transports.groups import Group
+
+    group = Group("files", ("read_*", "list_*", "search_docs"))
+    seen: dict[str, bool] = {}
+
+    def member() -> bool:
+        known = seen.get("search_docs")
+        if known is None:
+            known = seen["search_docs"] = group.has("search_docs")
+        return known
+
+    rows.append(_row("tool group membership memo", "gateway/transports/groups.py (removed)", 1,
+                     side_by_side(lambda: group.has("search_docs"), member, rounds, n), "removed"))
     return rows + [_infos_row(rounds, n, True), _infos_row(rounds, n, False)]
 
 
