@@ -304,7 +304,20 @@ def _http_rows(rounds: int, n: int) -> list[Row]:
 
     rows.append(_row("tool group membership memo", "gateway/transports/groups.py (removed)", 1,
                      side_by_side(lambda: group.has("search_docs"), member, rounds, n), "removed"))
-    return rows + [_infos_row(rounds, n, True), _infos_row(rounds, n, False)]
+    return rows + [_infos_row(rounds, n, True), _infos_row(rounds, n, False), _findings_row(rounds, n)]
+
+
+def _findings_row(rounds: int, n: int) -> Row:
+    """The called tool's definition scan (instructions, tool references), memoised per digest."""
+    from gateway.mcp import governance as gov
+    from gateway.stages.sanitizer.instructions import scan_definition
+
+    definition = {"name": "read_file", "description": "Read a text file under the workspace root and return it.",
+                  "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+    digest, names = gov.definition_digest(definition), frozenset({"read_file", "write_file", "search_docs"})
+    return _row("definition findings memo", "gateway/mcp/governance.py:113-124", 1,
+                side_by_side(lambda: scan_definition(definition, names),
+                             lambda: gov.definition_findings(definition, digest, names), rounds, max(200, n // 20)), "kept")
 
 
 def _infos_row(rounds: int, n: int, same_name: bool) -> Row:
@@ -451,11 +464,15 @@ async def whole_call_rows(rounds: int, calls: int) -> list[Row]:
                 todo = [ToolCall(tool=t, arguments=a, request_id=f"req_{i}", credentials=Credentials(api_key=OPERATOR_KEY),
                                  session_id="s") for i, (t, a) in enumerate(CALLS)]
                 runs[f"decision {profile.name} fast={fast}"] = _cycle(decide, todo)
+                if profile == STANDARD and fast:
+                    standard_gw = gw
         standard = runs["decision standard.yaml fast=True"]
+        gw0 = standard_gw
         gw = Gateway(profile_policy(tmp, STANDARD, True, guards=False), [backend(TOOLS)], ledger=_NoLedger(), keys=None)  # type: ignore[arg-type]
         runs["decision standard.yaml guards off"] = _cycle(make_decider(gw), todo)
         runs["decision standard.yaml classify memo off"] = _switched(classify, "_CLASSIFIED_LONGEST", -1, standard)
         runs["decision standard.yaml regex memo off"] = _switched(helpers, "_MATCHED_LONGEST", -1, standard)
+        runs["decision standard.yaml policy memos off"] = _policy_memos_off(gw0, standard)
         keys = KeyStore.open(tmp / "state")
         for label, fast, inline in (("engine", False, 2.0), ("fast", True, 2.0), ("fast, no inline", True, 0.0)):
             ledger = await SqliteLedger.open(tmp / f"{label}.db", inline_max_ms=inline)
@@ -478,6 +495,7 @@ async def whole_call_rows(rounds: int, calls: int) -> list[Row]:
                      f"{plain * 1e6:.1f}", f"{fast * 1e6:.1f}", f"{(plain - fast) * 1e6:+.1f}", "see text"])
     fast = med["decision standard.yaml fast=True"]
     for what, where in (("guards", "gateway/policy/compile.py:310-380, evaluate.py:262"),
+                        ("policy memos", "gateway/policy/compile.py:118-146,189-290"),
                         ("classify memo", "gateway/stages/classify.py:235-256"),
                         ("regex memo", "gateway/policy/cel/helpers.py:146-170")):
         plain = med[f"decision standard.yaml {what} off"]
@@ -493,6 +511,28 @@ async def whole_call_rows(rounds: int, calls: int) -> list[Row]:
     rows.append(["inline ledger commit (2 appends a call)", "audit/sqlite.py `_append_inline`", "1",
                  f"{slow * 1e6:.0f}", f"{fast * 1e6:.0f}", f"{(slow - fast) * 1e6:+.0f}", "kept"])
     return rows
+
+
+def _policy_memos_off(gw: Any, run: Callable[[], Any]) -> Callable[[], Any]:
+    """`run` with the compiled policy's memos off: `CompiledPolicy._cached` builds every time and the
+    glob indexes' candidate tables are emptied before each call."""
+    from gateway.policy.compile import CompiledPolicy
+
+    def uncached(self: Any, kind: str, tool: Any, build: Any) -> Any:
+        return build()
+
+    async def memos_off() -> Any:
+        policy = gw.policy
+        for index in (policy.rule_index, policy.disclosure_index, policy.visibility_index):
+            index._cache.clear()
+        saved = CompiledPolicy._cached
+        CompiledPolicy._cached = uncached  # type: ignore[method-assign]
+        try:
+            return await run()
+        finally:
+            CompiledPolicy._cached = saved  # type: ignore[method-assign]
+
+    return memos_off
 
 
 def _switched(module: Any, name: str, value: Any, run: Callable[[], Any]) -> Callable[[], Any]:
