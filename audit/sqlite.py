@@ -652,18 +652,9 @@ class SqliteLedger:
         self, rows: Sequence[tuple[Any, ...]], rules: list[tuple[int, str]], subtrees: list[CompletedSubtree]
     ) -> None:
         """Insert a batch, its rule index rows (seq order, each record's in `rule_ids` order: the
-        rowid order readers group by) and the subtree hashes it completes in one transaction.
-
-        A batch that is one INSERT, has no rule rows and completes no stored subtree (nearly every
-        batch) runs as that single statement: SQLite makes it a transaction of its own (the
-        connection is in autocommit mode, never left inside a transaction), committed as durably as
-        `synchronous` says and rolled back whole if it fails, without the round trips of BEGIN and
-        COMMIT. Either way one commit, one WAL sync.
-        """
+        rowid order readers group by) and the subtree hashes it completes in one transaction (one
+        commit, one WAL sync)."""
         conn = self._conn
-        if len(rows) <= INSERT_CHUNK and not rules and not subtrees and not conn.in_transaction:
-            conn.execute(_insert_sql(len(rows)), rows[0] if len(rows) == 1 else [value for row in rows for value in row])
-            return
         try:
             conn.execute("BEGIN IMMEDIATE")
             for start in range(0, len(rows), INSERT_CHUNK):
