@@ -54,7 +54,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.checkpoint import CheckpointSchedule, CheckpointSigner, checkpoint_to_store
 from audit.errors import LedgerError
-from audit.hotlog import settle
 from audit.stats import AppendStats
 from audit.merkle import SUBTREE_STRIDE, CompactRange, CompletedSubtree
 from audit.records import (
@@ -295,7 +294,6 @@ class SqliteLedger:
         self._wal_restarted = False  # the last WAL checkpoint was complete: the WAL starts again
         self._wal_nudged = False  # a `_Tick` is queued for a due WAL checkpoint (under `_writing`)
         self.wal_checkpoints = 0
-        self._log: tuple[Any, bool] | None = None  # `settle(log)`, taken at the first commit
 
     @classmethod
     async def open(
@@ -644,35 +642,19 @@ class SqliteLedger:
         now = time.perf_counter()
         self._commit_time += (now - writing - self._commit_time) * COMMIT_EWMA
         self._wal_commits += 1
-        if len(batch) == 1:  # a lone append (every inline commit): no list to build
-            self.stats.committed_one(now, batch[0].queued)
-        else:
-            self.stats.committed(now, [item.queued for item in batch])
+        self.stats.committed(now, [item.queued for item in batch])
         self._head = _Head(seq, prev, grown)
-        if self._log is None:
-            self._log = settle(log)
-        logger, quiet = self._log
-        if not quiet:
-            logger.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
-                         ms=round((time.perf_counter() - started) * 1000, 3))
+        log.debug("ledger.batch_committed", first_seq=head.size + 1, count=len(batch),
+                  ms=round((time.perf_counter() - started) * 1000, 3))
         return results
 
     def _write(
         self, rows: Sequence[tuple[Any, ...]], rules: list[tuple[int, str]], subtrees: list[CompletedSubtree]
     ) -> None:
         """Insert a batch, its rule index rows (seq order, each record's in `rule_ids` order: the
-        rowid order readers group by) and the subtree hashes it completes in one transaction.
-
-        A batch that is one INSERT, has no rule rows and completes no stored subtree (nearly every
-        batch) runs as that single statement: SQLite makes it a transaction of its own (the
-        connection is in autocommit mode, never left inside a transaction), committed as durably as
-        `synchronous` says and rolled back whole if it fails, without the round trips of BEGIN and
-        COMMIT. Either way one commit, one WAL sync.
-        """
+        rowid order readers group by) and the subtree hashes it completes in one transaction (one
+        commit, one WAL sync)."""
         conn = self._conn
-        if len(rows) <= INSERT_CHUNK and not rules and not subtrees and not conn.in_transaction:
-            conn.execute(_insert_sql(len(rows)), rows[0] if len(rows) == 1 else [value for row in rows for value in row])
-            return
         try:
             conn.execute("BEGIN IMMEDIATE")
             for start in range(0, len(rows), INSERT_CHUNK):

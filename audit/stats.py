@@ -62,10 +62,5 @@ class AppendStats:
         for at in queued:
             self.lag.observe(now - at)
 
-    def committed_one(self, now: float, queued: float) -> None:
-        """`committed(now, [queued])`: a batch of one record, counted without building the list."""
-        self.batch.observe(1)
-        self.lag.observe(now - queued)
-
     def failed(self) -> None:
         self.failed_batches += 1

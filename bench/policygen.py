@@ -184,15 +184,16 @@ def backend(tools: tuple[str, ...] = TOOLS) -> CallableBackend:
     )
 
 
-def standard_document(principal: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The shipped standard profile as a document for a benchmark: `principal` listed first (it wins
-    over the profile's `local_user: "*"`), rate limits raised so the limiter's cost is measured
-    without throttling, rule sets resolved to absolute paths; returns it and the rule sets missing."""
-    doc = yaml.safe_load(STANDARD.read_text(encoding="utf-8"))
+def standard_document(principal: dict[str, Any], profile: Path = STANDARD) -> tuple[dict[str, Any], list[str]]:
+    """A shipped profile (the standard one unless given) as a document for a benchmark: `principal`
+    listed first (it wins over the profile's `local_user: "*"`), rate limits raised so the limiter's
+    cost is measured without throttling, rule sets resolved to absolute paths; returns it and the
+    rule sets missing."""
+    doc = yaml.safe_load(profile.read_text(encoding="utf-8"))
     for limit in doc.get("rate_limits", []):
         limit.update(rate=1_000_000_000, burst=1_000_000_000, per_seconds=1)
     refs = list(doc.get("rule_sets", []))
-    present = [r for r in refs if (STANDARD.parent / r).resolve().exists()]
-    doc["rule_sets"] = [str((STANDARD.parent / r).resolve()) for r in present]
+    present = [r for r in refs if (profile.parent / r).resolve().exists()]
+    doc["rule_sets"] = [str((profile.parent / r).resolve()) for r in present]
     doc["principals"] = [principal, *doc.get("principals", [])]
     return doc, [r for r in refs if r not in present]

@@ -690,11 +690,8 @@ def test_jwks_parsing_keeps_only_usable_signing_keys() -> None:
         parse_jwks(b'{"keys": "nope"}')
 
 
-def test_routing_answers_are_remembered_per_path_and_the_table_stays_bounded() -> None:
-    """`HttpAuth` works out (protected, anonymous user, deferred) once per path; the answers are the
-    prefix rules' own, and a client sending ever new paths cannot grow the table without bound."""
-    from gateway.transports import http_auth
-
+def test_routing_answers_follow_the_prefix_rules() -> None:
+    """`HttpAuth`'s (protected, anonymous user, deferred) for a path are the prefix rules' own."""
     guard = HttpAuth(Starlette(), resource_url="http://127.0.0.1:8080/mcp", protect=("/mcp", "/v1/"),
                      defer=("/v1/",), anonymous={"/mcp": "alice"})
     assert guard._route("/mcp") == (True, "alice", False)
@@ -702,7 +699,3 @@ def test_routing_answers_are_remembered_per_path_and_the_table_stays_bounded() -
     assert guard._route("/mcpx") == (False, None, False)
     assert guard._route("/v1/tools") == (True, None, True)
     assert guard._route("/v1") == (False, None, False)
-    assert guard._route("/mcp") is guard._route("/mcp")
-    for i in range(http_auth._MAX_ROUTES + 10):
-        assert guard._route(f"/v1/t{i}") == (True, None, True)
-    assert len(guard._routes) <= http_auth._MAX_ROUTES

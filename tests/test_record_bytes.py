@@ -171,13 +171,3 @@ def test_rule_ids_shortcut_only_takes_an_empty_list():
 
     for value in ([], (), "", None, ["a", 1, "a", "b"], ("x",), [[]]):
         assert rule_ids({"matched_rules": value}) == _previous_rule_ids({"matched_rules": value})
-
-
-def test_a_lone_commit_is_counted_as_a_batch_of_one():
-    from audit.stats import AppendStats
-
-    one, general = AppendStats(), AppendStats()
-    for now, queued in ((1.0, 0.9999), (2.0, 1.5), (3.0, 3.0), (9.0, 1.0)):
-        one.committed_one(now, queued)
-        general.committed(now, [queued])
-    assert one == general and one.batch.count == 4 and one.lag.total == general.lag.total

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
-import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -81,26 +79,10 @@ class CallTracer(Protocol):
     def outgoing(self) -> dict[str, str]: ...
 
 
-#: Request ids are 8 random bytes each, taken from blocks of `_IDS_PER_BLOCK` ids: one `getrandom`
-#: per block instead of one per call (`secrets.token_hex(8)` cost ~6.5 µs a call in `dharma serve`,
-#: a slice of a block ~1.6 µs). Each id's number is handed out once (`next` on a count is atomic
-#: under the GIL), its block is made once (`setdefault`), so no two ids, in any threads, take the
-#: same bytes; a forked child drops the blocks and draws its own.
-_IDS_PER_BLOCK = 512
-_id_numbers = itertools.count()
-_id_blocks: dict[int, bytes] = {}
-os.register_at_fork(after_in_child=_id_blocks.clear)
-
-
 def new_request_id() -> str:
-    block, index = divmod(next(_id_numbers), _IDS_PER_BLOCK)
-    data = _id_blocks.get(block)
-    if data is None:
-        data = _id_blocks.setdefault(block, secrets.token_bytes(8 * _IDS_PER_BLOCK))
-        for done in [b for b in list(_id_blocks) if b < block - 1]:  # a late taker of one gets fresh bytes
-            _id_blocks.pop(done, None)
-    index *= 8
-    return "req_" + data[index:index + 8].hex()
+    """`req_` and 8 random bytes in hex. (Ids cut from shared blocks of random bytes saved ~0.3 µs a
+    call, not worth their thread and fork care: docs/performance-history.md, issue 26.)"""
+    return "req_" + secrets.token_hex(8)
 
 
 def envelope(outcome: Outcome) -> dict[str, Any]:

@@ -46,7 +46,6 @@ from gateway.mcp import governance as gov
 from gateway.mcp import holding, jsonrpc
 from gateway.mcp.jsonrpc import Request
 from gateway.mcp.pins import DISTRUSTED, PinState, PinStore, observe_or_distrust
-from gateway.memo import Memo
 from gateway.policy.compile import CompiledPolicy
 from gateway.stages.tier_gate import is_visible, unserved, visible_tools
 
@@ -220,8 +219,6 @@ class _Probe:
 #: The outcomes of a held call that nobody decided: their answer says who decides it, and where.
 _UNDECIDED = frozenset({ErrorCode.APPROVAL_TIMEOUT, ErrorCode.APPROVAL_REQUIRED})
 
-#: `ToolsCall`'s `ToolInfo`s kept at most (emptied when full; keys hold only strings and flags).
-_MAX_INFOS = 1024
 
 
 class ToolsCall:
@@ -235,7 +232,6 @@ class ToolsCall:
         self.hold_seconds = hold_seconds
         self.progress_interval = progress_interval
         self.over_http = over_http  # where a held call can be decided, as the client is told (`ap.deciders`)
-        self._infos: Memo[tuple[Any, ...], ToolInfo] = Memo(_MAX_INFOS)
 
     async def refuse(self, site: CallSite, req: Request, name: str, refusal: Refusal) -> Answer:
         error = jsonrpc.error(req.id, refusal.code, refusal.reason, refusal.data)
@@ -319,18 +315,11 @@ class ToolsCall:
         return f"It was held {self.hold_seconds:g}s for a human. {ap.deciders(approval_id, over_http=self.over_http)}"
 
     def _tool_info(self, entry: ToolEntry, name: str, pin: PinState, names: frozenset[str]) -> ToolInfo:
-        """`gov.tool_info` of the definition the client calls `name`, kept per definition digest,
-        name, pin state and set of listed names (everything it is made from): a call to the same
-        tool builds it, and for a prefixed name digests the renamed definition, once."""
-        key = (entry.backend, name, entry.digest, pin.changed, pin.accepted, names) if entry.digest is not None else None
-        info = self._infos.get(key) if key is not None else None
-        if info is None:
-            same_name = entry.definition["name"] == name  # else the client-facing definition has its own digest
-            info = gov.tool_info({**entry.definition, "name": name}, entry.backend, changed=pin.changed,
-                                 digest=entry.digest if same_name else None, accepted=pin.accepted, names=names)
-            if key is not None:
-                self._infos.remember(key, info)
-        return info
+        """`gov.tool_info` of the definition the client calls `name` (a prefixed name's renamed
+        definition has its own digest)."""
+        same_name = entry.definition["name"] == name
+        return gov.tool_info({**entry.definition, "name": name}, entry.backend, changed=pin.changed,
+                             digest=entry.digest if same_name else None, accepted=pin.accepted, names=names)
 
     async def _govern(self, site: CallSite, req: Request, call: ToolCall, info: ToolInfo | None, forward: Forwarder | None,
                       probe: _Probe, refusal: Decision | None = None, *, mrtr: bool = False,

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 import structlog
 
 from audit.canon import NotCanonicalizable
-from audit.hotlog import settle
 from gateway.core.call import CallContext, Status
 from gateway.crypto.receipts import KeyStore, build_receipt
 from gateway.policy.compile import CompiledPolicy
@@ -28,7 +26,6 @@ class Receipt:
     def __init__(self, keys: KeyStore, clock: Callable[[], float]) -> None:
         self.keys = keys
         self.clock = clock
-        self._log: tuple[Any, bool] | None = None  # `settle(log)`, taken at the first call
 
     async def __call__(self, ctx: CallContext, policy: CompiledPolicy) -> None:
         if ctx.response is not None:
@@ -56,13 +53,7 @@ class Receipt:
             response["receipt"] = token
         ctx.response = response
         # one info line per refusal or failure; a call that went through logs at debug (the hot path)
-        if self._log is None:
-            self._log = settle(log)
-        logger, quiet = self._log
-        ok = outcome.status is Status.OK
-        if ok and quiet:
-            return
-        (logger.debug if ok else logger.info)(
+        (log.debug if outcome.status is Status.OK else log.info)(
             "call.decided",
             request_id=call.request_id,
             tool=call.tool,

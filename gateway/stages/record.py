@@ -16,7 +16,6 @@ for replay. If the ledger cannot be written the call fails closed: the outcome b
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -45,13 +44,9 @@ class Ledger(Protocol):
     async def aclose(self) -> None: ...
 
 
-@functools.lru_cache(maxsize=256)
 def rfc3339(ts: float) -> str:
-    """`ts` as `YYYY-MM-DDTHH:MM:SS.ffffffZ` (UTC). Cached: a call formats its own start time
-    for the decision record, the outcome and the outcome record."""
-    d = datetime.fromtimestamp(ts, UTC)
-    return (f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}"
-            f".{d.microsecond:06d}Z")
+    """`ts` as `YYYY-MM-DDTHH:MM:SS.ffffffZ` (UTC)."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def safe_digest(value: Any) -> str:

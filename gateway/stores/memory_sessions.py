@@ -9,13 +9,11 @@ other replica to signal: `publish` does nothing and `signals` ends at once.
 
 from __future__ import annotations
 
-import copy
 import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 
@@ -106,27 +104,9 @@ class MemoryEventStore:
 
 
 def detached(facts: SessionFacts) -> SessionFacts:
-    """A copy of `facts` that shares no mutable value with them, as a shared store's would be.
+    """A copy of `facts` that shares no mutable value with them, as a shared store's would be."""
+    return facts.model_copy(deep=True)
 
-    Every legacy request loads its session: `model_copy(deep=True)` (a generic deepcopy) cost
-    ~12 µs of it; the fields' own shapes (strings, flat dicts of strings, JSON capabilities) copy
-    in ~4 µs."""
-    out = facts.model_copy()
-    out.capabilities = _json_copy(facts.capabilities)
-    out.upstream_sids = dict(facts.upstream_sids)
-    out.upstream_versions = dict(facts.upstream_versions)
-    return out
-
-
-def _json_copy(value: Any) -> Any:
-    """A deep copy of a decoded JSON value (anything else is deep-copied the generic way)."""
-    if isinstance(value, dict):
-        return {k: _json_copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_copy(v) for v in value]
-    if value is None or isinstance(value, (str, int, float)):
-        return value
-    return copy.deepcopy(value)
 
 
 class MemorySessionStore:

@@ -9,15 +9,11 @@ exactly like an unknown tool. Data and pure functions only; the transports do th
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.core.call import Principal
-from gateway.memo import Memo
 from gateway.policy.compile import glob_match
-
-#: Tool names whose membership a group remembers (emptied when full; names come from catalogs and callers).
-_MAX_NAMES = 4096
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -29,14 +25,10 @@ class Group:
     description: str = ""
     principals: frozenset[str] = frozenset()
     roles: frozenset[str] = frozenset()
-    _seen: Memo[str, bool] = field(default_factory=lambda: Memo(_MAX_NAMES))
 
     def has(self, tool: str) -> bool:
-        """Whether the served tool name `tool` is in the group (a dict lookup once seen)."""
-        known = self._seen.get(tool)
-        if known is None:
-            known = self._seen.remember(tool, any(glob_match(tool, g) for g in self.globs))
-        return known
+        """Whether the served tool name `tool` is in the group (`glob_match` remembers its answers)."""
+        return any(glob_match(tool, g) for g in self.globs)
 
     def admits(self, principal: Principal) -> bool:
         """Whether `principal` may use the group: listed by id, or holding a listed role (no list: anyone)."""

@@ -112,16 +112,16 @@ async def test_a_rule_id_holding_nul_is_stored_whole(ledger_path: Path) -> None:
         assert [r["seq"] for r in query_records(reader, rule="a\x00b")] == [1]
 
 
-async def test_records_without_rules_stay_one_statement_and_rules_share_their_record_commit(ledger_path: Path) -> None:
-    """A batch whose records match no rule is still the single autocommit INSERT; one with rule rows
-    inserts them after its records between one BEGIN IMMEDIATE and its COMMIT."""
+async def test_rule_rows_share_their_record_commit(ledger_path: Path) -> None:
+    """Every batch is one BEGIN IMMEDIATE … COMMIT; one with rule rows inserts them after its records
+    inside it."""
     ledger = await SqliteLedger.open(ledger_path)
     statements: list[str] = []
     try:
         await ledger.append(make_entry(0))  # the connection's statement cache and schema are warm
         ledger._conn.set_trace_callback(statements.append)  # noqa: SLF001
         await ledger.append(make_entry(2))
-        assert [s.split("(")[0] for s in statements] == ["INSERT INTO records"]
+        assert [s.split("(")[0] for s in statements] == ["BEGIN IMMEDIATE", "INSERT INTO records", "COMMIT"]
         statements.clear()
         await ledger.append(make_entry(3))
         assert [s.split("(")[0].split(" VALUES")[0] for s in statements] == [

@@ -17,7 +17,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway.mcp.versions import META_VERSION
-from gateway.memo import Memo
 
 PROTOCOL_VERSION = "mcp-protocol-version"
 METHOD = "mcp-method"
@@ -54,22 +53,12 @@ def decode_value(value: str | None) -> str | None:
         return None
 
 
-#: `header_map` results by schema object (kept alive with them, so an id is never reused while
-#: cached): a 2026 `tools/call` asked it three times per call (check, forward, params) of the same
-#: catalog definition, which the gateway never changes in place (its digest is cached the same way).
-_MAPS: Memo[int, tuple[Any, dict[tuple[str, ...], tuple[str, Any]] | None]] = Memo(1024)
-
-
 def header_map(schema: Any) -> dict[tuple[str, ...], tuple[str, Any]] | None:
     """{property path: (header token, property type)} for `x-mcp-header` annotations reachable by a
-    chain of `properties`; None when an annotation is invalid (clients then drop the tool).
-    The result is shared: read it, never change it."""
+    chain of `properties`; None when an annotation is invalid (clients then drop the tool)."""
     if not isinstance(schema, dict):
         return {}
-    hit = _MAPS.get(id(schema))
-    if hit is not None and hit[0] is schema:
-        return hit[1]
-    return _MAPS.remember(id(schema), (schema, _header_map(schema)))[1]
+    return _header_map(schema)
 
 
 def _header_map(schema: dict[str, Any]) -> dict[tuple[str, ...], tuple[str, Any]] | None:

@@ -34,7 +34,6 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from gateway.memo import Memo
 from gateway.transports.upstreams.replies import UpstreamError
 
 KEEPALIVE_SECONDS = 2.0
@@ -44,8 +43,6 @@ LIMIT = 512
 CONNECT_SECONDS = 30.0  # getting a connection: waiting for a free slot, resolving, connecting, TLS
 SOCK_CONNECT_SECONDS = 10.0  # one TCP connect attempt
 HIGH_WATER = 256 * 1024  # unread body bytes at which reading pauses (until the reader takes them)
-HEAD_CACHE = 1024
-HEAD_CACHE_BYTES = 4096  # a longer head (large Mcp-Param-* values) is built each time: the cache stays < 4 MiB
 
 #: Headers this client owns (framing, connection management) or never sends (it does not decode).
 _DROPPED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "proxy-connection", "te",
@@ -292,7 +289,6 @@ class HttpPool:
         self._open: set[_Conn] = set()
         self._connecting = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._heads: Memo[tuple[object, ...], bytes] = Memo(HEAD_CACHE)
         self._sweeper: asyncio.TimerHandle | None = None
 
     @property
@@ -322,22 +318,16 @@ class HttpPool:
         return response
 
     def _head(self, method: str, headers: Mapping[str, str]) -> bytes:
-        key = (method, *headers.items())
-        head = self._heads.get(key)
-        if head is None:
-            lines = [f"{method} {self.target} HTTP/1.1"]
-            if not any(name.lower() == "host" for name in headers):
-                lines.append(f"host: {self.authority}")
-            for name, value in headers.items():
-                if not _TOKEN.fullmatch(name) or any(c in value for c in "\r\n\0"):
-                    raise UpstreamError("unavailable", f"upstream {self.name}: the header {name!r} cannot be sent "
-                                                       "(not a header name, or a line break in its value)")
-                if name.lower() not in _DROPPED:
-                    lines.append(f"{name}: {value}")
-            head = ("\r\n".join(lines) + "\r\n").encode("utf-8")
-            if len(head) <= HEAD_CACHE_BYTES:
-                self._heads.remember(key, head)
-        return head
+        lines = [f"{method} {self.target} HTTP/1.1"]
+        if not any(name.lower() == "host" for name in headers):
+            lines.append(f"host: {self.authority}")
+        for name, value in headers.items():
+            if not _TOKEN.fullmatch(name) or any(c in value for c in "\r\n\0"):
+                raise UpstreamError("unavailable", f"upstream {self.name}: the header {name!r} cannot be sent "
+                                                   "(not a header name, or a line break in its value)")
+            if name.lower() not in _DROPPED:
+                lines.append(f"{name}: {value}")
+        return ("\r\n".join(lines) + "\r\n").encode("utf-8")
 
     def _reuse(self) -> _Conn | None:
         idle = self._idle

@@ -1,7 +1,5 @@
-"""`ToolsCall` keeps the `ToolInfo` of the tool a call names per definition digest, client name, pin
-state and listed names: a repeated call reuses it, and anything it is made from that changes (a
-rug-pulled definition, its pin turning changed or accepted, a prefix, the other listed tools)
-gives the ToolInfo a fresh `gov.tool_info` would."""
+"""`ToolsCall`'s `ToolInfo` of the tool a call names follows everything it is made from (a rug-pulled
+definition, its pin turning changed or accepted, a prefix, the other listed tools)."""
 
 from __future__ import annotations
 
@@ -38,13 +36,6 @@ def fresh(definition: dict[str, Any], name: str, pin: PinState, names: frozenset
                          digest=gov.definition_digest(definition) if same else None, names=names)
 
 
-def test_a_repeated_call_reuses_its_tool_info(tmp_path: Path) -> None:
-    calls, names = flow(tmp_path), frozenset({"echo"})
-    first = calls._tool_info(entry(ECHO), "echo", CLEAN, names)
-    assert first == fresh(ECHO, "echo", CLEAN, names)
-    assert calls._tool_info(entry(dict(ECHO)), "echo", CLEAN, frozenset({"echo"})) is first
-
-
 def test_a_changed_definition_or_pin_is_never_answered_from_the_old_one(tmp_path: Path) -> None:
     calls, names = flow(tmp_path), frozenset({"echo"})
     clean = calls._tool_info(entry(ECHO), "echo", CLEAN, names)
@@ -55,7 +46,7 @@ def test_a_changed_definition_or_pin_is_never_answered_from_the_old_one(tmp_path
     accepted = calls._tool_info(entry(RUG), "echo", PinState(changed=True, accepted=True), names)
     assert accepted.accepted and not rugged.accepted
     assert calls._tool_info(entry(ECHO), "echo", PinState(changed=True, accepted=False), names).changed
-    assert calls._tool_info(entry(ECHO), "echo", CLEAN, names) is clean
+    assert calls._tool_info(entry(ECHO), "echo", CLEAN, names) == clean
 
 
 def test_prefixed_names_and_other_listed_tools_get_their_own(tmp_path: Path) -> None:
@@ -66,12 +57,3 @@ def test_prefixed_names_and_other_listed_tools_get_their_own(tmp_path: Path) -> 
     more = frozenset({"a_echo", "b_echo"})
     assert calls._tool_info(entry(ECHO, "a_echo"), "a_echo", CLEAN, more) == fresh(ECHO, "a_echo", CLEAN, more)
 
-
-def test_the_table_is_bounded(tmp_path: Path, monkeypatch: Any) -> None:
-    import gateway.mcp.calls as calls_module
-
-    monkeypatch.setattr(calls_module, "_MAX_INFOS", 4)
-    calls = flow(tmp_path)
-    for i in range(10):
-        calls._tool_info(entry(ECHO), "echo", CLEAN, frozenset({"echo", f"t{i}"}))
-        assert len(calls._infos) <= 4

@@ -1,10 +1,8 @@
-"""`audit.hotlog.settle`: the settled logger of a lazy structlog proxy, and the per-call debug
-lines (ledger commits, `call.decided`) that it lets the hot path skip only while debug is off."""
+"""The ledger's per-commit debug line: written exactly when debug logging is on."""
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +10,6 @@ import pytest
 import structlog
 
 import audit.sqlite
-from audit.hotlog import settle
 from audit.sqlite import SqliteLedger
 from gateway.logging import configure_logging
 
@@ -24,25 +21,6 @@ def restore_logging() -> Iterator[None]:
         yield
     finally:
         structlog.configure(**saved)
-
-
-def test_a_cached_proxy_settles_on_its_logger_and_says_whether_debug_is_dropped(restore_logging):
-    configure_logging("warning")
-    proxy = structlog.get_logger()
-    logger, quiet = settle(proxy)
-    assert quiet is True and logger is proxy.bind()  # the very logger every later call through the proxy gets
-    configure_logging("debug")
-    proxy = structlog.get_logger()
-    logger, quiet = settle(proxy)
-    assert quiet is False and logger is proxy.bind()
-
-
-def test_without_caching_the_proxy_is_kept_and_nothing_is_assumed(restore_logging):
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING), cache_logger_on_first_use=False)
-    proxy = structlog.get_logger()
-    assert settle(proxy) == (proxy, False)
-    bound = structlog.make_filtering_bound_logger(logging.WARNING)(None, [], {})  # no proxy: bind() copies it
-    assert settle(bound) == (bound, False)
 
 
 @pytest.mark.parametrize(("level", "logged"), [("warning", False), ("debug", True)])
