@@ -172,3 +172,19 @@ def test_bench_refuses_a_bad_size_naming_the_option() -> None:
     assert proc.returncode == 2
     assert "--query-records: '0' must be above zero" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_revisions_runs_both_checkouts_side_by_side(tmp_path: Path) -> None:
+    """`bench.revisions` runs governed calls in each checkout's own code: a checkout whose gateway
+    cannot start is named, and two good ones get a row each with a ratio."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "bench.revisions", str(REPO), str(broken), "--pairs", "1", "--blocks", "1",
+                           "--calls", "20"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and f"{broken}: the governed call did not start" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "bench.revisions", str(REPO), str(REPO), "--pairs", "2", "--blocks", "1",
+                           "--calls", "20"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith(("old ", "new "))]
+    assert [row[0] for row in rows] == ["old", "new"] and rows[1][-1].endswith("x")
+    assert "2 process pairs" in proc.stdout
