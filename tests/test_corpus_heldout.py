@@ -59,6 +59,12 @@ CORPORA = (
     # >= 10 looking like each family.
     HeldOut("corpus_heldout5", "h5", {f: 20 for f in ATTACK_FAMILIES} | {"obfuscated_shell": 25},
             min_benign=100, min_benign_per_family=10, benign_classes_prefixed=True),
+    # The sixth, frozen 2026-11-29: >= 25 attacks per family (30 for tool_poisoning, injected_results and
+    # fetched_injection, a third of those adapted from public datasets), >= 100 benign with >= 10 looking
+    # like each family.
+    HeldOut("corpus_heldout6", "h6", {f: 25 for f in ATTACK_FAMILIES} |
+            {"tool_poisoning": 30, "injected_results": 30, "fetched_injection": 30},
+            min_benign=100, min_benign_per_family=10, benign_classes_prefixed=True),
 )
 IDS = [c.folder for c in CORPORA]
 
