@@ -507,6 +507,33 @@ def add_parsers(sub: Any) -> None:
                    help="also fail on calls with outcome unknown (a decision record and no outcome), which are reported either way")
     p.set_defaults(func=cmd_audit_verify)
 
+    _add_query_parser(audit)
+
+    p = add_command(audit, "shadow", "what shadow (mode: audit) rules would have denied or held, per rule and principal")
+    p.add_argument("--ledger", help=LEDGER_HELP)
+    p.add_argument("--since", type=_time_arg, help="RFC 3339 time (inclusive)")
+    p.add_argument("--until", type=_time_arg, help="RFC 3339 time (exclusive)")
+    p.add_argument("--format", choices=["text", "json"], default="text", help="text (default) or json")
+    p.set_defaults(func=cmd_audit_shadow)
+
+    _add_checkpoint_parsers(audit)
+
+    p = add_command(audit, "migrate", "copy a SQLite ledger into an empty PostgreSQL one and verify the copy")
+    p.add_argument("source", help="the SQLite ledger: sqlite:///path/ledger.db or a path")
+    p.add_argument("destination", help="an empty PostgreSQL database: postgresql://user@host:port/db")
+    p.set_defaults(func=cmd_audit_migrate)
+
+    p = add_command(audit, "grant", "PostgreSQL: give the gateway's role append-only and auditors read-only privileges")
+    p.add_argument("url", help="the ledger's postgresql:// URL, connecting as the tables' owner (or a superuser)")
+    p.add_argument("--writer", metavar="ROLE",
+                   help="the role the gateway connects as: SELECT and INSERT, UPDATE of the head row only; created if missing")
+    p.add_argument("--reader", metavar="ROLE", action="append", default=[],
+                   help="an auditor's role: SELECT only; repeat for several; created if missing")
+    p.set_defaults(func=cmd_audit_grant)
+
+
+def _add_query_parser(audit: Any) -> None:
+    """`dharma audit query` and its filters."""
     p = add_command(audit, "query", "list ledger records, oldest first, that match every filter given")
     p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--principal", help="principal id")
@@ -535,13 +562,9 @@ def add_parsers(sub: Any) -> None:
                    help="table (default), jsonl (one canonical JSON record a line) or csv (every field jsonl has)")
     p.set_defaults(func=cmd_audit_query)
 
-    p = add_command(audit, "shadow", "what shadow (mode: audit) rules would have denied or held, per rule and principal")
-    p.add_argument("--ledger", help=LEDGER_HELP)
-    p.add_argument("--since", type=_time_arg, help="RFC 3339 time (inclusive)")
-    p.add_argument("--until", type=_time_arg, help="RFC 3339 time (exclusive)")
-    p.add_argument("--format", choices=["text", "json"], default="text", help="text (default) or json")
-    p.set_defaults(func=cmd_audit_shadow)
 
+def _add_checkpoint_parsers(audit: Any) -> None:
+    """`dharma audit checkpoint`, `proof` and `export`: what an auditor keeps or takes away."""
     p = add_command(audit, "checkpoint", "print a signed checkpoint of the ledger's head (keep it elsewhere)")
     p.add_argument("--ledger", help=LEDGER_HELP)
     p.add_argument("--origin", help="checkpoint origin line (default: the gateway's, dharma-gateway/karma-ledger)")
@@ -563,16 +586,3 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--since-checkpoint", metavar="F", help="an older checkpoint the auditor holds: add the consistency proof from it")
     p.add_argument("--origin", help="origin line if a checkpoint must be signed (default: the gateway's)")
     p.set_defaults(func=cmd_audit_export)
-
-    p = add_command(audit, "migrate", "copy a SQLite ledger into an empty PostgreSQL one and verify the copy")
-    p.add_argument("source", help="the SQLite ledger: sqlite:///path/ledger.db or a path")
-    p.add_argument("destination", help="an empty PostgreSQL database: postgresql://user@host:port/db")
-    p.set_defaults(func=cmd_audit_migrate)
-
-    p = add_command(audit, "grant", "PostgreSQL: give the gateway's role append-only and auditors read-only privileges")
-    p.add_argument("url", help="the ledger's postgresql:// URL, connecting as the tables' owner (or a superuser)")
-    p.add_argument("--writer", metavar="ROLE",
-                   help="the role the gateway connects as: SELECT and INSERT, UPDATE of the head row only; created if missing")
-    p.add_argument("--reader", metavar="ROLE", action="append", default=[],
-                   help="an auditor's role: SELECT only; repeat for several; created if missing")
-    p.set_defaults(func=cmd_audit_grant)

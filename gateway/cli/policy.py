@@ -237,12 +237,7 @@ def _percent(text: str) -> float:
 def cmd_eval(args: argparse.Namespace) -> int:
     from gateway.policy.compile import load_policy
     from gateway.policy.models import CaseCall
-    import anyio
-
-    from gateway.policy.testing import deciding_values, evaluate_case, evaluate_whole, policy_principal
-    from gateway.policy.whole import outcome_status
-    from gateway.stages.tier_gate import is_granted
-    from gateway.core.call import Principal
+    from gateway.policy.testing import evaluate_case
 
     policy_path = Path(args.policy) if args.policy else settings_of(args).policy
     policy = load_policy(policy_path, engine=args.engine)
@@ -268,22 +263,50 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     response = json_arg(args.response, "--response")
     result = evaluate_case(policy, call, response)
-    annotations = policy.annotations_for(call.tool, call.annotations)
-    granted = is_granted(policy, Principal(principal["id"], principal["tier"]), call.tool, annotations) if args.principal else None
-    pipeline = None
+    report = _eval_report(args, policy, call, principal, response, result, found)
+    if args.json:
+        out(json.dumps(report, indent=2, default=str))
+        return EXIT_OK
+    if found is not None and (args.api_key or args.local_user):
+        out(resolved_text(args, report["principal"]))
+    _print_eval(report, principal, enforced=result.decision.enforced)
+    if args.explain:
+        print_considered(policy, call.tool, result)
+    return EXIT_OK
+
+
+def _eval_pipeline(policy: Any, call: Any, principal_id: str, response: Any) -> dict[str, Any]:
+    """The whole pipeline's verdict on `call` for a named principal (tier gate, sensitivity, rate limits, rules)."""
+    import anyio
+
+    from gateway.policy.testing import evaluate_whole, policy_principal
+    from gateway.policy.whole import outcome_status
+
+    whole = anyio.run(evaluate_whole, policy, call.model_copy(update={"principal": principal_id}),
+                      policy_principal(policy, principal_id), response)
+    w = whole.decision
+    return {
+        "status": outcome_status(w).value,
+        "decision": w.effect.value,
+        "enforced": w.enforced,
+        "error_code": w.code.value if w.blocks and w.code else None,
+        "stage": w.stage or None,
+        "message": w.message,
+        "sensitivity": whole.sensitivity.value,
+    }
+
+
+def _eval_report(args: argparse.Namespace, policy: Any, call: Any, principal: dict[str, Any], response: Any, result: Any,
+                 found: Any) -> dict[str, Any]:
+    """What `dharma eval` reports of one call: the rules' decision, and the pipeline's for a named principal."""
+    from gateway.core.call import Principal
+    from gateway.policy.testing import deciding_values
+    from gateway.stages.tier_gate import is_granted
+
+    granted = None
     if args.principal:
-        whole = anyio.run(evaluate_whole, policy, call.model_copy(update={"principal": args.principal}),
-                          policy_principal(policy, args.principal), response)
-        w = whole.decision
-        pipeline = {
-            "status": outcome_status(w).value,
-            "decision": w.effect.value,
-            "enforced": w.enforced,
-            "error_code": w.code.value if w.blocks and w.code else None,
-            "stage": w.stage or None,
-            "message": w.message,
-            "sensitivity": whole.sensitivity.value,
-        }
+        annotations = policy.annotations_for(call.tool, call.annotations)
+        granted = is_granted(policy, Principal(principal["id"], principal["tier"]), call.tool, annotations)
     d = result.decision
     report: dict[str, Any] = {
         "policy": policy.name,
@@ -291,7 +314,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "policy_version": policy.version,
         "engine": policy.engine,
         "tool": call.tool,
-        "pipeline": pipeline,
+        "pipeline": _eval_pipeline(policy, call, args.principal, response) if args.principal else None,
         "granted": granted,
         "sensitivity": result.sensitivity.value,
         "findings": [f.as_cel() for f in result.findings],
@@ -311,11 +334,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
              "inputs": deciding_values(sources[t.rule_id], result.variables)}
             for t in result.trace
         ]
-    if args.json:
-        out(json.dumps(report, indent=2, default=str))
-        return EXIT_OK
-    if found is not None and (args.api_key or args.local_user):
-        out(resolved_text(args, report["principal"]))
+    return report
+
+
+def _print_eval(report: dict[str, Any], principal: dict[str, Any], *, enforced: bool) -> None:
+    """`dharma eval`'s text form of `report`."""
+    pipeline = report["pipeline"]
     if pipeline is None:
         out("pipeline: not judged (name a --principal: the tier gate, sensitivity and rate limits decide per principal)")
     else:
@@ -323,23 +347,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
         at = f" at {pipeline['stage']}" if pipeline["error_code"] and pipeline["stage"] else ""
         out(f"pipeline: {pipeline['status']}{code}{at}{': ' + pipeline['message'] if pipeline['message'] else ''}")
         out("the rules alone (as if the tier gate had admitted the call):")
-    out(f"decision: {report['decision']}{'' if d.enforced else ' (not enforced: audit/warn mode)'}")
-    if granted is not None:
-        out(f"granted to {principal['id']} (tier {principal['tier']}): {'yes' if granted else 'no — the tool is hidden from them'}")
+    out(f"decision: {report['decision']}{'' if enforced else ' (not enforced: audit/warn mode)'}")
+    if report["granted"] is not None:
+        out(f"granted to {principal['id']} (tier {principal['tier']}): {'yes' if report['granted'] else 'no — the tool is hidden from them'}")
     out(f"sensitivity: {report['sensitivity']}")
     if report["findings"]:
         out("findings: " + ", ".join(f"{f['kind']} at {f['path']}" for f in report["findings"]))
-    if d.message:
-        out(f"message: {d.message}")
+    if report["message"]:
+        out(f"message: {report['message']}")
     if report["block_class"]:
         out(f"block_class: {report['block_class']}  error_code: {report['error_code']}")
     if report["disclosure"]:
         out(f"disclosure: {report['disclosure']}")
     if report["response_findings"]:
         out("response findings: " + ", ".join(f"{f['kind']} at {f['path']}" for f in report["response_findings"]))
-    if args.explain:
-        print_considered(policy, call.tool, result)
-    return EXIT_OK
 
 
 def print_considered(policy: Any, tool: str, result: Any) -> None:

@@ -26,9 +26,11 @@ from gateway.policy.compose import ComposedProfile, compose_profiles
 from gateway.policy.load import LoadedDocument, expand_paths, read_documents
 from gateway.policy.principals import CompiledPrincipal, key_conflicts, local_user_conflicts
 from gateway.policy.models import (
+    DisclosureRule,
     DisclosureRuleSet,
     Policy,
     RateLimit,
+    Rule,
     RuleSet,
     RuleTest,
     SanitizerSettings,
@@ -545,51 +547,12 @@ def compile_documents(
             for i, r in enumerate(model.rules):
                 loc = ("rules", i)
                 claim_id(r.id, doc, loc)
-                declared = VISIBILITY_VARIABLES if r.effect is Effect.HIDE else CALL_VARIABLES
-                when = c.expr(r.when, declared, doc, (*loc, "when"), r.id)
-                msg = c.expr(r.message_expr, declared, doc, (*loc, "message_expr"), r.id)
-                if r.effect in RESTRICTIVE:
-                    c.lint_guard(r.when, doc, (*loc, "when"), r.id)
-                c.lint_bool(r.when, doc, (*loc, "when"), r.id)
-                (visibility if r.effect is Effect.HIDE else rules).append(
-                    CompiledRule(
-                        id=r.id,
-                        effect=r.effect,
-                        mode=r.mode,
-                        tools=tuple(r.tools),
-                        when=when,
-                        message=r.message,
-                        message_expr=msg,
-                        block_class=r.block_class,
-                        redact=tuple(r.redact),
-                        file=doc.path,
-                        line=doc.line_of(loc),
-                        guard=leading_guard(r.when),
-                        class_guard=class_guard(r.when),
-                        empty_guard=empty_guard(r.when),
-                    )
-                )
+                (visibility if r.effect is Effect.HIDE else rules).append(_compile_rule(c, r, doc, loc))
         elif isinstance(model, DisclosureRuleSet):
             for i, d in enumerate(model.rules):
                 loc = ("rules", i)
                 claim_id(d.id, doc, loc)
-                when = c.expr(d.when, RESPONSE_VARIABLES, doc, (*loc, "when"), d.id)
-                disclosure.append(
-                    CompiledDisclosureRule(
-                        id=d.id,
-                        verdict=d.verdict,
-                        mode=d.mode,
-                        tools=tuple(d.tools),
-                        topic=d.topic,
-                        when=when,
-                        redact=tuple(d.redact),
-                        redact_secrets=d.redact_secrets,
-                        no_information_response=model.no_information_response,
-                        file=doc.path,
-                        line=doc.line_of(loc),
-                        empty_guard=empty_guard(d.when),
-                    )
-                )
+                disclosure.append(_compile_disclosure(c, d, model, doc, loc))
     compiled: dict[str, Any] = {}
     if profile is not None:
         compiled = _compile_profile(profile, c)
@@ -612,6 +575,51 @@ def compile_documents(
         visibility_index=GlobIndex([(r.tools, r) for r in visibility]),
         warnings=tuple(sorted(c.warnings)),
         **compiled,
+    )
+
+
+def _compile_rule(c: _Compiler, r: Rule, doc: LoadedDocument, loc: tuple[Any, ...]) -> CompiledRule:
+    """One dharma (or visibility) rule: its CEL compiled against the variables its effect sees, linted."""
+    declared = VISIBILITY_VARIABLES if r.effect is Effect.HIDE else CALL_VARIABLES
+    when = c.expr(r.when, declared, doc, (*loc, "when"), r.id)
+    msg = c.expr(r.message_expr, declared, doc, (*loc, "message_expr"), r.id)
+    if r.effect in RESTRICTIVE:
+        c.lint_guard(r.when, doc, (*loc, "when"), r.id)
+    c.lint_bool(r.when, doc, (*loc, "when"), r.id)
+    return CompiledRule(
+        id=r.id,
+        effect=r.effect,
+        mode=r.mode,
+        tools=tuple(r.tools),
+        when=when,
+        message=r.message,
+        message_expr=msg,
+        block_class=r.block_class,
+        redact=tuple(r.redact),
+        file=doc.path,
+        line=doc.line_of(loc),
+        guard=leading_guard(r.when),
+        class_guard=class_guard(r.when),
+        empty_guard=empty_guard(r.when),
+    )
+
+
+def _compile_disclosure(c: _Compiler, d: DisclosureRule, rule_set: DisclosureRuleSet, doc: LoadedDocument,
+                        loc: tuple[Any, ...]) -> CompiledDisclosureRule:
+    """One disclosure rule: its CEL compiled against the response variables."""
+    return CompiledDisclosureRule(
+        id=d.id,
+        verdict=d.verdict,
+        mode=d.mode,
+        tools=tuple(d.tools),
+        topic=d.topic,
+        when=c.expr(d.when, RESPONSE_VARIABLES, doc, (*loc, "when"), d.id),
+        redact=tuple(d.redact),
+        redact_secrets=d.redact_secrets,
+        no_information_response=rule_set.no_information_response,
+        file=doc.path,
+        line=doc.line_of(loc),
+        empty_guard=empty_guard(d.when),
     )
 
 
