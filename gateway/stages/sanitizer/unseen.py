@@ -29,7 +29,7 @@ from typing import Final
 from gateway.core.call import Finding
 from gateway.stages.sanitizer.decode import decoded_layers
 
-__all__ = ["READER", "agent_key", "encoded_texts", "order"]
+__all__ = ["READER", "agent_key", "directive", "encoded_texts", "order"]
 
 _AI = (
     r"(?:ai|a\.i\.|llms?|gpt|chatgpt|claude|gemini|copilot|(?:ai|language|large\s+language)\s+models?|ai\s+systems?"
@@ -152,6 +152,12 @@ def order(text: str, found: Iterable[Finding], *, addressed: bool = False) -> re
     if _SECRET.search(text) is not None and _MOVE.search(text) is not None:
         return directive
     return None
+
+
+def directive(text: str) -> re.Match[str] | None:
+    """The first directive in `text` (an imperative opening a sentence, an obligation, "is to be
+    forwarded", a polite request), or None."""
+    return _DIRECTIVE.search(text)
 
 
 def encoded_texts(text: str) -> list[str]:
