@@ -803,6 +803,8 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
         findings.extend(_named_in_order(prose, code, where))
     if not instructed and ("@" in low or links) and not words.isdisjoint(_HELD_GATE):
         instructed = _moved_out(prose, code, findings, where)
+    if not instructed and '":' in prose and "_" in low and not words.isdisjoint(_CALL_KEYS):
+        instructed = _written_call(prose, code, findings, where)
     findings.extend(impersonation.scan(raw, prose, low, words, code, where, _mentioned,
                                        (lambda t: _scan(t, where, (), "", decode=False)) if decode else None))
     if lexicon.gate(low, words):
@@ -844,6 +846,34 @@ def _moved_out(prose: str, code: list[tuple[int, int]], findings: list[Finding],
             excerpt = _excerpt(prose, m.start() - len(head), m.end() + len(tail))
             findings.append(Finding("hidden_instruction", where, "a directive to move the agent's data to a destination", excerpt))
             findings.append(Finding("exfiltration", where, "asks to send data", excerpt))
+            return True
+    return False
+
+
+#: A tool call written out as a JSON object: a tool-name key with an identifier, then an arguments object.
+_WRITTEN_CALL: Final = re.compile(
+    r"\"(?:tool|tool_name|name|function|action|method)\"\s*:\s*\"([A-Za-z][\w-]*(?:[._][\w-]+)+)\"\s*,\s*"
+    r"\"(?:arguments|args|parameters|params|input)\"\s*:\s*\{([^{}]{1,400})\}"
+)
+_CALL_KEYS: Final = frozenset(("arguments", "args", "parameters", "params", "input"))
+#: A value that sends something somewhere: an account number (IBAN), an e-mail address, a URL, a phone number.
+_ARG_DESTINATION: Final = re.compile(
+    r"[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}|(?:https?|ftp)://|\b[A-Z]{2}\d{2}[A-Z0-9]{11,30}\b|\+\d[\d\s-]{7,}\d", re.I)
+
+
+def _written_call(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> bool:
+    """A tool call written out as JSON in prose (not a JSON answer, not in code), whose arguments send
+    something to a destination (an account, an address, a URL): a page or a record that hands the
+    agent a ready call to make. A trace API's JSON answer and docs' fenced examples are not prose."""
+    if is_json(prose.strip()):
+        return False
+    for m in _WRITTEN_CALL.finditer(prose, 0, MAX_SCAN):
+        brace = max(0, prose.rfind("{", 0, m.start()))
+        if (not _mentioned(prose, brace, code) and not _exemplified(prose, brace)
+                and _ARG_DESTINATION.search(m.group(2)) is not None):
+            excerpt = _excerpt(prose, m.start(), m.end())
+            findings.append(Finding("tool_reference", where, m.group(1), excerpt))
+            findings.append(Finding("hidden_instruction", where, "a tool call written out in prose, with a destination", excerpt))
             return True
     return False
 

@@ -74,7 +74,7 @@ _ADDRESSEE_GATE: Final = frozenset((
 #: up…"), an obligation or a polite request, "the next step is to use…".
 _DIRECTIVE: Final = re.compile(
     r"(?:^|[.!?:;]\s+|\n)(?:(?:before|after|when(?:ever)?|once|while|as\s+part\s+of)\b[^.!?\n,]{0,80},\s+)?"
-    r"(?:(?:please|kindly|now|immediately|first|then|also|always|just)\s+)*" + _VERB + r"\b"
+    r"(?:(?:please|kindly|now|immediately|first|then|also|always|just|next|finally|afterwards|lastly),?\s+)*" + _VERB + r"\b"
     r"|\b(?:should|must|shall|is\s+to\s+be|are\s+to\s+be|is\s+to|are\s+to|(?:is|are)\s+(?:expected|asked|required|requested)\s+to"
     r"|needs?\s+to|ha(?:s|ve)\s+to|ought\s+to)\s+(?:\w+\s+)?(?:be\s+)?" + _VERB
     + r"|\b(?:please|kindly)\s+(?:\w+\s+)?" + _VERB
