@@ -29,7 +29,7 @@ from typing import Final
 from gateway.core.call import Finding
 from gateway.stages.sanitizer.decode import decoded_layers
 
-__all__ = ["READER", "agent_key", "encoded_texts", "order"]
+__all__ = ["READER", "agent_key", "directive", "encoded_texts", "order"]
 
 _AI = (
     r"(?:ai|a\.i\.|llms?|gpt|chatgpt|claude|gemini|copilot|(?:ai|language|large\s+language)\s+models?|ai\s+systems?"
@@ -74,7 +74,7 @@ _ADDRESSEE_GATE: Final = frozenset((
 #: up…"), an obligation or a polite request, "the next step is to use…".
 _DIRECTIVE: Final = re.compile(
     r"(?:^|[.!?:;]\s+|\n)(?:(?:before|after|when(?:ever)?|once|while|as\s+part\s+of)\b[^.!?\n,]{0,80},\s+)?"
-    r"(?:(?:please|kindly|now|immediately|first|then|also|always|just)\s+)*" + _VERB + r"\b"
+    r"(?:(?:please|kindly|now|immediately|first|then|also|always|just|next|finally|afterwards|lastly),?\s+)*" + _VERB + r"\b"
     r"|\b(?:should|must|shall|is\s+to\s+be|are\s+to\s+be|is\s+to|are\s+to|(?:is|are)\s+(?:expected|asked|required|requested)\s+to"
     r"|needs?\s+to|ha(?:s|ve)\s+to|ought\s+to)\s+(?:\w+\s+)?(?:be\s+)?" + _VERB
     + r"|\b(?:please|kindly)\s+(?:\w+\s+)?" + _VERB
@@ -152,6 +152,12 @@ def order(text: str, found: Iterable[Finding], *, addressed: bool = False) -> re
     if _SECRET.search(text) is not None and _MOVE.search(text) is not None:
         return directive
     return None
+
+
+def directive(text: str) -> re.Match[str] | None:
+    """The first directive in `text` (an imperative opening a sentence, an obligation, "is to be
+    forwarded", a polite request), or None."""
+    return _DIRECTIVE.search(text)
 
 
 def encoded_texts(text: str) -> list[str]:
