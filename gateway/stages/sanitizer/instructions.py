@@ -41,7 +41,7 @@ from typing import Any, Final
 
 from gateway.core.call import Finding
 from gateway.memo import MemoSet
-from gateway.stages.sanitizer import impersonation, lexicon, unseen
+from gateway.stages.sanitizer import impersonation, instruction_model, lexicon, unseen
 from gateway.stages.sanitizer.decode import decoded_layers
 from gateway.stages.sanitizer.paths import child_path
 from gateway.stages.sanitizer.urls import is_json
@@ -798,6 +798,8 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
         findings.extend(_capability(prose, code, where))
     if not prose.isascii() and "_" in low:
         findings.extend(_cjk_tool_order(prose, where))
+    if not instructed and _model_gate(prose, low, words):
+        instructed = _learned(prose, code, findings, where)
     if instructed and "_" in low and not any(f.kind == "tool_reference" for f in findings):
         findings.extend(_named_in_order(prose, code, where))
     findings.extend(impersonation.scan(raw, prose, low, words, code, where, _mentioned,
@@ -807,6 +809,33 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
     if decode and (instructed or "base64" in words or "decode" in words):
         findings.extend(_decoded(prose, where, other_tools, own_name))
     return findings
+
+
+#: English words without which an ASCII text is not scored by the learned model: it names the model
+#: or its instructions (the grammars above read English; the model adds the forms they miss:
+#: forged authority, preference orders, soft orders). Text in other languages is always scored.
+_MODEL_WORDS: Final = frozenset((
+    "ai", "assistant", "assistants", "model", "models", "llm", "llms", "agent", "agents", "claude", "gpt", "chatgpt", "copilot",
+    "gemini", "bot", "chatbot", "prompt", "instructions",
+))
+_MODEL_MIN: Final = 24
+
+
+def _model_gate(prose: str, low: str, words: frozenset[str]) -> bool:
+    """Cheap test before the learned score: long enough, and not ASCII-only without one of `_MODEL_WORDS`."""
+    return len(prose) >= _MODEL_MIN and (not words.isdisjoint(_MODEL_WORDS) or lexicon.gate(low, words))
+
+
+def _learned(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> bool:
+    """The learned instruction score (`instruction_model`): a `hidden_instruction` for the best window at or
+    above its threshold whose strongest word is not quoted (code span, quoted block, "such as"...)."""
+    text = _blank(prose, _INLINE_CODE.finditer(prose)) if code else prose
+    for hit in instruction_model.scan(text):
+        if not _mentioned(prose, hit.at, code) and not _mentioned(prose, hit.start, code):
+            detail = f"{instruction_model.MODEL} score {hit.score:.2f}"
+            findings.append(Finding("hidden_instruction", where, detail, _excerpt(prose, hit.start, min(hit.end, hit.start + 50)), "model"))
+            return True
+    return False
 
 
 def _foreign(prose: str, low: str, code: list[tuple[int, int]], where: str) -> Iterator[Finding]:
