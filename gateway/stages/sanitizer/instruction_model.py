@@ -44,6 +44,7 @@ _TOKEN: Final = re.compile(
     r"|(?P<word>" + _WORD_CHARS + ")"
 )
 _WORD: Final = re.compile(_WORD_CHARS)
+_SHAPE_TOKENS: Final = frozenset(("xurl", "xmail", "xpath", "xname"))
 #: Scripts written without spaces between words: read as character bigrams.
 _UNSPACED: Final = re.compile(
     r"[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
@@ -59,6 +60,8 @@ class Hit(NamedTuple):
     start: int
     end: int
     at: int
+    concepts: tuple[str, ...]
+    shapes: frozenset[str]
 
 
 def _load() -> tuple[str, float, float, dict[str, float]]:
@@ -170,5 +173,6 @@ def scan(text: str) -> list[Hit]:
         concepts = sorted(c for c, uses in found.items() if any(a <= at < b for _, at in uses))
         s = _probability(_combine([t for _, t in inside], concepts))
         if s >= THRESHOLD:
-            hits.append(Hit(s, a, b, _strongest(inside, a)))
+            shapes = frozenset(t for _, t in inside if t in _SHAPE_TOKENS)
+            hits.append(Hit(s, a, b, _strongest(inside, a), tuple(concepts), shapes))
     return sorted(hits, key=lambda h: (-h.score, h.start))

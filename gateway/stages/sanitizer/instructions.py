@@ -828,14 +828,36 @@ def _model_gate(prose: str, low: str, words: frozenset[str]) -> bool:
 
 def _learned(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> bool:
     """The learned instruction score (`instruction_model`): a `hidden_instruction` for the best window at or
-    above its threshold whose strongest word is not quoted (code span, quoted block, "such as"...)."""
+    above its threshold whose strongest word is not quoted (code span, quoted block, "such as"...), and
+    what that window's order wants, read from its concepts and shapes (`_wants`)."""
     text = _blank(prose, _INLINE_CODE.finditer(prose)) if code else prose
     for hit in instruction_model.scan(text):
         if not _mentioned(prose, hit.at, code) and not _mentioned(prose, hit.start, code):
+            excerpt = _excerpt(prose, hit.start, min(hit.end, hit.start + 50))
             detail = f"{instruction_model.MODEL} score {hit.score:.2f}"
-            findings.append(Finding("hidden_instruction", where, detail, _excerpt(prose, hit.start, min(hit.end, hit.start + 50)), "model"))
+            findings.append(Finding("hidden_instruction", where, detail, excerpt, "model"))
+            findings.extend(Finding(kind, where, what if kind == "tool_reference" else f"{what} ({detail})", excerpt, "model")
+                            for kind, what in _wants(prose, hit))
             return True
     return False
+
+
+def _wants(prose: str, hit: instruction_model.Hit) -> Iterator[tuple[str, str]]:
+    """What an order the model scored wants, from the concepts and shapes of its window: credentials,
+    the user's data, the rules voided, the prompt shown, a tool called, data sent to an address."""
+    c = set(hit.concepts)
+    if "cred" in c:
+        yield "credential_request", "asks for credentials"
+    if "data" in c:
+        yield "data_request", "asks for the user's data"
+    if "override" in c and c & {"rules", "prior", "sysprompt"}:
+        yield "rule_override", "voids the model's rules"
+    if "sysprompt" in c and c & {"reveal", "move"}:
+        yield "prompt_extraction", "asks for the model's instructions"
+    if "xname" in hit.shapes and (m := _ACTION_SNAKE.search(prose, hit.start, hit.end)) is not None:
+        yield "tool_reference", m.group(1)
+    if hit.shapes & {"xurl", "xmail"} and "move" in c:
+        yield "exfiltration", "asks to send data to an address"
 
 
 def _foreign(prose: str, low: str, code: list[tuple[int, int]], where: str) -> Iterator[Finding]:
