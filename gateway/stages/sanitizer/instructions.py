@@ -819,18 +819,24 @@ _MODEL_WORDS: Final = frozenset((
     "gemini", "bot", "chatbot", "prompt", "instructions",
 ))
 _MODEL_MIN: Final = 24
+#: A quoted span on one line: blanked before scoring when it is quoted as an example (`_mentioned`).
+_QUOTED: Final = re.compile(r"'[^'\n]{3,200}'|\"[^\"\n]{3,200}\"|“[^”\n]{3,200}”|‘[^’\n]{3,200}’|«[^»\n]{3,200}»|„[^“”\n]{3,200}[“”]|「[^」\n]{1,200}」")
+_QUOTE_MARKS: Final = frozenset("'\"“‘«„「")
 
 
 def _model_gate(prose: str, low: str, words: frozenset[str]) -> bool:
-    """Cheap test before the learned score: long enough, and not ASCII-only without one of `_MODEL_WORDS`."""
-    return len(prose) >= _MODEL_MIN and (not words.isdisjoint(_MODEL_WORDS) or lexicon.gate(low, words))
+    """Cheap test before the learned score: long enough, not ASCII-only without one of `_MODEL_WORDS`, and
+    not JSON written out (a record's fields are read one by one, as data: `_agent_fields`, `_data_field`)."""
+    return (len(prose) >= _MODEL_MIN and (not words.isdisjoint(_MODEL_WORDS) or lexicon.gate(low, words))
+            and not (prose.lstrip()[:1] in ("{", "[") and is_json(prose)))
 
 
 def _learned(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> bool:
     """The learned instruction score (`instruction_model`): a `hidden_instruction` for the best window at or
     above its threshold whose strongest word is not quoted (code span, quoted block, "such as"...), and
     what that window's order wants, read from its concepts and shapes (`_wants`)."""
-    text = _blank(prose, _INLINE_CODE.finditer(prose)) if code else prose
+    quoted = [m for m in _QUOTED.finditer(prose) if _mentioned(prose, m.start() + 1, code)] if _QUOTE_MARKS & set(prose) else []
+    text = _blank(prose, [*_INLINE_CODE.finditer(prose), *quoted]) if code or quoted else prose
     for hit in instruction_model.scan(text):
         if not _mentioned(prose, hit.at, code) and not _mentioned(prose, hit.start, code):
             excerpt = _excerpt(prose, hit.start, min(hit.end, hit.start + 50))
