@@ -42,7 +42,7 @@ from typing import Any, Final
 
 from gateway.core.call import Finding
 from gateway.memo import MemoSet
-from gateway.stages.sanitizer import impersonation, lexicon, unseen
+from gateway.stages.sanitizer import impersonation, instruction_model, lexicon, unseen
 from gateway.stages.sanitizer.decode import Layer, decoded_layers
 from gateway.stages.sanitizer.paths import child_path
 from gateway.stages.sanitizer.urls import is_json
@@ -799,6 +799,8 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
         findings.extend(_capability(prose, code, where))
     if not prose.isascii() and "_" in low:
         findings.extend(_cjk_tool_order(prose, where))
+    if not instructed and _model_gate(prose, low, words):
+        instructed = _learned(prose, code, findings, where)
     if instructed and "_" in low and not any(f.kind == "tool_reference" for f in findings):
         findings.extend(_named_in_order(prose, code, where))
     if not instructed and ("@" in low or links) and not words.isdisjoint(_HELD_GATE):
@@ -850,12 +852,51 @@ def _moved_out(prose: str, code: list[tuple[int, int]], findings: list[Finding],
     return False
 
 
+#: English words without which an ASCII text is not scored by the learned model: it names the model
+#: or its instructions (the grammars above read English; the model adds the forms they miss:
+#: forged authority, preference orders, soft orders). Text in other languages is always scored.
+_MODEL_WORDS: Final = frozenset((
+    "ai", "assistant", "assistants", "model", "models", "llm", "llms", "agent", "agents", "claude", "gpt", "chatgpt", "copilot",
+    "gemini", "bot", "chatbot", "prompt", "instructions",
+))
+_MODEL_MIN: Final = 24
+#: A quoted span on one line: blanked before scoring when it is quoted as an example (`_mentioned`).
+_QUOTED: Final = re.compile(r"'[^'\n]{3,200}'|\"[^\"\n]{3,200}\"|“[^”\n]{3,200}”|‘[^’\n]{3,200}’|«[^»\n]{3,200}»|„[^“”\n]{3,200}[“”]|「[^」\n]{1,200}」")
+_QUOTE_MARKS: Final = frozenset("'\"“‘«„「")
+
+
+def _model_gate(prose: str, low: str, words: frozenset[str]) -> bool:
+    """Cheap test before the learned score: long enough, not ASCII-only without one of `_MODEL_WORDS`, and
+    not JSON written out (a record's fields are read one by one, as data: `_agent_fields`, `_data_field`)."""
+    return (len(prose) >= _MODEL_MIN and (not words.isdisjoint(_MODEL_WORDS) or lexicon.gate(low, words))
+            and not (prose.lstrip()[:1] in ("{", "[") and is_json(prose)))
+
+
+def _learned(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> bool:
+    """The learned instruction score (`instruction_model`): a `hidden_instruction` for the best window at or
+    above its threshold whose strongest word is not quoted (code span, quoted block, "such as"...), and
+    what that window's order wants, read from its concepts and shapes (`_wants`)."""
+    quoted = [m for m in _QUOTED.finditer(prose) if _mentioned(prose, m.start() + 1, code)] if _QUOTE_MARKS & set(prose) else []
+    text = _blank(prose, [*_INLINE_CODE.finditer(prose), *quoted]) if code or quoted else prose
+    for hit in instruction_model.scan(text):
+        if not _mentioned(prose, hit.at, code) and not _mentioned(prose, hit.start, code):
+            excerpt = _excerpt(prose, hit.start, min(hit.end, hit.start + 50))
+            detail = f"{instruction_model.MODEL} score {hit.score:.2f}"
+            findings.append(Finding("hidden_instruction", where, detail, excerpt, "model"))
+            findings.extend(Finding(kind, where, what if kind == "tool_reference" else f"{what} ({detail})", excerpt, "model")
+                            for kind, what in _wants(prose, hit))
+            return True
+    return False
+
+
 #: A tool call written out as a JSON object: a tool-name key with an identifier, then an arguments object.
 _WRITTEN_CALL: Final = re.compile(
     r"\"(?:tool|tool_name|name|function|action|method)\"\s*:\s*\"([A-Za-z][\w-]*(?:[._][\w-]+)+)\"\s*,\s*"
     r"\"(?:arguments|args|parameters|params|input)\"\s*:\s*\{([^{}]{1,400})\}"
 )
 _CALL_KEYS: Final = frozenset(("arguments", "args", "parameters", "params", "input"))
+
+
 def _written_call(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> bool:
     """A tool call written out as JSON in prose (not a JSON answer, not in code), whose arguments send
     something to a destination (an account, an address, a URL): a page or a record that hands the
@@ -880,6 +921,24 @@ _EXAMPLE_BEFORE: Final = re.compile(r"\b(?:for\s+example|for\s+instance|e\.\s?g\
 def _exemplified(text: str, start: int) -> bool:
     """Whether the address at `start` is introduced as an example."""
     return _EXAMPLE_BEFORE.search(text, max(0, start - 24), start) is not None
+
+
+def _wants(prose: str, hit: instruction_model.Hit) -> Iterator[tuple[str, str]]:
+    """What an order the model scored wants, from the concepts and shapes of its window: credentials,
+    the user's data, the rules voided, the prompt shown, a tool called, data sent to an address."""
+    c = set(hit.concepts)
+    if "cred" in c:
+        yield "credential_request", "asks for credentials"
+    if "data" in c:
+        yield "data_request", "asks for the user's data"
+    if "override" in c and c & {"rules", "prior", "sysprompt"}:
+        yield "rule_override", "voids the model's rules"
+    if "sysprompt" in c and c & {"reveal", "move"}:
+        yield "prompt_extraction", "asks for the model's instructions"
+    if "xname" in hit.shapes and (m := _ACTION_SNAKE.search(prose, hit.start, hit.end)) is not None:
+        yield "tool_reference", m.group(1)
+    if hit.shapes & {"xurl", "xmail"} and "move" in c:
+        yield "exfiltration", "asks to send data to an address"
 
 
 def _foreign(prose: str, low: str, code: list[tuple[int, int]], where: str) -> Iterator[Finding]:
