@@ -2480,7 +2480,25 @@ def bash_arguments(tool: str, references: frozenset[str], raw: dict[str, Any], c
     return out
 
 
+#: What only PowerShell writes (a .NET static call, `$env:NAME`, a Verb-Noun cmdlet starting a
+#: command): a command with one that does not lex as POSIX is read as PowerShell, which is what a
+#: Windows agent's terminal runs (round 5, bn-shell-windows).
+_POWERSHELL_SYNTAX: Final = re.compile(r"\[[A-Za-z][\w.]*\]::[A-Za-z]|\$env:[A-Za-z_]|(?:^|[|;{(]\s*)[A-Z][a-z]+-[A-Z][A-Za-z]+(?![\w-])", re.M)
+
+
 def _run(items: list[tuple[str, Any]], source: str) -> ShellAnalysis:
+    """The analysis of a call's command items; a script that is PowerShell is analysed as one."""
+    result = _run_items(items, source)
+    if result.unparsed and result.reason.startswith("unexpected") and len(items) == 1 and items[0][0] == "script":
+        text = items[0][1]
+        if _POWERSHELL_SYNTAX.search(text) is not None:
+            again = _run_items([("argv", ["powershell", "-NoProfile", "-Command", text])], source)
+            if not again.unparsed:
+                return again
+    return result
+
+
+def _run_items(items: list[tuple[str, Any]], source: str) -> ShellAnalysis:
     result = ShellAnalysis(present=True, source=source)
     walker = _Walker(result)
     try:
