@@ -830,6 +830,13 @@ def test_a_masked_credential_is_no_secret(text: str) -> None:
     assert detect_secrets({"api_key": text.split("=", 1)[1].strip()}) == ()
 
 
+def test_a_masked_value_is_not_rejoined_across_its_mask() -> None:
+    """The separator-removing reassembly does not join the parts of a masked value (nor what follows it)."""
+    text = "Your config has OPENAI_API_KEY=sk-proj-Ab3d…Xy9Z and STRIPE_SECRET_KEY=sk_live_51H8...redacted... - both rotated."
+    assert sanitize({"text": text}, LIMITS).findings == ()
+    assert [f.via for f in detect_secrets({"t": GH[:12] + " " + GH[12:]})] == ["joined"]  # a token cut by a space still is
+
+
 def test_a_mask_beside_a_whole_key_does_not_hide_it() -> None:
     assert {f.kind for f in detect_secrets({"t": f"token {GH}…"})} == {"api_key"}
     assert {f.kind for f in detect_secrets({"t": "aws_secret_access_key = 1874OU3xfuPTb/0AwZqAWeTa38DpDbn820RQ6ymo...***"})} == {"api_key"}

@@ -30,7 +30,7 @@ from gateway.stages.sanitizer import decode
 from gateway.stages.sanitizer.decode import MIN_TEXT, Layer, charcode_text, decode_base64, whole_text
 from gateway.stages.sanitizer.formats import PREFIXES, credential_hits, documented_example, is_placeholder, key_body_hits, public_hits
 from gateway.stages.sanitizer.paths import child_path
-from gateway.stages.sanitizer.sessions import masked, session_hits
+from gateway.stages.sanitizer.sessions import elided, masked, session_hits
 from gateway.stages.sanitizer.wallets import is_test_key, wallet_hits
 
 __all__ = ["detect_secrets", "redact_secrets"]
@@ -359,8 +359,8 @@ def _scan_hits(s: str) -> list[_Hit]:
             start, end = layer.span_of(a, b)
             if (kind, detail) in seen:
                 continue
-            if layer.glued and end - start == b - a:
-                continue  # nothing was rejoined: the token was found as it is
+            if layer.glued and (end - start == b - a or elided(s, start, end)):
+                continue  # nothing was rejoined (the token was found as it is), or it was rejoined across a mask
             if layer.index is not None and any(h[0] == kind and h[1] < end and start < h[2] for h in hits):
                 continue  # the same secret, found already
             seen.add((kind, detail))

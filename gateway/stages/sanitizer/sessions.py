@@ -20,7 +20,8 @@ credentials act on them); the detail names the cookie, never the value.
 `masked(s, start, end)` says whether a credential-shaped match is shown masked, the way
 dashboards and loggers show keys (`sk-proj-Ab3d…Xy9Z`, `wJal****EKEY`, `sk_live_51H8...redacted...`):
 its token holds a mask (`…`, `...`, `***`, `•••`, `xxxx`, `[REDACTED]`) and too few visible
-characters to be a whole key. No I/O.
+characters to be a whole key; `elided` keeps the separator-removing reassembly from rejoining a
+masked value across its mask. No I/O.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from urllib.parse import unquote
 
 from gateway.stages.sanitizer.formats import is_placeholder
 
-__all__ = ["masked", "session_hits"]
+__all__ = ["elided", "masked", "session_hits"]
 
 SessionHit = tuple[str, int, int, str]
 
@@ -50,6 +51,7 @@ _JAR_LINE: Final = re.compile(rf"\t(?:TRUE|FALSE)\t[^\t\n]*\t(?:TRUE|FALSE)\t\d+
 _BEARER: Final = re.compile(r"(?<![A-Za-z0-9])[Bb]earer\s+([A-Za-z0-9._~+/-]{20,4096}=*)(?![A-Za-z0-9._~+/=-])")
 _MASK: Final = re.compile(r"…|\.{3}|\*{3}|•{3}|●{3}|[xX]{4}|(?i:redacted|masked)")
 _MASK_RUNS: Final = re.compile(r"…|\.{2,}|\*+|•+|●+|[xX]{4,}|(?i:redacted|masked)")
+_ELISION: Final = re.compile(r"…|\.{3}|\*{3}|•{3}|●{3}|(?i:redacted)")
 _TOKEN_EDGE: Final = frozenset(" \t\r\n\"'`<>,;=:|()[]{}")
 MASKED_VISIBLE: Final = 28  # alphanumerics a masked value may show: less than any whole key
 
@@ -91,6 +93,12 @@ def session_hits(s: str, low: str) -> list[SessionHit]:
             if _random(m.group(2)):
                 hits.append(("api_key", m.start(2), m.end(2), f"session cookie {m.group(1)!r} in a cookies.txt line"))
     return hits
+
+
+def elided(s: str, start: int, end: int) -> bool:
+    """Whether s[start:end] holds an elision mark (`…`, `...`, `***`, `•••`, "redacted"): a token
+    rejoined across one (separators removed) is a masked value shown in parts, not a split secret."""
+    return _ELISION.search(s, start, end) is not None
 
 
 def masked(s: str, start: int, end: int) -> bool:
