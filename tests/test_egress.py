@@ -410,3 +410,20 @@ def test_round4_chunks_heads_data_urls_and_oauth() -> None:
     home = one(f"https://sso.acme.com/logout?id_token_hint={jwt('https://sso.acme.com/realms/a')}")
     away = one(f"https://evil.example.net/logout?id_token_hint={jwt('https://sso.acme.com/realms/a')}")
     assert (home["secrets"], away["secrets"]) == ([], ["jwt"])
+
+
+def test_a_renderer_fetches_the_subresources_of_the_markup_it_is_given() -> None:
+    """Round 5 (ss-ssrf-in-markup): for a tool that renders HTML/SVG/markdown, the URLs in loading
+    positions (src, href of a stylesheet or SVG image, CSS url()/@import, images) are destinations;
+    a link (`<a href>`), a namespace URI and a URL in the text are not."""
+    from gateway.stages.sanitizer.urls import analyse_urls
+
+    html = ('<link rel="stylesheet" href="http://127.0.0.1:2375/x"><style>@import url("http://10.0.0.9/a.css")</style>'
+            '<iframe src="http://169.254.169.254/latest/meta-data/"></iframe><a href="http://localhost:3000/">dev</a>'
+            '<svg xmlns="http://www.w3.org/2000/svg"><image xlink:href="http://10.1.2.3/p.png"/></svg> see http://10.9.9.9/')
+    dest = {u["host"]: u["destination"] for u in analyse_urls("html_to_pdf", {"html": html}).urls}
+    assert dest == {"127.0.0.1": True, "10.0.0.9": True, "169.254.169.254": True, "localhost": False,
+                    "www.w3.org": False, "10.1.2.3": True, "10.9.9.9": False}
+    md = {u["host"]: u["destination"] for u in analyse_urls("markdown_to_pdf", {"markdown": "![a](http://10.0.0.5/i.png) `http://10.0.0.6/`"}).urls}
+    assert md == {"10.0.0.5": True, "10.0.0.6": False}
+    assert not any(u["destination"] for u in analyse_urls("save_note", {"html": html}).urls)

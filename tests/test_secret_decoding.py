@@ -749,3 +749,94 @@ def test_a_real_secret_marked_example_stays_a_secret(marked: str) -> None:
     kinds = {f.kind for f in detect_secrets({"t": "aws_secret_access_key = " + marked.format(body)})}
     assert "example_secret" not in kinds and kinds, kinds
     assert {f.kind for f in detect_secrets({"t": "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYzq8Rt2KEY"})} == {"api_key"}
+
+
+def _base58check(payload: bytes) -> str:
+    alphabet = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+    data = payload + hashlib.sha256(hashlib.sha256(payload).digest()).digest()[:4]
+    n, out = int.from_bytes(data, "big"), ""
+    while n:
+        n, r = divmod(n, 58)
+        out = alphabet[r] + out
+    return "1" * (len(data) - len(data.lstrip(b"\0"))) + out
+
+
+def test_extended_private_keys_of_any_version_are_private_keys_and_extended_public_keys_are_not() -> None:
+    """Round 5 (es-wallet-private-key): Base58Check of 78 bytes with the 0x00 private-key marker,
+    whole or cut over lines; an xpub (02/03 there) is public; BIP-32's test vector is an example."""
+    rng = random.Random(5)
+    body = b"\x03" + rng.randbytes(4) + b"\x80\x00\x00\x00" + rng.randbytes(32)
+    for version in ("0488ADE4", "04B2430C", "04358394", "019D9CFE"):  # xprv, zprv, tprv, Litecoin Ltpv
+        key = _base58check(bytes.fromhex(version) + body + b"\x00" + rng.randbytes(32))
+        assert {f.kind for f in detect_secrets({"t": f"root: {key}"})} == {"private_key"}, key[:4]
+        assert {f.kind for f in detect_secrets({"t": key[:50] + "\n" + key[50:]})} == {"private_key"}
+    xpub = _base58check(bytes.fromhex("0488B21E") + body + b"\x02" + rng.randbytes(32))
+    assert detect_secrets({"t": f"watch-only import of {xpub}"}) == ()
+    vector = "xprv9s21ZrQH143K3QTDL4LXw2F7HEK3wJUD2nW2nRk4stbPy6cq3jPPqjiChkVvvNKmPGJxWUtg6LnF5kejMRNNU3TGtRBeJgk33yuGBxrMPHi"
+    assert {f.kind for f in detect_secrets({"t": vector})} == {"example_secret"}
+
+
+def test_ascii85_and_base85_runs_are_decoded() -> None:
+    """Round 5 (es-ascii85-credential): Adobe `<~ ~>` Ascii85 (also wrapped) always; unframed
+    Ascii85/base85 when the text names the encoding; Ascii85 of ordinary text finds nothing."""
+    framed = "<~" + base64.a85encode(f"token {GH}".encode()).decode() + "~>"
+    assert [f.via for f in detect_secrets({"t": "blob=" + framed})] == ["ascii85"]
+    wrapped = "\n".join(framed[i : i + 30] for i in range(0, len(framed), 30))
+    assert [f.via for f in detect_secrets({"t": wrapped})] == ["ascii85"]
+    bare = base64.b85encode(TEXT.encode()).decode()
+    assert {f.via for f in detect_secrets({"t": f"b85decode this: {bare}"})} == {"base85"}
+    assert detect_secrets({"t": bare}) == ()  # unframed, unnamed: not decoded
+    pdf = "<~" + base64.a85encode(b"BT /F1 12 Tf 72 712 Td (Invoice total 418.20 EUR) Tj ET").decode() + "~>"
+    assert detect_secrets({"t": pdf}) == ()
+
+
+@pytest.mark.parametrize("text", [
+    "Cookie: csrftoken=abc; sessionid=q8w7e6r5t4y3u2i1o0p9a8s7d6f5g4h3",
+    "Set-Cookie: connect.sid=s%3AQm9vZ2xlLXNlc3Npb24tNzc4.Zx8Kp2Lr9Tq4Wm7Yb3Nc6Vd1Fg5Hj0; Path=/; HttpOnly",
+    "my cookies: PHPSESSID=k3j9f8s7d6a5q4w3e2r1t0y9u8",
+    "JSESSIONID=9A7F3C2B1E0D4F6A8B9C0D1E2F3A4B5C",
+    '[{"name": "_shop_session", "value": "Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MA%3D%3D--4e1f0a9b"}]',
+    ".app.dev\tTRUE\t/\tTRUE\t1795000000\t__Secure-next-auth.session-token\teyJhbGciOiJkaXIiLCJlbmMiOiJBMjU2R0NNIn0..Qx9Lm2Kp7",
+    "curl -H 'Authorization: Bearer Zk39fj2LmQ81bXz0Pq7wE4rTyU' https://api.internal.io/v2",
+    '{"Authorization": "Bearer ya29.a0AfB_byC7Lm2Kp9Qx4Rt8Vw1Zy3Nb6Md0Hj5Gf2"}',
+])
+def test_session_cookies_and_bearer_tokens_are_credentials(text: str) -> None:
+    """Round 5 (es-session-token): a session cookie in a cookie position or under a framework's
+    name, a browser cookie export, a cookies.txt line, an opaque bearer token."""
+    assert "api_key" in {f.kind for f in detect_secrets({"t": text})}, text
+
+
+@pytest.mark.parametrize("text", [
+    "Cookie: _ga=GA1.2.1843920731.1764000000; theme=dark; lang=en-US",
+    'curl -H "Authorization: Bearer $TOKEN" ; Authorization: Bearer <access_token>',
+    "Authorization: Bearer ${{ secrets.API_TOKEN }} or Bearer YOUR_ACCESS_TOKEN_HERE",
+    "Set-Cookie: sessionid=<value>; HttpOnly; SESSION_COOKIE_NAME = 'sessionid'",
+    "error in session_id=7f3c2a9e-41b8-4c0d-9e55-2b7a1f0c8d34 request_id=req_8Kq2Lm9Zp4Xw",
+    "Authorization: Bearer eyJh****...****Qm7Z Cookie: sessionid=********; csrftoken=[REDACTED]",
+])
+def test_session_look_alikes_are_not_credentials(text: str) -> None:
+    assert detect_secrets({"t": text}) == (), text
+
+
+@pytest.mark.parametrize("text", [
+    "OPENAI_API_KEY=sk-proj-Ab3d…Xy9Z",
+    "api_key=sk-proj-Ab3dEf9H…(redacted)…Xy9Z2kLmN",
+    "STRIPE_SECRET_KEY=sk_live_51H8...redacted...",
+    "client_secret = 7f3Qxxxxxxxxxxxxxxxxxxxxxxxx91Ab",
+])
+def test_a_masked_credential_is_no_secret(text: str) -> None:
+    """Round 5 (bn-redacted-credential): a value shown masked, with fewer visible characters than a key."""
+    assert detect_secrets({"t": text}) == (), text
+    assert detect_secrets({"api_key": text.split("=", 1)[1].strip()}) == ()
+
+
+def test_a_masked_value_is_not_rejoined_across_its_mask() -> None:
+    """The separator-removing reassembly does not join the parts of a masked value (nor what follows it)."""
+    text = "Your config has OPENAI_API_KEY=sk-proj-Ab3d…Xy9Z and STRIPE_SECRET_KEY=sk_live_51H8...redacted... - both rotated."
+    assert sanitize({"text": text}, LIMITS).findings == ()
+    assert [f.via for f in detect_secrets({"t": GH[:12] + " " + GH[12:]})] == ["joined"]  # a token cut by a space still is
+
+
+def test_a_mask_beside_a_whole_key_does_not_hide_it() -> None:
+    assert {f.kind for f in detect_secrets({"t": f"token {GH}…"})} == {"api_key"}
+    assert {f.kind for f in detect_secrets({"t": "aws_secret_access_key = 1874OU3xfuPTb/0AwZqAWeTa38DpDbn820RQ6ymo...***"})} == {"api_key"}

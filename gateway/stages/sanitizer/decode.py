@@ -91,6 +91,10 @@ _CODE_NUMBER: Final = re.compile(_CODE)
 # Separators a token may be cut by (and concatenation syntax): removed to rejoin it.
 _SEPARATORS: Final = re.compile(r"""[\s"'`+,|;*~.:()\[\]{}&$·•]+""")
 _SEPARATOR_BYTES: Final = b" \t\r\n\x0b\x0c\"'`+,|;*~.:()[]{}&$" + "·•".encode()
+_A85_FRAMED: Final = re.compile(r"<~([!-uz\s]{10,}?)~>")
+_BASE85_WORD: Final = re.compile(r"(?i)(?<![a-z0-9])(?:ascii ?85|base ?85|[abz]85(?:decode|encode)?)(?![a-z0-9])")
+_BASE85_RUN: Final = re.compile(r"[!-~]{20,}")  # Ascii85's `!`..`u` and RFC 1924's alphabet, no spaces
+_SPACE_RUN: Final = re.compile(r"\s+")
 _ROT13: Final = str.maketrans(
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz", "NOPQRSTUVWXYZABCDEFGHIJKLMnopqrstuvwxyzabcdefghijklm"
 )
@@ -310,6 +314,8 @@ def _candidates(s: str, prefixes: Prefixes | None, top: bool) -> Iterator[Layer]
             yield from _escaped(s)
         if "," in s or "(" in s or " " in s or "\n" in s or ":" in s:
             yield from _charcodes(s)
+        if "<~" in s or "85" in s:
+            yield from _base85(s)
     if len(s) >= MIN_BASE64:
         yield from _runs(s, prefixes)
 
@@ -522,6 +528,35 @@ def _charcodes(s: str) -> Iterator[Layer]:
             text = _as_text(bytes.fromhex(re.sub(r"[ :\n-]", "", m.group())))
             if text is not None and len(text) >= MIN_TEXT:
                 yield Layer(m.start(), m.end(), "hex", text)
+
+
+def _base85_text(run: str) -> tuple[str, str] | None:
+    """(how, text) for an Ascii85 (Adobe/btoa) or base85 (RFC 1924, Python's b85, git) run, or None."""
+    body = _SPACE_RUN.sub("", run)[:MAX_LAYER_CHARS]
+    for how, decode85 in (("ascii85", base64.a85decode), ("base85", base64.b85decode)):
+        try:
+            text = _as_text(decode85(body))
+        except ValueError:
+            continue
+        if text is not None and len(text) >= MIN_TEXT:
+            return how, text
+    return None
+
+
+def _base85(s: str) -> Iterator[Layer]:
+    """Ascii85 framed by `<~ ~>` (PostScript, PDF, Python's `a85encode(adobe=True)`), and unframed
+    Ascii85/base85 runs in a text that names the encoding ("ascii85", "base85", "a85", "b85").
+    Each run is decoded only if its text is UTF-8 (`_as_text`), so ordinary words do not pass."""
+    for m in _A85_FRAMED.finditer(s, 0, MAX_LAYER_CHARS):
+        decoded = _base85_text(m.group(1))
+        if decoded is not None:
+            yield Layer(m.start(), m.end(), decoded[0], decoded[1])
+    if _BASE85_WORD.search(s) is not None:
+        for m in _BASE85_RUN.finditer(s, 0, MAX_LAYER_CHARS):
+            if not m.group().startswith("<~") and not m.group().isalnum():
+                decoded = _base85_text(m.group())
+                if decoded is not None:
+                    yield Layer(m.start(), m.end(), decoded[0], decoded[1])
 
 
 def decoded_layers(s: str, prefixes: Prefixes | None = None) -> Iterator[Layer]:

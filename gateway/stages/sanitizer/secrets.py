@@ -30,6 +30,7 @@ from gateway.stages.sanitizer import decode
 from gateway.stages.sanitizer.decode import MIN_TEXT, Layer, charcode_text, decode_base64, whole_text
 from gateway.stages.sanitizer.formats import PREFIXES, credential_hits, documented_example, is_placeholder, key_body_hits, public_hits
 from gateway.stages.sanitizer.paths import child_path
+from gateway.stages.sanitizer.sessions import elided, masked, session_hits
 from gateway.stages.sanitizer.wallets import is_test_key, wallet_hits
 
 __all__ = ["detect_secrets", "redact_secrets"]
@@ -250,7 +251,11 @@ def _scan_plain(s: str) -> list[_Hit]:
             g = 1 if m.group(1) is not None else 2 if m.group(2) is not None else 3
             if _password_literal(m.group(g), quoted=g < 3, single=g == 2):
                 add(_named_hit("password", m.start(g), m.end(g), m.group(g), "password assignment in text"))
+    if "bearer" in low or "sess" in low or "sid" in low or "token" in low:
+        hits += [(*hit, "", "") for hit in session_hits(s, low)]
     _numbers(s, hits)
+    if ("…" in s or "..." in s or "*" in s or "•" in s or "xxxx" in low or "redact" in low or "mask" in low) and hits:
+        hits = [h for h in hits if h[0] != "api_key" or not masked(s, h[1], h[2])]  # shown masked: no secret
     return hits
 
 
@@ -354,8 +359,8 @@ def _scan_hits(s: str) -> list[_Hit]:
             start, end = layer.span_of(a, b)
             if (kind, detail) in seen:
                 continue
-            if layer.glued and end - start == b - a:
-                continue  # nothing was rejoined: the token was found as it is
+            if layer.glued and (end - start == b - a or elided(s, start, end)):
+                continue  # nothing was rejoined (the token was found as it is), or it was rejoined across a mask
             if layer.index is not None and any(h[0] == kind and h[1] < end and start < h[2] for h in hits):
                 continue  # the same secret, found already
             seen.add((kind, detail))
@@ -398,7 +403,7 @@ def value_hits(value: Any, key_kind: str | None) -> list[_Hit]:
                 ok = code.isdigit() and 6 <= len(code) <= 8
                 hit = ("otp_code", 0, len(value), f"{len(code)}-digit code in a one-time-code field", "", "") if ok else None
             else:
-                ok = len(value) >= 16 and not any(c.isspace() for c in value)
+                ok = len(value) >= 16 and not any(c.isspace() for c in value) and not masked(value, 0, len(value))
                 hit = ("api_key", 0, len(value), f"API-key field, {len(value)} chars", "", "") if ok else None
             if hit is not None and not any(h[0] == hit[0] for h in hits):
                 hits.append(hit)

@@ -44,7 +44,7 @@ from gateway.stages.sanitizer.windows_shell import (
     powershell_commands,
     powershell_payload,
 )
-from gateway.stages.sanitizer.shell_options import COMMAND_VARIABLES, option_payloads
+from gateway.stages.sanitizer.shell_options import COMMAND_VARIABLES, LOADER_VARIABLES, env_injection, option_payloads
 from gateway.stages.sanitizer.shell_threats import classify_threats
 from gateway.stages.sanitizer.shell_paths import (
     REMOTE as _REMOTE,
@@ -1217,8 +1217,8 @@ class _Walker:
         if "env" in wrappers and depth < MAX_DEPTH:  # env GIT_SSH_COMMAND=… git fetch
             for word in argv[:offset]:
                 match = _ASSIGN.match(word)
-                if match and match.group(1) in COMMAND_VARIABLES and word[match.end() :].strip():
-                    self.run_text(word[match.end() :], depth, "exec", match.group(1))
+                if match:
+                    self.assigned(match.group(1), word[match.end() :], depth)
         feed = stdin if heredoc is None else heredoc  # `xargs rm <<< LIST` reads the here-string
         if "xargs" in wrappers and feed is not None:
             rest, raws, payload_args = _xargs(argv[:offset], feed, rest, raws, payload_args)
@@ -1268,8 +1268,7 @@ class _Walker:
                     self.env[match.group(1)] = prior + value
                     if value.startswith("(") and value.endswith(")"):
                         self.array(match.group(1), value[1:-1])
-                    if match.group(1) in COMMAND_VARIABLES and value.strip() and depth < MAX_DEPTH:
-                        self.run_text(value, depth, "exec", match.group(1))  # GIT_SSH_COMMAND=… runs later
+                    self.assigned(match.group(1), value, depth)  # GIT_SSH_COMMAND=… runs later
                     continue
             assigning = False
             fields = self.expand(word, depth, subs)
@@ -1399,8 +1398,7 @@ class _Walker:
                     self.env[match.group(1)] = prior + a[match.end() :]
                     if a[match.end() :].startswith("(") and a.endswith(")"):
                         self.array(match.group(1), a[match.end() + 1 : -1])
-                    if match.group(1) in COMMAND_VARIABLES and a[match.end() :].strip() and depth < MAX_DEPTH:
-                        self.run_text(a[match.end() :], depth, "exec", match.group(1))
+                    self.assigned(match.group(1), a[match.end() :], depth)
         elif name == "set" and args and (args[0] == "--" or not args[0].startswith(("-", "+"))):
             params = args[1:] if args[0] == "--" else args  # set -- a b c: the positional parameters
             for i, key in enumerate(_POSITIONAL):
@@ -1521,6 +1519,20 @@ class _Walker:
                 self.script(fold(command), depth + 1, "payload", name)
             except Unlexed:
                 continue
+
+    def assigned(self, name: str, value: str, depth: int) -> None:
+        """An environment variable set for what runs next: a command it names is analysed (`PAGER`,
+        `GIT_SSH_COMMAND`), and one that makes programs load code is a hidden execution."""
+        if depth >= MAX_DEPTH or not value.strip():
+            return
+        if name in COMMAND_VARIABLES:
+            self.run_text(value, depth, "exec", name)
+        elif name in LOADER_VARIABLES or name.startswith("GIT_CONFIG_"):
+            evidence, run = env_injection(name, value, self.env)
+            if evidence is not None:
+                self.result.hidden.append((name, evidence))
+            if run:
+                self.run_text(run, depth, "exec", name)
 
     def run_text(self, run: str | list[str], depth: int, via: str, parent: str) -> None:
         """A command line (a string) or an argv (a list) that a command runs, analysed as a
@@ -2468,7 +2480,25 @@ def bash_arguments(tool: str, references: frozenset[str], raw: dict[str, Any], c
     return out
 
 
+#: What only PowerShell writes (a .NET static call, `$env:NAME`, a Verb-Noun cmdlet starting a
+#: command): a command with one that does not lex as POSIX is read as PowerShell, which is what a
+#: Windows agent's terminal runs (round 5, bn-shell-windows).
+_POWERSHELL_SYNTAX: Final = re.compile(r"\[[A-Za-z][\w.]*\]::[A-Za-z]|\$env:[A-Za-z_]|(?:^|[|;{(]\s*)[A-Z][a-z]+-[A-Z][A-Za-z]+(?![\w-])", re.M)
+
+
 def _run(items: list[tuple[str, Any]], source: str) -> ShellAnalysis:
+    """The analysis of a call's command items; a script that is PowerShell is analysed as one."""
+    result = _run_items(items, source)
+    if result.unparsed and result.reason.startswith("unexpected") and len(items) == 1 and items[0][0] == "script":
+        text = items[0][1]
+        if _POWERSHELL_SYNTAX.search(text) is not None:
+            again = _run_items([("argv", ["powershell", "-NoProfile", "-Command", text])], source)
+            if not again.unparsed:
+                return again
+    return result
+
+
+def _run_items(items: list[tuple[str, Any]], source: str) -> ShellAnalysis:
     result = ShellAnalysis(present=True, source=source)
     walker = _Walker(result)
     try:

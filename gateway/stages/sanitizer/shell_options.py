@@ -25,6 +25,71 @@ COMMAND_VARIABLES: Final = frozenset({
     "GIT_PROXY_COMMAND", "SSH_ASKPASS", "SUDO_ASKPASS", "PAGER", "MANPAGER", "SYSTEMD_PAGER", "EDITOR", "VISUAL",
     "BROWSER", "PROMPT_COMMAND", "LESSOPEN", "LESSCLOSE", "RSYNC_RSH", "CVS_RSH", "FCEDIT",
 })  # fmt: skip
+#: Environment variables that make a program load code it was not asked to run (round 5,
+#: os-env-injection): a preloaded library, a module/agent option, a startup script, git config.
+LOADER_VARIABLES: Final = frozenset({
+    "LD_PRELOAD", "LD_AUDIT", "DYLD_INSERT_LIBRARIES", "NODE_OPTIONS", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS",
+    "JDK_JAVA_OPTIONS", "RUBYOPT", "PERL5OPT", "PERL5DB", "BASH_ENV", "ENV", "PS4", "GIT_CONFIG_PARAMETERS",
+})  # fmt: skip
+#: System library directories (a preload from there is an allocator or a profiler the admin installed).
+_SYSTEM_LIBS: Final = re.compile(r"^/(?:usr/(?:local/)?)?lib(?:32|64)?/|^/opt/homebrew/|^/usr/local/opt/|^/nix/store/")
+#: Where planted code lives: temporary and shared-memory directories, a hidden file or directory,
+#: a download folder, a URL or a data: URI.
+_PLANTED: Final = re.compile(r"^/(?:tmp|var/tmp|dev/shm|run/user/\d+)/|(?:^|/)\.[^./][^/]*|(?:^|/)Downloads/|^[a-z]+:", re.I)
+_MODULE_OPTION: Final = re.compile(
+    r"(?:^|\s)(?:--require|-r|--import|--loader|--experimental-loader|-javaagent:|-agentpath:|-r(?=\S)|-M|-m)[= ]?['\"]?([^\s'\"=]+)"
+)
+_SUBSTITUTION: Final = re.compile(r"\$\((.+)\)|`([^`]+)`", re.S)
+
+
+def env_injection(name: str, value: str, env: dict[str, str]) -> tuple[str | None, str | None]:
+    """(evidence, command line to analyse) for `NAME=value` when it makes programs load code:
+    a library preloaded from outside the system library directories; a module or agent option
+    (`NODE_OPTIONS=--require`, `-javaagent:`, `RUBYOPT=-r`, `PERL5OPT=-M`) loading from a planted
+    place (`/tmp`, `/dev/shm`, a hidden path, Downloads, a URL); a command substitution in a
+    variable the shell expands when it starts (`BASH_ENV`, `ENV`, `PS4`); Perl code after `;` in
+    PERL5OPT or in PERL5DB. A git config key that runs a command (`GIT_CONFIG_PARAMETERS`,
+    `GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n`) gives only its command, analysed as `git -c` is. Ordinary settings (`NODE_OPTIONS=--max-old-space-size`,
+    a jemalloc preload, an OpenTelemetry agent under /opt) give (None, None)."""
+    if name.startswith("GIT_CONFIG_"):
+        return _git_env(name, value.strip(), env)
+    value = value.strip().strip("'\"")
+    if not value:
+        return None, None
+    if name in ("LD_PRELOAD", "LD_AUDIT", "DYLD_INSERT_LIBRARIES"):
+        for lib in re.split(r"[:\s]+", value):
+            if "/" in lib and _SYSTEM_LIBS.match(lib) is None:
+                return f"{name} loads {lib} into every program started", None
+        return None, None
+    if name in ("BASH_ENV", "ENV", "PS4"):
+        sub = _SUBSTITUTION.search(value)
+        if sub is not None:
+            return f"{name} holds a command the shell runs when it starts", sub.group(1) or sub.group(2)
+        planted = name != "PS4" and _PLANTED.search(value) is not None
+        return (f"{name} sources {value[:80]} in every non-interactive shell", None) if planted else (None, None)
+    if name in ("PERL5DB",) or (name == "PERL5OPT" and ";" in value):
+        return f"{name} carries Perl code run by every perl", None
+    for m in _MODULE_OPTION.finditer(" " + value):
+        if _PLANTED.search(m.group(1)) is not None:
+            return f"{name} loads {m.group(1)[:80]} into every program started", None
+    return None, None
+
+
+def _git_env(name: str, value: str, env: dict[str, str]) -> tuple[str | None, str | None]:
+    """(None, the command) for a git config key that runs a command, set through the environment."""
+    if name == "GIT_CONFIG_PARAMETERS":
+        for key, val in re.findall(r"'?([^'=\s]+)=([^']*)'?", value):
+            if _GIT_KEYS.match(key):
+                return None, val
+        return None, None
+    n = name.rsplit("_", 1)[-1]
+    key = value if name.startswith("GIT_CONFIG_KEY_") else env.get(f"GIT_CONFIG_KEY_{n}", "")
+    val = env.get(f"GIT_CONFIG_VALUE_{n}", "") if name.startswith("GIT_CONFIG_KEY_") else value
+    if _GIT_KEYS.match(key.strip("'\"")) and val:
+        return None, val
+    return None, None
+
+
 #: `git -c KEY=VALUE` keys whose value git runs (a shell command line).
 _GIT_KEYS: Final = re.compile(
     r"(?i)^(core\.(sshcommand|pager|editor|fsmonitor|askpass|gitproxy)|sequence\.editor|diff\.external|"

@@ -175,6 +175,7 @@ def analyse_urls(tool: str, arguments: Any) -> UrlAnalysis:
     resolver = bool(words & _DNS_WORDS)
     records = not fetcher and bool(words & _RECORD_WORDS)
     runner = bool(words & _RUN_WORDS)
+    renderer = bool(words & _RENDER_WORDS)
     for parent, step, key, text in _strings(arguments):
         url_key = key in _URL_KEYS or key.endswith(_URL_KEY_ENDS)
         host_field = _host_key(key, resolver)
@@ -185,13 +186,14 @@ def analyse_urls(tool: str, arguments: Any) -> UrlAnalysis:
         where = parent if step is None else child_path(parent, step)
         first = len(out.urls)
         images = _image_urls(text) if not destination and not client else ()
+        fetched = _markup_urls(text) | frozenset(images) if renderer and not destination else frozenset()
         for url, via in _found(text, url_key, host_field and (fetcher or resolver)):
             image = any(i.startswith(url) for i in images)
-            here = (destination or client or image) and (fetcher or url.partition(":")[0].lower() != "file")
+            here = (destination or client or image or url in fetched) and (fetcher or url.partition(":")[0].lower() != "file")
             before = len(out.urls)
             if not _add(out, url, where, here, via, nested=False):
                 return out
-            if image and not client:
+            if image and not client and url not in fetched:
                 _client_destinations(out.urls[before:])
         if client:
             _client_destinations(out.urls[first:])
@@ -224,6 +226,31 @@ def _image_urls(text: str) -> tuple[str, ...]:
         for m in _SOURCE_ATTR.finditer(tag.group()):
             found.extend(part.split()[0] for part in m.group(1).split(",") if part.strip())
     return tuple(found[:MAX_URLS])
+
+
+#: Words of a tool name that say it renders a document (HTML, SVG, markdown to PDF or an image) on the
+#: server: the subresources of the markup it is given are fetched from there (round 5, ss-ssrf-in-markup).
+_RENDER_WORDS: Final = frozenset({
+    "render", "renderer", "rendering", "pdf", "html2pdf", "wkhtmltopdf", "weasyprint", "rasterize", "rasterise",
+    "rasterizer", "svg", "thumbnail", "preview", "print", "chromium", "headless",
+})  # fmt: skip
+#: A start tag (not `<a>`/`<area>`, whose links are not followed when rendering) and the attributes
+#: a renderer loads: src, srcset, href (stylesheets, SVG `<image>`/`<use>`), xlink:href, data
+#: (`<object>`), poster, background, and a meta refresh's `content="0;url=…"`; CSS `url(…)` and `@import`.
+_TAG: Final = re.compile(r"<(?!/|a\b|area\b|!)([A-Za-z][\w:-]*)((?:[^>\"']++|\"[^\"]{0,4000}+\"|'[^']{0,4000}+')*+)>", re.I)
+_LOADED_ATTR: Final = re.compile(r"(?<![\w:-])(?:src|srcset|href|xlink:href|data|poster|background|content)\s*=\s*(?:\"([^\"]{4,4000})\"|'([^']{4,4000})'|([^\s>]{4,4000}))", re.I)
+_CSS_URL: Final = re.compile(r"(?:url\(\s*[\"']?|@import\s+[\"'])([A-Za-z][A-Za-z0-9+.-]*:[^\"')\s]{2,4000})", re.I)
+
+
+def _markup_urls(text: str) -> frozenset[str]:
+    """The URLs a renderer fetches while it renders `text` (`_TAG`'s attributes, CSS `url()` and
+    `@import`); these, and its images (`_image_urls`), are destinations for a renderer."""
+    if "<" not in text and "url(" not in text and "@import" not in text:
+        return frozenset()
+    values: list[str] = [m.group(1) for m in _CSS_URL.finditer(text, 0, MAX_SCAN)]
+    for tag in _TAG.finditer(text, 0, MAX_SCAN):
+        values.extend(m.group(1) or m.group(2) or m.group(3) for m in _LOADED_ATTR.finditer(tag.group(2)))
+    return frozenset(_trim(m.group()) for v in values[:MAX_URLS] for m in _FIND.finditer(v))
 
 
 def _client_destinations(entries: list[dict[str, Any]]) -> None:

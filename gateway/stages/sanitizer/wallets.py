@@ -1,4 +1,4 @@
-"""Crypto-wallet material in text: BIP-39 seed phrases, WIF private keys and wallet addresses.
+"""Crypto-wallet material in text: BIP-39 seed phrases, WIF and BIP-32 extended private keys, and wallet addresses.
 
 Every candidate is checked the way a wallet would check it, so look-alikes do not match: a seed
 phrase's checksum bits (SHA-256 of its entropy), a WIF key's and a base58 address's Base58Check
@@ -252,7 +252,42 @@ def wallet_hits(s: str) -> list[WalletHit]:
         _seed_hits(s, hits)
     if len(s) >= 64:
         _raw_key_hits(s, hits)
+    if len(s) >= 100 and ("prv" in s or "tpv" in s or "gpv" in s):
+        _extended_key_hits(s, hits)
     return hits
+
+
+# ---- BIP-32 extended private keys (xprv, tprv, yprv, zprv, Ltpv, dgpv, ...) --------------------
+
+_EXTENDED_HEAD: Final = re.compile(r"(?<![1-9A-HJ-NP-Za-km-z])[A-Za-z]{1,2}(?:prv|tpv|gpv)[1-9A-HJ-NP-Za-km-z]{8}")
+#: BIP-32's test vector 1 master key: in the specification and every library's tests.
+_EXAMPLE_XPRV: Final = frozenset({"xprv9s21ZrQH143K3QTDL4LXw2F7HEK3wJUD2nW2nRk4stbPy6cq3jPPqjiChkVvvNKmPGJxWUtg6LnF5kejMRNNU3TGtRBeJgk33yuGBxrMPHi"})
+_EXTENDED_GAP: Final = frozenset(" \t\r\n\"'+,|\\")  # what may cut a key in pieces (lines, concatenation)
+
+
+def _extended_key_hits(s: str, hits: list[WalletHit]) -> None:
+    """BIP-32 extended private keys, any coin's version bytes: Base58Check of 78 bytes whose key
+    field starts with the 0x00 that marks a private key (a public `xpub` has 02/03 there), also
+    when cut by line breaks, spaces or quotes. It derives every key of the wallet."""
+    for m in _EXTENDED_HEAD.finditer(s):
+        chars: list[str] = []
+        end = m.start()
+        while end < len(s) and len(chars) < 112 and end - m.start() < 256:
+            ch = s[end]
+            if ch in _B58_INDEX:
+                chars.append(ch)
+            elif ch not in _EXTENDED_GAP:
+                break
+            end += 1
+        for n in (111, 112):
+            payload = b58check_decode("".join(chars[:n])) if len(chars) >= n else None
+            if payload is not None and len(payload) == 78 and payload[45] == 0:
+                if "".join(chars[:n]) in _EXAMPLE_XPRV:
+                    hits.append(("example_secret", m.start(), end, "BIP-32's published test-vector master key", ""))
+                    break
+                cut = "" if " " not in s[m.start() : end] and "\n" not in s[m.start() : end] else ", cut in pieces"
+                hits.append(("private_key", m.start(), end, f"BIP-32 extended private key ({m.group()[:4]}){cut}, checksum valid", ""))
+                break
 
 
 # ---- raw private keys: Ethereum (secp256k1 hex, keystore V3) and Solana (ed25519 keypairs) -----

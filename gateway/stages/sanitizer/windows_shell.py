@@ -40,6 +40,13 @@ _DOWNLOAD: Final = re.compile(
     r"|start-bitstransfer|net\.webclient|system\.net\.http",
     re.I,
 )
+#: An upload (round 5): Invoke-RestMethod/Invoke-WebRequest with a sending method, a body or an
+#: input file, and WebClient's Upload* methods; read as `curl --data-binary @- URL`.
+_UPLOAD: Final = re.compile(
+    r"(?:invoke-restmethod|invoke-webrequest|\birm\b|\biwr\b)[^|;\n]{0,400}?(?:-method\s+['\"]?(?:post|put|patch)\b|-body\b|-infile\b)"
+    r"|\.upload(?:string|file|data|values)(?:async)?\s*\(",
+    re.I,
+)
 _IEX: Final = re.compile(r"\biex\b|invoke-expression|\[scriptblock\]::create|\.invoke\(\)", re.I)
 _URL: Final = re.compile(r"https?://[^\s'\"()]+", re.I)
 _FILE_CALL: Final = re.compile(
@@ -145,6 +152,9 @@ def powershell_commands(text: str) -> list[list[str] | str]:
     if _IEX.search(text) and _DOWNLOAD.search(text):
         url = _URL.search(text)
         out.append(f"curl -s '{url.group() if url else 'https://unknown.invalid/'}' | sh")
+    for m in _UPLOAD.finditer(text):  # a send: what the script read may leave with it
+        url = _URL.search(text, m.start())
+        out.append(["curl", "-s", "--data-binary", "@-", url.group() if url else "https://unknown.invalid/"])
     for m in _FILE_CALL.finditer(text):
         path, fn = posix_path(m.group("p")), m.group("fn").lower()
         if fn.startswith("read") or fn.startswith("copy") or fn.startswith("open"):
