@@ -124,6 +124,19 @@ async def healthy(http: httpx.AsyncClient) -> dict[str, Any] | None:
     return answer.json() if answer.status_code == 200 else None
 
 
+async def serving(http: httpx.AsyncClient, version: str) -> bool:
+    """Whether /healthz says `version` serves: a reload is in the ledger before it takes effect
+    (gateway.reload), so its record alone does not say the new policy answers calls yet."""
+    health = await healthy(http)
+    return health is not None and health["policy_version"] == version
+
+
+async def degraded(http: httpx.AsyncClient) -> bool:
+    """Whether /healthz reports the last reload failed (set once its record is in the ledger)."""
+    health = await healthy(http)
+    return health is not None and health["status"] == "degraded"
+
+
 async def read(http: httpx.AsyncClient) -> httpx.Response:
     return await http.post("/v1/tools/read_note:call", json={"arguments": {"path": "a"}},
                            headers={"authorization": f"Bearer {KEYS['reader']}"})
@@ -144,6 +157,7 @@ async def test_serve_reloads_on_file_change_keeps_last_good_and_records_every_at
                                  "the reload record of the edit", server)
         assert records[-1]["trigger"] == "file" and records[-1]["ok"] is True and records[-1]["changed"] is True
         assert records[-1]["old_version"] == v1 and records[-1]["policy_version"] == v2
+        await wait_for(lambda: serving(http, v2), "v2 to serve", server)
         denied = (await read(http)).json()
         assert denied["error_code"] == "policy_blocked" and "reading is switched off" in denied["message"]
         assert (await http.get("/healthz")).json()["policy_version"] == v2
@@ -154,6 +168,7 @@ async def test_serve_reloads_on_file_change_keeps_last_good_and_records_every_at
         failed = records[-1]
         assert failed["policy_version"] == v2 and failed["new_version"] is None
         assert any("rules.yaml:" in p and "[broken]" in p for p in failed["problems"]), failed["problems"]
+        await wait_for(lambda: degraded(http), "/healthz to say the reload failed", server)
         health = await http.get("/healthz")
         assert health.status_code == 200, "a failed reload must not fail the health check: the last good policy serves"
         body = health.json()
@@ -172,6 +187,7 @@ async def test_serve_reloads_on_file_change_keeps_last_good_and_records_every_at
         assert refused.status_code == 403 and "admin" in refused.json()["message"]
         assert save(folder, rules_with()) == v1  # fixed again: the watcher reloads it, then the admin asks once more
         await wait_for(lambda: reload_records(state_root)[-1]["policy_version"] == v1, "the fixed file's reload", server)
+        await wait_for(lambda: serving(http, v1), "v1 to serve again", server)
         answer = await http.post("/v1/admin/reload", headers={"authorization": f"Bearer {KEYS['admin']}"})
         assert answer.status_code == 200, answer.text
         attempt = answer.json()["reload"]
@@ -198,6 +214,7 @@ async def test_serve_reloads_on_sighup(served, state_root: Path) -> None:
         server.send_signal(signal.SIGHUP)
         records = await wait_for(lambda: reload_records(state_root), "the SIGHUP reload's record", server)
         assert records[-1]["trigger"] == "signal" and records[-1]["ok"] and records[-1]["changed"]
+        await wait_for(lambda: serving(http, records[-1]["new_version"]), "the reloaded policy to serve", server)
         assert (await read(http)).json()["error_code"] == "policy_blocked"
 
 

@@ -1,5 +1,6 @@
 """`dharma stdio` reloads its policy without a restart: on a rule-file edit and on SIGHUP, each
-attempt a ledger record; the waits are for those records, never fixed sleeps."""
+attempt a ledger record; the waits are for those records and the gateway's log line, never fixed
+sleeps."""
 
 from __future__ import annotations
 
@@ -39,7 +40,16 @@ async def wait_for_reload(state: Path, count: int) -> dict[str, Any]:
     return found[-1]
 
 
-async def test_stdio_reloads_on_file_change_and_sighup(raw_gateway: Any, mcp_policy: Path, state: Path) -> None:
+async def wait_for_serving(log: Path, version: str) -> None:
+    """Until the gateway logs that it serves `version`: a reload is in the ledger before it takes
+    effect (gateway.reload), so the record alone does not say the new policy answers calls yet."""
+    with anyio.fail_after(60):
+        while not any(line.get("event") == "policy.reloaded" and line.get("version") == version
+                      for line in map(json.loads, (x for x in log.read_text().splitlines() if x.startswith("{")))):
+            await anyio.sleep(0.05)
+
+
+async def test_stdio_reloads_on_file_change_and_sighup(raw_gateway: Any, mcp_policy: Path, state: Path, tmp_path: Path) -> None:
     gw = await raw_gateway()
     await gw.initialize()
     first = await gw.call(1, "echo", {"text": "hi"})
@@ -52,6 +62,7 @@ async def test_stdio_reloads_on_file_change_and_sighup(raw_gateway: Any, mcp_pol
     v2 = load_policy(mcp_policy).version
     record = await wait_for_reload(state, 1)
     assert (record["trigger"], record["ok"], record["old_version"], record["new_version"]) == ("file", True, v1, v2)
+    await wait_for_serving(tmp_path / "gateway0.log", v2)
     refused = await gw.call(2, "echo", {"text": "hi"})
     assert refused["result"]["isError"] and "policy_blocked" in json.dumps(refused), refused
 
