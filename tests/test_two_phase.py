@@ -35,7 +35,9 @@ from gateway.core.backends import ToolSpec
 from gateway.transports.upstreams.python import CallableBackend
 
 async def write_marker(path: str):
-    Path(os.environ["TWOPHASE_MARKER"]).write_text(path, encoding="utf-8")  # the side effect happened
+    marker = Path(os.environ["TWOPHASE_MARKER"])  # the side effect happened: written whole, then renamed,
+    marker.with_suffix(".tmp").write_text(path, encoding="utf-8")  # so the test never reads it half written
+    os.replace(marker.with_suffix(".tmp"), marker)
     await asyncio.Event().wait()  # ... and the answer never comes
 
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
