@@ -84,7 +84,12 @@ async def run(old: Path, new: Path, pairs: int, blocks: int, calls: int) -> list
         log = stack.enter_context(open(log_path, "ab"))
         _, upstream = await started_upstream(stack, tmp, log, log_path)
         checkouts = {"old": old, "new": new}
-        return [await _pair(checkouts, tmp, upstream, seed, blocks, calls, log_path) for seed in range(1, pairs + 1)]
+        out = []
+        for seed in range(1, pairs + 1):
+            out.append(await _pair(checkouts, tmp, upstream, seed, blocks, calls, log_path))
+            cpu = {n: f"{out[-1][n][0] * 1e6:,.0f} µs" for n in NAMES}
+            print(f"   pair {seed}/{pairs}: cpu/call old {cpu['old']}, new {cpu['new']} (load {os.getloadavg()[0]:.1f})", flush=True)
+        return out
 
 
 def report(results: list[dict[str, tuple[float, float]]], opts: argparse.Namespace, load: tuple[float, float]) -> None:
