@@ -221,8 +221,7 @@ def _stores_rows(rounds: int, n: int) -> list[Row]:
                          capabilities={"roots": {"listChanged": True}, "sampling": {}, "elicitation": {"form": {}}},
                          upstream_sids={"default": "up-session-1"}, upstream_versions={"default": "2025-11-25"})
     rows = [_row("session facts copied field by field", "gateway/stores/memory_sessions.py `detached`", 1,
-                 side_by_side(lambda: facts.model_copy(deep=True), lambda: detached(facts), rounds, n),
-                 "kept (removed, then back: /mcp side by side)")]
+                 side_by_side(lambda: facts.model_copy(deep=True), lambda: detached(facts), rounds, n), "kept")]
     with tempfile.NamedTemporaryFile(prefix="dharma-bench-pins-") as f:
         fd, name = f.fileno(), f.name
         rows.append(_row("pin file: fstat of a kept descriptor", "gateway/stores/file_pins.py:39-90", 1,
@@ -500,7 +499,7 @@ async def whole_call_rows(rounds: int, calls: int) -> list[Row]:
             calls_of = [(t, a) for t, a in CALLS]
             runs[f"governed standard {label}"] = _cycle(
                 lambda c, gw=gw: gw.call(c[0], c[1], api_key=OPERATOR_KEY, session_id="s"), calls_of)
-        runs["governed standard canon fast path off"] = _switched(canon, "_plain", lambda value: False,
+        runs["governed standard canon fast path off"] = _switched(canon, "plain", lambda value: False,
                                                                   runs["governed standard fast"])
         try:
             cpu = await _cpu_blocks(runs, rounds, calls)
