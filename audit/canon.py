@@ -28,7 +28,7 @@ class NotCanonicalizable(ValueError):
     """The value is not I-JSON (NaN, infinity, an integer beyond 2**53, a non-JSON type)."""
 
 
-def _plain(value: Any) -> bool:
+def plain(value: Any) -> bool:
     """Whether `value` is made only of dicts with string keys, lists, strings, bools, None and
     integers within ±2**53 (exact types: subclasses take the exact path). Leaves are checked
     inline: one call per container, not per item."""
@@ -44,7 +44,7 @@ def _plain(value: Any) -> bool:
                 if -_SAFE_INT <= item <= _SAFE_INT:
                     continue
                 return False
-            if not _plain(item):
+            if not plain(item):
                 return False
         return True
     if kind is list:
@@ -56,7 +56,7 @@ def _plain(value: Any) -> bool:
                 if -_SAFE_INT <= item <= _SAFE_INT:
                     continue
                 return False
-            if not _plain(item):
+            if not plain(item):
                 return False
         return True
     if kind in _LEAVES:
@@ -66,7 +66,7 @@ def _plain(value: Any) -> bool:
 
 def canonical_bytes(value: Any) -> bytes:
     """Return the RFC 8785 (JCS) encoding of `value`."""
-    if _plain(value):
+    if plain(value):
         try:
             out = _encode(value)
         except UnicodeEncodeError:

@@ -28,6 +28,8 @@ import re
 import sys
 from typing import Any
 
+import msgspec
+
 #: Deepest nesting of arrays/objects accepted. Far above what MCP messages and JSON Schemas use
 #: (the sanitizer's own argument limit is 32) and far below Python's recursion limit.
 MAX_DEPTH = 128
@@ -84,6 +86,10 @@ def loads(data: bytes | bytearray | memoryview | str, *, max_depth: int = MAX_DE
     Raises:
         StrictJSONError: the message names what is wrong (and the line and column for syntax).
     """
+    if type(data) is bytes and b"\\u" not in data and data.count(b"[") + data.count(b"{") <= max_depth:
+        value = _compact(data)
+        if value is not _NOT_COMPACT:
+            return value
     text = _text(data)
     if text.startswith(_BOM):
         raise StrictJSONError("bom", "a byte order mark (U+FEFF) precedes the JSON text")
@@ -101,6 +107,30 @@ def loads(data: bytes | bytearray | memoryview | str, *, max_depth: int = MAX_DE
     if "\\u" in text and _SURROGATE_ESCAPE.search(text):
         _refuse_surrogates(value)
     return value
+
+
+_NOT_COMPACT = object()
+_FAST_DECODE = msgspec.json.Decoder().decode
+_FAST_ENCODE = msgspec.json.Encoder().encode
+
+
+def _compact(data: bytes) -> Any:
+    """The value of `data` if it is exactly msgspec's own compact encoding of it, else `_NOT_COMPACT`.
+
+    The fast path of `loads` (~4 µs against ~17 for a small JSON-RPC message), for what SDKs and the
+    gateway write: msgspec's C decoder keeps the last of duplicate members and reads what this module
+    refuses, but the encoding of a decoded value never holds a duplicate member, `NaN`, an overflowed
+    number or a BOM, so a text equal to it byte for byte holds none either. `loads` comes here only
+    for bytes without `\\u` escapes (no lone surrogate) and with fewer brackets than the depth limit;
+    anything else, or any difference, takes the full path, which names what is wrong.
+    """
+    try:
+        value = _FAST_DECODE(data)
+        if _FAST_ENCODE(value) == data:
+            return value
+    except Exception:  # noqa: BLE001 - whatever msgspec refuses, the full path decides and names
+        pass
+    return _NOT_COMPACT
 
 
 def _decode(text: str, max_depth: int) -> Any:

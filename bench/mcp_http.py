@@ -61,8 +61,8 @@ def _free_port() -> int:
 class Proc:
     """A server subprocess in its own process group, stopped (SIGTERM, then SIGKILL) on close."""
 
-    def __init__(self, cmd: list[str], log: IO[bytes], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=REPO, env=env,
+    def __init__(self, cmd: list[str], log: IO[bytes], env: dict[str, str], cwd: Path = REPO) -> None:
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=cwd, env=env,
                                      start_new_session=True)
 
     @property
@@ -108,10 +108,11 @@ def gateway_policy(tmp: Path) -> tuple[Path, str]:
     return path, what + (f"; MISSING rule sets skipped: {', '.join(missing)}" if missing else "")
 
 
-def start_gateway(tmp: Path, upstream_url: str, log: IO[bytes],
-                  policy: tuple[Path, str] | None = None) -> tuple[Proc, str, str]:
+def start_gateway(tmp: Path, upstream_url: str, log: IO[bytes], policy: tuple[Path, str] | None = None,
+                  checkout: Path | None = None, **env: str) -> tuple[Proc, str, str]:
     """`dharma serve` in front of `upstream_url` under `policy` (file, what it is; default
-    `gateway_policy`), its state in `tmp`; returns it, its /mcp URL and what its policy is."""
+    `gateway_policy`), its state in `tmp`, the code of `checkout` (first on `PYTHONPATH`; default this
+    one), `env` added to its environment; returns it, its /mcp URL and what its policy is."""
     port = _free_port()
     path, what = policy if policy is not None else gateway_policy(tmp)
     config = {
@@ -125,7 +126,9 @@ def start_gateway(tmp: Path, upstream_url: str, log: IO[bytes],
     config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     cmd = [sys.executable, "-m", "gateway", "--config", str(config_path), "serve",
            "--host", "127.0.0.1", "--port", str(port)]
-    return Proc(cmd, log, child_env()), f"http://127.0.0.1:{port}/mcp", what
+    if checkout is not None:
+        env["PYTHONPATH"] = str(checkout)
+    return Proc(cmd, log, child_env(**env), checkout or REPO), f"http://127.0.0.1:{port}/mcp", what
 
 
 async def started_upstream(stack: contextlib.ExitStack, tmp: Path, log: IO[bytes], log_path: Path,
@@ -142,9 +145,10 @@ async def started_upstream(stack: contextlib.ExitStack, tmp: Path, log: IO[bytes
 
 
 async def started_gateway(stack: contextlib.ExitStack, tmp: Path, upstream_url: str, log: IO[bytes], log_path: Path,
-                          policy: tuple[Path, str] | None = None) -> tuple[Proc, str, str]:
+                          policy: tuple[Path, str] | None = None, checkout: Path | None = None,
+                          **env: str) -> tuple[Proc, str, str]:
     """`start_gateway`, closed with `stack`, once /healthz answers; returns it, its /mcp URL and its policy."""
-    gateway, url, what = start_gateway(tmp, upstream_url, log, policy)
+    gateway, url, what = start_gateway(tmp, upstream_url, log, policy, checkout, **env)
     stack.callback(gateway.close)
     health = url.rsplit("/", 1)[0] + "/healthz"
 

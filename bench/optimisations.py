@@ -106,23 +106,6 @@ def cached_rfc3339(ts: float) -> str:
             f".{d.microsecond:06d}Z")
 
 
-def field_copy(facts: Any) -> Any:
-    """gateway.stores.memory_sessions.detached before issue 26: each field copied by its own shape."""
-    out = facts.model_copy()
-    out.capabilities = _json_copy(facts.capabilities)
-    out.upstream_sids = dict(facts.upstream_sids)
-    out.upstream_versions = dict(facts.upstream_versions)
-    return out
-
-
-def _json_copy(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _json_copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_copy(v) for v in value]
-    return value
-
-
 # ---- side by side ---------------------------------------------------------------------------------
 
 
@@ -186,6 +169,7 @@ def micro_rows(rounds: int, n: int) -> list[Row]:
         rows.append(_row("settled-logger shim (2 debug lines a call)", "audit/hotlog.py (removed)", 2,
                          side_by_side(direct, shim, rounds, n), "removed"))
     quiet_logging()
+    rows += _json_rows(rounds, n)
     rows += _stores_rows(rounds, n)
     rows += _http_rows(rounds, n)
     rows.append(_row("Deadline instead of asyncio.timeout", "gateway/transports/mcp_http/forward.py (removed)", 1,
@@ -193,6 +177,39 @@ def micro_rows(rounds: int, n: int) -> list[Row]:
     rows.append(_row("one-statement commit instead of BEGIN…COMMIT", "audit/sqlite.py `_write` (removed)", 2,
                      _commit(rounds, max(50, n // 100)), "removed"))
     return rows
+
+
+def _json_rows(rounds: int, n: int) -> list[Row]:
+    """`/mcp`'s JSON: the request and the upstream's answer decoded (the full strict path is what a
+    `bytearray` takes), the forwarded call and the answer written (the `json` encoder is `_COMPACT`)."""
+    from gateway.crypto import strict_json
+    from gateway.mcp import jsonrpc
+
+    request = b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}'
+    answer = (b'{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"hello"}],'
+              b'"structuredContent":{"result":"hello"},"isError":false}}')
+    out = {"jsonrpc": "2.0", "id": 7, "result": {**strict_json.loads(answer)["result"], "_meta": {
+        "io.dharma/decision": {"status": "ok", "error_code": None, "retryable": False, "request_id": "r" * 26,
+                               "receipt": "x" * 420}}}}
+
+    def loads_full() -> None:
+        strict_json.loads(bytearray(request)), strict_json.loads(bytearray(answer))
+
+    def loads_fast() -> None:
+        strict_json.loads(request), strict_json.loads(answer)
+
+    request_value = strict_json.loads(request)
+
+    def dumps_msgspec() -> None:
+        jsonrpc.dumps(out), jsonrpc.dumps(request_value)
+
+    def dumps_json() -> None:
+        jsonrpc._COMPACT(out).encode(), jsonrpc._COMPACT(request_value).encode()
+
+    return [_row("strict JSON by msgspec when compact (request + answer)", "audit/strict_json.py `_compact`", 1,
+                 side_by_side(loads_full, loads_fast, rounds, n), "kept"),
+            _row("jsonrpc.dumps by msgspec when plain (forward + answer)", "gateway/mcp/jsonrpc.py `dumps`", 1,
+                 side_by_side(dumps_json, dumps_msgspec, rounds, n), "kept")]
 
 
 def _stores_rows(rounds: int, n: int) -> list[Row]:
@@ -203,8 +220,8 @@ def _stores_rows(rounds: int, n: int) -> list[Row]:
     facts = SessionFacts(id="dgs_" + "x" * 43, principal="alice", nonce="0a1b2c3d4e5f", version="2025-11-25",
                          capabilities={"roots": {"listChanged": True}, "sampling": {}, "elicitation": {"form": {}}},
                          upstream_sids={"default": "up-session-1"}, upstream_versions={"default": "2025-11-25"})
-    rows = [_row("session facts copied field by field", "gateway/stores/memory_sessions.py (removed)", 1,
-                 side_by_side(lambda: detached(facts), lambda: field_copy(facts), rounds, n), "removed")]
+    rows = [_row("session facts copied field by field", "gateway/stores/memory_sessions.py `detached`", 1,
+                 side_by_side(lambda: facts.model_copy(deep=True), lambda: detached(facts), rounds, n), "kept")]
     with tempfile.NamedTemporaryFile(prefix="dharma-bench-pins-") as f:
         fd, name = f.fileno(), f.name
         rows.append(_row("pin file: fstat of a kept descriptor", "gateway/stores/file_pins.py:39-90", 1,
@@ -482,7 +499,7 @@ async def whole_call_rows(rounds: int, calls: int) -> list[Row]:
             calls_of = [(t, a) for t, a in CALLS]
             runs[f"governed standard {label}"] = _cycle(
                 lambda c, gw=gw: gw.call(c[0], c[1], api_key=OPERATOR_KEY, session_id="s"), calls_of)
-        runs["governed standard canon fast path off"] = _switched(canon, "_plain", lambda value: False,
+        runs["governed standard canon fast path off"] = _switched(canon, "plain", lambda value: False,
                                                                   runs["governed standard fast"])
         try:
             cpu = await _cpu_blocks(runs, rounds, calls)

@@ -18,6 +18,7 @@ ROWS = (
     "CEL fast path: decision, permissive.yaml", "CEL fast path: decision, standard.yaml",
     "CEL fast path: decision, strict.yaml", "guards: decision", "policy memos: decision", "classify memo: decision",
     "regex memo: decision", "CEL fast path: governed call", "canonical JSON by msgspec", "inline ledger commit",
+    "strict JSON by msgspec when compact", "jsonrpc.dumps by msgspec when plain",
 )
 
 

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.errors import ConfigError
+from audit import strict_json as audit_strict_json
 from gateway.crypto import strict_json
 from gateway.crypto.keys import KeyStore
 from gateway.crypto.receipts import ReceiptInvalid, load_jwks, verify_receipt
@@ -188,3 +189,27 @@ def _json_texts(draw: st.DrawFn, depth: int = 3) -> str:
 def test_loads_agrees_with_json_decode_on_generated_texts(text: str, before: str, after: str, junk: str) -> None:
     data = (before + text + after + junk).encode()
     assert _outcome(strict_json.loads, data) == _outcome(_reference, data)
+
+
+@pytest.mark.parametrize("data", [
+    b'{"a":1,"a":2}', b'[{"x":{"y":1,"y":1}}]', b'{"k":"v","k":"v"}', b"[1e400]", b"[NaN]", b"[-Infinity]",
+    b"9" * 5000, b'{"a":"\xed\xa0\x80"}', b"\xef\xbb\xbf{}", b'{"a":1} x', b'{"a":1,}', b"-0", b"[1.0e2]",
+])
+def test_the_compact_fast_path_leaves_every_refusal_to_the_full_path(data: bytes) -> None:
+    """msgspec (the fast path) keeps the last of duplicate members and reads some of what the strict
+    decoder refuses; none of these is its own exact encoding, so the full path decides."""
+    assert audit_strict_json._compact(data) is audit_strict_json._NOT_COMPACT
+
+
+def test_compact_messages_take_the_fast_path() -> None:
+    message = '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"t":"hé","n":[1,2.5,true,null,-3]}}}'
+    assert audit_strict_json._compact(message.encode()) == json.loads(message)
+
+
+@given(text=_json_texts())
+@settings(max_examples=400, deadline=None)
+def test_the_fast_path_agrees_with_json_decode_on_compact_texts(text: str) -> None:
+    data = text.encode()
+    value = audit_strict_json._compact(data)
+    if value is not audit_strict_json._NOT_COMPACT:
+        assert _outcome(lambda _: value, data) == _outcome(_reference, data)

@@ -18,6 +18,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+import msgspec
+
+from audit.canon import plain
 from gateway.crypto import strict_json
 from gateway.crypto.strict_json import StrictJSONError
 
@@ -47,12 +50,23 @@ _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan
 _COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
+#: msgspec's encoder writes the same bytes as `_COMPACT` for a `plain` value (string keys; strings,
+#: booleans, null and integers within ±2**53: no float, whose exponent it writes another way) in an
+#: eighth of the time. `dumps` writes every answer and every forwarded call.
+_FAST = msgspec.json.Encoder().encode
+
+
 def dumps(message: Any) -> bytes:
     """Compact UTF-8 JSON, as the SDKs write it (non-ASCII kept as is).
 
     Never raises on a value `loads` accepted. A lone surrogate (only a value the gateway built
     itself can hold one) is written as its `\\uXXXX` escape rather than crashing the writer.
     """
+    if plain(message):
+        try:
+            return _FAST(message)
+        except UnicodeEncodeError:  # a lone surrogate: the escape below
+            pass
     try:
         return _COMPACT(message).encode("utf-8")
     except UnicodeEncodeError:

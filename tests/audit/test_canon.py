@@ -9,7 +9,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.canon import NotCanonicalizable, _plain, canonical_bytes
+from audit.canon import NotCanonicalizable, plain, canonical_bytes
 
 ALPHABET = ["a", "Z", "é", "\u2028", "\n", "\t", "\x01", "\x7f", '"', "\\", "😀", "\ue000", "\uffff", "/", " ", "ß"]
 
@@ -90,9 +90,9 @@ def test_canonical_bytes_is_rfc8785_on_generated_values(value):
                     max_leaves=16))
 def test_plain_values_take_the_fast_path(value):
     """Values of only JSON types and safe integers are recognised as plain (so the fast encoder runs)."""
-    assert _plain(value)
+    assert plain(value)
 
 
 @pytest.mark.parametrize("value", [{"a": (1, 2)}, [1.0], {"k": 2**53}, [-(2**53)], {"s": True, 3: 1}, [[[{"x": 0.5}]]]])
 def test_values_with_other_types_leave_the_fast_path(value):
-    assert not _plain(value)
+    assert not plain(value)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.crypto.strict_json import MAX_DEPTH
 from gateway.mcp import jsonrpc
@@ -82,3 +84,28 @@ def test_a_refused_answer_to_a_gateway_request_resolves_it() -> None:
     line = line.replace(b'"tools": []}', b'"tools": [], "tools": []}', 1)
     (action,) = session.from_server(line)
     assert isinstance(action, Resolve) and action.id == rid and action.response["error"]["code"] == jsonrpc.BACKEND_FAILED
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(value=_JSON_VALUES)
+@settings(max_examples=500, deadline=None)
+def test_dumps_writes_the_bytes_of_the_compact_json_encoder(value: object) -> None:
+    """`dumps` takes msgspec for plain values: the bytes must be those of `json`'s compact encoder
+    (approval digests and mirrored result texts hash them), and a float or NaN keeps `json`'s own."""
+    try:
+        expected = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:  # NaN or infinity: refused as before
+        with pytest.raises(ValueError):
+            jsonrpc.dumps(value)
+        return
+    assert jsonrpc.dumps(value) == expected
+
+
+def test_dumps_escapes_a_lone_surrogate_the_gateway_built() -> None:
+    assert jsonrpc.dumps({"text": "a\ud800"}) == b'{"text":"a\\ud800"}'

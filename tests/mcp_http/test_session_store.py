@@ -62,6 +62,7 @@ async def test_what_a_store_hands_out_or_takes_shares_nothing_with_what_it_keeps
     loaded.capabilities["roots"]["names"].append("b")
     loaded.upstream_sids["toy"] = "up-2"
     loaded.upstream_versions["other"] = "2025-11-25"
+    loaded.version = "2025-11-25"  # a field set anew, as the nested changes above
     again = await store.load("dgs_c")
     assert again is not None and again.model_dump() == {
         "id": "dgs_c", "principal": "alice", "nonce": "n1", "version": None,
