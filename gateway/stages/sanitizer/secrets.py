@@ -19,6 +19,7 @@ I/O; the regexes are compiled at import.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
@@ -657,6 +658,8 @@ def _walk_container(src: Any, dst: Any, here: str, order: tuple[int, ...], rebui
             continue
         key_kind = kind_of_key(key) if type(key) is str else None
         hits = value_hits(v, key_kind)
+        if not hits and type(v) is str and isinstance(key, (str, int)) and (inner := _embedded_json(v)) is not None:
+            hits = _embedded_hits(inner, child_path(here, key))
         scalar_hits[i] = (hits, key_kind)
         if hits and isinstance(key, (str, int)):
             add_findings(hits, child_path(here, key), findings)
@@ -695,6 +698,29 @@ def _walk_container(src: Any, dst: Any, here: str, order: tuple[int, ...], rebui
             dst.append(new)
     if codes and rebuild:
         dst[:] = [f"[REDACTED:{codes[0][0]}]"]
+
+
+def _embedded_json(v: str) -> Any:
+    """The object or array a string holds as serialised JSON (an HTTP body, a webhook payload),
+    or None: its fields are walked as fields are, so a key split over them is found (round 6)."""
+    text = v.strip()
+    if len(text) < 16 or len(text) > _EMBEDDED_LONGEST or text[0] + text[-1] not in ("{}", "[]"):
+        return None
+    try:
+        inner = json.loads(text)
+    except ValueError:
+        return None
+    return inner if isinstance(inner, (dict, list)) else None
+
+
+_EMBEDDED_LONGEST: Final = 65_536
+
+
+def _embedded_hits(inner: Any, path: str) -> list[_Hit]:
+    """What the walk of an embedded JSON value finds, as hits spanning its whole string (the
+    string is redacted whole: its parts are escaped inside it)."""
+    found = _secret_walk(inner, path, rebuild=False)[1]
+    return [(f.kind, 0, _EMBEDDED_LONGEST, f.detail, "json>" + (f.via or "field"), "") for f in found]
 
 
 def detect_secrets(value: Any, path: str = "$") -> tuple[Finding, ...]:
