@@ -553,6 +553,8 @@ def _base85(s: str) -> Iterator[Layer]:
             if decoded is not None:
                 yield Layer(m.start(), m.end(), decoded[0], decoded[1])
     named = _BASE85_WORD.search(s) is not None
+    if not named and len(s) - len(s.translate(_NO_B85_SYMBOLS)) < 4:  # no run can be dense in symbols
+        return
     for m in _BASE85_RUN.finditer(s, 0, MAX_LAYER_CHARS):
         run = m.group()
         if run.startswith("<~") or run.isalnum() or not (named or _looks_base85(run)):
@@ -564,6 +566,7 @@ def _base85(s: str) -> Iterator[Layer]:
 
 #: Symbols of the base85 alphabets that words, paths, URLs and identifiers seldom hold together.
 _B85_SYMBOLS: Final = frozenset("!#$%&()*+;<=>?@^`{|}~[]\\'\"")
+_NO_B85_SYMBOLS: Final = str.maketrans("", "", "".join(_B85_SYMBOLS))
 _Z85: Final = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _Z85_INDEX: Final = {c: i for i, c in enumerate(_Z85)}
 
@@ -571,10 +574,9 @@ _Z85_INDEX: Final = {c: i for i, c in enumerate(_Z85)}
 def _looks_base85(run: str) -> bool:
     """An unlabelled run dense in base85's symbols (round 6, es-ascii85-credential: Ascii85, base85
     and Z85 without a frame or a name): 30+ characters, 4+ different symbols, one in twelve."""
-    if len(run) < 30:
+    if len(run) < 30 or (len(run) - len(run.translate(_NO_B85_SYMBOLS))) * 12 < len(run):
         return False
-    symbols = [ch for ch in run if ch in _B85_SYMBOLS]
-    return len(symbols) * 12 >= len(run) and len(set(symbols)) >= 4
+    return len(_B85_SYMBOLS.intersection(run)) >= 4
 
 
 def _z85decode(body: str) -> bytes:

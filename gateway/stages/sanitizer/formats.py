@@ -324,6 +324,8 @@ _JWT_SEP: Final = re.compile(
 )
 #: A run that may be a JWT with its dots removed: header and payload both start `eyJ`.
 _JWT_RUN: Final = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{60,}")
+_JWT_HEADER_LONGEST: Final = 1024  # where a header may end (bounded: each candidate is decoded)
+_JWT_LONGEST: Final = 16_384  # payload and signature decoded at most
 
 
 def _jwt_undotted(s: str, hits: list[FormatHit]) -> None:
@@ -335,12 +337,12 @@ def _jwt_undotted(s: str, hits: list[FormatHit]) -> None:
             hits.append(("jwt", m.start(), m.end(), f"JWT (alg {alg[:16]}) with its dots replaced, {m.end() - m.start()} chars"))
     for m in _JWT_RUN.finditer(s):
         run = m.group()
-        i = run.find("eyJ", 16)
+        i = run.find("eyJ", 16, _JWT_HEADER_LONGEST)
         while i != -1 and (alg := jwt_alg(run[:i])) is None:
-            i = run.find("eyJ", i + 3)
+            i = run.find("eyJ", i + 3, _JWT_HEADER_LONGEST)
         if i == -1 or alg is None:
             continue
-        sig = _after_json(run[i:])
+        sig = _after_json(run[i : i + _JWT_LONGEST])
         if sig is not None and len(sig) >= 16 and (run[:i], run[i : len(run) - len(sig)]) != _JWT_IO_SAMPLE:
             hits.append(("jwt", m.start(), m.end(), f"JWT (alg {alg[:16]}) with its dots removed, {len(run)} chars"))
 

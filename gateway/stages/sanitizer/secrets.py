@@ -391,6 +391,8 @@ def value_hits(value: Any, key_kind: str | None) -> list[_Hit]:
     """Hits for a scalar value: its text, plus what its key's name says it is."""
     if type(value) is str:
         hits = _scan(value) if len(value) >= MIN_SCAN else []
+        if not hits and (inner := _embedded_json(value)) is not None:
+            hits = _embedded_hits(inner)
         if key_kind is not None and value and documented_example(value):
             hits.append(("example_secret", 0, len(value), f"{key_kind} field: a documented example value", "", ""))
         elif key_kind is not None and value and not is_placeholder(value) and not _public(value):
@@ -658,8 +660,6 @@ def _walk_container(src: Any, dst: Any, here: str, order: tuple[int, ...], rebui
             continue
         key_kind = kind_of_key(key) if type(key) is str else None
         hits = value_hits(v, key_kind)
-        if not hits and type(v) is str and isinstance(key, (str, int)) and (inner := _embedded_json(v)) is not None:
-            hits = _embedded_hits(inner, child_path(here, key))
         scalar_hits[i] = (hits, key_kind)
         if hits and isinstance(key, (str, int)):
             add_findings(hits, child_path(here, key), findings)
@@ -716,11 +716,16 @@ def _embedded_json(v: str) -> Any:
 _EMBEDDED_LONGEST: Final = 65_536
 
 
-def _embedded_hits(inner: Any, path: str) -> list[_Hit]:
+#: What a walk of embedded JSON reports: secrets, not what a field's name alone suggests (a
+#: translation file's `"password": "Passwort"` is a label) nor personal data.
+_EMBEDDED_KINDS: Final = frozenset({"api_key", "private_key", "jwt", "seed_phrase", "wif_key"})
+
+
+def _embedded_hits(inner: Any) -> list[_Hit]:
     """What the walk of an embedded JSON value finds, as hits spanning its whole string (the
     string is redacted whole: its parts are escaped inside it)."""
-    found = _secret_walk(inner, path, rebuild=False)[1]
-    return [(f.kind, 0, _EMBEDDED_LONGEST, f.detail, "json>" + (f.via or "field"), "") for f in found]
+    found = _secret_walk(inner, "$", rebuild=False)[1]
+    return [(f.kind, 0, _EMBEDDED_LONGEST, f.detail, "json>" + (f.via or "field"), "") for f in found if f.kind in _EMBEDDED_KINDS]
 
 
 def detect_secrets(value: Any, path: str = "$") -> tuple[Finding, ...]:

@@ -248,7 +248,7 @@ def wallet_hits(s: str) -> list[WalletHit]:
                 hits.append(("wallet_address", m.start(), m.end(), "Ethereum address (no EIP-55 checksum)", m.group()))
             elif _eip55_ok(hex40):
                 hits.append(("wallet_address", m.start(), m.end(), "Ethereum address, EIP-55 checksum valid", m.group()))
-    if len(s) >= 55:
+    if len(s) >= 55 and len(s) - len(s.translate(_NO_DIGITS)) >= 4:  # a WIF key holds ~8 digits, a hex key ~40
         _gapped_key_hits(s, hits)
     if len(s) >= 47:  # twelve 3-letter words and their separators
         _seed_hits(s, hits)
@@ -266,6 +266,7 @@ def wallet_hits(s: str) -> list[WalletHit]:
 _B58_GROUPS: Final = re.compile(
     r"[5KL](?<![1-9A-HJ-NP-Za-km-z][5KL])[1-9A-HJ-NP-Za-km-z]{1,25}(?:[-\s.:_|,/]{1,3}[1-9A-HJ-NP-Za-km-z]{2,26}){1,25}"
 )
+_NO_DIGITS: Final = str.maketrans("", "", "0123456789")
 _B58_CHUNK: Final = re.compile(r"[1-9A-HJ-NP-Za-km-z]+")
 #: 64 hex digits in groups (`4c:08:83…`, `0x 4c0883a6 9102937d …`).
 _HEX_GROUPS: Final = re.compile(r"(?<![0-9A-Za-z])(?:0x\s?)?(?:[0-9a-fA-F]{2,16}[\s:\-_.]{1,2}){3,31}[0-9a-fA-F]{2,16}(?![0-9A-Za-z])")
@@ -275,6 +276,8 @@ def _gapped_key_hits(s: str, hits: list[WalletHit]) -> None:
     """WIF keys and 64-hex private keys cut into groups by separators: the groups joined must
     pass the same test as a whole key (Base58Check; a key word before the hex, no digest word)."""
     for m in _B58_GROUPS.finditer(s, 0, 65_536):
+        if not any(ch.isdigit() for ch in m.group()):  # 51 random base58 characters hold a digit (all but 1 in 5,000)
+            continue
         chunks = [(c.start(), c.group()) for c in _B58_CHUNK.finditer(m.group())]
         for i, (start, first) in enumerate(chunks):
             if first[0] not in "5KL":
@@ -289,7 +292,7 @@ def _gapped_key_hits(s: str, hits: list[WalletHit]) -> None:
                 if payload and payload[0] == 0x80 and joined not in _EXAMPLE_WIF:
                     hits.append(("wif_key", m.start() + start, m.end(), "WIF private key written in groups, checksum valid", ""))
                     break
-    if "0x" not in s and not re.search(r"[0-9a-fA-F]{2}[\s:\-_.]", s[:65_536]):
+    if len(s) - len(s.translate(_NO_DIGITS)) < 20 or _KEY_WORDS.search(s, 0, 65_536) is None:  # a key word before it
         return
     for m in _HEX_GROUPS.finditer(s, 0, 65_536):
         digits = re.sub(r"[^0-9a-fA-F]", "", m.group().removeprefix("0x"))
