@@ -314,7 +314,8 @@ def _candidates(s: str, prefixes: Prefixes | None, top: bool) -> Iterator[Layer]
             yield from _escaped(s)
         if "," in s or "(" in s or " " in s or "\n" in s or ":" in s:
             yield from _charcodes(s)
-        yield from _base85(s)
+        if "<~" in s or "85" in s or len(s) - len(s.translate(_NO_B85_SYMBOLS)) >= 4:
+            yield from _base85(s)
     if len(s) >= MIN_BASE64:
         yield from _runs(s, prefixes)
 
@@ -552,7 +553,7 @@ def _base85(s: str) -> Iterator[Layer]:
             decoded = _base85_text(m.group(1))
             if decoded is not None:
                 yield Layer(m.start(), m.end(), decoded[0], decoded[1])
-    named = _BASE85_WORD.search(s) is not None
+    named = "85" in s and _BASE85_WORD.search(s) is not None
     if not named and len(s) - len(s.translate(_NO_B85_SYMBOLS)) < 4:  # no run can be dense in symbols
         return
     for m in _BASE85_RUN.finditer(s, 0, MAX_LAYER_CHARS):
