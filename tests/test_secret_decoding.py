@@ -778,14 +778,15 @@ def test_extended_private_keys_of_any_version_are_private_keys_and_extended_publ
 
 def test_ascii85_and_base85_runs_are_decoded() -> None:
     """Round 5 (es-ascii85-credential): Adobe `<~ ~>` Ascii85 (also wrapped) always; unframed
-    Ascii85/base85 when the text names the encoding; Ascii85 of ordinary text finds nothing."""
+    Ascii85/base85 when the text names the encoding or (round 6) the run is dense in base85's
+    symbols; Ascii85 of ordinary text finds nothing."""
     framed = "<~" + base64.a85encode(f"token {GH}".encode()).decode() + "~>"
     assert [f.via for f in detect_secrets({"t": "blob=" + framed})] == ["ascii85"]
     wrapped = "\n".join(framed[i : i + 30] for i in range(0, len(framed), 30))
     assert [f.via for f in detect_secrets({"t": wrapped})] == ["ascii85"]
     bare = base64.b85encode(TEXT.encode()).decode()
     assert {f.via for f in detect_secrets({"t": f"b85decode this: {bare}"})} == {"base85"}
-    assert detect_secrets({"t": bare}) == ()  # unframed, unnamed: not decoded
+    assert {f.via for f in detect_secrets({"t": bare})} == {"base85"}  # round 6: unnamed, dense in symbols
     pdf = "<~" + base64.a85encode(b"BT /F1 12 Tf 72 712 Td (Invoice total 418.20 EUR) Tj ET").decode() + "~>"
     assert detect_secrets({"t": pdf}) == ()
 
@@ -840,3 +841,74 @@ def test_a_masked_value_is_not_rejoined_across_its_mask() -> None:
 def test_a_mask_beside_a_whole_key_does_not_hide_it() -> None:
     assert {f.kind for f in detect_secrets({"t": f"token {GH}…"})} == {"api_key"}
     assert {f.kind for f in detect_secrets({"t": "aws_secret_access_key = 1874OU3xfuPTb/0AwZqAWeTa38DpDbn820RQ6ymo...***"})} == {"api_key"}
+
+
+def _z85(data: bytes) -> str:
+    alphabet = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+    data += b"\0" * (-len(data) % 4)
+    out = ""
+    for i in range(0, len(data), 4):
+        n, group = int.from_bytes(data[i : i + 4], "big"), ""
+        for _ in range(5):
+            n, r = divmod(n, 85)
+            group = alphabet[r] + group
+        out += group
+    return out
+
+
+def test_unnamed_ascii85_base85_and_z85_runs_are_decoded_and_binary_ones_are_not() -> None:
+    """Round 6 (es-ascii85-credential): a run without frame or name is decoded when it is dense in
+    base85's symbols, in any of the three alphabets; what decodes to binary finds nothing."""
+    for encoded, via in ((base64.a85encode(TEXT.encode()).decode(), "ascii85"), (base64.b85encode(GH.encode()).decode(), "base85"),
+                         (_z85(GH.encode()), "z85")):
+        assert via in {f.via for f in detect_secrets({"t": f"blob {encoded} end"})}, via
+    curve_public = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"  # a ZeroMQ CURVE public key (32 random bytes)
+    patch = "GIT binary patch\nliteral 1024\nzcmV<}0R#XC000000000000000Fa!bs0000000000000000O$Yo0001;b5ch_0Itpz+5i9m"
+    assert detect_secrets({"a": curve_public, "b": patch, "c": "if (a && b) { x[i] = (y << 2) | z; } // ok?"}) == ()
+
+
+WIF = "L4Yn7pmheLUJ1FQCR5EjrzcZk2BoYXWjtSjN9rsGJctEU514A8Y1"
+
+
+@pytest.mark.parametrize("sep", ["-", " ", ".\n", " | "])
+def test_a_wif_key_written_in_groups_is_a_wif_key(sep: str) -> None:
+    """Round 6 (es-wallet-private-key): the groups joined pass Base58Check."""
+    grouped = sep.join(WIF[i : i + 5] for i in range(0, len(WIF), 5))
+    assert "wif_key" in {f.kind for f in detect_secrets({"t": f"backup: {grouped}"})}
+    other = sep.join(["KQ4WP", "7YHTN", "3MXDR", "B9C2V", "JF6GT", "L9PQR", "K2MNB", "X7YHT", "4MXDR", "B9C2V", "Q"])
+    assert detect_secrets({"t": f"activation code {other}"}) == ()
+
+
+def test_a_hex_private_key_in_groups_needs_a_key_word_and_no_digest_word() -> None:
+    key = "4c0883a69102937d6231471b5dbb6204fe5129617082792ae468d01a3f362318"
+    colons = ":".join(key[i : i + 2] for i in range(0, 64, 2))
+    assert "private_key" in {f.kind for f in detect_secrets({"t": f"deployer pk {colons}"})}
+    assert "private_key" in {f.kind for f in detect_secrets({"t": "private key: 0x " + " ".join(key[i : i + 8] for i in range(0, 64, 8))})}
+    assert detect_secrets({"t": f"SHA256 Fingerprint={colons.upper()}"}) == ()
+
+
+JWT = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJ1c2VyXzI4Mzc0IiwiZXhwIjoxNzY0MzAzNjAwfQ."
+       "tnwfIgHh1oTWztp-GtazMKCJk-G40t4m26ZmL2VUA74")
+
+
+@pytest.mark.parametrize("sep", ["", "~", " ", "\n"])
+def test_a_jwt_with_its_dots_removed_or_replaced_is_a_jwt(sep: str) -> None:
+    """Round 6 (es-session-token): found by its structure (a header naming `alg`, a JSON payload,
+    a signature), whatever stands between the parts."""
+    assert "jwt" in {f.kind for f in detect_secrets({"t": "session " + JWT.replace(".", sep)})}
+
+
+def test_jwt_look_alikes_without_a_signature_are_not_jwts() -> None:
+    header = "eyJhbGciOiJSUzI1NiIsImtpZCI6ImtleS0yMDI2In0"
+    event = base64.urlsafe_b64encode(json.dumps({"event": "pageview", "page": "/pricing", "ts": 1764300000}).encode()).decode()
+    assert detect_secrets({"a": f"the header we emit is {header}", "b": f"https://a.example/b.gif?d={event.rstrip('=')}"}) == ()
+
+
+def test_json_held_in_a_string_is_walked_as_fields() -> None:
+    """Round 6: an HTTP body that is serialised JSON: a JWT split over its fields is found, and the
+    string is redacted whole."""
+    h, p, sig = JWT.split(".")
+    args = {"method": "POST", "body": json.dumps({"a": h, "b": p, "c": sig})}
+    assert [f.via for f in detect_secrets(args)] == ["json>split"]
+    assert redact_secrets(args)[0]["body"] == "[REDACTED:jwt]"
+    assert detect_secrets({"body": json.dumps({"a": "hello", "b": [1, 2, 3]})}) == ()

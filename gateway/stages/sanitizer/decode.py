@@ -314,7 +314,7 @@ def _candidates(s: str, prefixes: Prefixes | None, top: bool) -> Iterator[Layer]
             yield from _escaped(s)
         if "," in s or "(" in s or " " in s or "\n" in s or ":" in s:
             yield from _charcodes(s)
-        if "<~" in s or "85" in s:
+        if "<~" in s or "85" in s or len(s) - len(s.translate(_NO_B85_SYMBOLS)) >= 4:
             yield from _base85(s)
     if len(s) >= MIN_BASE64:
         yield from _runs(s, prefixes)
@@ -533,7 +533,7 @@ def _charcodes(s: str) -> Iterator[Layer]:
 def _base85_text(run: str) -> tuple[str, str] | None:
     """(how, text) for an Ascii85 (Adobe/btoa) or base85 (RFC 1924, Python's b85, git) run, or None."""
     body = _SPACE_RUN.sub("", run)[:MAX_LAYER_CHARS]
-    for how, decode85 in (("ascii85", base64.a85decode), ("base85", base64.b85decode)):
+    for how, decode85 in (("ascii85", base64.a85decode), ("base85", base64.b85decode), ("z85", _z85decode)):
         try:
             text = _as_text(decode85(body))
         except ValueError:
@@ -546,17 +546,55 @@ def _base85_text(run: str) -> tuple[str, str] | None:
 def _base85(s: str) -> Iterator[Layer]:
     """Ascii85 framed by `<~ ~>` (PostScript, PDF, Python's `a85encode(adobe=True)`), and unframed
     Ascii85/base85 runs in a text that names the encoding ("ascii85", "base85", "a85", "b85").
-    Each run is decoded only if its text is UTF-8 (`_as_text`), so ordinary words do not pass."""
-    for m in _A85_FRAMED.finditer(s, 0, MAX_LAYER_CHARS):
-        decoded = _base85_text(m.group(1))
+    Each run is decoded only if its text is UTF-8 (`_as_text`), so ordinary words do not pass;
+    an unnamed run is tried when it is dense in base85's symbols (`_looks_base85`)."""
+    if "<~" in s:
+        for m in _A85_FRAMED.finditer(s, 0, MAX_LAYER_CHARS):
+            decoded = _base85_text(m.group(1))
+            if decoded is not None:
+                yield Layer(m.start(), m.end(), decoded[0], decoded[1])
+    named = "85" in s and _BASE85_WORD.search(s) is not None
+    if not named and len(s) - len(s.translate(_NO_B85_SYMBOLS)) < 4:  # no run can be dense in symbols
+        return
+    for m in _BASE85_RUN.finditer(s, 0, MAX_LAYER_CHARS):
+        run = m.group()
+        if run.startswith("<~") or run.isalnum() or not (named or _looks_base85(run)):
+            continue
+        decoded = _base85_text(run)
         if decoded is not None:
             yield Layer(m.start(), m.end(), decoded[0], decoded[1])
-    if _BASE85_WORD.search(s) is not None:
-        for m in _BASE85_RUN.finditer(s, 0, MAX_LAYER_CHARS):
-            if not m.group().startswith("<~") and not m.group().isalnum():
-                decoded = _base85_text(m.group())
-                if decoded is not None:
-                    yield Layer(m.start(), m.end(), decoded[0], decoded[1])
+
+
+#: Symbols of the base85 alphabets that words, paths, URLs and identifiers seldom hold together.
+_B85_SYMBOLS: Final = frozenset("!#$%&()*+;<=>?@^`{|}~[]\\'\"")
+_NO_B85_SYMBOLS: Final = str.maketrans("", "", "".join(_B85_SYMBOLS))
+_Z85: Final = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+_Z85_INDEX: Final = {c: i for i, c in enumerate(_Z85)}
+
+
+def _looks_base85(run: str) -> bool:
+    """An unlabelled run dense in base85's symbols (round 6, es-ascii85-credential: Ascii85, base85
+    and Z85 without a frame or a name): 30+ characters, 4+ different symbols, one in twelve."""
+    if len(run) < 30 or (len(run) - len(run.translate(_NO_B85_SYMBOLS))) * 12 < len(run):
+        return False
+    return len(_B85_SYMBOLS.intersection(run)) >= 4
+
+
+def _z85decode(body: str) -> bytes:
+    """ZeroMQ's Z85 (RFC 32/Z85) decoded; ValueError when `body` is not Z85."""
+    if len(body) % 5:
+        raise ValueError("Z85 length is not a multiple of 5")
+    out = bytearray()
+    for i in range(0, len(body), 5):
+        n = 0
+        for ch in body[i : i + 5]:
+            n = n * 85 + _Z85_INDEX[ch] if ch in _Z85_INDEX else -1
+            if n < 0:
+                raise ValueError("not a Z85 character")
+        if n > 0xFFFFFFFF:
+            raise ValueError("Z85 group out of range")
+        out += n.to_bytes(4, "big")
+    return bytes(out).rstrip(b"\0")
 
 
 def decoded_layers(s: str, prefixes: Prefixes | None = None) -> Iterator[Layer]:

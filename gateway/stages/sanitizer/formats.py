@@ -314,6 +314,52 @@ def _pem_and_jwt(s: str, hits: list[FormatHit]) -> None:
                 hits.append(("example_secret", m.start(), m.end(), "jwt.io's sample JWT"))
             else:
                 hits.append(("jwt", m.start(), m.end(), f"JWT (alg {alg[:16]}), {m.end() - m.start()} chars"))
+        _jwt_undotted(s, hits)
+
+
+#: A JWT whose dots were replaced (round 6, es-session-token): header, payload (a JSON object's
+#: base64 starts `eyJ`) and signature with the same other separator (`~`, a space, a line break).
+_JWT_SEP: Final = re.compile(
+    r"(?<![A-Za-z0-9_-])(eyJ[A-Za-z0-9_-]{10,})([^A-Za-z0-9_.=-]{1,2})(eyJ[A-Za-z0-9_-]{5,})\2([A-Za-z0-9_-]{16,})"
+)
+#: A run that may be a JWT with its dots removed: header and payload both start `eyJ`.
+_JWT_RUN: Final = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{60,}")
+_JWT_HEADER_LONGEST: Final = 1024  # where a header may end (bounded: each candidate is decoded)
+_JWT_LONGEST: Final = 16_384  # payload and signature decoded at most
+
+
+def _jwt_undotted(s: str, hits: list[FormatHit]) -> None:
+    """JWTs with their dots replaced or removed: found by their structure (a header naming an
+    `alg`, a JSON payload, then a signature of 16+ characters), never by the separator."""
+    for m in _JWT_SEP.finditer(s):
+        alg = jwt_alg(m.group(1))
+        if alg is not None and (m.group(1), m.group(3)) != _JWT_IO_SAMPLE:
+            hits.append(("jwt", m.start(), m.end(), f"JWT (alg {alg[:16]}) with its dots replaced, {m.end() - m.start()} chars"))
+    for m in _JWT_RUN.finditer(s):
+        run = m.group()
+        i = run.find("eyJ", 16, _JWT_HEADER_LONGEST)
+        while i != -1 and (alg := jwt_alg(run[:i])) is None:
+            i = run.find("eyJ", i + 3, _JWT_HEADER_LONGEST)
+        if i == -1 or alg is None:
+            continue
+        sig = _after_json(run[i : i + _JWT_LONGEST])
+        if sig is not None and len(sig) >= 16 and (run[:i], run[i : len(run) - len(sig)]) != _JWT_IO_SAMPLE:
+            hits.append(("jwt", m.start(), m.end(), f"JWT (alg {alg[:16]}) with its dots removed, {len(run)} chars"))
+
+
+def _after_json(run: str) -> str | None:
+    """What follows the base64url of a JSON object at the start of `run` (a JWT's signature when
+    its dots are gone), or None when the run does not start with one. The object's closing brace
+    decodes right whatever the alignment (base64's first byte of a group needs only 2 characters)."""
+    data = decode_base64(run[: len(run) // 4 * 4])
+    if not data:
+        return None
+    try:
+        obj, end = json.JSONDecoder().raw_decode(data.decode("latin-1"))
+    except ValueError:
+        return None
+    chars = -(-end * 4 // 3)  # the unpadded base64 length of `end` bytes
+    return run[chars:] if isinstance(obj, dict) else None
 
 
 #: Where an armour-less private key body can start: base64 of a DER SEQUENCE (0x30: `M`, then a

@@ -19,6 +19,7 @@ I/O; the regexes are compiled at import.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
@@ -390,6 +391,8 @@ def value_hits(value: Any, key_kind: str | None) -> list[_Hit]:
     """Hits for a scalar value: its text, plus what its key's name says it is."""
     if type(value) is str:
         hits = _scan(value) if len(value) >= MIN_SCAN else []
+        if not hits and (inner := _embedded_json(value)) is not None:
+            hits = _embedded_hits(inner)
         if key_kind is not None and value and documented_example(value):
             hits.append(("example_secret", 0, len(value), f"{key_kind} field: a documented example value", "", ""))
         elif key_kind is not None and value and not is_placeholder(value) and not _public(value):
@@ -695,6 +698,34 @@ def _walk_container(src: Any, dst: Any, here: str, order: tuple[int, ...], rebui
             dst.append(new)
     if codes and rebuild:
         dst[:] = [f"[REDACTED:{codes[0][0]}]"]
+
+
+def _embedded_json(v: str) -> Any:
+    """The object or array a string holds as serialised JSON (an HTTP body, a webhook payload),
+    or None: its fields are walked as fields are, so a key split over them is found (round 6)."""
+    text = v.strip()
+    if len(text) < 16 or len(text) > _EMBEDDED_LONGEST or text[0] + text[-1] not in ("{}", "[]"):
+        return None
+    try:
+        inner = json.loads(text)
+    except ValueError:
+        return None
+    return inner if isinstance(inner, (dict, list)) else None
+
+
+_EMBEDDED_LONGEST: Final = 65_536
+
+
+#: What a walk of embedded JSON reports: secrets, not what a field's name alone suggests (a
+#: translation file's `"password": "Passwort"` is a label) nor personal data.
+_EMBEDDED_KINDS: Final = frozenset({"api_key", "private_key", "jwt", "seed_phrase", "wif_key"})
+
+
+def _embedded_hits(inner: Any) -> list[_Hit]:
+    """What the walk of an embedded JSON value finds, as hits spanning its whole string (the
+    string is redacted whole: its parts are escaped inside it)."""
+    found = _secret_walk(inner, "$", rebuild=False)[1]
+    return [(f.kind, 0, _EMBEDDED_LONGEST, f.detail, "json>" + (f.via or "field"), "") for f in found if f.kind in _EMBEDDED_KINDS]
 
 
 def detect_secrets(value: Any, path: str = "$") -> tuple[Finding, ...]:

