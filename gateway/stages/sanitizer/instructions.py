@@ -1054,13 +1054,16 @@ def _named_in_order(prose: str, code: list[tuple[int, int]], where: str) -> Iter
 
 #: An encoded run long enough to hold a sentence: base64 (24+ characters), six URL escapes, six
 #: HTML character references. A cheap search before any decoding of a text that gives no cue.
-_ENCODED_RUN: Final = re.compile(r"[A-Za-z0-9+/]{24,}|(?:%[0-9A-Fa-f]{2}[^%\s]{0,2}){6}|(?:&#x?[0-9A-Fa-f]{1,6};){6}"
-                                  r"|(?<![0-9A-Za-z])(?:[0-9a-fA-F]{2}[ :-]){12}|(?<![\w.])(?:\d{2,3}\s*,\s*){12}")
+_ENCODED_RUN: Final = re.compile(r"[A-Za-z0-9+/]{24,}|(?:%[0-9A-Fa-f]{2}[^%\s]{0,2}){6}|(?:&#x?[0-9A-Fa-f]{1,6};){6}")
+#: Four codes in a row of a hex dump with the bytes apart (`41 49 20 61`: a text's bytes start with a digit)
+#: or of a list of character codes (`73, 103, 110`): digit-led, so a cheap search (~14 µs per 2 KB of prose).
+_SPACED_CODES: Final = re.compile(r"\d[0-9a-fA-F]{1,2}(?:[ :-]|,\s?)\d[0-9a-fA-F]{1,2}(?:[ :-]|,\s?)\d[0-9a-fA-F]{1,2}(?:[ :-]|,\s?)\d")
 
 
 def _encoded_run(text: str) -> bool:
-    """Whether `text` holds an encoded run that could hide a sentence (see `_ENCODED_RUN`)."""
-    return len(text) >= 24 and _ENCODED_RUN.search(text, 0, MAX_SCAN) is not None
+    """Whether `text` holds an encoded run that could hide a sentence (`_ENCODED_RUN`, `_SPACED_CODES`)."""
+    return len(text) >= 24 and (_ENCODED_RUN.search(text, 0, MAX_SCAN) is not None
+                                or _SPACED_CODES.search(text, 0, MAX_SCAN) is not None)
 
 
 def _decoded(text: str, where: str, other_tools: Iterable[str], own_name: str, *, readable: bool = False) -> Iterator[Finding]:
@@ -1751,9 +1754,13 @@ def _json_fields(text: str, path: str, others: list[str], found: list[Finding]) 
     each string read on its own and unescaped: an order in one record field is a sentence of its own
     (the grammar reads a field's start as a sentence start), and `\\u`-escaped tag characters or
     non-Latin text are letters again. Only kinds not already found in the whole text are added."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return []
     seen = {(f.kind, f.via) for f in found}
     out: list[Finding] = []
-    for parent, key, value in _leaves(json.loads(text), path):
+    for parent, key, value in _leaves(record, path):
         if len(value) < 16 or value in _CLEAN:
             continue
         for f in scan_text(value, parent if key is None else child_path(parent, key), others):
@@ -1775,7 +1782,7 @@ def scan_result(result: Any, other_tools: Iterable[str] = ()) -> tuple[Finding, 
         if path.startswith("$._meta") or (text in _BLOCK_TYPES and path.endswith(".type")):
             continue
         found = scan_text(text, path, others)
-        if len(text) >= 24 and text.lstrip()[:1] in ("{", "[") and is_json(text):
+        if len(text) >= 24 and text.lstrip()[:1] in ("{", "["):
             found += _json_fields(text, path, others, found)
         findings.extend(found)
         if not any(f.kind == "hidden_instruction" for f in found):
@@ -1799,6 +1806,6 @@ def _resource_blobs(blocks: list[Any], others: list[str]) -> Iterator[Finding]:
     for i, block in enumerate(blocks[:64]):
         res = block.get("resource") if isinstance(block, dict) and block.get("type") == "resource" else None
         if (isinstance(res, dict) and isinstance(blob := res.get("blob"), str) and isinstance(mime := res.get("mimeType"), str)
-                and _TEXT_MIME.match(mime) and (data := decode_base64(blob[:4 * MAX_SCAN])) is not None):
+                and _TEXT_MIME.match(mime) and (data := decode_base64(blob[:MAX_SCAN // 3 * 4])) is not None):
             text = data.decode("utf-8", "replace")
             yield from scan_text(text, f"$.content[{i}].resource.blob", others)
