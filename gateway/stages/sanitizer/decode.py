@@ -530,6 +530,12 @@ def _charcodes(s: str) -> Iterator[Layer]:
                 yield Layer(m.start(), m.end(), "hex", text)
 
 
+def charcode_layers(s: str) -> Iterator[Layer]:
+    """Hex dumps with bytes apart (`41 49 20 61`, `41:49:20`) and lists of character codes, without
+    the credential-format prefixes `decoded_layers` needs to look for them: text hidden that way."""
+    return _charcodes(s)
+
+
 def _base85_text(run: str) -> tuple[str, str] | None:
     """(how, text) for an Ascii85 (Adobe/btoa) or base85 (RFC 1924, Python's b85, git) run, or None."""
     body = _SPACE_RUN.sub("", run)[:MAX_LAYER_CHARS]

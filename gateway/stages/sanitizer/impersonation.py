@@ -282,6 +282,8 @@ def scan(raw: str, prose: str, low: str, words: frozenset[str], code: list[tuple
     if windows:
         _first((_SYSTEM, _SYSTEM_CAPS), prose, code, mentioned, out, "system_impersonation", "a forged system turn or header",
                where, windows)
+        if out and out[-1].kind == "system_impersonation":
+            out.extend(_turn_order(prose, code, mentioned, where, windows))
     if not words.isdisjoint(_AUTHORITY_GATE):
         _first(_AUTHORITY, prose, code, mentioned, out, "fake_authority", "claims authority over the model", where)
     if not words.isdisjoint(_OVERRIDE_GATE) or (not prose.isascii() and ("忽略" in prose or "無視" in prose or "无视" in prose)):
@@ -297,6 +299,29 @@ def scan(raw: str, prose: str, low: str, words: frozenset[str], code: list[tuple
     if rescan is not None:
         out.extend(_hidden(raw, prose, low, where, rescan, lambda at: mentioned(prose, at, code) or quoting(prose, at)))
     return out
+
+
+#: Where a forged turn's body ends: a blank line, the template's end of turn, a log line's timestamp.
+_TURN_END: Final = re.compile(r"\n[ \t]*\n|<\|im_end\|>|<\|eot_id\|>|<end_of_turn>|\[/INST\]|\n\d{4}-\d\d-\d\d[T ]\d")
+
+
+def _turn_order(prose: str, code: list[tuple[int, int]], mentioned: Mentioned, where: str,
+                windows: list[tuple[int, int]]) -> Iterator[Finding]:
+    """A forged system turn whose body gives the model an order (`unseen.order`: an AI addressed or
+    the subject of an obligation, or a directive about what only an agent acts on): a
+    `hidden_instruction` with `via` "turn". A CI log's "[SYSTEM] Runner version 2.311" or "[SYSTEM]
+    Please re-run the job" is a header over text for humans, not an order to the model."""
+    for a, b in windows:
+        for m in _SYSTEM.finditer(prose, a, b):
+            if mentioned(prose, m.start(), code):
+                continue
+            stop = _TURN_END.search(prose, m.end(), m.end() + 600)
+            body = prose[m.end():stop.start() if stop else m.end() + 600]
+            if (o := unseen.order(body, ())) is not None:
+                at = m.end() + o.start()
+                yield Finding("hidden_instruction", where, "an order to the model in a forged system turn",
+                              _excerpt(prose, m.start(), at + (o.end() - o.start())), "turn")
+                return
 
 
 def _windows(low: str, marks: tuple[str, ...]) -> list[tuple[int, int]]:
