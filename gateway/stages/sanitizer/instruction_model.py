@@ -4,7 +4,9 @@ Phrase grammars and word lists per language did not generalise to fresh wording.
 logistic regression over word unigrams and bigrams (NFKC, casefolded; Chinese, Japanese, Korean,
 Thai, Lao, Khmer and Burmese as character bigrams, since they do not put spaces between words)
 that scores SENTENCE WINDOWS (one sentence and the next) of a definition, a result or a fetched
-page. Its weights are a data file (`data/instruction_model.json`, only nonzero weights, sorted)
+page. Beside the words, each word's character 3- to 5-grams (padded with `<` `>`, hashed into a fixed
+number of buckets, averaged per word: round 6) carry what is learned in one language to related
+languages and spellings the training set lacks. Its weights are a data file (`data/instruction_model.json`, only nonzero weights, sorted)
 written by `tests/corpus/tools/train_instruction_model.py` from the labelled sentences of
 `tests/corpus/tools/instruction_training.tsv`; scoring is a dict lookup per feature. Pure: no I/O
 after import, no randomness, sorted iteration.
@@ -12,18 +14,22 @@ after import, no randomness, sorted iteration.
 
 from __future__ import annotations
 
+import base64
 import bisect
+import functools
 import json
 import math
 import re
 import unicodedata
-from collections.abc import Iterator
+import zlib
+from array import array
+from collections.abc import Iterable, Iterator
 from importlib import resources
 from typing import Final, NamedTuple
 
 from gateway.stages.sanitizer import lexicon
 
-__all__ = ["MODEL", "THRESHOLD", "Hit", "features", "score", "scan", "tokens", "windows"]
+__all__ = ["MODEL", "THRESHOLD", "Hit", "features", "grams", "score", "scan", "subword_tokens", "tokens", "windows"]
 
 _DATA: Final = "data/instruction_model.json"
 MAX_TEXT: Final = 8_192  # characters of one string scored; the rest is not read by the model
@@ -64,13 +70,42 @@ class Hit(NamedTuple):
     shapes: frozenset[str]
 
 
-def _load() -> tuple[str, float, float, dict[str, float]]:
-    """The shipped weights (package data, read once at import)."""
+_GRAM_SIZES: Final = (3, 4, 5)
+_GRAM_WORD: Final = 24  # characters of a word read for its character n-grams
+
+
+def _load() -> tuple[str, float, float, dict[str, float], int, float, list[float]]:
+    """The shipped weights (package data, read once at import): word and concept features by name,
+    character n-gram buckets as int8 (base64) times a scale (a file without them scores words only)."""
     data = json.loads(resources.files("gateway.stages.sanitizer").joinpath(_DATA).read_text("utf-8"))
-    return data["model"], float(data["bias"]), float(data["threshold"]), {k: float(v) for k, v in data["weights"].items()}
+    sub = data.get("subwords", {"buckets": 1, "scale": 0.0, "int8": "AA=="})
+    scale = float(sub["scale"])
+    grams = [v * scale for v in array("b", base64.b64decode(sub["int8"]))]
+    return (data["model"], float(data["bias"]), float(data["threshold"]), {k: float(v) for k, v in data["weights"].items()},
+            int(sub["buckets"]), float(sub.get("power", 1.0)), grams)
 
 
-MODEL, _BIAS, THRESHOLD, _WEIGHTS = _load()
+MODEL, _BIAS, THRESHOLD, _WEIGHTS, BUCKETS, _POWER, _GRAMS = _load()
+
+
+def grams(word: str, buckets: int = BUCKETS) -> tuple[int, ...]:
+    """The distinct buckets of a word's character 3- to 5-grams (padded `<word>`, crc32 mod `buckets`)."""
+    padded = f"<{word[:_GRAM_WORD]}>"
+    return tuple(sorted({zlib.crc32(padded[i:i + n].encode()) % buckets
+                         for n in _GRAM_SIZES for i in range(max(1, len(padded) - n + 1))}))
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _subword(word: str) -> float:
+    """A word's n-gram weight: its buckets' weights summed, divided by their number to the file's
+    `power` (0.5: a long word weighs more than a short one, not in proportion). Memoised: a word is hashed once."""
+    found = grams(word)
+    return sum(_GRAMS[b] for b in found) / len(found) ** _POWER
+
+
+def subword_tokens(toks: Iterable[str]) -> list[str]:
+    """The distinct words (not shapes) whose n-grams count, sorted."""
+    return sorted({t for t in toks if t not in _SHAPE_TOKENS})
 
 
 def _split(word: str, at: int, out: list[tuple[int, str]]) -> None:
@@ -119,14 +154,14 @@ def features(text: str) -> list[str]:
     return _combine(tokens(text), sorted(lexicon.concepts(text.lower())))
 
 
-def _probability(feats: list[str]) -> float:
-    z = _BIAS + sum(_WEIGHTS.get(f, 0.0) for f in feats)
+def _probability(feats: list[str], words: list[str]) -> float:
+    z = _BIAS + sum(_WEIGHTS.get(f, 0.0) for f in feats) + sum(map(_subword, words))
     return 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
 
 
 def score(text: str) -> float:
     """The model's probability that `text` (one window) is an instruction addressed to the model."""
-    return _probability(features(text))
+    return _probability(features(text), subword_tokens(tokens(text)))
 
 
 def _sentences(text: str) -> list[tuple[int, int]]:
@@ -171,7 +206,8 @@ def scan(text: str) -> list[Hit]:
     for a, b in spans:
         inside = toks[bisect.bisect_left(starts, a):bisect.bisect_left(starts, b)]
         concepts = sorted(c for c, uses in found.items() if any(a <= at < b for _, at in uses))
-        s = _probability(_combine([t for _, t in inside], concepts))
+        toks_in = [t for _, t in inside]
+        s = _probability(_combine(toks_in, concepts), subword_tokens(toks_in))
         if s >= THRESHOLD:
             shapes = frozenset(t for _, t in inside if t in _SHAPE_TOKENS)
             hits.append(Hit(s, a, b, _strongest(inside, a), tuple(concepts), shapes))

@@ -898,10 +898,34 @@ _QUOTED: Final = re.compile(r"'[^'\n]{3,200}'|\"[^\"\n]{3,200}\"|“[^”\n]{3,2
 _QUOTE_MARKS: Final = frozenset("'\"“‘«„「")
 
 
+#: English's commonest words: an ASCII prose text of several words with none or almost none of them is
+#: in another language written in Latin letters (Basque, Somali, Hausa, Tagalog, Uzbek, Yoruba without
+#: tone marks...) that the lexicon's word gate may not know: the learned score reads it (round 6).
+_ENGLISH_COMMON: Final = frozenset((
+    "the", "a", "an", "and", "or", "of", "to", "in", "on", "for", "with", "at", "by", "from", "is", "are", "was", "were",
+    "be", "been", "it", "its", "this", "that", "these", "those", "you", "your", "we", "our", "they", "their", "he", "she",
+    "his", "her", "i", "my", "me", "not", "no", "do", "does", "did", "have", "has", "had", "will", "would", "can", "could",
+    "should", "may", "must", "if", "then", "than", "as", "but", "so", "all", "any", "each", "more", "most", "some", "what",
+    "which", "who", "when", "where", "how", "why", "there", "here", "about", "into", "over", "after", "before", "up", "out",
+    "new", "one", "two", "also", "only", "just", "now", "use", "see", "get", "set", "please", "thanks", "yes",
+))
+_FOREIGN_MIN_WORDS: Final = 6
+
+
+def _foreign_ascii(low: str, words: frozenset[str]) -> bool:
+    """An ASCII prose text in another language: at least `_FOREIGN_MIN_WORDS` distinct words, seven in ten
+    of them in letters only (not a log's numbers, ids and keys), at most one in twelve a common English word."""
+    lettered = sum(1 for w in words if w.isalpha())
+    return (lettered >= _FOREIGN_MIN_WORDS and lettered * 10 >= len(words) * 7
+            and len(words & _ENGLISH_COMMON) <= lettered // 12)
+
+
 def _model_gate(prose: str, low: str, words: frozenset[str]) -> bool:
-    """Cheap test before the learned score: long enough, not ASCII-only without one of `_MODEL_WORDS`, and
-    not JSON written out (a record's fields are read one by one, as data: `_agent_fields`, `_data_field`)."""
-    return (len(prose) >= _MODEL_MIN and (not words.isdisjoint(_MODEL_WORDS) or lexicon.gate(low, words))
+    """Cheap test before the learned score: long enough, not English ASCII-only without one of `_MODEL_WORDS`
+    (another language in Latin letters is read), and not JSON written out (a record's fields are read one
+    by one, as data: `_agent_fields`, `_data_field`)."""
+    return (len(prose) >= _MODEL_MIN
+            and (not words.isdisjoint(_MODEL_WORDS) or lexicon.gate(low, words) or _foreign_ascii(low, words))
             and not (prose.lstrip()[:1] in ("{", "[") and is_json(prose)))
 
 
@@ -993,7 +1017,7 @@ def _wants(prose: str, hit: instruction_model.Hit) -> Iterator[tuple[str, str]]:
         yield "prompt_extraction", "asks for the model's instructions"
     if "xname" in hit.shapes and (m := _ACTION_SNAKE.search(prose, hit.start, hit.end)) is not None:
         yield "tool_reference", m.group(1)
-    if hit.shapes & {"xurl", "xmail"} and "move" in c:
+    if hit.shapes & {"xurl", "xmail"}:  # an order to the model naming an address, in any language (round 6)
         yield "exfiltration", "asks to send data to an address"
 
 
