@@ -1,13 +1,15 @@
 """detection: the labelled corpora through `dharma stdio` with the standard profile.
 
-Seven corpora, the same harness (`tests.corpus.runner`: each case its own `dharma stdio` and SDK
+Eight corpora, the same harness (`tests.corpus.runner`: each case its own `dharma stdio` and SDK
 server, every tool granted to the local user, the client declining every approval):
 - **tuned** (tests/corpus/): the cases the detectors were built and adjusted against; the same run
   as tests/test_corpus.py. Misses are named case by case.
-- **held-out 6** (tests/corpus_heldout6/): the freshest. Written by someone who read neither the
-  detectors nor any other corpus's cases, a third of its text-injection attacks adapted from public
-  datasets and payload lists (its SOURCES.md), frozen 2026-11-29 before the fifth round of issue
-  24/27 detector work.
+- **held-out 7** (tests/corpus_heldout7/): the freshest. Written by someone who read neither the
+  detectors nor any other corpus's cases, over half of its text-injection attacks adapted from public
+  sources no earlier corpus used (its SOURCES.md), frozen 2026-11-29 before the sixth round of issue
+  24/27 detector work; its per-class counts were read after that round.
+- **held-out 6** (tests/corpus_heldout6/): written the same way, a third of its text-injection
+  attacks adapted from public datasets and payload lists, frozen before the fifth round.
 - **held-out 5** (tests/corpus_heldout5/): written the same way (all by hand) before the fourth
   round; its per-class miss counts chose the fifth round's classes.
 - **held-out 4** (tests/corpus_heldout4/): written the same way after the third round; its
@@ -43,6 +45,7 @@ from tests.corpus.runner import RECALL_TARGET, REPO, Verdict, families_of, figur
 QUICK_PER_FILE = 3
 #: The held-out corpora, the clean one first: (name in the report, folder).
 HELD_OUT: tuple[tuple[str, Path], ...] = (
+    ("held-out 7", REPO / "tests" / "corpus_heldout7"),
     ("held-out 6", REPO / "tests" / "corpus_heldout6"),
     ("held-out 5", REPO / "tests" / "corpus_heldout5"),
     ("held-out 4", REPO / "tests" / "corpus_heldout4"),
