@@ -1777,7 +1777,11 @@ def _json_fields(text: str, path: str, others: list[str], found: list[Finding]) 
     """Findings in the fields of JSON written out as text (a DB row, an API answer, a chat export),
     each string read on its own and unescaped: an order in one record field is a sentence of its own
     (the grammar reads a field's start as a sentence start), and `\\u`-escaped tag characters or
-    non-Latin text are letters again. Only kinds not already found in the whole text are added."""
+    non-Latin text are letters again. Only kinds not already found in the whole text are added. A text
+    longer than MAX_SCAN is not parsed: its fields together would be read past the bound the whole
+    text's scan keeps."""
+    if len(text) > MAX_SCAN:
+        return []
     try:
         record = json.loads(text)
     except ValueError:
