@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import unquote_to_bytes
 
-__all__ = ["MAX_DEPTH", "Layer", "Prefixes", "charcode_text", "decode_base64", "decoded_layers", "whole_text"]
+__all__ = ["MAX_DEPTH", "Layer", "Prefixes", "charcode_layers", "charcode_text", "decode_base64", "decoded_layers", "whole_text"]
 
 MAX_DEPTH: Final = 3  # layers of encoding inside one another
 MAX_LAYERS: Final = 32  # decoded layers per top-level string
@@ -313,7 +313,7 @@ def _candidates(s: str, prefixes: Prefixes | None, top: bool) -> Iterator[Layer]
         if "\\" in s or "&#" in s or "=" in s or "%u" in s or "%U" in s:
             yield from _escaped(s)
         if "," in s or "(" in s or " " in s or "\n" in s or ":" in s:
-            yield from _charcodes(s)
+            yield from charcode_layers(s)
         if "<~" in s or "85" in s or len(s) - len(s.translate(_NO_B85_SYMBOLS)) >= 4:
             yield from _base85(s)
     if len(s) >= MIN_BASE64:
@@ -503,9 +503,10 @@ def charcode_text(codes: Sequence[int]) -> str | None:
     return text if len(text) == len(codes) and _as_text(text.encode("utf-8")) is not None else None
 
 
-def _charcodes(s: str) -> Iterator[Layer]:
+def charcode_layers(s: str) -> Iterator[Layer]:
     """Lists of character codes (`115, 107, 95`, `String.fromCharCode(...)`, `chr(115)+chr(107)`,
-    `115 107 95 ...`)."""
+    `115 107 95 ...`) and hex dumps with the bytes apart (`41 49 20 61`, `41:49:20`); the instruction
+    scanner also calls it without the cues `decoded_layers` needs, for text hidden that way."""
     raw = s[:MAX_LAYER_CHARS].encode("utf-8", "surrogatepass")
     if len(raw) - len(raw.translate(None, b"0123456789abcdefABCDEF")) < 2 * MIN_TEXT:  # 8 codes: 16 digits
         return
@@ -528,12 +529,6 @@ def _charcodes(s: str) -> Iterator[Layer]:
             text = _as_text(bytes.fromhex(re.sub(r"[ :\n-]", "", m.group())))
             if text is not None and len(text) >= MIN_TEXT:
                 yield Layer(m.start(), m.end(), "hex", text)
-
-
-def charcode_layers(s: str) -> Iterator[Layer]:
-    """Hex dumps with bytes apart (`41 49 20 61`, `41:49:20`) and lists of character codes, without
-    the credential-format prefixes `decoded_layers` needs to look for them: text hidden that way."""
-    return _charcodes(s)
 
 
 def _base85_text(run: str) -> tuple[str, str] | None:

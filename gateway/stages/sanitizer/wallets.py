@@ -298,11 +298,8 @@ def _gapped_key_hits(s: str, hits: list[WalletHit]) -> None:
         digits = re.sub(r"[^0-9a-fA-F]", "", m.group().removeprefix("0x"))
         if len(digits) != 64 or digits.isdigit():
             continue
-        before = s[max(0, m.start() - 80) : m.start()]
-        if _KEY_WORDS.search(before) and not _DIGEST_WORDS.search(before[-24:]):
-            test = digits.lower() in _TEST_KEYS
-            kind, what = ("example_secret", "a well-known development key") if test else ("private_key", "hex private key (32 bytes) written in groups")
-            hits.append((kind, m.start(), m.end(), what, ""))
+        if (hit := _hex_key(s, m.start(), m.end(), digits, "hex private key (32 bytes) written in groups")) is not None:
+            hits.append(hit)
 
 
 # ---- BIP-32 extended private keys (xprv, tprv, yprv, zprv, Ltpv, dgpv, ...) --------------------
@@ -347,6 +344,19 @@ _KEY_WORDS: Final = re.compile(
     r"metamask|import(?:ieren|er)?\b"
 )
 _DIGEST_WORDS: Final = re.compile(r"(?i)hash|sha|digest|checksum|\btx|txid|block|commit|signature|fingerprint|\bid\b|nonce|salt|\bmac\b|\biv\b|cipher")
+
+
+def _hex_key(s: str, start: int, end: int, hex64: str, what: str) -> WalletHit | None:
+    """A 64-hex value at `start` read as a private key when a key word is in the 80 characters before
+    it and no digest word right before it (a well-known development key is an example)."""
+    before = s[max(0, start - 80) : start]
+    if not _KEY_WORDS.search(before) or _DIGEST_WORDS.search(before[-24:]):
+        return None
+    if hex64.lower() in _TEST_KEYS:
+        return ("example_secret", start, end, "a well-known development key", "")
+    return ("private_key", start, end, what, "")
+
+
 _KEYSTORE: Final = re.compile(r'"ciphertext"\s*:\s*"[0-9a-fA-F]{32,}"')
 _B58_LONG: Final = re.compile(r"(?<![1-9A-HJ-NP-Za-km-z])[1-9A-HJ-NP-Za-km-z]{85,90}(?![1-9A-HJ-NP-Za-km-z])")
 _B58_PIECE: Final = re.compile(r"(?<![1-9A-HJ-NP-Za-km-z])[1-9A-HJ-NP-Za-km-z]{20,70}(?![1-9A-HJ-NP-Za-km-z])")
@@ -372,12 +382,8 @@ def _raw_key_hits(s: str, hits: list[WalletHit]) -> None:
     if '"ciphertext"' in s and '"kdf' in s and (m := _KEYSTORE.search(s)) is not None:
         hits.append(("private_key", m.start(), m.end(), "Ethereum keystore (encrypted private key)", ""))
     for m in _HEX64.finditer(s):
-        before = s[max(0, m.start() - 80) : m.start()]
-        near = before[-24:]
-        if _KEY_WORDS.search(before) and not _DIGEST_WORDS.search(near):
-            test = m.group(1).lower() in _TEST_KEYS
-            kind, what = ("example_secret", "a well-known development key") if test else ("private_key", "hex private key (32 bytes)")
-            hits.append((kind, m.start(), m.end(), what, ""))
+        if (hit := _hex_key(s, m.start(), m.end(), m.group(1), "hex private key (32 bytes)")) is not None:
+            hits.append(hit)
     for m in _B58_LONG.finditer(s):
         if _ed25519_keypair(_b58decode(m.group())):
             hits.append(("private_key", m.start(), m.end(), "Solana keypair (base58), public half matches", ""))
