@@ -1,13 +1,16 @@
 """detection: the labelled corpora through `dharma stdio` with the standard profile.
 
-Eight corpora, the same harness (`tests.corpus.runner`: each case its own `dharma stdio` and SDK
+Nine corpora, the same harness (`tests.corpus.runner`: each case its own `dharma stdio` and SDK
 server, every tool granted to the local user, the client declining every approval):
 - **tuned** (tests/corpus/): the cases the detectors were built and adjusted against; the same run
   as tests/test_corpus.py. Misses are named case by case.
-- **held-out 7** (tests/corpus_heldout7/): the freshest. Written by someone who read neither the
-  detectors nor any other corpus's cases, over half of its text-injection attacks adapted from public
-  sources no earlier corpus used (its SOURCES.md), frozen 2026-11-29 before the sixth round of issue
-  24/27 detector work; its per-class counts were read after that round.
+- **held-out 8** (tests/corpus_heldout8/): the freshest. Written by someone who read neither the
+  detectors nor any other corpus's cases, half of its text-injection attacks adapted from public
+  sources no earlier corpus used (its SOURCES.md), frozen 2026-11-29 after the sixth round of issue
+  24/27 detector work and before the seventh; read per family only until that round landed.
+- **held-out 7** (tests/corpus_heldout7/): written the same way, over half of its text-injection
+  attacks adapted from public sources, frozen before the sixth round; its per-class counts were read
+  after that round and chose the seventh round's classes.
 - **held-out 6** (tests/corpus_heldout6/): written the same way, a third of its text-injection
   attacks adapted from public datasets and payload lists, frozen before the fifth round.
 - **held-out 5** (tests/corpus_heldout5/): written the same way (all by hand) before the fourth
@@ -45,6 +48,7 @@ from tests.corpus.runner import RECALL_TARGET, REPO, Verdict, families_of, figur
 QUICK_PER_FILE = 3
 #: The held-out corpora, the clean one first: (name in the report, folder).
 HELD_OUT: tuple[tuple[str, Path], ...] = (
+    ("held-out 8", REPO / "tests" / "corpus_heldout8"),
     ("held-out 7", REPO / "tests" / "corpus_heldout7"),
     ("held-out 6", REPO / "tests" / "corpus_heldout6"),
     ("held-out 5", REPO / "tests" / "corpus_heldout5"),
