@@ -291,12 +291,12 @@ GC_YOUNG_THRESHOLD = 10_000
 def settle_collector() -> None:
     """Tune the cyclic garbage collector for serving, once start-up is done.
 
-    A `/mcp` call allocates a few thousand objects, nearly all freed by reference counting; with
-    Python's default young threshold (700) a collection runs every few calls and promotes the objects
-    of the calls in flight, which then trigger full collections of the whole heap (~80 ms of CPU for
-    the ~145k objects start-up leaves, every ~1,100 calls at 8 clients). A young threshold of
-    10,000 runs a collection every ~140 calls, promotes far less, and cut the collector's CPU from
-    about 70 to about 30 µs a call (issue 26, docs/performance-history.md). What start-up built (the
+    A `/mcp` call allocates many container objects, nearly all freed by reference counting; with
+    Python's default young threshold (700) a young collection ran every ~6 calls and promoted the
+    objects of the calls in flight, which then triggered full collections of the whole heap (~80 ms
+    of CPU for the ~145k objects start-up leaves, every ~1,100 calls at 8 clients). A young
+    threshold of 10,000 runs one every ~140 calls, promotes far less, and cut the collector's CPU
+    from about 70 to about 30 µs a call (issue 26, docs/performance-history.md). What start-up built (the
     compiled policy, the app, imported modules) is frozen out of the collector's reach first: it lives
     as long as the process, so a full collection no longer scans it. Nothing is disabled.
     """
