@@ -192,14 +192,18 @@ def test_revisions_runs_both_checkouts_side_by_side(tmp_path: Path) -> None:
 
 def test_mcp_http_revisions_runs_both_checkouts_side_by_side(tmp_path: Path) -> None:
     """`bench.mcp_http_revisions` names a directory that is no checkout, and runs a `dharma serve` of
-    each checkout against one upstream: a row each with its CPU, ratio and p50."""
+    each checkout against one upstream, here with 2 concurrent SDK clients each: a row each with its
+    CPU, ratio, calls/s and p50."""
     proc = subprocess.run([sys.executable, "-m", "bench.mcp_http_revisions", str(REPO), str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and f"{tmp_path}: not a checkout of the gateway" in proc.stderr
     assert "Traceback" not in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "bench.mcp_http_revisions", str(REPO), str(REPO), "--pairs", "1",
-                           "--blocks", "2", "--calls", "20"], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           "--blocks", "2", "--calls", "20", "--clients", "2", "--client", "sdk"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith(("old ", "new "))]
-    assert [row[0] for row in rows] == ["old", "new"] and rows[1][-3].endswith("x") and rows[1][-1] == "ms"
-    assert "1 gateway pairs x 2 alternating blocks of 20" in proc.stdout and "pair 1/1" in proc.stdout
+    assert [row[0] for row in rows] == ["old", "new"] and rows[1][-4].endswith("x") and rows[1][-1] == "ms"
+    assert float(rows[1][-3].replace(",", "")) > 0  # calls/s
+    assert "1 gateway pairs x 2 alternating blocks of 20 calls from 2 SDK client(s)" in proc.stdout
+    assert "pair 1/1" in proc.stdout and "new/old calls/s per pair" in proc.stdout
