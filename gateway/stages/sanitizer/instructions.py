@@ -247,8 +247,9 @@ _MENTION: Final = re.compile(
     r"(?:such\s+as|like|e\.g\.|i\.e\.|for\s+example|for\s+instance|(?<![.@/])example[s:]?|detects?|detecting|detection\s+of|"
     r"flags?|flagging|blocks?|scans?\s+for|catch(?:es)?|patterns?|phrases?|strings?|attempts?\s+to|"
     r"attacks?|injections?|instructions\s+to|called|named|quoted?|says?|saying)\s*[:(\"'“‘«]?\s*\Z"
-    # a quoted example in brackets right after the name of what it exemplifies: `jailbreak ("…", "…")`
-    r"|[^\W\d]\s*\(\s*[\"'“‘«]\s*\Z",
+    # a quoted example in brackets after the name of what it exemplifies, a space between (not a
+    # function call's argument `run_command('…')`): `jailbreak ("…", "…")`
+    r"|[^\W\d_]\s+\(\s*[\"'“‘«]\s*\Z",
     re.I,
 )
 # The next quoted example of a list whose first was introduced so: "like 'a', 'b' or 'c'".
