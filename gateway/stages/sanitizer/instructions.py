@@ -1117,9 +1117,15 @@ def _decoded(text: str, where: str, other_tools: Iterable[str], own_name: str, *
         layers.append(Layer(0, len(text), "html", shown))
     for layer in layers:
         if len(layer.text) >= 8 and ">" not in layer.via and (not readable or " " in layer.text.strip()):
-            for f in _scan(layer.text, where, other_tools, own_name, decode=False):
-                if f.kind != "url":
-                    yield Finding(f.kind, f.path, f.detail, f.excerpt, layer.via)
+            yield from _read_as(layer.text, layer.via, where, other_tools, own_name)
+
+
+def _read_as(shown: str, via: str, where: str, other_tools: Iterable[str], own_name: str) -> Iterator[Finding]:
+    """Findings in a text as a reader sees it once decoded, turned back or folded (one layer deep:
+    not decoded again), `via` saying how; its URLs are the original text's."""
+    for f in _scan(shown, where, other_tools, own_name, decode=False):
+        if f.kind != "url":
+            yield Finding(f.kind, f.path, f.detail, f.excerpt, via)
 
 
 #: Common English words; their rot13 and backwards spellings (`gur`, `lbh`; `eht`, `uoy`) mark a text
@@ -1147,9 +1153,7 @@ def _turned(prose: str, words: frozenset[str], where: str, other_tools: Iterable
         return
     rot = sum(1 for w in hits if codecs.encode(w, "rot13") in _COMMON)
     shown, via = (codecs.encode(prose, "rot13"), "rot13") if rot * 2 >= len(hits) else (prose[::-1], "reversed")
-    for f in _scan(shown, where, other_tools, own_name, decode=False):
-        if f.kind != "url":
-            yield Finding(f.kind, f.path, f.detail, f.excerpt, via)
+    yield from _read_as(shown, via, where, other_tools, own_name)
 
 
 #: A letter of another script next to a Latin one inside a word (`bеfоrе` with Cyrillic е and о): a
@@ -1162,18 +1166,14 @@ def _look_alikes(text: str, where: str, other_tools: Iterable[str], own_name: st
     """Findings in text spelled with look-alike letters (Cyrillic, Greek, Cherokee, small capitals
     among Latin ones: `іgnоrе аll`), folded to ASCII as the shell analysis folds command names (TR39
     confusables; a word holding a letter with no Latin look-alike stays as written) and scanned again,
-    `via` "homoglyph". Fullwidth and mathematical letters are NFKC's already. Only kinds the text
-    as written did not give are added by the caller's rules; a Russian or Greek text has no word
-    mixing scripts and is not folded. The shell analysis is imported here, not at the top: `dharma
+    `via` "homoglyph". Fullwidth and mathematical letters are NFKC's already. A Russian or Greek
+    text, or Greek letters as math symbols, has no word mixing scripts and is not folded. The shell analysis is imported here, not at the top: `dharma
     stdio` defers its patterns until a call needs them (tests/test_cli.py)."""
     from gateway.stages.sanitizer.shell import fold  # noqa: PLC0415
 
     folded = fold(text)
-    if folded == text:
-        return
-    for f in _scan(folded, where, other_tools, own_name, decode=False):
-        if f.kind != "url":
-            yield Finding(f.kind, f.path, f.detail, f.excerpt, "homoglyph")
+    if folded != text:
+        yield from _read_as(folded, "homoglyph", where, other_tools, own_name)
 
 
 def _data_request(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> None:
