@@ -33,6 +33,7 @@ inline code span, or introduced by "such as", "like", "e.g.", "detects"…), and
 
 from __future__ import annotations
 
+import codecs
 import html
 import json
 import re
@@ -245,7 +246,10 @@ _TRANSCRIPT: Final = re.compile(r"^[ \t]*(?:user|human|customer|you)\s*:", re.I 
 _MENTION: Final = re.compile(
     r"(?:such\s+as|like|e\.g\.|i\.e\.|for\s+example|for\s+instance|(?<![.@/])example[s:]?|detects?|detecting|detection\s+of|"
     r"flags?|flagging|blocks?|scans?\s+for|catch(?:es)?|patterns?|phrases?|strings?|attempts?\s+to|"
-    r"attacks?|injections?|instructions\s+to|called|named|quoted?|says?|saying)\s*[:(\"'“‘«]?\s*\Z",
+    r"attacks?|injections?|instructions\s+to|called|named|quoted?|says?|saying)\s*[:(\"'“‘«]?\s*\Z"
+    # a quoted example in brackets after the name of what it exemplifies, a space between (not a
+    # function call's argument `run_command('…')`): `jailbreak ("…", "…")`
+    r"|[^\W\d_]\s+\(\s*[\"'“‘«]\s*\Z",
     re.I,
 )
 # The next quoted example of a list whose first was introduced so: "like 'a', 'b' or 'c'".
@@ -446,7 +450,11 @@ _URL_VALUE: Final = re.compile(r"\{\{?([^{}]{1,80})\}\}?|<([^<>]{1,80})>|\[([^\[
 #: A secret-named environment variable in a URL (`$GITHUB_TOKEN`, `${AWS_SECRET_ACCESS_KEY}`).
 _SECRET_VAR: Final = re.compile(r"(?:token|key|secret|pass|pwd|session|cookie|auth|cred)", re.I)
 #: An ALL-CAPS slot in a URL (`?c=SESSION_COOKIE`, `/k/API_KEY`).
-_CAPS_SLOT: Final = re.compile(r"(?<=[/=])[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*(?=[/&#]|\Z)")
+#: Also `%NAME%` and `__NAME__` (template tokens), and a slot that is a file's name (`/r/DATA.png`).
+_CAPS_SLOT: Final = re.compile(r"(?<=[/=])(?:%(?=[A-Z]{2})|__)?[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*(?:%|__)?(?=[/&#]|\.[a-z]{2,4}\b|\Z)")
+#: Before a URL: it is an image's source or a link reference's target, which a chat client fetches
+#: (images) or shows as a link without the model writing a verb: `<img src="`, `[ref]: `, `![alt](`.
+_RENDERED_AT: Final = re.compile(r"(?:<img\b[^<>]{0,200}?\bsrc\s*=\s*[\"']?|^[ \t]*\[[^\]\n]{1,60}\]:[ \t]*<?|\]\()\Z", re.I | re.M)
 #: Parameters an API's docs fill with the reader's own key: a slot there is not the user's data.
 _KEY_PARAMS: Final = frozenset(("key", "apikey", "api_key", "token", "access_token", "auth", "appid", "app_id", "client_id"))
 #: Query parameters that only ever carry data or a secret.
@@ -848,6 +856,10 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
         findings.extend(_decoded(prose, where, other_tools, own_name))
     elif decode and _encoded_run(prose):
         findings.extend(_decoded(prose, where, other_tools, own_name, readable=True))
+    if decode and not words.isdisjoint(_TURNED_GATE):
+        findings.extend(_turned(prose, words, where, other_tools, own_name))
+    if decode and not text.isascii() and _MIXED_SCRIPT.search(text) is not None:
+        findings.extend(_look_alikes(text, where, other_tools, own_name))
     return findings
 
 
@@ -857,7 +869,7 @@ _HELD: Final = re.compile(
     r"\b(?:this|the\s+user['’]s|the\s+owner['’]s)\s+(?:\w+\s+){0,2}?(?:inbox|mailbox|chat|session|workspace|drive"
     r"|contacts|contact\s+list|calendar|address\s+book|chat\s+history)\b(?!['’])"
     r"|\b(?:the\s+user['’]s|the\s+owner['’]s)\s+(?:\w+\s+){0,2}?(?:conversations?|account|repositor(?:y|ies)|repos|files|documents"
-    r"|e-?mails|messages|history)\b"
+    r"|e-?mails|mail|messages|history|notes|passwords|photos)\b"
     r"|\b(?:last|latest|recent|previous)\s+(?:\d+|two|three|five|ten|twenty|fifty|hundred|few)\s+(?:e-?mails|messages|files|documents"
     r"|conversations|chats|contacts)\b",
     re.I,
@@ -1024,6 +1036,8 @@ def _wants(prose: str, hit: instruction_model.Hit) -> Iterator[tuple[str, str]]:
 def _foreign(prose: str, low: str, code: list[tuple[int, int]], where: str) -> Iterator[Finding]:
     """The multilingual grammar's findings (`lexicon`), `via` naming the language."""
     for hit in lexicon.scan(prose, low, code):
+        if _mentioned(prose, hit.start, code):
+            continue  # quoted as an example, as for the English grammar
         excerpt = _excerpt(prose, hit.start, hit.end)
         for kind in hit.kinds:
             yield Finding(kind, where, hit.detail, excerpt, f"lang:{hit.lang}")
@@ -1103,9 +1117,63 @@ def _decoded(text: str, where: str, other_tools: Iterable[str], own_name: str, *
         layers.append(Layer(0, len(text), "html", shown))
     for layer in layers:
         if len(layer.text) >= 8 and ">" not in layer.via and (not readable or " " in layer.text.strip()):
-            for f in _scan(layer.text, where, other_tools, own_name, decode=False):
-                if f.kind != "url":
-                    yield Finding(f.kind, f.path, f.detail, f.excerpt, layer.via)
+            yield from _read_as(layer.text, layer.via, where, other_tools, own_name)
+
+
+def _read_as(shown: str, via: str, where: str, other_tools: Iterable[str], own_name: str) -> Iterator[Finding]:
+    """Findings in a text as a reader sees it once decoded, turned back or folded (one layer deep:
+    not decoded again), `via` saying how; its URLs are the original text's."""
+    for f in _scan(shown, where, other_tools, own_name, decode=False):
+        if f.kind != "url":
+            yield Finding(f.kind, f.path, f.detail, f.excerpt, via)
+
+
+#: Common English words; their rot13 and backwards spellings (`gur`, `lbh`; `eht`, `uoy`) mark a text
+#: written so, less the spellings that are words of some language themselves (`no`, `si`, `va`, `dna`).
+_COMMON: Final = frozenset((
+    "the", "and", "you", "your", "to", "of", "all", "this", "with", "that", "for", "from", "before", "every", "then",
+    "them", "user", "user's", "send", "when", "each", "any", "their", "previous", "instructions", "must", "not",
+    "assistant", "read", "after", "into", "without", "telling", "are", "is", "it",
+))  # fmt: skip
+_TURNED_GATE: Final = (frozenset(codecs.encode(w, "rot13") for w in _COMMON) | frozenset(w[::-1] for w in _COMMON)) - frozenset((
+    "no", "si", "ti", "ni", "va", "ba", "dna", "ot", "fo", "gb", "bs", "vg", "vf", "nal", "ruof", "eno", "sti", "won", "ton", "era", "lla", "yna",
+))  # fmt: skip
+#: How many distinct turned spellings a text needs before it is read turned back (three: a text's
+#: stray `gur` or `eht` is not a sentence).
+_TURNED_MIN: Final = 3
+
+
+def _turned(prose: str, words: frozenset[str], where: str, other_tools: Iterable[str], own_name: str) -> Iterator[Finding]:
+    """Findings in text written in rot13 or backwards (`gur hfre`, `resu eht`) that spells a sentence
+    (three or more of `_COMMON`'s words turned, more than the text holds as written): the text turned
+    back is scanned by the full grammar and the learned score, findings `via` "rot13"/"reversed". A page
+    hides an order so without any "decode" cue; a spoiler or a reversed test string spells no order."""
+    hits = words & _TURNED_GATE
+    if len(hits) < _TURNED_MIN or len(words & _COMMON) >= len(hits):
+        return
+    rot = sum(1 for w in hits if codecs.encode(w, "rot13") in _COMMON)
+    shown, via = (codecs.encode(prose, "rot13"), "rot13") if rot * 2 >= len(hits) else (prose[::-1], "reversed")
+    yield from _read_as(shown, via, where, other_tools, own_name)
+
+
+#: A letter of another script next to a Latin one inside a word (`bеfоrе` with Cyrillic е and о): a
+#: look-alike spelling. Words wholly in another script (`Ищет`, `μ`) do not match.
+_MIXED_SCRIPT: Final = re.compile(r"[A-Za-z][\u0370-\u03ff\u0400-\u052f\u13a0-\u13ff\u1d00-\u1d2b\u0250-\u02af]"
+                                  r"|[\u0370-\u03ff\u0400-\u052f\u13a0-\u13ff\u1d00-\u1d2b\u0250-\u02af][A-Za-z]")
+
+
+def _look_alikes(text: str, where: str, other_tools: Iterable[str], own_name: str) -> Iterator[Finding]:
+    """Findings in text spelled with look-alike letters (Cyrillic, Greek, Cherokee, small capitals
+    among Latin ones: `іgnоrе аll`), folded to ASCII as the shell analysis folds command names (TR39
+    confusables; a word holding a letter with no Latin look-alike stays as written) and scanned again,
+    `via` "homoglyph". Fullwidth and mathematical letters are NFKC's already. A Russian or Greek
+    text, or Greek letters as math symbols, has no word mixing scripts and is not folded. The shell analysis is imported here, not at the top: `dharma
+    stdio` defers its patterns until a call needs them (tests/test_cli.py)."""
+    from gateway.stages.sanitizer.shell import fold  # noqa: PLC0415
+
+    folded = fold(text)
+    if folded != text:
+        yield from _read_as(folded, "homoglyph", where, other_tools, own_name)
 
 
 def _data_request(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> None:
@@ -1198,7 +1266,7 @@ def _url_data(prose: str, links: list[re.Match[str]], code: list[tuple[int, int]
             what = "data the text asks to append"
         if what is None or _mentioned(prose, m.start(), code):
             continue
-        ordered = (prose[max(0, m.start() - 2):m.start()] == "](" or what.startswith("data the text")
+        ordered = (_RENDERED_AT.search(prose, max(0, m.start() - 260), m.start()) is not None or what.startswith("data the text")
                    or any(not _mentioned(prose, m.start() - len(head) + v.start(), code) for v in _URL_ORDER.finditer(head)))
         if ordered:
             host = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]
@@ -1717,6 +1785,8 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
     siblings = frozenset(others)
     for where, text in texts:
         found = scan_text(text, where, others, own_name=name)
+        if any(f.kind == "hidden_markup" and f.detail.endswith(" comment") for f in found) and _idle_comments(text, others, name):
+            found = [f for f in found if not (f.kind == "hidden_markup" and f.detail.endswith(" comment"))]
         if any(f.kind == "hidden_instruction" for f in found) and (noted := _usage_noted(text)) is not None:
             # an honest usage note is not an order to hide the tool for; everything else it holds still counts
             found = [f for f in found if f.kind != "hidden_instruction"] + [
@@ -1728,7 +1798,40 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
             findings.append(Finding("credential_request", where, "a parameter for a credential file's contents", m.group()))
         elif ("$" in text or "%" in text or "env" in text) and _VALUE_SLOT.search(where) and (m := _CRED_VALUE.search(text)):
             findings.append(Finding("credential_request", where, "a value slot that expands a secret", m.group()))
+    findings.extend(_joined(texts, name, others, findings))
     return tuple(findings[:_MAX_FINDINGS])
+
+
+def _idle_comments(text: str, others: list[str], name: str) -> bool:
+    """Whether every HTML or markdown comment of a definition's text is an editor's note (a code
+    generator's stamp, a TODO): its body, scanned like the text, gives no finding at all. A comment
+    hides text from the human who reviews the tool; one that says something to the model (an order,
+    a tool, a URL, a credential, a language the grammar reads) still hides the tool."""
+    bodies = [m.group(1) for rx in (_HTML_COMMENT, _MD_COMMENT) for m in rx.finditer(text) if m.group(1).strip()]
+    return all(not _scan(b, "comment", others, name, decode=True) for b in bodies[:8]) and len(bodies) <= 8
+
+
+#: The kinds for which a definition is hidden (rules/tool_definitions.yaml, tools-hide-poisoned-definition).
+_HIDING: Final = frozenset(("hidden_instruction", "credential_request", "exfiltration", "url_data"))
+
+
+def _joined(texts: list[tuple[str, str]], name: str, others: list[str], found: list[Finding]) -> list[Finding]:
+    """An order split over a definition's texts (description, title, parameter descriptions, enum
+    values), each piece harmless alone: the texts joined in reading order, property names left out,
+    are scanned once more when no piece gave a kind that hides the tool; findings `via` "joined",
+    the path `(joined)`. An honest definition's pieces describe the tool and its inputs and still do
+    when read together; an honest usage note is treated as in the per-text scan."""
+    if any(f.kind in _HIDING for f in found):
+        return []
+    parts = [t.strip() for where, t in texts if not where.endswith("(name)") and t.strip()]
+    if len(parts) < 2:
+        return []
+    text = " ".join(parts)[:MAX_SCAN]
+    hits = [f for f in scan_text(text, "(joined)", others, own_name=name) if f.kind in _HIDING]
+    if any(f.kind == "hidden_instruction" for f in hits) and (noted := _usage_noted(text)) is not None:
+        hits = [f for f in hits if f.kind != "hidden_instruction"] + [
+            f for f in scan_text(noted, "(joined)", others, own_name=name) if f.kind == "hidden_instruction"]
+    return [Finding(f.kind, f.path, f.detail, f.excerpt, "joined") for f in hits]
 
 
 #: A schema slot whose value the model copies into the arguments: a default, a const, an example.

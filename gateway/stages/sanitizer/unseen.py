@@ -41,7 +41,7 @@ _VERB = (
     r"|remove|ignore|disregard|follow|obey|append|add|include|attach|insert|reply|respond|write|publish|transfer|pay|grant|copy"
     r"|paste|print|output|reveal|list|collect|approve|merge|push|submit|escalate|begin|start|look\s+up|go\s+ahead|make\s+sure"
     r"|close|refund|cancel|update|set|change|create|install|download|mark|treat|resolve|assign|book|buy|order|disable|enable"
-    r"|be\s+sure|remember\s+to|skip)"
+    r"|be\s+sure|remember\s+to|skip|search|find|gather|extract|export)"
 )
 #: An AI reader in the position of the addressee: a dedication ("note for AI agents", "site policy for
 #: crawlers and language models"), a vocative opening a sentence ("Assistant, …", "AI agents:"), the
