@@ -40,6 +40,7 @@ from urllib.parse import unquote, unquote_plus
 
 from gateway.memo import Memo
 from gateway.stages.classify import tool_words
+from gateway.stages.sanitizer import spelled
 from gateway.stages.sanitizer.decode import decode_base64
 from gateway.stages.sanitizer.formats import credential_hits, documented_example, is_placeholder
 from gateway.stages.sanitizer.hosts import CLASSES, HostFacts, host_facts
@@ -539,8 +540,11 @@ def _carried(url: str, parts: _Parts, facts: HostFacts, nested: list[tuple[str, 
             text, hidden = _unquoted(value, plus=True)
             if hidden >= 8:
                 data.append("query_encoded")
-            opaque = oauth and unquote_plus(pair.partition("=")[0]).lower() in _OAUTH_OPAQUE
-            _value(text, hidden, "query", [] if opaque else data, secrets, nested)
+            name = unquote_plus(pair.partition("=")[0]).lower()
+            opaque = oauth and name in _OAUTH_OPAQUE
+            inner: list[tuple[str, str]] = []
+            _value(text, hidden, "query", [] if opaque else data, secrets, inner)
+            nested.extend(_browser_bound(inner) if name in _OAUTH_REDIRECTS and _client_request(pairs) else inner)
             fields.append(f"{_unquoted(pair.partition('=')[0], plus=True)[0]}: {text}")
     segments = [unquote(seg) for seg in parts.path.split("/")[:MAX_PARTS] if seg]
     fields.extend(segments)
@@ -563,6 +567,26 @@ _OAUTH_MARKS: Final = frozenset({"client_id", "response_type", "redirect_uri", "
 _OAUTH_OPAQUE: Final = frozenset({"state", "nonce", "code_challenge", "code", "session_state", "relaystate", "login_hint"})
 #: Parameters that hand a JWT to the identity provider: fine when the JWT names that provider.
 _OAUTH_TOKENS: Final = frozenset({"id_token_hint", "request", "logout_hint"})
+
+
+#: Where an OAuth/OIDC request sends the user's browser back to (RFC 6749 §3.1.2, OIDC RP-Initiated Logout).
+_OAUTH_REDIRECTS: Final = frozenset({"redirect_uri", "post_logout_redirect_uri"})
+
+
+def _client_request(pairs: list[str]) -> bool:
+    """Whether a query is a client's OAuth/OIDC request: it names its `client_id` and a redirect or response type."""
+    names = {unquote_plus(p.partition("=")[0]).lower() for p in pairs if "=" in p}
+    return "client_id" in names and bool(names & {"redirect_uri", "post_logout_redirect_uri", "response_type"})
+
+
+def _browser_bound(inner: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A client request's redirect URLs without the loopback ones (round 7, bn-public-destination): a
+    native app's loopback redirect (RFC 8252 §7.3) is where the user's browser returns after consent,
+    which the identity provider checks against the client's registration; nothing fetches it from
+    the host the call reaches. Any other redirect host stays a destination."""
+    return [(url, where) for url, where in inner
+            if "loopback" not in host_facts(_split(url).host).classes or _FIND.search(url, 3) is not None
+            or "%3a" in url.lower()]  # a loopback redirect that carries a URL of its own stays one
 
 
 def _oauth_request(pairs: list[str]) -> bool:
@@ -893,7 +917,8 @@ def decode_token(token: str, minimum: int = MIN_TOKEN) -> tuple[str, str] | None
         text = _text(raw) if raw is not None else None
         if text is not None:
             return "base64", text
-    return None
+    text = spelled.base58_text(token, _text)  # the Bitcoin alphabet (round 7: es-base58-credential)
+    return ("base58", text) if text is not None else None
 
 
 def _text(data: bytes) -> str | None:
