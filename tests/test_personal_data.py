@@ -223,3 +223,36 @@ def test_answers_earn_credential_confidential_and_row_classes() -> None:
     assert result_classes(text_result("Secret Santa\nGifts under 20 EUR")) == set()
     rows = "name; born; address\nAnna Keller; born 1970-01-10; 12 Mill Lane, Leeds\nBrian Osei; born 1983-06-02; 4 Park Road, York"
     assert result_classes(text_result(rows)) == {"records_read"}
+
+
+def test_a_tables_headers_label_its_cells() -> None:
+    """Round 7 (ec-personal-data-to-outside): a CSV or markdown table, also inside a field, is read
+    as `header: cell` fields, so names with salaries or phone numbers in columns are records of
+    people, and a price list is not."""
+    from gateway.stages.classify import result_classes
+
+    salaries = "employee_id,name,department,salary\n1042,Jane Smith,Finance,72000\n1043,Omar Haddad,Sales,65000\n"
+    assert carries_personal(personal_kinds(salaries))
+    assert result_classes(text_result(salaries)) == {"records_read"}
+    table = "report: | Name | Phone | City |\n|---|---|---|\n| Jane Smith | 0113 496 0000 | Leeds |\n| Omar Haddad | 020 7946 0018 | York |"
+    assert carries_personal(personal_kinds(table))
+    prices = "sku,product,price_eur,stock\nA-100,Desk lamp,39.90,120\nA-101,Office chair,189.00,40\n"
+    assert personal_kinds(prices) == {} and result_classes(text_result(prices)) == set()
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "read"),
+    [
+        ("browser_get_cookies", {"url": "https://shop.example"}, True),
+        ("browser_storage_state", {}, True),
+        ("get_local_storage", {"origin": "https://app.example"}, True),
+        ("browser_evaluate", {"function": "() => JSON.stringify({c: document.cookie, s: {...localStorage}})"}, True),
+        ("accept_cookies", {}, False),
+        ("browser_set_cookie", {"name": "beta", "value": "1"}, False),
+        ("browser_evaluate", {"function": "() => { localStorage.setItem('theme', 'dark'); document.cookie = 'a=1'; }"}, False),
+        ("get_storage_usage", {}, False),
+    ],
+)
+def test_a_browser_session_read_is_a_credential_read(tool: str, args: dict[str, Any], read: bool) -> None:
+    """Round 7 (ec-browser-session-out): reading cookies or web storage, by a tool or by page script."""
+    assert ("credential_read" in classify_call(tool, {}, args)[0]) is read
