@@ -548,14 +548,43 @@ def _carried(url: str, parts: _Parts, facts: HostFacts, nested: list[tuple[str, 
             fields.append(f"{_unquoted(pair.partition('=')[0], plus=True)[0]}: {text}")
     segments = [unquote(seg) for seg in parts.path.split("/")[:MAX_PARTS] if seg]
     fields.extend(segments)
+    values = [f.partition(": ")[2] for f in fields[: len(fields) - len(segments)]]
+    if _transcript(values + segments):
+        data.append("url_conversation")
+    fields.extend(_path_fields(segments))
     _chunked(segments, secrets)
-    _chunked([f.partition(": ")[2] for f in fields[: len(fields) - len(segments)]], secrets)
+    _chunked(values, secrets)
     if parts.host and not facts.ip:
         labels = parts.host.split(".")
         _chunked(labels[: -_registrable(labels)], secrets)
     if fields and identifies_person(personal_kinds("\n".join(fields))):
         data.append("url_personal")
     return sorted(set(data)), sorted(secrets), entropy
+
+
+#: A chat turn's role label (`User:`, `Assistant:`, `Human:`, `AI:`): two roles in a URL's values are
+#: a conversation carried out (round 7, ux-conversation-in-query).
+_ROLE: Final = re.compile(
+    r"(?i)(?<![\w-])(user|human|assistant|ai|bot|model|system|chatgpt|claude|gpt)\s*:\s*\w"  # a label then the turn's text, not a quoted label
+    r"|\"role\"\s*:\s*\"(user|assistant|system|model)\""  # a chat API's messages as JSON
+)
+#: A path segment that labels the next one (`/name/Jane Smith/address/…`): letters, at most 24.
+_PATH_LABEL: Final = re.compile(r"[A-Za-z][A-Za-z_-]{1,23}")
+
+
+def _transcript(values: list[str]) -> bool:
+    """Whether a URL's query values and path segments hold a conversation: two different chat roles."""
+    roles = {(m.group(1) or m.group(2)).lower() for v in values if ":" in v for m in _ROLE.finditer(v, 0, 8_192)}
+    return len(roles - {"user", "human"}) >= 1 and len(roles & {"user", "human"}) >= 1
+
+
+def _path_fields(segments: list[str]) -> list[str]:
+    """What a path says as fields (round 7, ux-personal-data-in-path): a label segment before a value
+    (`/name/Jane Smith/city/Leeds` reads `name: Jane Smith`) and words joined by `-`, `_` or `+`
+    (`12-Oak-Road-Leeds`) read apart."""
+    out = [f"{a}: {b}" for a, b in zip(segments, segments[1:]) if _PATH_LABEL.fullmatch(a) and not _PATH_LABEL.fullmatch(b)]
+    out.extend(seg.replace("-", " ").replace("_", " ").replace("+", " ") for seg in segments if "-" in seg or "_" in seg or "+" in seg)
+    return out
 
 
 #: An OAuth 2.0 / OpenID Connect request or redirect (RFC 6749, OIDC Core and RP-Initiated Logout):
@@ -720,6 +749,8 @@ def _unquoted(raw: str, *, plus: bool) -> tuple[str, int]:
     """`raw` percent-decoded until nothing changes (at most 4 layers), and how many letters and digits
     were percent-encoded on the way: no encoder needs to escape them, so many of them hide data."""
     text, hidden = raw, 0
+    if plus and "%" not in text:
+        return text.replace("+", " "), 0  # form encoding without escapes: `+` is still a space
     for _ in range(4):
         if "%" not in text:
             break
