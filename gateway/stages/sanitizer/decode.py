@@ -362,24 +362,30 @@ def _written_out(run: str, start: int, prefixes: Prefixes) -> Iterator[Layer]:
 
 
 def _spelled(s: str, prefixes: Prefixes) -> Iterator[Layer]:
-    """Morse, spelling-alphabet words, bits and ROT47 in the scanned string itself (`spelled`)."""
-    reads = [spelled.morse(s), spelled.phonetic(s), spelled.binary(s, _as_text)]
-    rotated = _rot47_prefixes(prefixes)
-    if len(s) >= MIN_BASE64 and rotated.in_bytes(s[: spelled.MAX_SPELLED].encode("utf-8", "surrogatepass")):
+    """Morse, spelling-alphabet words, bits and ROT47 in the scanned string itself (`spelled`),
+    each only in a string long enough to spell a credential that way."""
+    reads: list[Iterator[tuple[int, int, str, str, bool]]] = []
+    if len(s) >= 24:
+        reads.append(spelled.morse(s))
+    if len(s) >= 48 and " " in s:
+        reads.append(spelled.phonetic(s))
+    if len(s) >= 64:
+        reads.append(spelled.binary(s, _as_text))
+    if len(s) <= spelled.MAX_ROT47 and _rot47_words(prefixes).search(s) is not None:
         reads.append(spelled.rot47(s, lambda t: prefixes.in_bytes(t.encode())))
     for read in reads:
         for a, b, via, text, only in read:
             yield Layer(a, b, via, text, only)
 
 
-_ROT47_OF: dict[tuple[str, ...], Prefixes] = {}
+_ROT47_OF: dict[tuple[str, ...], re.Pattern[str]] = {}
 
 
-def _rot47_prefixes(prefixes: Prefixes) -> Prefixes:
-    """The credential prefixes as ROT47 writes them (built once per prefix set)."""
+def _rot47_words(prefixes: Prefixes) -> re.Pattern[str]:
+    """The credential prefixes as ROT47 writes them, one regex (built once per prefix set)."""
     found = _ROT47_OF.get(prefixes.words)
     if found is None:
-        found = _ROT47_OF[prefixes.words] = Prefixes.of([spelled.rot47_word(w) for w in prefixes.words])
+        found = _ROT47_OF[prefixes.words] = re.compile("|".join(re.escape(spelled.rot47_word(w)) for w in prefixes.words))
     return found
 
 

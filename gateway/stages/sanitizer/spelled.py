@@ -17,7 +17,8 @@ figures: es-base58-credential, es-dashed-credential, es-morse-credential):
   (`capital`, `lowercase`, …) and symbol names (`underscore`, `dash`, …); without case words read
   in upper and lower case (formats only).
 - `binary`: 8+ octets of bits (`01100111 01101000 …` or one run of 64+ bits), decoded to text.
-- `rot47`: a run of printable ASCII that in ROT47 shows a credential prefix (formats only).
+- `rot47`: a run of printable ASCII that in ROT47 shows a credential prefix, in a string of at most
+  `MAX_ROT47` characters (formats only).
 
 Each reader is gated by a test of the whole string that ordinary text fails at once, and reads at
 most `MAX_SPELLED` characters. No I/O.
@@ -30,11 +31,12 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Final
 
-__all__ = ["MAX_SPELLED", "base58_text", "binary", "morse", "phonetic", "regrouped", "rot47", "rot47_word"]
+__all__ = ["MAX_ROT47", "MAX_SPELLED", "base58_text", "binary", "morse", "phonetic", "regrouped", "rot47", "rot47_word"]
 
 Read = tuple[int, int, str, str, bool]
 
-MAX_SPELLED: Final = 8_192  # characters of one string the Morse, phonetic and binary readers look at
+MAX_SPELLED: Final = 4_096  # characters of one string the Morse, phonetic and binary readers look at
+MAX_ROT47: Final = 1_024  # a string longer than this is not read in ROT47 (a message or a field, not a page)
 MAX_BASE58: Final = 400  # a base58 run longer than this is no credential's encoding (and costs quadratic time)
 
 _B58: Final = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
@@ -177,7 +179,7 @@ def rot47_word(word: str) -> str:
 def rot47(s: str, shows: Callable[[str], bool]) -> Iterator[Read]:
     """Runs of printable ASCII that in ROT47 show a credential prefix (the caller has found a
     prefix's ROT47 form in `s`)."""
-    for m in _ROT47_RUN.finditer(s, 0, MAX_SPELLED):
+    for m in _ROT47_RUN.finditer(s, 0, MAX_ROT47):
         turned = m.group().translate(_ROT47)
         if shows(turned):
             yield m.start(), m.end(), "rot47", turned, True
