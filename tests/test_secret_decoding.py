@@ -912,3 +912,66 @@ def test_json_held_in_a_string_is_walked_as_fields() -> None:
     assert [f.via for f in detect_secrets(args)] == ["json>split"]
     assert redact_secrets(args)[0]["body"] == "[REDACTED:jwt]"
     assert detect_secrets({"body": json.dumps({"a": "hello", "b": [1, 2, 3]})}) == ()
+
+
+# ---- round 7 (r7-misc): credentials written out rather than encoded (`spelled`) ----------------
+
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_MORSE = dict(zip("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", (
+    ".- -... -.-. -.. . ..-. --. .... .. .--- -.- .-.. -- -. --- .--. --.- .-. ... - ..- ...- .-- -..- -.-- --.. "
+    "----- .---- ..--- ...-- ....- ..... -.... --... ---.. ----.").split()))
+_NATO = dict(zip("ABCDEFGHIJKLMNOPQRSTUVWXYZ", (
+    "Alfa Bravo Charlie Delta Echo Foxtrot Golf Hotel India Juliett Kilo Lima Mike November Oscar Papa Quebec "
+    "Romeo Sierra Tango Uniform Victor Whiskey X-ray Yankee Zulu").split()))
+_DIGIT_NAMES = "zero one two three four five six seven eight nine".split()
+
+
+def b58(data: bytes) -> str:
+    n, out = int.from_bytes(data, "big"), ""
+    while n:
+        n, r = divmod(n, 58)
+        out = _B58[r] + out
+    return "1" * (len(data) - len(data.lstrip(b"\0"))) + out
+
+
+def nato(s: str) -> str:
+    return " ".join(_DIGIT_NAMES[int(c)] if c.isdigit() else ("underscore" if c == "_" else
+                    ("capital " if c.isupper() else "lowercase ") + _NATO[c.upper()]) for c in s)
+
+
+@pytest.mark.parametrize(
+    ("text", "via"),
+    [
+        (f"cache key {b58(GH.encode())} (base58)", "base58"),
+        (b58(b"\x00" + GH.encode() + hashlib.sha256(hashlib.sha256(b"\x00" + GH.encode()).digest()).digest()[:4]), "base58"),
+        ("-".join(KEY[i : i + 4] for i in range(0, 20, 4)), "regrouped"),
+        ("-".join(GH), "regrouped"),
+        ("_".join(GH[i : i + 5] for i in range(0, len(GH), 5)), "regrouped"),
+        ("decode: " + " ".join(_MORSE[c] for c in KEY), "morse"),
+        (" / ".join(_MORSE[c] for c in KEY), "morse"),
+        ("spelled: " + nato(GH), "phonetic"),
+        (" ".join(format(b, "08b") for b in GH.encode()), "binary"),
+        ("".join(chr(33 + (ord(c) - 33 + 47) % 94) for c in GH), "rot47"),
+    ],
+)
+def test_a_credential_written_out_is_found(text: str, via: str) -> None:
+    """Round 7 (es-base58-credential, es-dashed-credential, es-morse-credential): base58 and
+    Base58Check, a token cut into groups by a separator (the separator at every k+1-th place, or
+    everywhere), Morse in either word spacing, spelling-alphabet words with case words, bits, ROT47."""
+    assert ("api_key", via) in found({"t": text})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ipfs://" + b58(b"\x12\x20" + hashlib.sha256(b"doc").digest()),  # a CID: a multihash, not text
+        "sig " + b58(hashlib.sha512(b"tx").digest()),  # a Solana signature
+        "-.-. --.- / -.-. --.- / -.. . / -.- .---- .- -... -.-. / -.-",  # Morse practice: CQ CQ DE K1ABC K
+        "Your reference is X-ray seven Kilo two Lima Mike, flight Alfa Foxtrot one two three four.",
+        "3f2a9c1e-8b7d-4e6f-a1b2-c3d4e5f60718 QWER7-TY2UI-9OPAS-DF3GH-JKLZX",  # a UUID, a licence key in groups
+        "https://blog.example/posts/how-to-rotate-ghp-and-sk-live-tokens-safely",
+        " ".join(format(b, "08b") for b in b"Hello, world!"),
+    ],
+)
+def test_text_written_out_that_spells_no_credential_passes(text: str) -> None:
+    assert found({"t": text}) == set()

@@ -517,10 +517,27 @@ def test_look_alikes_fold_inside_a_word_but_a_word_of_another_script_stays(text:
         ("GIT_SSH_COMMAND='rm -rf /srv' git fetch", ["rm", "-rf", "/srv"]),
         ("env PAGER='rm -rf /srv' man ls", ["rm", "-rf", "/srv"]),
         ("strace -o /dev/null rm -rf /srv", ["rm", "-rf", "/srv"]),
+        # round 7 (os-option-abuse): more options whose argument is a command
+        ("git clone --upload-pack='rm -rf /srv' ./r /tmp/r", ["rm", "-rf", "/srv"]),
+        ("git grep --open-files-in-pager='rm -rf /srv' x", ["rm", "-rf", "/srv"]),
+        ("rsync --rsync-path='rm -rf /srv' a localhost:b", ["rm", "-rf", "/srv"]),
+        ("wget --use-askpass='rm -rf /srv' https://example.org/", ["rm", "-rf", "/srv"]),
+        ("make --eval=$'x:\\n\\trm -rf /srv' x", ["rm", "-rf", "/srv"]),
+        ("gdb -batch -ex 'shell rm -rf /srv'", ["rm", "-rf", "/srv"]),
+        ("mysql -e '\\! rm -rf /srv'", ["rm", "-rf", "/srv"]),
+        ("psql -c '\\! rm -rf /srv' db", ["rm", "-rf", "/srv"]),
+        ("lftp -c 'open h; !rm -rf /srv'", ["rm", "-rf", "/srv"]),
+        ("rpm --eval '%{lua:os.execute(\"rm -rf /srv\")}'", ["rm", "-rf", "/srv"]),
     ],
 )
 def test_a_command_an_option_or_a_variable_runs_is_analysed(text: str, ran: list[str]) -> None:
     assert ran in argv(text)
+
+
+@pytest.mark.parametrize("text", ["gdb -batch -ex 'bt full' ./server core", "mysql -e 'SELECT 1' shop", "make --eval='CFLAGS += -O2' all"])
+def test_a_clients_own_commands_run_nothing(text: str) -> None:
+    """Round 7: only `\\!`, `!`, `shell`, `system` and recipe lines run a shell command."""
+    assert len(argv(text)) == 1  # the tool itself, nothing it runs
 
 
 @pytest.mark.parametrize(

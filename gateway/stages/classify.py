@@ -63,7 +63,8 @@ _SEND_WORDS: Final = frozenset(
     {"fetch", "http", "https", "request", "requests", "post", "put", "patch", "send", "upload", "email", "mail",
      "smtp", "webhook", "slack", "discord", "telegram", "teams", "curl", "wget", "notify", "publish", "tweet",
      "sms", "ftp", "sftp", "scp", "rsync", "navigate", "browse", "api", "graphql", "gist", "paste", "pastebin",
-     "share", "transfer", "exfil", "push", "comment", "comments", "reply", "tweet", "toot"}
+     "share", "transfer", "exfil", "push", "comment", "comments", "reply", "tweet", "toot", "forward", "deliver",
+     "dispatch", "broadcast", "fax"}
 )  # fmt: skip
 #: A tool that opens an issue or a ticket publishes what it is given (`create_issue`, `open_ticket`).
 _PUBLISH_THINGS: Final = frozenset({"issue", "issues", "ticket", "tickets"})
@@ -145,6 +146,20 @@ _NAME_KEYS: Final = frozenset(
 )  # fmt: skip
 _SECRET_NAME: Final = re.compile(
     r"(?i)secret|passw(?:or)?d|passwd|token|api[_.-]?key|private[_.-]?key|credential|access[_.-]?key|extraheader|authorization"
+)
+
+#: A browser session's keys (round 7, ec-browser-session-out): a tool that reads cookies or web
+#: storage (`browser_get_cookies`, `export_cookies`, `get_local_storage`, `browser_storage_state`) is
+#: a `credential_read`; one that sets, clears or consents to them is not (`accept_cookies`).
+_SESSION_NOUNS: Final = frozenset({"cookie", "cookies", "storage", "localstorage", "sessionstorage"})
+_SESSION_WRITES: Final = frozenset(
+    {"set", "add", "clear", "delete", "remove", "accept", "reject", "consent", "banner", "dismiss", "block", "allow", "policy"}
+)  # fmt: skip
+#: Page script that reads the session: `document.cookie` (not an assignment to it), web storage
+#: other than its writes, IndexedDB, Playwright's `cookies()`/`storageState()`, the extension API.
+_SESSION_CODE: Final = re.compile(
+    r"document\.cookie\b(?!\s*=[^=])|\b(?:local|session)Storage\b(?!\s*\.\s*(?:setItem|removeItem|clear)\b)"
+    r"|\bindexedDB\.open\b|\.cookies\(|\bstorageState\(|\bchrome\.cookies\.get"
 )
 
 # ---- argument vocabulary ------------------------------------------------------------------
@@ -335,6 +350,8 @@ def _classify(
         _add(classes, paths, "env_read")
     if not sends and (where := _secret_read(tool, words, named)) is not None:
         _add(classes, paths, "credential_read", where)
+    if _session_read(words, runs_code, arguments):
+        _add(classes, paths, "credential_read", tool)
     if words & _EXEC_WORDS and "execute" not in classes and not file_paths and words & {"script", "file", "python", "node", "eval"}:
         _add(classes, paths, "execute")
     recon = words & _RECON_WORDS
@@ -386,6 +403,19 @@ def _secret_read(tool: str, words: frozenset[str], named: list[tuple[str, str]])
     return f"{tool}:{ident}" if ident else tool
 
 
+def _session_read(words: frozenset[str], runs_code: bool, arguments: Any) -> bool:
+    """Whether a call reads a browser session: a cookie or web-storage read tool (`storage` with
+    `local`, `session` or `state`), or page script whose code reads `document.cookie` or storage."""
+    nouns = words & _SESSION_NOUNS
+    if nouns and not words & _SESSION_WRITES:
+        if nouns != {"storage"} or words & {"local", "session", "state"}:
+            return bool(words & (_READ_WORDS | _SECRET_READS | _LIST_WORDS | {"state", "save"}))
+    if not runs_code:
+        return False
+    return any(("ookie" in text or "torage" in text or "indexedDB" in text) and _SESSION_CODE.search(text, 0, 65_536)
+               for _, text in _strings(arguments, ""))
+
+
 def _records(
     words: frozenset[str], sends: bool, said: list[str], addressees: list[str], classes: set[str], paths: dict[str, list[str]]
 ) -> None:
@@ -413,7 +443,8 @@ def _own_record(text: str, kinds: dict[str, int], addressees: list[str]) -> bool
 def result_classes(result: Any) -> set[str]:
     """Classes a call earns by what it answered, whatever the tool is called: `records_read` when its
     text holds the records of several people (two or more emails, phone numbers, IBANs, national
-    ids, birth dates or addresses with other personal data: a report, an export, a database page);
+    ids, birth dates, addresses or salaries with other personal data: a report, an export, a
+    database page, a table);
     `credential_read` when it holds a private key or a vendor-format credential (a settings tool
     answering with a deploy key, a state file full of access keys: redacted before the model saw
     it, but the agent reached the secrets); `confidential_read` when a classification marking heads
@@ -432,7 +463,7 @@ def result_classes(result: Any) -> set[str]:
         kinds = personal_kinds(text[:_ROWS_SPAN])
     else:
         return found
-    if carries_personal(kinds) and any(kinds.get(k, 0) >= 2 for k in ("email", "phone", "iban", "national_id", "birthdate", "address")):
+    if carries_personal(kinds) and any(kinds.get(k, 0) >= 2 for k in ("email", "phone", "iban", "national_id", "birthdate", "address", "pay")):
         found.add("records_read")
     return found
 

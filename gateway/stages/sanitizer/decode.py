@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import unquote_to_bytes
 
+from gateway.stages.sanitizer import spelled
+
 __all__ = ["MAX_DEPTH", "Layer", "Prefixes", "charcode_layers", "charcode_text", "decode_base64", "decoded_layers", "whole_text"]
 
 MAX_DEPTH: Final = 3  # layers of encoding inside one another
@@ -316,6 +318,8 @@ def _candidates(s: str, prefixes: Prefixes | None, top: bool) -> Iterator[Layer]
             yield from charcode_layers(s)
         if "<~" in s or "85" in s or len(s) - len(s.translate(_NO_B85_SYMBOLS)) >= 4:
             yield from _base85(s)
+        if top:
+            yield from _spelled(s, prefixes)
     if len(s) >= MIN_BASE64:
         yield from _runs(s, prefixes)
 
@@ -340,9 +344,49 @@ def _runs(s: str, prefixes: Prefixes | None) -> Iterator[Layer]:
         decoded = _decode_run(run, extended)
         if decoded is not None:
             yield Layer(m.start(), m.end(), decoded[0], decoded[1])
+        elif prefixes is not None:
+            yield from _written_out(run, m.start(), prefixes)
         if "/" in run:  # `/` is base64 and a path separator: a URL or path segment may be the encoded part
             yield from _segments(run, m.start(), decoded, prefixes)
         i += 1
+
+
+def _written_out(run: str, start: int, prefixes: Prefixes) -> Iterator[Layer]:
+    """A run that is no base64 text read as base58, and as a token cut into groups (`spelled`)."""
+    text = spelled.base58_text(run, _as_text)
+    if text is not None:
+        yield Layer(start, start + len(run), "base58", text)
+    if "-" in run or "_" in run or "/" in run:
+        for a, b, via, joined, only in spelled.regrouped(run, lambda t: prefixes.in_bytes(t.encode())):
+            yield Layer(start + a, start + b, via, joined, only)
+
+
+def _spelled(s: str, prefixes: Prefixes) -> Iterator[Layer]:
+    """Morse, spelling-alphabet words, bits and ROT47 in the scanned string itself (`spelled`),
+    each only in a string long enough to spell a credential that way."""
+    reads: list[Iterator[tuple[int, int, str, str, bool]]] = []
+    if len(s) >= 24:
+        reads.append(spelled.morse(s))
+    if len(s) >= 48 and " " in s:
+        reads.append(spelled.phonetic(s))
+    if len(s) >= 64:
+        reads.append(spelled.binary(s, _as_text))
+    if len(s) <= spelled.MAX_ROT47 and _rot47_words(prefixes).search(s) is not None:
+        reads.append(spelled.rot47(s, lambda t: prefixes.in_bytes(t.encode())))
+    for read in reads:
+        for a, b, via, text, only in read:
+            yield Layer(a, b, via, text, only)
+
+
+_ROT47_OF: dict[tuple[str, ...], re.Pattern[str]] = {}
+
+
+def _rot47_words(prefixes: Prefixes) -> re.Pattern[str]:
+    """The credential prefixes as ROT47 writes them, one regex (built once per prefix set)."""
+    found = _ROT47_OF.get(prefixes.words)
+    if found is None:
+        found = _ROT47_OF[prefixes.words] = re.compile("|".join(re.escape(spelled.rot47_word(w)) for w in prefixes.words))
+    return found
 
 
 def _wrapped(s: str, runs: list[re.Match[str]], i: int) -> tuple[int, Layer] | None:
@@ -398,6 +442,8 @@ def _segments(run: str, offset: int, whole: tuple[str, str] | None, prefixes: Pr
             decoded = _decode_run(segment, prefixes is not None)
             if decoded is not None and decoded != whole:
                 yield Layer(offset + pos, offset + pos + len(segment), decoded[0], decoded[1])
+            elif decoded is None and prefixes is not None:
+                yield from _written_out(segment, offset + pos, prefixes)
             if prefixes is not None:
                 yield from _turned(segment, offset + pos, prefixes)
         pos += len(segment) + 1

@@ -5,14 +5,16 @@ of each: `email`, `phone` (international `+` form, or a number under a phone lab
 (mod-97 checked), `national_id` (a US SSN, a UK National Insurance number, or a number under an
 id label: NHS, BSN, NIR, DNI, PESEL, Steuer-ID, insurance or passport number, in several
 languages), `birthdate` (a full date under a birth label: dob, born, geb., naissance, nacimiento,
-…), `health` (an ICD-10 code or a diagnosis/medication label with a value), `address` (a street
+…), `health` (an ICD-10 code or a diagnosis/medication label with a value), `pay` (a number under
+a salary/wage/compensation label), `address` (a street
 address: house number and street word, in several languages, or a value under an address
 label) and `name` (a person's
 name under a name label: name, patient, holder, nom, prenom, nombre, vorname, …). `keys` are
-the field or query-parameter names the text came from; they count as labels.
+the field or query-parameter names the text came from; they count as labels, and so do a table's
+column headers (CSV, TSV, `;` or markdown: `labelled_table`).
 
 `carries_personal(kinds)` is the judgement the rules use: data about people rather than one
-address: an identifying kind (an IBAN, a national id, a birth date, a diagnosis) with any other
+address: an identifying kind (an IBAN, a national id, a birth date, a diagnosis, pay) with any other
 kind, an email with a phone number (a contact record), or two values of contact or account data
 (a list of people). One email, one phone number, one date or one diagnosis code alone, or a name
 with an email (a sign-up form), is not enough: an unsubscribe link, a shop's public number, an ICD
@@ -28,7 +30,7 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
-__all__ = ["carries_personal", "emails", "identifies_person", "personal_kinds"]
+__all__ = ["carries_personal", "emails", "identifies_person", "labelled_table", "personal_kinds"]
 
 MAX_TEXT: Final = 65_536
 
@@ -73,13 +75,25 @@ _ADDRESS: Final = re.compile(
     r"|\b\d{1,4},? (?:rue|avenue|boulevard|chemin|impasse|calle|avenida|via|viale|piazza|corso) (?:(?:de|du|des|la|le|del|di|d')[ ']?){0,2}[A-ZÀ-Ý]"
     r"|(?i:\b(?:address|addr|street|adresse|anschrift|direcci[oó]n|indirizzo|morada))" + _LABEL_GAP + r"[^\n]{0,40}\d"
 )
+#: Pay under a pay label (round 7, ec-personal-data-to-outside): what HR and payroll exports hold.
+_PAY_LABEL: Final = re.compile(
+    r"(?i:\b(?:salary|salaries|wage|gross[ _]pay|net[ _]pay|base[ _]pay|compensation|bonus|gehalt|lohn|salaire|salario|stipendio))"
+    + _LABEL_GAP + r"[$€£]?\s?\d[\d,.' ]{2,}"
+)
 _LISTED: Final = frozenset({"email", "phone", "iban", "national_id"})  # two of them: a list of people
-_IDENTIFYING: Final = frozenset({"iban", "national_id", "birthdate", "health"})
+_IDENTIFYING: Final = frozenset({"iban", "national_id", "birthdate", "health", "pay"})
+_TABLE_ROWS: Final = 200  # rows of a table read as labelled fields
+_CELL_SPLIT: Final = {",": re.compile(r","), "\t": re.compile(r"\t"), ";": re.compile(r";"), "|": re.compile(r"\s*\|\s*")}
+_RULE_ROW: Final = re.compile(r"^[\s|:+-]+$")
+_CELL_EDGE: Final = ' \t\r"'
+_FIELD_PREFIX: Final = re.compile(r"^[\w .-]{1,40}:\s+(?=\S)")
 
 
 def personal_kinds(text: str) -> dict[str, int]:
     """{kind: distinct values} of the personal data in `text` (see the module docstring)."""
     text = text[:MAX_TEXT]
+    if "\n" in text:
+        text += labelled_table(text)
     digits = sum(map(str.isdigit, text)) if len(text) < 4096 else 6
     if "@" not in text and digits < 6 and not _NAME_LABEL.search(text):
         return {}
@@ -104,9 +118,35 @@ def _numbers(text: str, found: dict[str, set[str]]) -> None:
     _put(found, "national_id", (m.group().replace(" ", "") for m in _NINO.finditer(text)))
     _put(found, "national_id", (re.sub(r"\W", "", m.group(1)) for m in _ID_LABEL.finditer(text)))
     _put(found, "birthdate", (m.group() for m in _BIRTH.finditer(text)))
+    _put(found, "pay", (m.group() for m in _PAY_LABEL.finditer(text)))
     health = [m.group() for m in _HEALTH_LABEL.finditer(text)]
     if health or _ICD.search(text):
         _put(found, "health", health or [m.group() for m in _ICD.finditer(text)])
+
+
+def labelled_table(text: str) -> str:
+    """A CSV, TSV, semicolon or markdown table's rows as `header: cell` lines ("" for text without
+    one), so a column's header labels its cells as a field's name labels its value (`name,salary`
+    over `Jane Smith,72000` reads `name: Jane Smith`, `salary: 72000`). The header is the first line
+    the next line (a markdown rule aside) matches cell for cell."""
+    lines = [line.strip().strip("|") for line in text.split("\n", _TABLE_ROWS + 2)[: _TABLE_ROWS + 1]]
+    for i, head in enumerate(lines[:-1]):
+        head = _FIELD_PREFIX.sub("", head, count=1).strip().strip("|")  # `report: | Name | Phone |`: a field's table
+        sep = next((c for c in ("\t", "|", ";", ",") if c in head), None)
+        if sep is None:
+            continue
+        split = _CELL_SPLIT[sep]
+        header = [h.strip(_CELL_EDGE + "*'") for h in split.split(head)]
+        rows = [split.split(row) for row in lines[i + 1 :] if row and not _RULE_ROW.match(row)]
+        if rows and len(rows[0]) == len(header) and _header(header):
+            return "\n" + "\n".join(f"{h}: {c.strip(_CELL_EDGE)}" for row in rows if len(row) == len(header)
+                                     for h, c in zip(header, row))
+    return ""
+
+
+def _header(cells: list[str]) -> bool:
+    """Whether a table row can be a header: 2..32 short cells, none empty or starting with a digit."""
+    return 2 <= len(cells) <= 32 and all(cell and len(cell) <= 40 and not cell[0].isdigit() for cell in cells)
 
 
 def _put(found: dict[str, set[str]], kind: str, values: Iterable[str]) -> None:

@@ -17,6 +17,7 @@ its own right, so the rules judge what it does, not that an option was used: `rs
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Final
 
 #: Environment variables a program runs as a command line.
@@ -101,6 +102,10 @@ def _git_env(name: str, value: str, env: dict[str, str]) -> tuple[str | None, st
     return None, None
 
 
+#: A client's own command that runs a shell command: `\! cmd`, `!cmd`, `shell cmd`, `system cmd`.
+_CLIENT_BANG: Final = re.compile(r"(?:^|[;\n])\s*(?:\\!|!|shell\s|\\?system\s)\s*([^;\n]+)")
+#: rpm macros that run a command: `%(cmd)`, Lua's `os.execute("cmd")` / `io.popen("cmd")`.
+_RPM_RUNS: Final = re.compile(r"%\(([^)]+)\)|(?:os\.execute|io\.popen)\(\s*[\"']([^\"']+)")
 #: `git -c KEY=VALUE` keys whose value git runs (a shell command line).
 _GIT_KEYS: Final = re.compile(
     r"(?i)^(core\.(sshcommand|pager|editor|fsmonitor|askpass|gitproxy)|sequence\.editor|diff\.external|"
@@ -185,6 +190,7 @@ def _git(args: list[str]) -> list[str | list[str]]:
     elif sub == "filter-branch":
         out.extend(_values(rest, "--tree-filter", "--index-filter", "--msg-filter", "--env-filter", "--commit-filter",
                            "--parent-filter", "--tag-name-filter"))  # fmt: skip
+    out.extend(_values(args, "--upload-pack", "--receive-pack", "--exec", "--open-files-in-pager", "-O", "-u"))
     for a in args:  # the ext:: remote helper runs its URL as a command (`%` escapes a space)
         if a.startswith("ext::"):
             out.append(a[5:].replace("% ", " ").replace("%%", "%"))
@@ -203,7 +209,31 @@ def _ssh(args: list[str]) -> list[str | list[str]]:
 
 
 def _rsync(args: list[str]) -> list[str | list[str]]:
-    return list(_values(args, "-e", "--rsh"))
+    return list(_values(args, "-e", "--rsh", "--rsync-path"))
+
+
+def _program(*options: str) -> Callable[[list[str]], list[str | list[str]]]:
+    """A tool whose `options` name a program it runs (`tcpdump -z`, `aria2c --on-download-complete`,
+    `wget --use-askpass`): each value, a command line."""
+    return lambda args: list(_values(args, *options))
+
+
+def _client_bang(*options: str) -> Callable[[list[str]], list[str | list[str]]]:
+    """A client whose `options` hold its own commands, of which `\\!`, `!`, `shell` and `system` run a
+    shell command (mysql -e, psql -c, gdb -ex, lftp -c, mail --exec): the rest of each such command."""
+    def payloads(args: list[str]) -> list[str | list[str]]:
+        return [m.group(1).strip() for v in _values(args, *options) for m in _CLIENT_BANG.finditer(v)]
+    return payloads
+
+
+def _make(args: list[str]) -> list[str | list[str]]:
+    """`make --eval` text: its recipe lines (after a tab) are shell command lines."""
+    return [line[1:] for text in _values(args, "--eval") for line in text.split("\n") if line.startswith("\t")]
+
+
+def _rpm(args: list[str]) -> list[str | list[str]]:
+    """`rpm --eval`/`-E` macros that run commands: `%(cmd)` and Lua's `os.execute("cmd")`/`io.popen`."""
+    return [m.group(1) or m.group(2) for v in _values(args, "--eval", "-E") for m in _RPM_RUNS.finditer(v)]
 
 
 def _zip(args: list[str]) -> list[str | list[str]]:
@@ -296,4 +326,10 @@ _HANDLERS: Final = {
     "rsync": _rsync, "zip": _zip, "env": _env, "sort": _sort, "sed": _sed, "gsed": _sed, "man": _man,
     "watch": _watch, "flock": _dash_c_value, "script": _dash_c_value, "npx": _dash_c_value, "npm": _dash_c_value,
     "pnpm": _dash_c_value, "tmux": _tmux, "parallel": _parallel, "sqlite3": _sqlite,
+    "tcpdump": _program("-z"), "aria2c": _program("--on-download-complete", "--on-download-start", "--on-download-error",
+                                                  "--on-download-stop", "--on-download-pause", "--on-bt-download-complete"),
+    "wget": _program("--use-askpass"), "cpio": _program("--rsh-command"), "make": _make, "gmake": _make, "rpm": _rpm,
+    "mysql": _client_bang("-e", "--execute"), "mariadb": _client_bang("-e", "--execute"), "psql": _client_bang("-c", "--command"),
+    "gdb": _client_bang("-ex", "--ex", "-eval-command", "--eval-command"), "lftp": _client_bang("-c", "-e"),
+    "mail": _client_bang("--exec", "-E"), "mailx": _client_bang("--exec", "-E"),
 }  # fmt: skip

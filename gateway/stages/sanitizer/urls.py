@@ -40,6 +40,7 @@ from urllib.parse import unquote, unquote_plus
 
 from gateway.memo import Memo
 from gateway.stages.classify import tool_words
+from gateway.stages.sanitizer import spelled
 from gateway.stages.sanitizer.decode import decode_base64
 from gateway.stages.sanitizer.formats import credential_hits, documented_example, is_placeholder
 from gateway.stages.sanitizer.hosts import CLASSES, HostFacts, host_facts
@@ -539,19 +540,51 @@ def _carried(url: str, parts: _Parts, facts: HostFacts, nested: list[tuple[str, 
             text, hidden = _unquoted(value, plus=True)
             if hidden >= 8:
                 data.append("query_encoded")
-            opaque = oauth and unquote_plus(pair.partition("=")[0]).lower() in _OAUTH_OPAQUE
-            _value(text, hidden, "query", [] if opaque else data, secrets, nested)
+            name = unquote_plus(pair.partition("=")[0]).lower()
+            opaque = oauth and name in _OAUTH_OPAQUE
+            inner: list[tuple[str, str]] = []
+            _value(text, hidden, "query", [] if opaque else data, secrets, inner)
+            nested.extend(_browser_bound(inner) if name in _OAUTH_REDIRECTS and _client_request(pairs) else inner)
             fields.append(f"{_unquoted(pair.partition('=')[0], plus=True)[0]}: {text}")
     segments = [unquote(seg) for seg in parts.path.split("/")[:MAX_PARTS] if seg]
     fields.extend(segments)
+    values = [f.partition(": ")[2] for f in fields[: len(fields) - len(segments)]]
+    if _transcript(values + segments):
+        data.append("url_conversation")
+    fields.extend(_path_fields(segments))
     _chunked(segments, secrets)
-    _chunked([f.partition(": ")[2] for f in fields[: len(fields) - len(segments)]], secrets)
+    _chunked(values, secrets)
     if parts.host and not facts.ip:
         labels = parts.host.split(".")
         _chunked(labels[: -_registrable(labels)], secrets)
     if fields and identifies_person(personal_kinds("\n".join(fields))):
         data.append("url_personal")
     return sorted(set(data)), sorted(secrets), entropy
+
+
+#: A chat turn's role label (`User:`, `Assistant:`, `Human:`, `AI:`): two roles in a URL's values are
+#: a conversation carried out (round 7, ux-conversation-in-query).
+_ROLE: Final = re.compile(
+    r"(?i)(?<![\w-])(user|human|assistant|ai|bot|model|system|chatgpt|claude|gpt)\s*:\s*\w"  # a label then the turn's text, not a quoted label
+    r"|\"role\"\s*:\s*\"(user|assistant|system|model)\""  # a chat API's messages as JSON
+)
+#: A path segment that labels the next one (`/name/Jane Smith/address/…`): letters, at most 24.
+_PATH_LABEL: Final = re.compile(r"[A-Za-z][A-Za-z_-]{1,23}")
+
+
+def _transcript(values: list[str]) -> bool:
+    """Whether a URL's query values and path segments hold a conversation: two different chat roles."""
+    roles = {(m.group(1) or m.group(2)).lower() for v in values if ":" in v for m in _ROLE.finditer(v, 0, 8_192)}
+    return len(roles - {"user", "human"}) >= 1 and len(roles & {"user", "human"}) >= 1
+
+
+def _path_fields(segments: list[str]) -> list[str]:
+    """What a path says as fields (round 7, ux-personal-data-in-path): a label segment before a value
+    (`/name/Jane Smith/city/Leeds` reads `name: Jane Smith`) and words joined by `-`, `_` or `+`
+    (`12-Oak-Road-Leeds`) read apart."""
+    out = [f"{a}: {b}" for a, b in zip(segments, segments[1:]) if _PATH_LABEL.fullmatch(a) and not _PATH_LABEL.fullmatch(b)]
+    out.extend(seg.replace("-", " ").replace("_", " ").replace("+", " ") for seg in segments if "-" in seg or "_" in seg or "+" in seg)
+    return out
 
 
 #: An OAuth 2.0 / OpenID Connect request or redirect (RFC 6749, OIDC Core and RP-Initiated Logout):
@@ -563,6 +596,26 @@ _OAUTH_MARKS: Final = frozenset({"client_id", "response_type", "redirect_uri", "
 _OAUTH_OPAQUE: Final = frozenset({"state", "nonce", "code_challenge", "code", "session_state", "relaystate", "login_hint"})
 #: Parameters that hand a JWT to the identity provider: fine when the JWT names that provider.
 _OAUTH_TOKENS: Final = frozenset({"id_token_hint", "request", "logout_hint"})
+
+
+#: Where an OAuth/OIDC request sends the user's browser back to (RFC 6749 §3.1.2, OIDC RP-Initiated Logout).
+_OAUTH_REDIRECTS: Final = frozenset({"redirect_uri", "post_logout_redirect_uri"})
+
+
+def _client_request(pairs: list[str]) -> bool:
+    """Whether a query is a client's OAuth/OIDC request: it names its `client_id` and a redirect or response type."""
+    names = {unquote_plus(p.partition("=")[0]).lower() for p in pairs if "=" in p}
+    return "client_id" in names and bool(names & {"redirect_uri", "post_logout_redirect_uri", "response_type"})
+
+
+def _browser_bound(inner: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A client request's redirect URLs without the loopback ones (round 7, bn-public-destination): a
+    native app's loopback redirect (RFC 8252 §7.3) is where the user's browser returns after consent,
+    which the identity provider checks against the client's registration; nothing fetches it from
+    the host the call reaches. Any other redirect host stays a destination."""
+    return [(url, where) for url, where in inner
+            if "loopback" not in host_facts(_split(url).host).classes or _FIND.search(url, 3) is not None
+            or "%3a" in url.lower()]  # a loopback redirect that carries a URL of its own stays one
 
 
 def _oauth_request(pairs: list[str]) -> bool:
@@ -696,6 +749,8 @@ def _unquoted(raw: str, *, plus: bool) -> tuple[str, int]:
     """`raw` percent-decoded until nothing changes (at most 4 layers), and how many letters and digits
     were percent-encoded on the way: no encoder needs to escape them, so many of them hide data."""
     text, hidden = raw, 0
+    if plus and "%" not in text:
+        return text.replace("+", " "), 0  # form encoding without escapes: `+` is still a space
     for _ in range(4):
         if "%" not in text:
             break
@@ -893,7 +948,8 @@ def decode_token(token: str, minimum: int = MIN_TOKEN) -> tuple[str, str] | None
         text = _text(raw) if raw is not None else None
         if text is not None:
             return "base64", text
-    return None
+    text = spelled.base58_text(token, _text)  # the Bitcoin alphabet (round 7: es-base58-credential)
+    return ("base58", text) if text is not None else None
 
 
 def _text(data: bytes) -> str | None:
