@@ -838,8 +838,8 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
         findings.extend(_capability(prose, code, where))
     if not prose.isascii() and "_" in low:
         findings.extend(_cjk_tool_order(prose, where))
-    if not instructed and _model_gate(prose, low, words):
-        instructed = _learned(prose, code, findings, where)
+    if (not instructed or not any(f.kind in _WANT_KINDS for f in findings)) and _model_gate(prose, low, words):
+        instructed = _learned(prose, code, findings, where) or instructed  # round 7: a grammar's order wanting nothing
     if instructed and "_" in low and not any(f.kind == "tool_reference" for f in findings):
         findings.extend(_named_in_order(prose, code, where))
     if not instructed and ("@" in low or links) and not words.isdisjoint(_HELD_GATE):
@@ -904,7 +904,13 @@ _MODEL_WORDS: Final = frozenset((
     "ai", "assistant", "assistants", "model", "models", "llm", "llms", "agent", "agents", "claude", "gpt", "chatgpt", "copilot",
     "gemini", "bot", "chatbot", "prompt", "instructions",
 ))
+#: English words of an order about the user or the answer (round 7): "tell the user…", "when summarising
+#: this page…" name no AI but are the learned score's to judge.
+_MODEL_GATE: Final = _MODEL_WORDS | frozenset(("user", "summarize", "summarise", "summarizing", "summarising"))
 _MODEL_MIN: Final = 24
+#: What an order wants that the result rules act on: an order the grammars found with none of these is
+#: read by the learned score too, for what it wants (`_wants`: the answer steered, an action; round 7).
+_WANT_KINDS: Final = frozenset(("tool_reference", "credential_request", "data_request", "exfiltration", "url_data", "rule_override"))
 #: A quoted span on one line: blanked before scoring when it is quoted as an example (`_mentioned`).
 _QUOTED: Final = re.compile(r"'[^'\n]{3,200}'|\"[^\"\n]{3,200}\"|“[^”\n]{3,200}”|‘[^’\n]{3,200}’|«[^»\n]{3,200}»|„[^“”\n]{3,200}[“”]|「[^」\n]{1,200}」")
 _QUOTE_MARKS: Final = frozenset("'\"“‘«„「")
@@ -937,7 +943,7 @@ def _model_gate(prose: str, low: str, words: frozenset[str]) -> bool:
     (another language in Latin letters is read), and not JSON written out (a record's fields are read one
     by one, as data: `_agent_fields`, `_data_field`)."""
     return (len(prose) >= _MODEL_MIN
-            and (not words.isdisjoint(_MODEL_WORDS) or lexicon.gate(low, words) or _foreign_ascii(low, words))
+            and (not words.isdisjoint(_MODEL_GATE) or lexicon.gate(low, words) or _foreign_ascii(low, words))
             and not (prose.lstrip()[:1] in ("{", "[") and is_json(prose)))
 
 
@@ -1017,7 +1023,9 @@ def _exemplified(text: str, start: int) -> bool:
 
 def _wants(prose: str, hit: instruction_model.Hit) -> Iterator[tuple[str, str]]:
     """What an order the model scored wants, from the concepts and shapes of its window: credentials,
-    the user's data, the rules voided, the prompt shown, a tool called, data sent to an address."""
+    the user's data, the rules voided, the prompt shown, a tool called, data sent to an address; and (round 7)
+    the answer steered (`output_manipulation`: what to say, recommend, omit) or an action taken in the user's
+    name (`action_request`: approve, pay, merge, delete; or an order that speaks for the user)."""
     c = set(hit.concepts)
     if "cred" in c:
         yield "credential_request", "asks for credentials"
@@ -1031,6 +1039,28 @@ def _wants(prose: str, hit: instruction_model.Hit) -> Iterator[tuple[str, str]]:
         yield "tool_reference", m.group(1)
     if hit.shapes & {"xurl", "xmail"}:  # an order to the model naming an address, in any language (round 6)
         yield "exfiltration", "asks to send data to an address"
+    window = prose[hit.start:hit.end]
+    words = frozenset(_ENGLISH_WORD.findall(window.lower()))
+    if "tell" in c or not words.isdisjoint(_ANSWER_WORDS):  # round 7: what the model says, recommends, omits
+        yield "output_manipulation", "tells the model what to say to the user"
+    if action := sorted(words & _ACTION_WORDS):
+        yield "action_request", f"asks the model to {action[0]}"
+    elif "user" in c and "tell" not in c and any(ch.isalpha() and not ch.isascii() for ch in window):
+        # "the user asked you to…" in a language whose verbs of action the English list does not read
+        yield "action_request", "an order about the user"
+
+
+#: English words of an order about the answer (`output_manipulation`) and of an action taken in the
+#: user's name (`action_request`), read only inside a window the learned score called an order (round 7).
+_ENGLISH_WORD: Final = re.compile(r"[a-z]+")
+_ANSWER_WORDS: Final = frozenset((
+    "tell", "say", "mention", "describe", "recommend", "rate", "rank", "summarize", "summarise", "summarizing",
+    "summarising", "summary", "answer", "reply", "respond", "response", "omit", "present", "state", "conclude", "advise",
+))
+_ACTION_WORDS: Final = frozenset((
+    "approve", "pay", "merge", "delete", "invite", "transfer", "cancel", "grant", "accept", "share", "reset", "disable",
+    "unsubscribe", "archive", "refund", "remove", "decline", "publish", "install", "forward", "purchase", "buy", "sign",
+))
 
 
 def _foreign(prose: str, low: str, code: list[tuple[int, int]], where: str) -> Iterator[Finding]:

@@ -28,7 +28,11 @@ invariantlabs text, which held-out corpora use):
   microsoft/BIPIA (MIT), benchmark/email/train.jsonl: sentence windows of the e-mail contexts
     (invoices from openai/evals, MIT per BIPIA's NOTICE.md), label 0.
   Not used: BIPIA's table and code contexts (CC BY-SA) and its test split; Open-Prompt-Injection
-  and llmail-inject-challenge keep no text data in their GitHub repositories.
+  and llmail-inject-challenge keep no text data in their GitHub repositories (checked again in
+  round 7: llmail-inject-challenge's copy holds code and notebooks, no submissions; its fp_tests
+  e-mails are held-out text and never used); deepset's and HackAPrompt's sets have no official
+  GitHub copy. Round 7's rows (orders about the answer, forged notices, impersonated users,
+  actions, code injection, and their hard negatives) are hand-written.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from gateway.stages.sanitizer import instruction_model as im  # noqa: E402
 
 TSV = Path(__file__).with_name("instruction_training.tsv")
 OUT = ROOT / "gateway" / "stages" / "sanitizer" / "data" / "instruction_model.json"
-MODEL = "instruction-lr-2"
+MODEL = "instruction-lr-3"
 BUCKETS = 1 << 17  # character n-gram buckets
 EPOCHS = 14
 RATE = 0.25
