@@ -80,6 +80,11 @@ CORPORA = (
     HeldOut("corpus_heldout9", "h9", {f: 25 for f in ATTACK_FAMILIES} |
             {"tool_poisoning": 30, "injected_results": 30, "fetched_injection": 30},
             min_benign=100, min_benign_per_family=10, benign_classes_prefixed=True),
+    # The tenth, frozen 2026-11-29: the ninth's sizes, at least half of the tool_poisoning, injected_results
+    # and fetched_injection attacks adapted from public sources none of the earlier corpora used.
+    HeldOut("corpus_heldout10", "h10", {f: 25 for f in ATTACK_FAMILIES} |
+            {"tool_poisoning": 30, "injected_results": 30, "fetched_injection": 30},
+            min_benign=100, min_benign_per_family=10, benign_classes_prefixed=True),
 )
 IDS = [c.folder for c in CORPORA]
 
