@@ -1,13 +1,15 @@
 """detection: the labelled corpora through `dharma stdio` with the standard profile.
 
-Nine corpora, the same harness (`tests.corpus.runner`: each case its own `dharma stdio` and SDK
+Ten corpora, the same harness (`tests.corpus.runner`: each case its own `dharma stdio` and SDK
 server, every tool granted to the local user, the client declining every approval):
 - **tuned** (tests/corpus/): the cases the detectors were built and adjusted against; the same run
   as tests/test_corpus.py. Misses are named case by case.
-- **held-out 8** (tests/corpus_heldout8/): the freshest. Written by someone who read neither the
-  detectors nor any other corpus's cases, half of its text-injection attacks adapted from public
-  sources no earlier corpus used (its SOURCES.md), frozen 2026-11-29 after the sixth round of issue
-  24/27 detector work and before the seventh; read per family only until that round landed.
+- **held-out 9** (tests/corpus_heldout9/): the freshest. Written by someone who read neither the
+  detectors nor any other corpus's cases, over half of its text-injection attacks adapted from a
+  public technique catalogue no earlier corpus used (its SOURCES.md), frozen 2026-11-29 before the
+  seventh round of issue 24/27 detector work; read per family before and after that round.
+- **held-out 8** (tests/corpus_heldout8/): written the same way after the sixth round, frozen before
+  the seventh; read per family before and after the seventh round.
 - **held-out 7** (tests/corpus_heldout7/): written the same way, over half of its text-injection
   attacks adapted from public sources, frozen before the sixth round; its per-class counts were read
   after that round and chose the seventh round's classes.
@@ -25,6 +27,9 @@ server, every tool granted to the local user, the client declining every approva
 - **held-out 1** (tests/corpus_heldout/): the first held-out corpus, also frozen before the
   detectors changed, but no longer independent: the names of its missed cases were seen while
   the detectors were tuned (docs/detection.md). Reported for comparison, read like held-out 2.
+
+Held-out 10 (tests/corpus_heldout10/) is frozen for the eighth round and not run here until that
+round lands.
 
 Per attack family: the cases caught (recall), precision against the benign look-alikes of that
 family, the benign cases refused (false positives), and the cases that could not run. Targets
@@ -48,6 +53,7 @@ from tests.corpus.runner import RECALL_TARGET, REPO, Verdict, families_of, figur
 QUICK_PER_FILE = 3
 #: The held-out corpora, the clean one first: (name in the report, folder).
 HELD_OUT: tuple[tuple[str, Path], ...] = (
+    ("held-out 9", REPO / "tests" / "corpus_heldout9"),
     ("held-out 8", REPO / "tests" / "corpus_heldout8"),
     ("held-out 7", REPO / "tests" / "corpus_heldout7"),
     ("held-out 6", REPO / "tests" / "corpus_heldout6"),
