@@ -43,6 +43,13 @@ class HeldOut:
         return HERE / self.folder
 
 
+#: The sizes every held-out corpus since the sixth keeps: >= 25 attacks per family (30 for the three
+#: text families), >= 100 benign with >= 10 looking like each family.
+SIXTH_SIZES: dict = {
+    "min_attacks": {f: 25 for f in ATTACK_FAMILIES} | {"tool_poisoning": 30, "injected_results": 30, "fetched_injection": 30},
+    "min_benign": 100, "min_benign_per_family": 10, "benign_classes_prefixed": True,
+}
+
 CORPORA = (
     # The first: issue 24's five families (>= 12 attacks each) and issue 27's three (>= 20 each).
     HeldOut("corpus_heldout", "ho", {f: 12 for f in ATTACK_FAMILIES[:5]} | {f: 20 for f in ATTACK_FAMILIES[5:]},
@@ -59,32 +66,20 @@ CORPORA = (
     # >= 10 looking like each family.
     HeldOut("corpus_heldout5", "h5", {f: 20 for f in ATTACK_FAMILIES} | {"obfuscated_shell": 25},
             min_benign=100, min_benign_per_family=10, benign_classes_prefixed=True),
-    # The sixth, frozen 2026-11-29: >= 25 attacks per family (30 for tool_poisoning, injected_results and
-    # fetched_injection, a third of those adapted from public datasets), >= 100 benign with >= 10 looking
-    # like each family.
-    HeldOut("corpus_heldout6", "h6", {f: 25 for f in ATTACK_FAMILIES} |
-            {"tool_poisoning": 30, "injected_results": 30, "fetched_injection": 30},
-            min_benign=100, min_benign_per_family=10, benign_classes_prefixed=True),
-    # The seventh, frozen 2026-11-29: the sixth's sizes, at least half of the tool_poisoning, injected_results
+    # The sixth, frozen 2026-11-29: a third of its text attacks adapted from public datasets.
+    HeldOut("corpus_heldout6", "h6", **SIXTH_SIZES),
+    # The seventh, frozen 2026-11-29: at least half of the tool_poisoning, injected_results
     # and fetched_injection attacks adapted from public datasets (other sources than the sixth's).
-    HeldOut("corpus_heldout7", "h7", {f: 25 for f in ATTACK_FAMILIES} |
-            {"tool_poisoning": 30, "injected_results": 30, "fetched_injection": 30},
-            min_benign=100, min_benign_per_family=10, benign_classes_prefixed=True),
-    # The eighth, frozen 2026-11-29: the seventh's sizes, at least half of the tool_poisoning, injected_results
+    HeldOut("corpus_heldout7", "h7", **SIXTH_SIZES),
+    # The eighth, frozen 2026-11-29: at least half of the tool_poisoning, injected_results
     # and fetched_injection attacks adapted from public sources none of the earlier corpora used.
-    HeldOut("corpus_heldout8", "h8", {f: 25 for f in ATTACK_FAMILIES} |
-            {"tool_poisoning": 30, "injected_results": 30, "fetched_injection": 30},
-            min_benign=100, min_benign_per_family=10, benign_classes_prefixed=True),
-    # The ninth, frozen 2026-11-29: the eighth's sizes, at least half of the tool_poisoning, injected_results
+    HeldOut("corpus_heldout8", "h8", **SIXTH_SIZES),
+    # The ninth, frozen 2026-11-29: at least half of the tool_poisoning, injected_results
     # and fetched_injection attacks adapted from public sources none of the earlier corpora used.
-    HeldOut("corpus_heldout9", "h9", {f: 25 for f in ATTACK_FAMILIES} |
-            {"tool_poisoning": 30, "injected_results": 30, "fetched_injection": 30},
-            min_benign=100, min_benign_per_family=10, benign_classes_prefixed=True),
-    # The tenth, frozen 2026-11-29: the ninth's sizes, at least half of the tool_poisoning, injected_results
+    HeldOut("corpus_heldout9", "h9", **SIXTH_SIZES),
+    # The tenth, frozen 2026-11-29: at least half of the tool_poisoning, injected_results
     # and fetched_injection attacks adapted from public sources none of the earlier corpora used.
-    HeldOut("corpus_heldout10", "h10", {f: 25 for f in ATTACK_FAMILIES} |
-            {"tool_poisoning": 30, "injected_results": 30, "fetched_injection": 30},
-            min_benign=100, min_benign_per_family=10, benign_classes_prefixed=True),
+    HeldOut("corpus_heldout10", "h10", **SIXTH_SIZES),
 )
 IDS = [c.folder for c in CORPORA]
 
