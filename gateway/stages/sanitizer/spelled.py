@@ -26,10 +26,11 @@ most `MAX_SPELLED` characters. No I/O.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Iterator
 from typing import Final
+
+from gateway.stages.sanitizer import wallets
 
 __all__ = ["MAX_ROT47", "MAX_SPELLED", "base58_text", "binary", "morse", "phonetic", "regrouped", "rot47", "rot47_word"]
 
@@ -39,8 +40,6 @@ MAX_SPELLED: Final = 4_096  # characters of one string the Morse, phonetic and b
 MAX_ROT47: Final = 1_024  # a string longer than this is not read in ROT47 (a message or a field, not a page)
 MAX_BASE58: Final = 400  # a base58 run longer than this is no credential's encoding (and costs quadratic time)
 
-_B58: Final = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
-_B58_INDEX: Final = {c: i for i, c in enumerate(_B58)}
 _BASE58_RUN: Final = re.compile(r"[1-9A-HJ-NP-Za-km-z]+")
 
 _MORSE: Final = {
@@ -76,15 +75,10 @@ def base58_text(run: str, as_text: Callable[[bytes], str | None]) -> str | None:
     """The text a base58 run spells (Base58Check: its payload without checksum and version), or None."""
     if not 16 <= len(run) <= MAX_BASE58 or _BASE58_RUN.fullmatch(run) is None:
         return None
-    n = 0
-    for c in run:
-        n = n * 58 + _B58_INDEX[c]
-    raw = b"\0" * (len(run) - len(run.lstrip("1"))) + n.to_bytes((n.bit_length() + 7) // 8, "big")
+    raw = wallets.b58decode(run)
     text = as_text(raw)
-    if text is None and len(raw) > 5:
-        body, check = raw[:-4], raw[-4:]
-        if hashlib.sha256(hashlib.sha256(body).digest()).digest()[:4] == check:
-            text = as_text(body) or as_text(body[1:])
+    if text is None and len(raw) > 5 and (body := wallets.b58check_payload(raw)) is not None:
+        text = as_text(body) or as_text(body[1:])
     return text
 
 

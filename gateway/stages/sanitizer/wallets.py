@@ -66,7 +66,8 @@ def _sha256d(data: bytes) -> bytes:
     return hashlib.sha256(hashlib.sha256(data).digest()).digest()
 
 
-def _b58decode(text: str) -> bytes:
+def b58decode(text: str) -> bytes:
+    """The bytes a run of the Bitcoin base58 alphabet stands for (leading `1`s are zero bytes)."""
     n = 0
     for c in text:
         n = n * 58 + _B58_INDEX[c]
@@ -76,7 +77,11 @@ def _b58decode(text: str) -> bytes:
 
 def b58check_decode(text: str) -> bytes | None:
     """The payload of a Base58Check string (version byte included), or None if the checksum fails."""
-    raw = _b58decode(text)
+    return b58check_payload(b58decode(text))
+
+
+def b58check_payload(raw: bytes) -> bytes | None:
+    """Decoded Base58Check bytes without their 4-byte checksum, or None if the checksum fails."""
     if len(raw) < 5 or _sha256d(raw[:-4])[:4] != raw[-4:]:
         return None
     return raw[:-4]
@@ -385,13 +390,13 @@ def _raw_key_hits(s: str, hits: list[WalletHit]) -> None:
         if (hit := _hex_key(s, m.start(), m.end(), m.group(1), "hex private key (32 bytes)")) is not None:
             hits.append(hit)
     for m in _B58_LONG.finditer(s):
-        if _ed25519_keypair(_b58decode(m.group())):
+        if _ed25519_keypair(b58decode(m.group())):
             hits.append(("private_key", m.start(), m.end(), "Solana keypair (base58), public half matches", ""))
     pieces = _B58_PIECE.findall(s[:8192]) if len(s) >= 90 else []
     for i in range(len(pieces) - 1):  # a keypair cut into two or three runs (lines, fields of a note)
         for j in (i + 2, i + 3):
             joined = "".join(pieces[i:j])
-            if j <= len(pieces) and 85 <= len(joined) <= 90 and _ed25519_keypair(_b58decode(joined)):
+            if j <= len(pieces) and 85 <= len(joined) <= 90 and _ed25519_keypair(b58decode(joined)):
                 hits.append(("private_key", 0, len(s), "Solana keypair (base58) cut into pieces, public half matches", ""))
                 return
     if "[" in s:
