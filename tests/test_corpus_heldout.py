@@ -80,6 +80,9 @@ CORPORA = (
     # The tenth, frozen 2026-11-29: at least half of the tool_poisoning, injected_results
     # and fetched_injection attacks adapted from public sources none of the earlier corpora used.
     HeldOut("corpus_heldout10", "h10", **SIXTH_SIZES),
+    # The eleventh, frozen 2026-11-29: at least half of the tool_poisoning, injected_results
+    # and fetched_injection attacks adapted from public sources none of the earlier corpora used.
+    HeldOut("corpus_heldout11", "h11", **SIXTH_SIZES),
 )
 IDS = [c.folder for c in CORPORA]
 
