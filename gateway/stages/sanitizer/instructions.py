@@ -34,6 +34,7 @@ inline code span, or introduced by "such as", "like", "e.g.", "detects"…), and
 from __future__ import annotations
 
 import codecs
+import csv
 import html
 import json
 import re
@@ -655,6 +656,10 @@ _ATTRIBUTION: Final = re.compile(
     re.I,
 )
 
+#: A markdown heading that introduces what follows as a specimen ("## Example row", "### Sample prompts",
+#: "## Attack examples"): a dataset card or a security write-up quoting an injection under it.
+_EXAMPLE_HEADING: Final = re.compile(r"\b(?:examples?|samples?|specimens?|payloads?|attacks?|injections?)\b", re.I)
+
 
 def _quoted_block(text: str, start: int) -> bool:
     """Whether `start` is inside a quoted block (markdown `>` lines or a 4-space indented block) that a
@@ -673,7 +678,8 @@ def _quoted_block(text: str, start: int) -> bool:
         at = prev
         if not line.strip() or (line.lstrip().startswith(">") if quote else line.startswith(("    ", "\t"))):
             continue
-        return _ATTRIBUTION.search(line) is not None
+        return _ATTRIBUTION.search(line) is not None or (
+            line.lstrip().startswith("#") and _EXAMPLE_HEADING.search(line) is not None)
     return False
 
 
@@ -781,8 +787,8 @@ def scan_text(raw: str, where: str, other_tools: Iterable[str] = (), *, own_name
     if plain and raw in _CLEAN:
         return []
     found = _scan(raw[:MAX_SCAN], where, other_tools, own_name, decode=True)[:_MAX_FINDINGS]
-    if plain and not found and len(raw) <= _CLEAN_MAX_LEN:
-        _CLEAN.remember(raw)
+    if plain and not found and len(raw) <= _CLEAN_MAX_LEN and unseen.steers(raw, framed=True) is None:
+        _CLEAN.remember(raw)  # a field's order about the answer (`_steered`) is not found here, so it is not clean
     return found
 
 
@@ -868,13 +874,14 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
 _HELD: Final = re.compile(
     r"\b(?:this|the\s+user['’]s|the\s+owner['’]s)\s+(?:\w+\s+){0,2}?(?:inbox|mailbox|chat|session|workspace|drive"
     r"|contacts|contact\s+list|calendar|address\s+book|chat\s+history)\b(?!['’])"
-    r"|\b(?:the\s+user['’]s|the\s+owner['’]s)\s+(?:\w+\s+){0,2}?(?:conversations?|account|repositor(?:y|ies)|repos|files|documents"
-    r"|e-?mails|mail|messages|history|notes|passwords|photos)\b"
+    r"|\b(?:the\s+user['’]s|the\s+owner['’]s|the\s+visitor['’]s|the\s+reader['’]s)\s+(?:\w+\s+){0,2}?(?:conversations?|account"
+    r"|repositor(?:y|ies)|repos|files|documents|e-?mails|mail|messages|history|notes|passwords|photos|addresses|phone\s+numbers?"
+    r"|payment\s+(?:details|methods|cards?)|cards)\b"
     r"|\b(?:last|latest|recent|previous)\s+(?:\d+|two|three|five|ten|twenty|fifty|hundred|few)\s+(?:e-?mails|messages|files|documents"
     r"|conversations|chats|contacts)\b",
     re.I,
 )
-_HELD_GATE: Final = frozenset(("this", "user", "owner", "last", "latest", "recent", "previous", "s"))
+_HELD_GATE: Final = frozenset(("this", "user", "owner", "visitor", "reader", "last", "latest", "recent", "previous", "s"))
 _HELD_KINDS: Final = frozenset(("data_request", "credential_request"))
 
 
@@ -1587,15 +1594,33 @@ _DEF_SENTENCE: Final = re.compile(r"(?:[^.!?;\n]|[.!?;](?![\s.!?;]|\Z))+(?:[.!?;
 #: server"): such a sentence gives no `hidden_instruction` unless it also carries a payload (`_DEF_PAYLOAD`).
 _USAGE_ORDER: Final = re.compile(
     r"\bbefore\s+(?:using|calling|invoking|running)\s+(?:this|the|it)\b"
-    r"|\b(?:must|should|need\s+to|have\s+to)\s+(?:always\s+|first\s+)?(?:call|run|use|invoke)\s+[`'\"]?[\w.-]+[`'\"]?\s+(?:first|before)\b"
+    r"|\b(?:must|should|need\s+to|have\s+to)\s+(?:always\s+|first\s+)?(?:call|run|use|invoke)\s+(?:this\s+(?:tool|function)|[`'\"]?[\w.-]+[`'\"]?)"
+    r"\s+(?:first|before)\b"
     r"|\b(?:call|use|run|invoke)\s+this(?:\s+tool)?\s+(?:first\s+)?before\s+(?:using|calling|the|any|each|every)\b",
+    re.I,
+)
+#: A note about the tool's own use whose imperative object is the user as the one to ASK (confirmation,
+#: approval), a limit on this tool's calls (a count, a loop, a retry) or this tool's own field set by the
+#: model ("never set this yourself"): in English, German, French, Spanish, Italian, Portuguese. Without
+#: a `_DEF_PAYLOAD` such a sentence is an honest usage note (bn-tool-def-emphatic-usage-note, round 8).
+_SELF_NOTE: Final = re.compile(
+    r"\b(?:ask|confirm\s+with|check\s+with|wait\s+for|get|obtain|requires?)\s+(?:\w+\s+)?(?:the\s+)?users?\b(?!['’]s\s+(?!confirm|approv|consent))"
+    r"|\busers?['’]?s?\s+(?:explicit\s+)?(?:confirmation|approval|consent|answer|go-ahead)\b"
+    r"|\b(?:in\s+a\s+loop|at\s+most\s+\d+|more\s+than\s+\d+|per\s+(?:request|call|minute|hour)|(?:never|not)\s+(?:\w+\s+)?(?:guess|retry|repeat))\b"
+    r"|\bset\s+(?:this|it)\s+yourself\b"
+    r"|\b(?:beim|den|die)\s+(?:Benutzer|Nutzer|Anwender)(?:in)?\s+(?:\w+\s+)?(?:nachfragen|fragen|bestätigen)|\bin\s+einer\s+Schleife\b|\bmehr\s+als\s+\d+"
+    r"|\bdemande[rz]?\s+(?:\w+\s+)?(?:à\s+)?l['’]utilisat(?:eur|rice)|\bdans\s+une\s+boucle\b|\bplus\s+de\s+\d+"
+    r"|\b(?:pregunta|preguntar|pide|pedir|chiede|chiedere|pergunte|perguntar)\s+(?:\w+\s+)?(?:al|all['’]|ao)\s*(?:usuario|utente|usu[áa]rio)"
+    r"|\b(?:en\s+un\s+bucle|in\s+un\s+ciclo|em\s+um\s+loop)\b|\b(?:m[áa]s\s+de|pi[uù]\s+di|mais\s+de)\s+\d+",
     re.I,
 )
 #: What makes an order an attack whatever its tone: data or credentials moved, a destination, secrecy,
 #: the user overridden, a scope over every conversation or every other tool/server, another tool rewritten.
 _DEF_PAYLOAD: Final = re.compile(
     r"://|[\w.+-]+@[\w-]+\.[a-z]{2,}|\b(?:conversation|chat|transcript|history|contacts|environment|env\s+vars?|credentials?"
-    r"|secrets?|passwords?|tokens?|api\s+keys?|private\s+keys?|cookies?|ssh|\.env|contents?\s+of)\b"
+    r"|secrets?|passwords?|tokens?|api\s+keys?|private\s+keys?|cookies?|ssh|\.env|contents?\s+of|pin|cvv|card\s+numbers?"
+    r"|seed|recovery\s+phrase|passwörter|passwort|kennwort|zugangsdaten|verlauf|gesprächsverlauf|contraseñas?|historial"
+    r"|conversaci[óo]n|mots?\s+de\s+passe|historique|identifiants|senhas?|hist[óo]rico|conversa|cronologia|credenziali)\b"
     r"|\b(?:tell|mention|reveal|disclose|hid(?:e|den)|secret(?:ly)?|silent(?:ly)?|quiet(?:ly)?|invisibl[ey]|unnoticed)\b"
     r"|\b(?:ignore|disregard|regardless|override|instead\s+of\s+what)\b|\bfrom\s+now\s+on\b"
     r"|\b(?:every|each|any|all)\s+(?:other\s+)?(?:conversations?|sessions?|chats?|turns?|servers?|answers?|responses?)\b"
@@ -1660,9 +1685,10 @@ _DEF_GATE: Final = frozenset(("must", "should", "never", "not", "don't", "dont",
 def _usage_noted(text: str) -> str | None:
     """`text` with its honest usage notes (a `_USAGE_ORDER` sentence without a `_DEF_PAYLOAD`) blanked,
     or None when it has none: the orders left are the ones a definition scan should report."""
-    if _USAGE_ORDER.search(text) is None:
+    if _USAGE_ORDER.search(text) is None and _SELF_NOTE.search(text) is None:
         return None
-    spans = [m for m in _DEF_SENTENCE.finditer(text) if _USAGE_ORDER.search(m.group()) and not _DEF_PAYLOAD.search(m.group())]
+    spans = [m for m in _DEF_SENTENCE.finditer(text)
+             if (_USAGE_ORDER.search(m.group()) or _SELF_NOTE.search(m.group())) and not _DEF_PAYLOAD.search(m.group())]
     return _blank(text, spans) if spans else None
 
 
@@ -1819,8 +1845,7 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
             found = [f for f in found if not (f.kind == "hidden_markup" and f.detail.endswith(" comment"))]
         if any(f.kind == "hidden_instruction" for f in found) and (noted := _usage_noted(text)) is not None:
             # an honest usage note is not an order to hide the tool for; everything else it holds still counts
-            found = [f for f in found if f.kind != "hidden_instruction"] + [
-                f for f in scan_text(noted, where, others, own_name=name) if f.kind == "hidden_instruction"]
+            found = _renoted(found, scan_text(noted, where, others, own_name=name))
         findings.extend(found)
         if not any(f.kind == "hidden_instruction" for f in found):
             findings.extend(_definition_orders(text, where, name, siblings))
@@ -1828,8 +1853,17 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
             findings.append(Finding("credential_request", where, "a parameter for a credential file's contents", m.group()))
         elif ("$" in text or "%" in text or "env" in text) and _VALUE_SLOT.search(where) and (m := _CRED_VALUE.search(text)):
             findings.append(Finding("credential_request", where, "a value slot that expands a secret", m.group()))
+        if "://" in text and _VALUE_SLOT.search(where) and (m := _CODE_SENDS.search(text)) and _CODE_READS.search(text):
+            findings.append(Finding("exfiltration", where, "a value slot with code that sends local data out", m.group()))
     findings.extend(_joined(texts, name, others, findings))
     return tuple(findings[:_MAX_FINDINGS])
+
+
+def _renoted(found: list[Finding], again: list[Finding]) -> list[Finding]:
+    """`found` with its orders (`hidden_instruction`, and what the learned score read in its window) taken
+    from `again`, the scan of the same text with its honest usage notes blanked."""
+    return [f for f in found if f.kind != "hidden_instruction" and f.via != "model"] + [
+        f for f in again if f.kind == "hidden_instruction" or f.via == "model"]
 
 
 def _idle_comments(text: str, others: list[str], name: str) -> bool:
@@ -1859,8 +1893,7 @@ def _joined(texts: list[tuple[str, str]], name: str, others: list[str], found: l
     text = " ".join(parts)[:MAX_SCAN]
     hits = [f for f in scan_text(text, "(joined)", others, own_name=name) if f.kind in _HIDING]
     if any(f.kind == "hidden_instruction" for f in hits) and (noted := _usage_noted(text)) is not None:
-        hits = [f for f in hits if f.kind != "hidden_instruction"] + [
-            f for f in scan_text(noted, "(joined)", others, own_name=name) if f.kind == "hidden_instruction"]
+        hits = [f for f in _renoted(hits, scan_text(noted, "(joined)", others, own_name=name)) if f.kind in _HIDING]
     return [Finding(f.kind, f.path, f.detail, f.excerpt, "joined") for f in hits]
 
 
@@ -1872,6 +1905,21 @@ _VALUE_SLOT: Final = re.compile(r"\.(?:default|const|examples?|enum)(?:\[\d+\])*
 _CRED_VALUE: Final = re.compile(
     r"(?:\$\{?|%|\$env:|process\.env\.|os\.environ\[?['\"]?|getenv\(['\"])" + _SECRET_ENV.replace(r"\$?\{?", "", 1)
     + r"|\$\(\s*(?:cat|type|more|head|tail|base64|xxd|gpg|printenv)\b[^)]{0,120}\)|`\s*(?:cat|type|printenv)\b[^`]{0,120}`"
+)
+
+#: Code in a value slot (a default, an example) that the model copies into a call: a network send
+#: (`requests.post`, `urlopen(…, data=`, `fetch(… POST`, `curl -d`/`-F`/`-T`, `wget --post`, `nc`)…
+_CODE_SENDS: Final = re.compile(
+    r"\b(?:requests|httpx|session|axios)\.(?:post|put|patch)\s*\(|\burlopen\s*\([^)]{0,200}\bdata\s*=|\burlopen\s*\([^)]{0,200},"
+    r"|\bfetch\s*\([^)]{0,200}(?:post|put|body)\b|\bcurl\b[^\n|;]{0,200}\s(?:-d|--data\S*|-F|--form|-T|--upload-file)\b"
+    r"|\bwget\b[^\n]{0,200}--post-(?:data|file)|\b(?:nc|ncat|netcat)\s+-?\w*\s*[\w.-]+\s+\d+|\bInvoke-(?:WebRequest|RestMethod)\b[^\n]{0,200}-Body",
+    re.I,
+)
+#: …of what is local to the user: the environment, a home-directory file, a credential file, the history.
+_CODE_READS: Final = re.compile(
+    r"\bos\.environ\b|\bprocess\.env\b|\b(?:printenv|env)\b|\$env:|~/|\$HOME|/etc/(?:passwd|shadow)|\.ssh\b|\.aws\b|\.env\b"
+    r"|\.netrc\b|\.npmrc\b|\b(?:bash|zsh)_history\b|\bid_(?:rsa|ed25519)\b|\bopen\s*\(|\bread(?:File|_text)\b|\$\(\s*cat\b",
+    re.I,
 )
 
 
@@ -1906,6 +1954,33 @@ def _agent_fields(path: str, key: str | int | None, text: str, found: list[Findi
                 return
 
 
+def _steered(path: str, text: str) -> Iterator[Finding]:
+    """An order about the answer in a record field of a result ("when summarising this record, describe
+    the customer as high-value"): a third party's data that names the answer the model writes and tells it
+    what to say (`unseen.steers`, framed) is an order, `via` "field" (ir-data-field, round 8)."""
+    if len(text) >= 24 and (path.endswith("(csv)") or _data_field(path, text)) and (m := unseen.steers(text, framed=True)) is not None:
+        yield Finding("hidden_instruction", path, "an order about the answer in a data field", _excerpt(text, m.start(), m.end()), "field")
+
+
+#: A CSV (or TSV) header line: three or more columns of short names.
+_CSV_HEADER: Final = re.compile(r"\A\s*[\w \"'.-]{1,40}(?:([,;\t])[\w \"'.-]{1,40}){2,}\r?\n")
+
+
+def _csv_cells(text: str, path: str) -> list[Finding]:
+    """An order about the answer in one cell of a CSV/TSV export (`_steered`), read cell by cell as a record's
+    fields (at most 200 rows); the first such cell only."""
+    if (m := _CSV_HEADER.match(text)) is None:
+        return []
+    try:
+        for row in csv.reader(text[:MAX_SCAN].splitlines()[:201], delimiter=m.group(1)):
+            for cell in row:
+                if len(cell) >= 24 and (f := next(_steered(path + "(csv)", cell), None)) is not None:
+                    return [f]
+    except csv.Error:
+        return []
+    return []
+
+
 def _json_fields(text: str, path: str, others: list[str], found: list[Finding]) -> list[Finding]:
     """Findings in the fields of JSON written out as text (a DB row, an API answer, a chat export),
     each string read on its own and unescaped: an order in one record field is a sentence of its own
@@ -1924,7 +1999,8 @@ def _json_fields(text: str, path: str, others: list[str], found: list[Finding]) 
     for parent, key, value in _leaves(record, path):
         if len(value) < 16 or value in _CLEAN:
             continue
-        for f in scan_text(value, parent if key is None else child_path(parent, key), others):
+        where = parent if key is None else child_path(parent, key)
+        for f in [*scan_text(value, where, others), *_steered(where, value)]:
             if (f.kind, f.via) not in seen:
                 seen.add((f.kind, f.via))
                 out.append(f)
@@ -1945,9 +2021,12 @@ def scan_result(result: Any, other_tools: Iterable[str] = ()) -> tuple[Finding, 
         found = scan_text(text, path, others)
         if len(text) >= 24 and text.lstrip()[:1] in ("{", "["):
             found += _json_fields(text, path, others, found)
+        elif len(text) >= 48 and "\n" in text and not any(f.kind == "hidden_instruction" for f in found):
+            found += _csv_cells(text, path)
         findings.extend(found)
         if not any(f.kind == "hidden_instruction" for f in found):
             findings.extend(_agent_fields(path, key, text, found))
+            findings.extend(_steered(path, text))
         if any(f.kind == "hidden_instruction" for f in found) and _data_field(path, text):
             f = next(f for f in found if f.kind == "hidden_instruction")
             findings.append(Finding("hidden_instruction", path, "an order to the model in a data field", f.excerpt, "field"))
