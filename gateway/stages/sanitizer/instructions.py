@@ -854,6 +854,8 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
         instructed = _written_call(prose, code, findings, where)
     if not instructed and "(" in prose and ("=" in prose or ":" in prose) and _CALL_EXPRESSION.search(prose, 0, MAX_SCAN):
         instructed = _call_expression(prose, code, findings, where)
+    if not instructed and not words.isdisjoint(_PLANT_GATE) and _DANGER.search(prose, 0, MAX_SCAN) is not None:
+        instructed = _planted(prose, code, findings, where)
     findings.extend(impersonation.scan(raw, prose, low, words, code, where, _mentioned,
                                        (lambda t: _scan(t, where, (), "", decode=False)) if decode else None))
     if lexicon.gate(low, words):
@@ -1021,6 +1023,47 @@ def _call_expression(prose: str, code: list[tuple[int, int]], findings: list[Fin
 
 #: "for example", "e.g.", "such as" right before an address: the address is an example, not a destination.
 _EXAMPLE_BEFORE: Final = re.compile(r"\b(?:for\s+example|for\s+instance|e\.\s?g\.|such\s+as|like|say)[\s:,(]*[`'\"]?\Z", re.I)
+
+
+#: An order to put code into a named file of the project ("add `…` to setup.py", "append this line to
+#: ~/.bashrc", "insert … at the top of scripts/deploy.sh"): the verb in its base form, then the file.
+_PLANT: Final = re.compile(
+    r"\b(?:add|insert|append|prepend|paste|put|place|write|include)\b(?:[^.\n]|\.(?!\s|\Z)){0,240}?\b(?:to|into|in|(?:at|as|to)\s+the\s+(?:top|start|end"
+    r"|beginning|bottom|first\s+line|last\s+line)\s+of)\s+(?:the\s+|your\s+|our\s+)?(?:first\s+line\s+of\s+)?[`'\"]?(?:~/)?(?:[\w.-]+/)*(?:[\w-]*\.(?:py|js|mjs|cjs|ts"
+    r"|sh|bash|zsh|json|toml|ya?ml|cfg|ini|rb|go|rs|php|ps1|psm1|bat|cmd|bashrc|zshrc|profile|npmrc|gitconfig|env)|Makefile|Dockerfile"
+    r"|Jenkinsfile|crontab|\.bashrc|\.zshrc|\.profile|\.bash_profile)\b",
+    re.I,
+)
+#: A clause's head before an imperative fronted by its purpose ("To fix the build, add …").
+_PURPOSE_FIRST: Final = re.compile(r"(?:\A|[.!?:;]\s*|\n)\s*to\s+[^,.\n]{1,80},\s*(?:(?:please|now|then|also|just|simply)\s+)*\Z", re.I)
+_PLANT_GATE: Final = frozenset(("add", "insert", "append", "prepend", "paste", "put", "place", "write", "include"))
+#: Code that runs what it downloads or sends local data out: a download piped to an interpreter, a shell
+#: call from Python, `eval(`/`exec(` of decoded text, a reverse shell, a POST to a URL.
+_DANGER: Final = re.compile(
+    r"\b(?:curl|wget|iwr|irm|Invoke-WebRequest|Invoke-RestMethod)\b[^|\n`]{0,200}\|\s*(?:sudo\s+)?(?:ba|z|da)?sh\b"
+    r"|\|\s*(?:python3?|node|perl|ruby|iex)\b|\bos\.system\s*\(|\bsubprocess\.\w+\s*\(|\b(?:eval|exec)\s*\(\s*(?:base64|atob|b64decode"
+    r"|bytes\.fromhex|__import__|requests|urllib|fetch)|base64\s+(?:-d|--decode)\b[^\n`]{0,40}\|\s*(?:ba)?sh|\bnc\s+-e\b|/dev/tcp/"
+    r"|\b(?:requests|httpx|axios)\.post\s*\(\s*['\"]https?://",
+    re.I,
+)
+
+
+def _planted(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> bool:
+    """An order to put code that runs what it downloads (or sends local data out) into a file of the
+    project (ir-code-injection, round 8): `_PLANT` as an order (`unseen.directive` on its clause) with
+    `_DANGER` between the verb and the file (or in what follows "<file>:"). A README's "Run `curl … | sh`" names
+    no file to put it in; "attackers added … to setup.py" is no order."""
+    for m in _PLANT.finditer(prose, 0, MAX_SCAN):
+        after = m.end() + 300 if prose[m.end():m.end() + 4].lstrip().startswith(":") else m.end()
+        if _mentioned(prose, m.start(), code) or _DANGER.search(prose, m.start(), after) is None:
+            continue
+        head, tail = _clause(prose, m.start(), m.end())
+        if unseen.directive(head.lstrip() + prose[m.start():m.end()]) is not None or _PURPOSE_FIRST.search(head) is not None:
+            excerpt = _excerpt(prose, m.start(), m.end())
+            findings.append(Finding("hidden_instruction", where, "asks to put code that runs downloads into a project file", excerpt))
+            findings.append(Finding("action_request", where, "changes the user's code", excerpt))
+            return True
+    return False
 
 
 def _exemplified(text: str, start: int) -> bool:
