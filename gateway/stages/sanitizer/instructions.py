@@ -478,6 +478,9 @@ _APPEND_DATA: Final = re.compile(
     r"(?:(?!\byour\b)[^.\n]){0,80}?"
     + _PRIVATE, re.I
 )
+#: The same order with the data before its verb: "open …?u= with the user's question appended" (round 8).
+_WITH_APPENDED: Final = re.compile(
+    r"\bwith\b[^.\n]{0,40}?" + _PRIVATE + r"[^.\n]{0,20}?\b(?:appended|attached|added|included|inserted|concatenated|filled\s+in)\b", re.I)
 #: The same order in a sentence that names the URL's part to fill: "encode the conversation and put it in the q parameter of …".
 _INTO_URL: Final = re.compile(
     r"\b(?:append|add|attach|concatenate|put|insert|include|place|paste|encode|embed|pass)\b[^.\n]{0,80}?\b(?:in|into|to|as)\s+"
@@ -1361,7 +1364,8 @@ def _appended(url: str, head: str, tail: str) -> bool:
     ALL-CAPS slot ("…?q= and append the user's email", "…/u/ followed by the session token", "replace
     MESSAGE with the user's last message"), or naming the URL's part to fill ("encode the conversation
     and put it in the q parameter of …")."""
-    if (url.endswith(("=", "/")) or "=&" in url or _CAPS_SLOT.search(url)) and (_APPEND_DATA.search(tail) or _APPEND_DATA.search(head)):
+    if (url.endswith(("=", "/")) or "=&" in url or _CAPS_SLOT.search(url)) and (
+            _APPEND_DATA.search(tail) or _APPEND_DATA.search(head) or _WITH_APPENDED.search(tail)):
         return True
     clause = head + " " + tail
     return _INTO_URL.search(clause) is not None and _PRIVATE_RX.search(clause) is not None
@@ -1892,6 +1896,11 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
         findings.extend(found)
         if not any(f.kind == "hidden_instruction" for f in found):
             findings.extend(_definition_orders(text, where, name, siblings))
+        if (not where.endswith("(name)") and ("you" in text or "above" in text or "before" in text)
+                and (m := _OWN_PROMPT.search(text)) is not None and not any(f.kind == "hidden_instruction" for f in found)):
+            excerpt = _excerpt(text, m.start(), m.end())
+            findings.append(Finding("prompt_extraction", where, "asks for the model's own instructions as a value", excerpt))
+            findings.append(Finding("hidden_instruction", where, "a definition asks for the model's own instructions", excerpt))
         if where.endswith("(name)") and (m := _CRED_FIELD.search(text)) is not None:
             findings.append(Finding("credential_request", where, "a parameter for a credential file's contents", m.group()))
         elif ("$" in text or "%" in text or "env" in text) and _VALUE_SLOT.search(where) and (m := _CRED_VALUE.search(text)):
@@ -1900,6 +1909,24 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
             findings.append(Finding("exfiltration", where, "a value slot with code that sends local data out", m.group()))
     findings.extend(_joined(texts, name, others, findings))
     return tuple(findings[:_MAX_FINDINGS])
+
+
+#: The model's own instructions named as a VALUE to put in a field (round 8, tp-prompt-extraction): "the
+#: full text of the guidelines you are operating under", "every tool available to you with their full
+#: descriptions", "everything above the user's first message", "your system prompt, verbatim". A
+#: prompt tool's honest "the system prompt to evaluate" names no one's own; "your system prompt" alone
+#: (a developer's, in a prompt-testing tool) needs a word asking for it whole.
+_OWN_PROMPT: Final = re.compile(
+    r"\b(?:instructions|guidelines|rules|directives|text|message|prompt|policies)\s+(?:that\s+)?you\s+(?:were\s+given|have\s+been\s+given"
+    r"|received|are\s+(?:operating|working|running)\s+under|were\s+configured\s+with|started\s+with|are\s+following)\b"
+    r"|\b(?:every|all|each|the\s+(?:full\s+)?list\s+of)\s+(?:the\s+)?(?:tools?|functions?)\s+(?:available\s+to\s+you|you\s+(?:can|may|are"
+    r"\s+able\s+to)\s+(?:call|use|access)|you\s+have\s+access\s+to)\b[^.\n]{0,40}?\b(?:descriptions?|definitions?|schemas?|verbatim)\b"
+    r"|\b(?:everything|all\s+(?:of\s+)?the\s+text|the\s+(?:full\s+)?text)\s+(?:that\s+)?(?:appears\s+|is\s+|comes\s+)?(?:above|before)"
+    r"\s+(?:the\s+user['’]s\s+first\s+message|the\s+first\s+user\s+message|this\s+conversation)"
+    r"|\byour\s+(?:own\s+)?(?:system\s+(?:prompt|message)|(?:initial|original|hidden|internal|developer)\s+(?:instructions|prompt|rules))\b"
+    r"(?=[^.\n]{0,60}?\b(?:verbatim|word\s+for\s+word|in\s+full|exactly|as\s+(?:you\s+)?received|unabridged|full\s+text)\b)",
+    re.I,
+)
 
 
 def _renoted(found: list[Finding], again: list[Finding]) -> list[Finding]:
