@@ -163,13 +163,19 @@ _ANSWER_FRAME: Final = re.compile(
 )
 
 
+_FRAME_STEMS: Final = ("summar", "answer", "respon", "repl", "describ", "present", "report", "recap", "writ", "overview")
+
+
 def steers(text: str, *, framed: bool = False) -> re.Match[str] | None:
     """The span of hidden `text` that tells the model what its answer should say (`_STEER`), or None:
     honest hidden text (install steps, labels, TODOs) never tells a reader how to describe the page.
     `framed`: the text must also name the answer it is about (`_ANSWER_FRAME`; a record's field, which a
     colleague may fill with "tell the customer…")."""
-    m = _STEER.search(text)
-    return m if m is not None and (not framed or _ANSWER_FRAME.search(text) is not None) else None
+    if framed:
+        low = text.lower()
+        if not any(stem in low for stem in _FRAME_STEMS) or _ANSWER_FRAME.search(text) is None:
+            return None
+    return _STEER.search(text)
 
 
 def agent_key(key: str) -> bool:
