@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import codecs
 import html
+import itertools
 import re
 from collections.abc import Callable, Iterator
 from typing import Final
@@ -242,15 +243,25 @@ _FILL: Final = re.compile(
 _HIDDEN_STYLE = (
     r"display\s*:\s*none|visibility\s*:\s*hidden|font-size\s*:\s*[01](?:\.0+)?(?:px|pt|em|rem|%)?\s*(?:[;\"']|!)"
     r"|opacity\s*:\s*0(?:\.0+)?\s*[;\"'!]|(?<![\w-])(?:width|height)\s*:\s*0(?:px)?\s*[;\"'!]"
-    r"|color\s*:\s*(?:#fff(?:fff)?|white|transparent|rgba\([^)]*,\s*0\))|(?:left|top|text-indent)\s*:\s*-\d{3,}"
+    r"|color\s*:\s*(?:#f[a-f0-9]f[a-f0-9]f[a-f0-9](?:[a-f0-9]{3})?\b|#fff\b|white|transparent|rgba?\(\s*(?:25[0-5]|24\d)\s*,\s*(?:25[0-5]|24\d)"
+    r"\s*,\s*(?:25[0-5]|24\d)\s*[,)]|rgba\([^)]*,\s*0\))|(?:left|top|text-indent)\s*:\s*-\d{3,}"
+    r"|font-size\s*:\s*0?\.\d+(?:px|pt)|clip(?:-path)?\s*:\s*(?:rect\(\s*0|inset\(\s*(?:50|100)%)|transform\s*:\s*scale\(\s*0\s*\)"
+    r"|max-(?:height|width)\s*:\s*0(?:px)?\s*[;\"'!]"
 )
 _HIDDEN_ELEMENT: Final = re.compile(
     r"<([a-z][a-z0-9]*)\b(?=[^>]{0,600}?(?:\bstyle\s*=\s*[\"'][^\"']{0,400}?(?:" + _HIDDEN_STYLE + r")|\bhidden\b"
+    r"|\bcolor\s*=\s*[\"']?(?:#f[a-f0-9]f[a-f0-9]f[a-f0-9](?:[a-f0-9]{3})?\b|#fff\b|white\b)"
     r"|\baria-hidden\s*=\s*[\"']?true|\bwidth\s*=\s*[\"']?0[\"'\s>]))[^>]{0,600}>(.{1,4000}?)</\1\s*>"
     r"|<(noscript|template)\b[^>]{0,200}>(.{1,4000}?)</\3\s*>",
     re.I | re.S,
 )
-_ATTRIBUTE_NAME: Final = re.compile(r"(?:srcdoc|content|alt|title|aria-label|placeholder)\s*\Z", re.I)
+_ATTRIBUTE_NAME: Final = re.compile(r"(?:srcdoc|content|alt|title|aria-label|placeholder|data-[\w-]+|value)\s*\Z", re.I)
+#: A style sheet rule that hides a class ("`.sr-note{display:none}`"): the elements of that class are hidden
+#: by position as much as an inline style hides them (round 8).
+_HIDING_RULE: Final = re.compile(r"([^{}]{1,300})\{[^{}]{0,400}?(?:" + _HIDDEN_STYLE + r")[^{}]{0,400}\}", re.I)
+_CLASS_SELECTOR: Final = re.compile(r"\.(-?[A-Za-z_][\w-]{0,60})")
+#: YAML front matter at the start of a markdown page: metadata a rendered page never shows.
+_FRONT_MATTER: Final = re.compile(r"\A\s*---[ \t]*\n(.{4,4000}?)\n---[ \t]*(?:\n|\Z)", re.S)
 _COMMENT: Final = re.compile(r"<!(?:--(.{4,4000}?)(?:-->|\Z)|\[CDATA\[(.{4,4000}?)\]\]>)", re.S | re.I)
 _MD_COMMENT: Final = re.compile(r"^\s*\[(?://|comment|_)\]:\s*#\s*[(\"'](.{4,4000}?)[)\"']\s*$", re.M | re.I)
 #: Other places a reader does not see: an SVG `<desc>`, a CSS `content:` string, a markdown reference
@@ -381,7 +392,7 @@ def _hidden(raw: str, prose: str, low: str, where: str, rescan: Rescan, quoted: 
     """Orders in text a human reader does not see (markup, reversed bidi runs, declared rot13). Hidden
     markup is held to `unseen.order`'s lower bar; markup inside a quotation (`quoted`) is evidence."""
     regions: list[tuple[str, str]] = []
-    if "<" in prose or "]:" in prose:
+    if "<" in prose or "]:" in prose or prose.startswith("---", len(prose) - len(prose.lstrip())):
         regions.extend(("markup", text) for at, text in _markup_regions(prose, low) if not quoted(at))
     if "\u202e" in raw:
         regions.extend(("bidi", m.group(1)[::-1]) for m in _RLO.finditer(raw))
@@ -396,7 +407,7 @@ def _hidden(raw: str, prose: str, low: str, where: str, rescan: Rescan, quoted: 
         for text in texts:
             found = rescan(text)
             if via == "markup" and ("hidden_instruction", via) not in seen and (
-                    m := unseen.order(text, found)) is not None:
+                    m := unseen.order(text, found) or unseen.steers(text)) is not None:
                 seen.add(("hidden_instruction", via))
                 yield Finding("hidden_instruction", where, "an order in hidden text", _excerpt(text, m.start(), m.end()), via)
             for f in found:
@@ -413,7 +424,8 @@ def _markup_regions(prose: str, low: str) -> Iterator[tuple[int, str]]:
         yield from ((m.start(), m.group(1) or m.group(2)) for m in _COMMENT.finditer(prose))
     if "]:" in prose:
         yield from ((m.start(), m.group(1)) for m in _MD_COMMENT.finditer(prose))
-    if "<" in prose and ("hidden" in low or "style" in low or "noscript" in low or "template" in low or "width" in low):
+    if "<" in prose and ("hidden" in low or "style" in low or "noscript" in low or "template" in low or "width" in low
+                         or "color" in low):
         yield from ((m.start(), m.group(2) or m.group(4)) for m in _HIDDEN_ELEMENT.finditer(prose))
     if "=" in prose:
         yield from _attribute_values(prose)
@@ -421,6 +433,20 @@ def _markup_regions(prose: str, low: str) -> Iterator[tuple[int, str]]:
         yield from ((m.start(), m.group(1) or m.group(3) or m.group(4)) for m in _UNSHOWN.finditer(prose))
     if "<details" in low or "ld+json" in low:
         yield from ((m.start(), m.group(1) or m.group(2)) for m in _FOLDED.finditer(prose))
+    if "<style" in low and "class" in low:
+        yield from _hidden_classes(prose)
+    if prose.lstrip().startswith("---") and (m := _FRONT_MATTER.match(prose)) is not None:
+        yield m.start(1), m.group(1)
+
+
+def _hidden_classes(prose: str) -> Iterator[tuple[int, str]]:
+    """(offset, text) of the elements whose class a `<style>` rule of the page hides (at most 8 classes)."""
+    rules = itertools.islice(_HIDING_RULE.finditer(prose), 16)
+    names = list(dict.fromkeys(c for m in rules for c in _CLASS_SELECTOR.findall(m.group(1))))[:8]
+    for name in names:
+        element = re.compile(r"<([a-z][a-z0-9]*)\b[^>]{0,300}?\bclass\s*=\s*[\"']?[^\"'>]*?(?<![\w-])" + re.escape(name)
+                             + r"(?![\w-])[^>]{0,300}>(.{1,4000}?)</\1\s*>", re.I | re.S)
+        yield from ((m.start(), m.group(2)) for m in itertools.islice(element.finditer(prose), 8))
 
 
 def quoting(text: str, at: int) -> bool:
@@ -438,13 +464,13 @@ def quoting(text: str, at: int) -> bool:
 
 def _attribute_values(prose: str) -> Iterator[tuple[int, str]]:
     """(offset, value) of the quoted values of the attributes that hold text a reader does not see (alt, title, meta
-    content, srcdoc, aria-label, placeholder) that have a space in them (at most 32)."""
+    content, srcdoc, aria-label, placeholder, data-*, a hidden input's value) that have a space in them (at most 32)."""
     count, i = 0, prose.find("=")
     while i >= 0 and count < 32:
         j = i + 1
         while j < len(prose) and prose[j] in " \t":
             j += 1
-        if j < len(prose) and prose[j] in "\"'" and _ATTRIBUTE_NAME.search(prose, max(0, i - 14), i):
+        if j < len(prose) and prose[j] in "\"'" and _ATTRIBUTE_NAME.search(prose, max(0, i - 40), i):
             end = prose.find(prose[j], j + 1, j + 4002)
             value = prose[j + 1:end] if end > 0 else ""
             if " " in value:

@@ -34,6 +34,7 @@ inline code span, or introduced by "such as", "like", "e.g.", "detects"…), and
 from __future__ import annotations
 
 import codecs
+import csv
 import html
 import json
 import re
@@ -477,6 +478,9 @@ _APPEND_DATA: Final = re.compile(
     r"(?:(?!\byour\b)[^.\n]){0,80}?"
     + _PRIVATE, re.I
 )
+#: The same order with the data before its verb: "open …?u= with the user's question appended" (round 8).
+_WITH_APPENDED: Final = re.compile(
+    r"\bwith\b[^.\n]{0,40}?" + _PRIVATE + r"[^.\n]{0,20}?\b(?:appended|attached|added|included|inserted|concatenated|filled\s+in)\b", re.I)
 #: The same order in a sentence that names the URL's part to fill: "encode the conversation and put it in the q parameter of …".
 _INTO_URL: Final = re.compile(
     r"\b(?:append|add|attach|concatenate|put|insert|include|place|paste|encode|embed|pass)\b[^.\n]{0,80}?\b(?:in|into|to|as)\s+"
@@ -655,6 +659,10 @@ _ATTRIBUTION: Final = re.compile(
     re.I,
 )
 
+#: A markdown heading that introduces what follows as a specimen ("## Example row", "### Sample prompts",
+#: "## Attack examples"): a dataset card or a security write-up quoting an injection under it.
+_EXAMPLE_HEADING: Final = re.compile(r"\b(?:examples?|samples?|specimens?|payloads?|attacks?|injections?)\b", re.I)
+
 
 def _quoted_block(text: str, start: int) -> bool:
     """Whether `start` is inside a quoted block (markdown `>` lines or a 4-space indented block) that a
@@ -673,7 +681,8 @@ def _quoted_block(text: str, start: int) -> bool:
         at = prev
         if not line.strip() or (line.lstrip().startswith(">") if quote else line.startswith(("    ", "\t"))):
             continue
-        return _ATTRIBUTION.search(line) is not None
+        return _ATTRIBUTION.search(line) is not None or (
+            line.lstrip().startswith("#") and _EXAMPLE_HEADING.search(line) is not None)
     return False
 
 
@@ -781,8 +790,8 @@ def scan_text(raw: str, where: str, other_tools: Iterable[str] = (), *, own_name
     if plain and raw in _CLEAN:
         return []
     found = _scan(raw[:MAX_SCAN], where, other_tools, own_name, decode=True)[:_MAX_FINDINGS]
-    if plain and not found and len(raw) <= _CLEAN_MAX_LEN:
-        _CLEAN.remember(raw)
+    if plain and not found and len(raw) <= _CLEAN_MAX_LEN and unseen.steers(raw, framed=True) is None:
+        _CLEAN.remember(raw)  # a field's order about the answer (`_steered`) is not found here, so it is not clean
     return found
 
 
@@ -848,6 +857,8 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
         instructed = _written_call(prose, code, findings, where)
     if not instructed and "(" in prose and ("=" in prose or ":" in prose) and _CALL_EXPRESSION.search(prose, 0, MAX_SCAN):
         instructed = _call_expression(prose, code, findings, where)
+    if not instructed and not words.isdisjoint(_PLANT_GATE) and _DANGER.search(prose, 0, MAX_SCAN) is not None:
+        instructed = _planted(prose, code, findings, where)
     findings.extend(impersonation.scan(raw, prose, low, words, code, where, _mentioned,
                                        (lambda t: _scan(t, where, (), "", decode=False)) if decode else None))
     if lexicon.gate(low, words):
@@ -868,13 +879,14 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
 _HELD: Final = re.compile(
     r"\b(?:this|the\s+user['’]s|the\s+owner['’]s)\s+(?:\w+\s+){0,2}?(?:inbox|mailbox|chat|session|workspace|drive"
     r"|contacts|contact\s+list|calendar|address\s+book|chat\s+history)\b(?!['’])"
-    r"|\b(?:the\s+user['’]s|the\s+owner['’]s)\s+(?:\w+\s+){0,2}?(?:conversations?|account|repositor(?:y|ies)|repos|files|documents"
-    r"|e-?mails|mail|messages|history|notes|passwords|photos)\b"
+    r"|\b(?:the\s+user['’]s|the\s+owner['’]s|the\s+visitor['’]s|the\s+reader['’]s)\s+(?:\w+\s+){0,2}?(?:conversations?|account"
+    r"|repositor(?:y|ies)|repos|files|documents|e-?mails|mail|messages|history|notes|passwords|photos|addresses|phone\s+numbers?"
+    r"|payment\s+(?:details|methods|cards?)|cards)\b"
     r"|\b(?:last|latest|recent|previous)\s+(?:\d+|two|three|five|ten|twenty|fifty|hundred|few)\s+(?:e-?mails|messages|files|documents"
     r"|conversations|chats|contacts)\b",
     re.I,
 )
-_HELD_GATE: Final = frozenset(("this", "user", "owner", "last", "latest", "recent", "previous", "s"))
+_HELD_GATE: Final = frozenset(("this", "user", "owner", "visitor", "reader", "last", "latest", "recent", "previous", "s"))
 _HELD_KINDS: Final = frozenset(("data_request", "credential_request"))
 
 
@@ -1014,6 +1026,47 @@ def _call_expression(prose: str, code: list[tuple[int, int]], findings: list[Fin
 
 #: "for example", "e.g.", "such as" right before an address: the address is an example, not a destination.
 _EXAMPLE_BEFORE: Final = re.compile(r"\b(?:for\s+example|for\s+instance|e\.\s?g\.|such\s+as|like|say)[\s:,(]*[`'\"]?\Z", re.I)
+
+
+#: An order to put code into a named file of the project ("add `…` to setup.py", "append this line to
+#: ~/.bashrc", "insert … at the top of scripts/deploy.sh"): the verb in its base form, then the file.
+_PLANT: Final = re.compile(
+    r"\b(?:add|insert|append|prepend|paste|put|place|write|include)\b(?:[^.\n]|\.(?!\s|\Z)){0,240}?\b(?:to|into|in|(?:at|as|to)\s+the\s+(?:top|start|end"
+    r"|beginning|bottom|first\s+line|last\s+line)\s+of)\s+(?:the\s+|your\s+|our\s+)?(?:first\s+line\s+of\s+)?[`'\"]?(?:~/)?(?:[\w.-]+/)*(?:[\w-]*\.(?:py|js|mjs|cjs|ts"
+    r"|sh|bash|zsh|json|toml|ya?ml|cfg|ini|rb|go|rs|php|ps1|psm1|bat|cmd|bashrc|zshrc|profile|npmrc|gitconfig|env)|Makefile|Dockerfile"
+    r"|Jenkinsfile|crontab|\.bashrc|\.zshrc|\.profile|\.bash_profile)\b",
+    re.I,
+)
+#: A clause's head before an imperative fronted by its purpose ("To fix the build, add …").
+_PURPOSE_FIRST: Final = re.compile(r"(?:\A|[.!?:;]\s*|\n)\s*to\s+[^,.\n]{1,80},\s*(?:(?:please|now|then|also|just|simply)\s+)*\Z", re.I)
+_PLANT_GATE: Final = frozenset(("add", "insert", "append", "prepend", "paste", "put", "place", "write", "include"))
+#: Code that runs what it downloads or sends local data out: a download piped to an interpreter, a shell
+#: call from Python, `eval(`/`exec(` of decoded text, a reverse shell, a POST to a URL.
+_DANGER: Final = re.compile(
+    r"\b(?:curl|wget|iwr|irm|Invoke-WebRequest|Invoke-RestMethod)\b[^|\n`]{0,200}\|\s*(?:sudo\s+)?(?:ba|z|da)?sh\b"
+    r"|\|\s*(?:python3?|node|perl|ruby|iex)\b|\bos\.system\s*\(|\bsubprocess\.\w+\s*\(|\b(?:eval|exec)\s*\(\s*(?:base64|atob|b64decode"
+    r"|bytes\.fromhex|__import__|requests|urllib|fetch)|base64\s+(?:-d|--decode)\b[^\n`]{0,40}\|\s*(?:ba)?sh|\bnc\s+-e\b|/dev/tcp/"
+    r"|\b(?:requests|httpx|axios)\.post\s*\(\s*['\"]https?://",
+    re.I,
+)
+
+
+def _planted(prose: str, code: list[tuple[int, int]], findings: list[Finding], where: str) -> bool:
+    """An order to put code that runs what it downloads (or sends local data out) into a file of the
+    project (ir-code-injection, round 8): `_PLANT` as an order (`unseen.directive` on its clause) with
+    `_DANGER` between the verb and the file (or in what follows "<file>:"). A README's "Run `curl … | sh`" names
+    no file to put it in; "attackers added … to setup.py" is no order."""
+    for m in _PLANT.finditer(prose, 0, MAX_SCAN):
+        after = m.end() + 300 if prose[m.end():m.end() + 4].lstrip().startswith(":") else m.end()
+        if _mentioned(prose, m.start(), code) or _DANGER.search(prose, m.start(), after) is None:
+            continue
+        head, tail = _clause(prose, m.start(), m.end())
+        if unseen.directive(head.lstrip() + prose[m.start():m.end()]) is not None or _PURPOSE_FIRST.search(head) is not None:
+            excerpt = _excerpt(prose, m.start(), m.end())
+            findings.append(Finding("hidden_instruction", where, "asks to put code that runs downloads into a project file", excerpt))
+            findings.append(Finding("action_request", where, "changes the user's code", excerpt))
+            return True
+    return False
 
 
 def _exemplified(text: str, start: int) -> bool:
@@ -1311,7 +1364,8 @@ def _appended(url: str, head: str, tail: str) -> bool:
     ALL-CAPS slot ("…?q= and append the user's email", "…/u/ followed by the session token", "replace
     MESSAGE with the user's last message"), or naming the URL's part to fill ("encode the conversation
     and put it in the q parameter of …")."""
-    if (url.endswith(("=", "/")) or "=&" in url or _CAPS_SLOT.search(url)) and (_APPEND_DATA.search(tail) or _APPEND_DATA.search(head)):
+    if (url.endswith(("=", "/")) or "=&" in url or _CAPS_SLOT.search(url)) and (
+            _APPEND_DATA.search(tail) or _APPEND_DATA.search(head) or _WITH_APPENDED.search(tail)):
         return True
     clause = head + " " + tail
     return _INTO_URL.search(clause) is not None and _PRIVATE_RX.search(clause) is not None
@@ -1587,15 +1641,33 @@ _DEF_SENTENCE: Final = re.compile(r"(?:[^.!?;\n]|[.!?;](?![\s.!?;]|\Z))+(?:[.!?;
 #: server"): such a sentence gives no `hidden_instruction` unless it also carries a payload (`_DEF_PAYLOAD`).
 _USAGE_ORDER: Final = re.compile(
     r"\bbefore\s+(?:using|calling|invoking|running)\s+(?:this|the|it)\b"
-    r"|\b(?:must|should|need\s+to|have\s+to)\s+(?:always\s+|first\s+)?(?:call|run|use|invoke)\s+[`'\"]?[\w.-]+[`'\"]?\s+(?:first|before)\b"
+    r"|\b(?:must|should|need\s+to|have\s+to)\s+(?:always\s+|first\s+)?(?:call|run|use|invoke)\s+(?:this\s+(?:tool|function)|[`'\"]?[\w.-]+[`'\"]?)"
+    r"\s+(?:first|before)\b"
     r"|\b(?:call|use|run|invoke)\s+this(?:\s+tool)?\s+(?:first\s+)?before\s+(?:using|calling|the|any|each|every)\b",
+    re.I,
+)
+#: A note about the tool's own use whose imperative object is the user as the one to ASK (confirmation,
+#: approval), a limit on this tool's calls (a count, a loop, a retry) or this tool's own field set by the
+#: model ("never set this yourself"): in English, German, French, Spanish, Italian, Portuguese. Without
+#: a `_DEF_PAYLOAD` such a sentence is an honest usage note (bn-tool-def-emphatic-usage-note, round 8).
+_SELF_NOTE: Final = re.compile(
+    r"\b(?:ask|confirm\s+with|check\s+with|wait\s+for|get|obtain|requires?)\s+(?:\w+\s+)?(?:the\s+)?users?\b(?!['’]s\s+(?!confirm|approv|consent))"
+    r"|\busers?['’]?s?\s+(?:explicit\s+)?(?:confirmation|approval|consent|answer|go-ahead)\b"
+    r"|\b(?:in\s+a\s+loop|at\s+most\s+\d+|more\s+than\s+\d+|per\s+(?:request|call|minute|hour)|(?:never|not)\s+(?:\w+\s+)?(?:guess|retry|repeat))\b"
+    r"|\bset\s+(?:this|it)\s+yourself\b"
+    r"|\b(?:beim|den|die)\s+(?:Benutzer|Nutzer|Anwender)(?:in)?\s+(?:\w+\s+)?(?:nachfragen|fragen|bestätigen)|\bin\s+einer\s+Schleife\b|\bmehr\s+als\s+\d+"
+    r"|\bdemande[rz]?\s+(?:\w+\s+)?(?:à\s+)?l['’]utilisat(?:eur|rice)|\bdans\s+une\s+boucle\b|\bplus\s+de\s+\d+"
+    r"|\b(?:pregunta|preguntar|pide|pedir|chiede|chiedere|pergunte|perguntar)\s+(?:\w+\s+)?(?:al|all['’]|ao)\s*(?:usuario|utente|usu[áa]rio)"
+    r"|\b(?:en\s+un\s+bucle|in\s+un\s+ciclo|em\s+um\s+loop)\b|\b(?:m[áa]s\s+de|pi[uù]\s+di|mais\s+de)\s+\d+",
     re.I,
 )
 #: What makes an order an attack whatever its tone: data or credentials moved, a destination, secrecy,
 #: the user overridden, a scope over every conversation or every other tool/server, another tool rewritten.
 _DEF_PAYLOAD: Final = re.compile(
     r"://|[\w.+-]+@[\w-]+\.[a-z]{2,}|\b(?:conversation|chat|transcript|history|contacts|environment|env\s+vars?|credentials?"
-    r"|secrets?|passwords?|tokens?|api\s+keys?|private\s+keys?|cookies?|ssh|\.env|contents?\s+of)\b"
+    r"|secrets?|passwords?|tokens?|api\s+keys?|private\s+keys?|cookies?|ssh|\.env|contents?\s+of|pin|cvv|card\s+numbers?"
+    r"|seed|recovery\s+phrase|passwörter|passwort|kennwort|zugangsdaten|verlauf|gesprächsverlauf|contraseñas?|historial"
+    r"|conversaci[óo]n|mots?\s+de\s+passe|historique|identifiants|senhas?|hist[óo]rico|conversa|cronologia|credenziali)\b"
     r"|\b(?:tell|mention|reveal|disclose|hid(?:e|den)|secret(?:ly)?|silent(?:ly)?|quiet(?:ly)?|invisibl[ey]|unnoticed)\b"
     r"|\b(?:ignore|disregard|regardless|override|instead\s+of\s+what)\b|\bfrom\s+now\s+on\b"
     r"|\b(?:every|each|any|all)\s+(?:other\s+)?(?:conversations?|sessions?|chats?|turns?|servers?|answers?|responses?)\b"
@@ -1660,9 +1732,10 @@ _DEF_GATE: Final = frozenset(("must", "should", "never", "not", "don't", "dont",
 def _usage_noted(text: str) -> str | None:
     """`text` with its honest usage notes (a `_USAGE_ORDER` sentence without a `_DEF_PAYLOAD`) blanked,
     or None when it has none: the orders left are the ones a definition scan should report."""
-    if _USAGE_ORDER.search(text) is None:
+    if _USAGE_ORDER.search(text) is None and _SELF_NOTE.search(text) is None:
         return None
-    spans = [m for m in _DEF_SENTENCE.finditer(text) if _USAGE_ORDER.search(m.group()) and not _DEF_PAYLOAD.search(m.group())]
+    spans = [m for m in _DEF_SENTENCE.finditer(text)
+             if (_USAGE_ORDER.search(m.group()) or _SELF_NOTE.search(m.group())) and not _DEF_PAYLOAD.search(m.group())]
     return _blank(text, spans) if spans else None
 
 
@@ -1819,17 +1892,48 @@ def scan_definition(tool: dict[str, Any], other_tools: Iterable[str] = ()) -> tu
             found = [f for f in found if not (f.kind == "hidden_markup" and f.detail.endswith(" comment"))]
         if any(f.kind == "hidden_instruction" for f in found) and (noted := _usage_noted(text)) is not None:
             # an honest usage note is not an order to hide the tool for; everything else it holds still counts
-            found = [f for f in found if f.kind != "hidden_instruction"] + [
-                f for f in scan_text(noted, where, others, own_name=name) if f.kind == "hidden_instruction"]
+            found = _renoted(found, scan_text(noted, where, others, own_name=name))
         findings.extend(found)
         if not any(f.kind == "hidden_instruction" for f in found):
             findings.extend(_definition_orders(text, where, name, siblings))
+        if (not where.endswith("(name)") and ("you" in text or "above" in text or "before" in text)
+                and (m := _OWN_PROMPT.search(text)) is not None and not any(f.kind == "hidden_instruction" for f in found)):
+            excerpt = _excerpt(text, m.start(), m.end())
+            findings.append(Finding("prompt_extraction", where, "asks for the model's own instructions as a value", excerpt))
+            findings.append(Finding("hidden_instruction", where, "a definition asks for the model's own instructions", excerpt))
         if where.endswith("(name)") and (m := _CRED_FIELD.search(text)) is not None:
             findings.append(Finding("credential_request", where, "a parameter for a credential file's contents", m.group()))
         elif ("$" in text or "%" in text or "env" in text) and _VALUE_SLOT.search(where) and (m := _CRED_VALUE.search(text)):
             findings.append(Finding("credential_request", where, "a value slot that expands a secret", m.group()))
+        if "://" in text and _VALUE_SLOT.search(where) and (m := _CODE_SENDS.search(text)) and _CODE_READS.search(text):
+            findings.append(Finding("exfiltration", where, "a value slot with code that sends local data out", m.group()))
     findings.extend(_joined(texts, name, others, findings))
     return tuple(findings[:_MAX_FINDINGS])
+
+
+#: The model's own instructions named as a VALUE to put in a field (round 8, tp-prompt-extraction): "the
+#: full text of the guidelines you are operating under", "every tool available to you with their full
+#: descriptions", "everything above the user's first message", "your system prompt, verbatim". A
+#: prompt tool's honest "the system prompt to evaluate" names no one's own; "your system prompt" alone
+#: (a developer's, in a prompt-testing tool) needs a word asking for it whole.
+_OWN_PROMPT: Final = re.compile(
+    r"\b(?:instructions|guidelines|rules|directives|text|message|prompt|policies)\s+(?:that\s+)?you\s+(?:were\s+given|have\s+been\s+given"
+    r"|received|are\s+(?:operating|working|running)\s+under|were\s+configured\s+with|started\s+with|are\s+following)\b"
+    r"|\b(?:every|all|each|the\s+(?:full\s+)?list\s+of)\s+(?:the\s+)?(?:tools?|functions?)\s+(?:available\s+to\s+you|you\s+(?:can|may|are"
+    r"\s+able\s+to)\s+(?:call|use|access)|you\s+have\s+access\s+to)\b[^.\n]{0,40}?\b(?:descriptions?|definitions?|schemas?|verbatim)\b"
+    r"|\b(?:everything|all\s+(?:of\s+)?the\s+text|the\s+(?:full\s+)?text)\s+(?:that\s+)?(?:appears\s+|is\s+|comes\s+)?(?:above|before)"
+    r"\s+(?:the\s+user['’]s\s+first\s+message|the\s+first\s+user\s+message|this\s+conversation)"
+    r"|\byour\s+(?:own\s+)?(?:system\s+(?:prompt|message)|(?:initial|original|hidden|internal|developer)\s+(?:instructions|prompt|rules))\b"
+    r"(?=[^.\n]{0,60}?\b(?:verbatim|word\s+for\s+word|in\s+full|exactly|as\s+(?:you\s+)?received|unabridged|full\s+text)\b)",
+    re.I,
+)
+
+
+def _renoted(found: list[Finding], again: list[Finding]) -> list[Finding]:
+    """`found` with its orders (`hidden_instruction`, and what the learned score read in its window) taken
+    from `again`, the scan of the same text with its honest usage notes blanked."""
+    return [f for f in found if f.kind != "hidden_instruction" and f.via != "model"] + [
+        f for f in again if f.kind == "hidden_instruction" or f.via == "model"]
 
 
 def _idle_comments(text: str, others: list[str], name: str) -> bool:
@@ -1859,8 +1963,7 @@ def _joined(texts: list[tuple[str, str]], name: str, others: list[str], found: l
     text = " ".join(parts)[:MAX_SCAN]
     hits = [f for f in scan_text(text, "(joined)", others, own_name=name) if f.kind in _HIDING]
     if any(f.kind == "hidden_instruction" for f in hits) and (noted := _usage_noted(text)) is not None:
-        hits = [f for f in hits if f.kind != "hidden_instruction"] + [
-            f for f in scan_text(noted, "(joined)", others, own_name=name) if f.kind == "hidden_instruction"]
+        hits = [f for f in _renoted(hits, scan_text(noted, "(joined)", others, own_name=name)) if f.kind in _HIDING]
     return [Finding(f.kind, f.path, f.detail, f.excerpt, "joined") for f in hits]
 
 
@@ -1872,6 +1975,21 @@ _VALUE_SLOT: Final = re.compile(r"\.(?:default|const|examples?|enum)(?:\[\d+\])*
 _CRED_VALUE: Final = re.compile(
     r"(?:\$\{?|%|\$env:|process\.env\.|os\.environ\[?['\"]?|getenv\(['\"])" + _SECRET_ENV.replace(r"\$?\{?", "", 1)
     + r"|\$\(\s*(?:cat|type|more|head|tail|base64|xxd|gpg|printenv)\b[^)]{0,120}\)|`\s*(?:cat|type|printenv)\b[^`]{0,120}`"
+)
+
+#: Code in a value slot (a default, an example) that the model copies into a call: a network send
+#: (`requests.post`, `urlopen(…, data=`, `fetch(… POST`, `curl -d`/`-F`/`-T`, `wget --post`, `nc`)…
+_CODE_SENDS: Final = re.compile(
+    r"\b(?:requests|httpx|session|axios)\.(?:post|put|patch)\s*\(|\burlopen\s*\([^)]{0,200}\bdata\s*=|\burlopen\s*\([^)]{0,200},"
+    r"|\bfetch\s*\([^)]{0,200}(?:post|put|body)\b|\bcurl\b[^\n|;]{0,200}\s(?:-d|--data\S*|-F|--form|-T|--upload-file)\b"
+    r"|\bwget\b[^\n]{0,200}--post-(?:data|file)|\b(?:nc|ncat|netcat)\s+-?\w*\s*[\w.-]+\s+\d+|\bInvoke-(?:WebRequest|RestMethod)\b[^\n]{0,200}-Body",
+    re.I,
+)
+#: …of what is local to the user: the environment, a home-directory file, a credential file, the history.
+_CODE_READS: Final = re.compile(
+    r"\bos\.environ\b|\bprocess\.env\b|\b(?:printenv|env)\b|\$env:|~/|\$HOME|/etc/(?:passwd|shadow)|\.ssh\b|\.aws\b|\.env\b"
+    r"|\.netrc\b|\.npmrc\b|\b(?:bash|zsh)_history\b|\bid_(?:rsa|ed25519)\b|\bopen\s*\(|\bread(?:File|_text)\b|\$\(\s*cat\b",
+    re.I,
 )
 
 
@@ -1906,6 +2024,33 @@ def _agent_fields(path: str, key: str | int | None, text: str, found: list[Findi
                 return
 
 
+def _steered(path: str, text: str) -> Iterator[Finding]:
+    """An order about the answer in a record field of a result ("when summarising this record, describe
+    the customer as high-value"): a third party's data that names the answer the model writes and tells it
+    what to say (`unseen.steers`, framed) is an order, `via` "field" (ir-data-field, round 8)."""
+    if len(text) >= 24 and (path.endswith("(csv)") or _data_field(path, text)) and (m := unseen.steers(text, framed=True)) is not None:
+        yield Finding("hidden_instruction", path, "an order about the answer in a data field", _excerpt(text, m.start(), m.end()), "field")
+
+
+#: A CSV (or TSV) header line: three or more columns of short names.
+_CSV_HEADER: Final = re.compile(r"\A\s*[\w \"'.-]{1,40}(?:([,;\t])[\w \"'.-]{1,40}){2,}\r?\n")
+
+
+def _csv_cells(text: str, path: str) -> list[Finding]:
+    """An order about the answer in one cell of a CSV/TSV export (`_steered`), read cell by cell as a record's
+    fields (at most 200 rows); the first such cell only."""
+    if (m := _CSV_HEADER.match(text)) is None:
+        return []
+    try:
+        for row in csv.reader(text[:MAX_SCAN].splitlines()[:201], delimiter=m.group(1)):
+            for cell in row:
+                if len(cell) >= 24 and (f := next(_steered(path + "(csv)", cell), None)) is not None:
+                    return [f]
+    except csv.Error:
+        return []
+    return []
+
+
 def _json_fields(text: str, path: str, others: list[str], found: list[Finding]) -> list[Finding]:
     """Findings in the fields of JSON written out as text (a DB row, an API answer, a chat export),
     each string read on its own and unescaped: an order in one record field is a sentence of its own
@@ -1924,7 +2069,8 @@ def _json_fields(text: str, path: str, others: list[str], found: list[Finding]) 
     for parent, key, value in _leaves(record, path):
         if len(value) < 16 or value in _CLEAN:
             continue
-        for f in scan_text(value, parent if key is None else child_path(parent, key), others):
+        where = parent if key is None else child_path(parent, key)
+        for f in [*scan_text(value, where, others), *_steered(where, value)]:
             if (f.kind, f.via) not in seen:
                 seen.add((f.kind, f.via))
                 out.append(f)
@@ -1945,9 +2091,12 @@ def scan_result(result: Any, other_tools: Iterable[str] = ()) -> tuple[Finding, 
         found = scan_text(text, path, others)
         if len(text) >= 24 and text.lstrip()[:1] in ("{", "["):
             found += _json_fields(text, path, others, found)
+        elif len(text) >= 48 and "\n" in text and not any(f.kind == "hidden_instruction" for f in found):
+            found += _csv_cells(text, path)
         findings.extend(found)
         if not any(f.kind == "hidden_instruction" for f in found):
             findings.extend(_agent_fields(path, key, text, found))
+            findings.extend(_steered(path, text))
         if any(f.kind == "hidden_instruction" for f in found) and _data_field(path, text):
             f = next(f for f in found if f.kind == "hidden_instruction")
             findings.append(Finding("hidden_instruction", path, "an order to the model in a data field", f.excerpt, "field"))

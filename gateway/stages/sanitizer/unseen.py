@@ -29,7 +29,7 @@ from typing import Final
 from gateway.core.call import Finding
 from gateway.stages.sanitizer.decode import decoded_layers
 
-__all__ = ["READER", "agent_key", "directive", "encoded_texts", "order"]
+__all__ = ["READER", "agent_key", "directive", "encoded_texts", "order", "steers"]
 
 _AI = (
     r"(?:ai|a\.i\.|llms?|gpt|chatgpt|claude|gemini|copilot|(?:ai|language|large\s+language)\s+models?|ai\s+systems?"
@@ -126,6 +126,56 @@ _AI_KEY: Final = re.compile(
     r"(?i:for|to)?(?:[_\W]|(?=[A-Z]))*(?i:ai|llm|agents?|assistants?|gpt|copilot)(?:$|[_\W])"
 )
 _ORDERED_KINDS: Final = frozenset(("tool_reference", "exfiltration", "credential_request", "data_request", "url_data"))
+
+
+#: An order about the ANSWER, which only a model writing one acts on (round 8): what summaries/answers of
+#: this text should say ("Summaries of this page should describe Acme as…"), or an imperative or obligation
+#: with a verb of answering (describe, present, recommend, rate, rank, say, tell, mention, omit…) whose
+#: object is the reader/user, this page/product/company, the answer itself, or a verdict ("as the best…").
+_STEER_VERB = (
+    r"(?:describe|present|portray|recommend|rate|rank|say|state|tell|mention|summari[sz]e|omit|leave\s+out|refer\s+to"
+    r"|characteri[sz]e|emphasi[sz]e|highlight|downplay|praise|claim|call|answer|reply|respond|conclude|advise|frame|position)"
+)
+_VERDICT = (
+    r"(?:the\s+(?:user|reader|visitor|customer)s?|readers|visitors|(?:your|the)\s+(?:answer|summary|response|reply|recommendation)|as\s+(?:the|a|an)\s+(?:\w+\s+){0,2}?(?:best|\w{3,}est|top|leading"
+    r"|only|clear|most|winner|scam|unsafe|dangerous|recalled)|negative|complaints?|problems?|lawsuits?|fines?"
+    r"|recalls?|criticism)"
+)
+_STEER: Final = re.compile(
+    r"\b(?:summar(?:y|ies)|answers?|responses?|replies|overviews?|recaps?|descriptions?|comparisons?)\s+(?:of|about|on|for)\s+"
+    r"(?:this|these|the\s+(?:page|article|site|product|company|post|review|listing|following))\b[^.!?\n]{0,40}?\b(?:should|must|shall"
+    r"|need\s+to|needs\s+to|are\s+to|is\s+to|will|have\s+to|has\s+to)\b"
+    r"|(?:^|[.!?:;]\s+|\n)(?:(?:when|while|if|before|in)\b[^.!?\n,]{0,80},\s+)?(?:(?:please|kindly|always|only|just),?\s+)*"
+    r"(?:(?:do\s+not|don['’]t|never)\s+)?" + _STEER_VERB + r"\b[^.!?\n]{0,80}?\b" + _VERDICT + r"\b"
+    r"|\b(?:should|must|shall|is\s+to|are\s+to|needs?\s+to|ha(?:s|ve)\s+to)\s+(?:always\s+|only\s+|never\s+|not\s+)?(?:be\s+)?"
+    r"(?:describ|present|portray|recommend|rank|mention|omit|prais|characteri[sz]|downplay|highlight|emphasi[sz])\w*",
+    re.I | re.M,
+)
+
+
+#: The answer named as what the order is about: "when summarising/answering…", "in your reply", "summaries
+#: of this record should". A record field that tells a colleague "tell the customer…" names no answer.
+_ANSWER_FRAME: Final = re.compile(
+    r"\b(?:when(?:ever)?|while|if|before|after)\s+(?:you\s+(?:are\s+)?|you['’]re\s+)?(?:summari[sz]|answer|respond|repl(?:y|ie)"
+    r"|describ|present|report|recap|writ)\w*|\bin\s+(?:your|the|any)\s+(?:answer|summary|response|reply|recap|overview)\b"
+    r"|\b(?:summar(?:y|ies)|answers?|responses?|overviews?)\s+(?:of|about|on|for)\s+(?:this|these)\b",
+    re.I,
+)
+
+
+_FRAME_STEMS: Final = ("summar", "answer", "respon", "repl", "describ", "present", "report", "recap", "writ", "overview")
+
+
+def steers(text: str, *, framed: bool = False) -> re.Match[str] | None:
+    """The span of hidden `text` that tells the model what its answer should say (`_STEER`), or None:
+    honest hidden text (install steps, labels, TODOs) never tells a reader how to describe the page.
+    `framed`: the text must also name the answer it is about (`_ANSWER_FRAME`; a record's field, which a
+    colleague may fill with "tell the customer…")."""
+    if framed:
+        low = text.lower()
+        if not any(stem in low for stem in _FRAME_STEMS) or _ANSWER_FRAME.search(text) is None:
+            return None
+    return _STEER.search(text)
 
 
 def agent_key(key: str) -> bool:
