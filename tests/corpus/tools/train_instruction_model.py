@@ -54,7 +54,7 @@ from gateway.stages.sanitizer import instruction_model as im  # noqa: E402
 
 TSV = Path(__file__).with_name("instruction_training.tsv")
 OUT = ROOT / "gateway" / "stages" / "sanitizer" / "data" / "instruction_model.json"
-MODEL = "instruction-lr-3"
+MODEL = "instruction-lr-4"
 BUCKETS = 1 << 17  # character n-gram buckets
 EPOCHS = 14
 RATE = 0.25
