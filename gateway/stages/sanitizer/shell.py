@@ -44,7 +44,7 @@ from gateway.stages.sanitizer.windows_shell import (
     powershell_commands,
     powershell_payload,
 )
-from gateway.stages.sanitizer.shell_options import COMMAND_VARIABLES, LOADER_VARIABLES, env_injection, option_payloads
+from gateway.stages.sanitizer.shell_options import COMMAND_VARIABLES, LOADER_VARIABLES, env_injection, option_payloads, planted_place
 from gateway.stages.sanitizer.shell_threats import classify_threats
 from gateway.stages.sanitizer.shell_paths import (
     REMOTE as _REMOTE,
@@ -1548,6 +1548,9 @@ class _Walker:
     def run_text(self, run: str | list[str], depth: int, via: str, parent: str) -> None:
         """A command line (a string) or an argv (a list) that a command runs, analysed as a
         command of its own; a string that does not lex would not run either and is left out."""
+        program = (run[0] if run else "") if isinstance(run, list) else (run.split() or [""])[0]
+        if via == "exec" and planted_place(program):
+            self.result.hidden.append((parent, f"{parent} runs {program[:80]}, a planted program"))
         if isinstance(run, list):
             self.synthetic([fold(w) for w in run if w], depth + 1, via, parent)
             return
@@ -1572,7 +1575,10 @@ class _Walker:
             if built:
                 self.result.scripts.append(("cmd-built", text or "", clear))
             for inner in re.findall(r"(?:^|&&?|\|\|?)\s*(?:call\s+)?((?:pwsh|powershell)(?:\.exe)?\s[^&|]*)", clear, re.I):
-                self.script(inner, depth + 1, "payload", c.name)  # a shell the expansion revealed
+                try:
+                    self.script(inner, depth + 1, "payload", c.name)  # a shell the expansion revealed
+                except Unlexed:  # PowerShell syntax (`iex(iwr …)`): `cmd_commands` hands it over as an argv
+                    pass
         if text and len(self.result.scripts) < 16:
             self.result.scripts.append((c.name, text, clear))
         for command in commands:
@@ -2048,6 +2054,12 @@ def _decode(data: str, kind: str) -> str | None:
 # ---------------------------------------------------------------- classes
 
 
+def classify_commands(result: ShellAnalysis) -> ShellAnalysis:
+    """`result` with its classes filled from its commands (for a part of a walk: `shell_threats`)."""
+    _classify(result)
+    return result
+
+
 def _classify(result: ShellAnalysis) -> None:
     """Fill the call classes (credential_read, env_read, network_send, download, write, execute,
     recon, destructive) and the paths each touches."""
@@ -2363,6 +2375,11 @@ def _dns_carries_data(name: str) -> bool:
     digit, like base64; 16+ hex digits; 30+ letters and digits)."""
     if "$" in name or "`" in name:
         return True
+    return dns_label_encoded(name)
+
+
+def dns_label_encoded(name: str) -> bool:
+    """Whether a literal host name has a label left of its registered domain that looks encoded."""
     labels = name.rstrip(".").split(".")
     for label in labels[:-2]:
         if len(label) < 8:
