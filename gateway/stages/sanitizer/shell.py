@@ -44,6 +44,7 @@ from gateway.stages.sanitizer.windows_shell import (
     powershell_commands,
     powershell_payload,
 )
+from gateway.stages.sanitizer.destinations import BULK_SQL, outside_location
 from gateway.stages.sanitizer.shell_options import COMMAND_VARIABLES, LOADER_VARIABLES, env_injection, option_payloads, planted_place
 from gateway.stages.sanitizer.shell_threats import classify_threats
 from gateway.stages.sanitizer.shell_paths import (
@@ -2136,6 +2137,32 @@ def _classify(result: ShellAnalysis) -> None:
         ) or (name == "dd" and any(a.startswith("of=/dev/") and a not in ("of=/dev/null",) for a in args)):
             for o in operands or [name]:
                 add("destructive", o)
+        _classify_bulk(c, result)
+    for where in result.class_paths.get("network_send", [])[:16]:
+        if outside_location(where):
+            add("outside_send", where)
+
+
+#: Programs that take a whole database out (round 8, ec-bulk-confidential-out).
+_DUMPERS: Final = frozenset({"pg_dump", "pg_dumpall", "mysqldump", "mariadb-dump", "mongodump", "mongoexport",
+                             "bcp", "exp", "expdp", "cqlsh", "influxd", "etcdctl"})  # fmt: skip
+_ARCHIVERS: Final = frozenset({"zip", "7z", "7za", "rar"})
+
+
+def _classify_bulk(c: ShellCommand, result: ShellAnalysis) -> None:
+    """`bulk_read` for a command that takes a whole collection: a database dump, an archive of a
+    directory (`tar -c`, `zip -r`, `7z a`), a repository archived or bundled, a table copied out."""
+    name, operands = c.name, c.operands
+    if name in _DUMPERS or (name == "sqlite3" and ".dump" in c.args) or (name == "redis-cli" and "--rdb" in c.args):
+        result.add_class("bulk_read", name)
+    elif name in ("tar", "bsdtar", "gtar") and (c.args[:1] and "c" in c.args[0].lstrip("-") or "-c" in c.flags or "--create" in c.args):
+        result.add_class("bulk_read", operands[-1] if operands else name)
+    elif name in _ARCHIVERS and ("-r" in c.flags or (operands[:1] == ["a"])):
+        result.add_class("bulk_read", operands[-1] if operands else name)
+    elif name == "git" and _git_subcommand(c.args)[0] in ("archive", "bundle"):
+        result.add_class("bulk_read", "git " + _git_subcommand(c.args)[0])
+    elif name in ("psql", "mysql", "sqlite3", "duckdb", "clickhouse-client", "bq") and any(BULK_SQL.search(a) for a in c.args):
+        result.add_class("bulk_read", name)
 
 
 def _options(args: list[str], takes_value: frozenset[str]) -> tuple[list[tuple[str, str]], list[str]]:
