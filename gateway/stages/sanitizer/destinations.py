@@ -32,7 +32,7 @@ __all__ = ["BULK_SQL", "outside_location"]
 #: FROM t` with no condition or limit), a table copied or unloaded out, a dump.
 BULK_SQL: Final = re.compile(
     r"\bselect\s+(?:distinct\s+)?(?:[\w\"`\[\]]+\.)?\*\s+from\s+[\w.\"`\[\]]+\s*(?:order\s+by\s+[\w.,\s\"]+?)?;?\s*$"
-    r"|\bcopy\s+[\w.\"]+(?:\s*\([^)]*\))?\s+to\b|\\copy\b|\bunload\s*\(|\bexport\s+data\b|\binto\s+outfile\b|\bmysqldump\b|\bpg_dump",
+    r"|\bcopy\s+(?:[\w.\"]+(?:\s*\([^)]*\))?|\(.*\))\s+to\b|\\copy\b|\bunload\s*\(|\bexport\s+data\b|\binto\s+outfile\b|\bmysqldump\b|\bpg_dump",
     re.I,
 )
 
