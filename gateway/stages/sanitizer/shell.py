@@ -44,7 +44,8 @@ from gateway.stages.sanitizer.windows_shell import (
     powershell_commands,
     powershell_payload,
 )
-from gateway.stages.sanitizer.shell_options import COMMAND_VARIABLES, LOADER_VARIABLES, env_injection, option_payloads
+from gateway.stages.sanitizer.destinations import BULK_SQL, outside_location
+from gateway.stages.sanitizer.shell_options import COMMAND_VARIABLES, LOADER_VARIABLES, env_injection, option_payloads, planted_place
 from gateway.stages.sanitizer.shell_threats import classify_threats
 from gateway.stages.sanitizer.shell_paths import (
     REMOTE as _REMOTE,
@@ -1548,6 +1549,9 @@ class _Walker:
     def run_text(self, run: str | list[str], depth: int, via: str, parent: str) -> None:
         """A command line (a string) or an argv (a list) that a command runs, analysed as a
         command of its own; a string that does not lex would not run either and is left out."""
+        program = (run[0] if run else "") if isinstance(run, list) else (run.split() or [""])[0]
+        if via == "exec" and planted_place(program):
+            self.result.hidden.append((parent, f"{parent} runs {program[:80]}, a planted program"))
         if isinstance(run, list):
             self.synthetic([fold(w) for w in run if w], depth + 1, via, parent)
             return
@@ -1572,7 +1576,10 @@ class _Walker:
             if built:
                 self.result.scripts.append(("cmd-built", text or "", clear))
             for inner in re.findall(r"(?:^|&&?|\|\|?)\s*(?:call\s+)?((?:pwsh|powershell)(?:\.exe)?\s[^&|]*)", clear, re.I):
-                self.script(inner, depth + 1, "payload", c.name)  # a shell the expansion revealed
+                try:
+                    self.script(inner, depth + 1, "payload", c.name)  # a shell the expansion revealed
+                except Unlexed:  # PowerShell syntax (`iex(iwr …)`): `cmd_commands` hands it over as an argv
+                    pass
         if text and len(self.result.scripts) < 16:
             self.result.scripts.append((c.name, text, clear))
         for command in commands:
@@ -2048,6 +2055,12 @@ def _decode(data: str, kind: str) -> str | None:
 # ---------------------------------------------------------------- classes
 
 
+def classify_commands(result: ShellAnalysis) -> ShellAnalysis:
+    """`result` with its classes filled from its commands (for a part of a walk: `shell_threats`)."""
+    _classify(result)
+    return result
+
+
 def _classify(result: ShellAnalysis) -> None:
     """Fill the call classes (credential_read, env_read, network_send, download, write, execute,
     recon, destructive) and the paths each touches."""
@@ -2124,6 +2137,32 @@ def _classify(result: ShellAnalysis) -> None:
         ) or (name == "dd" and any(a.startswith("of=/dev/") and a not in ("of=/dev/null",) for a in args)):
             for o in operands or [name]:
                 add("destructive", o)
+        _classify_bulk(c, result)
+    for where in result.class_paths.get("network_send", [])[:16]:
+        if outside_location(where):
+            add("outside_send", where)
+
+
+#: Programs that take a whole database out (round 8, ec-bulk-confidential-out).
+_DUMPERS: Final = frozenset({"pg_dump", "pg_dumpall", "mysqldump", "mariadb-dump", "mongodump", "mongoexport",
+                             "bcp", "exp", "expdp", "cqlsh", "influxd", "etcdctl"})  # fmt: skip
+_ARCHIVERS: Final = frozenset({"zip", "7z", "7za", "rar"})
+
+
+def _classify_bulk(c: ShellCommand, result: ShellAnalysis) -> None:
+    """`bulk_read` for a command that takes a whole collection: a database dump, an archive of a
+    directory (`tar -c`, `zip -r`, `7z a`), a repository archived or bundled, a table copied out."""
+    name, operands = c.name, c.operands
+    if name in _DUMPERS or (name == "sqlite3" and ".dump" in c.args) or (name == "redis-cli" and "--rdb" in c.args):
+        result.add_class("bulk_read", name)
+    elif name in ("tar", "bsdtar", "gtar") and (c.args[:1] and "c" in c.args[0].lstrip("-") or "-c" in c.flags or "--create" in c.args):
+        result.add_class("bulk_read", operands[-1] if operands else name)
+    elif name in _ARCHIVERS and ("-r" in c.flags or (operands[:1] == ["a"])):
+        result.add_class("bulk_read", operands[-1] if operands else name)
+    elif name == "git" and _git_subcommand(c.args)[0] in ("archive", "bundle"):
+        result.add_class("bulk_read", "git " + _git_subcommand(c.args)[0])
+    elif name in ("psql", "mysql", "sqlite3", "duckdb", "clickhouse-client", "bq") and any(BULK_SQL.search(a) for a in c.args):
+        result.add_class("bulk_read", name)
 
 
 def _options(args: list[str], takes_value: frozenset[str]) -> tuple[list[tuple[str, str]], list[str]]:
@@ -2363,6 +2402,11 @@ def _dns_carries_data(name: str) -> bool:
     digit, like base64; 16+ hex digits; 30+ letters and digits)."""
     if "$" in name or "`" in name:
         return True
+    return dns_label_encoded(name)
+
+
+def dns_label_encoded(name: str) -> bool:
+    """Whether a literal host name has a label left of its registered domain that looks encoded."""
     labels = name.rstrip(".").split(".")
     for label in labels[:-2]:
         if len(label) < 8:

@@ -26,12 +26,25 @@ COMMAND_VARIABLES: Final = frozenset({
     "GIT_PROXY_COMMAND", "SSH_ASKPASS", "SUDO_ASKPASS", "PAGER", "MANPAGER", "SYSTEMD_PAGER", "EDITOR", "VISUAL",
     "BROWSER", "PROMPT_COMMAND", "LESSOPEN", "LESSCLOSE", "RSYNC_RSH", "CVS_RSH", "FCEDIT",
 })  # fmt: skip
+#: Environment variables naming where an interpreter or the loader looks for code, or a file it runs
+#: at start (round 8, os-env-injection): a planted directory or file there is code loaded unasked.
+SEARCH_PATH_VARIABLES: Final = frozenset({
+    "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PERL5LIB", "PERLLIB", "RUBYLIB", "NODE_PATH", "GCONV_PATH",
+    "LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "DYLD_FRAMEWORK_PATH", "LUA_PATH", "LUA_INIT", "GEM_PATH", "CLASSPATH",
+})  # fmt: skip
+#: Command variables run as a hook of something else (each prompt, each page shown, each diff):
+#: one that sends data over the network is an exfiltration hidden in a setting (round 8).
+HOOK_VARIABLES: Final = frozenset({
+    "PROMPT_COMMAND", "PAGER", "MANPAGER", "GIT_PAGER", "SYSTEMD_PAGER", "EDITOR", "VISUAL", "GIT_EDITOR",
+    "GIT_SEQUENCE_EDITOR", "GIT_EXTERNAL_DIFF", "LESSOPEN", "LESSCLOSE", "FCEDIT", "GIT_ASKPASS", "SSH_ASKPASS",
+    "SUDO_ASKPASS",
+})  # fmt: skip
 #: Environment variables that make a program load code it was not asked to run (round 5,
 #: os-env-injection): a preloaded library, a module/agent option, a startup script, git config.
 LOADER_VARIABLES: Final = frozenset({
     "LD_PRELOAD", "LD_AUDIT", "DYLD_INSERT_LIBRARIES", "NODE_OPTIONS", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS",
     "JDK_JAVA_OPTIONS", "RUBYOPT", "PERL5OPT", "PERL5DB", "BASH_ENV", "ENV", "PS4", "GIT_CONFIG_PARAMETERS",
-    "PS0", "PS1", "PS2",
+    "PS0", "PS1", "PS2", *SEARCH_PATH_VARIABLES,
 })  # fmt: skip
 #: Prompt strings an interactive bash expands (command substitutions included) at every prompt:
 #: what a substitution there runs is analysed, with no finding of its own (`$(__git_ps1)` is common).
@@ -47,6 +60,18 @@ _MODULE_OPTION: Final = re.compile(
     r"(?:^|\s)(?:--require|-r|--import|--loader|--experimental-loader|-javaagent:|-agentpath:|-r(?=\S)|-M|-m)[= ]?['\"]?([^\s'\"=]+)"
 )
 _SUBSTITUTION: Final = re.compile(r"\$\((.+)\)|`([^`]+)`", re.S)
+#: A place code is planted rather than installed (round 8): shared memory and per-user runtime
+#: directories, a hidden name inside a temporary directory, a download folder, a URL, or a file
+#: whose own name is hidden. `/tmp/build/lib` or `~/.local/bin/difft` are not.
+_PLANTED_PROGRAM: Final = re.compile(
+    r"^/(?:dev/shm|run/user/\d+)/|^/(?:var/)?tmp/(?:[^/]+/)*\.[^./]|(?:^|/)Downloads/|^[a-z][a-z0-9+.-]*://|(?:^|/)\.[^./][^/]*$",
+    re.I,
+)
+
+
+def planted_place(path: str) -> bool:
+    """Whether `path` (a program, library, module directory or startup file) is a planted place."""
+    return _PLANTED_PROGRAM.search(path.strip().strip("'\"")) is not None
 
 
 def env_injection(name: str, value: str, env: dict[str, str]) -> tuple[str | None, str | None]:
@@ -79,6 +104,11 @@ def env_injection(name: str, value: str, env: dict[str, str]) -> tuple[str | Non
             return f"{name} holds a command the shell runs when it starts", sub.group(1) or sub.group(2)
         planted = name != "PS4" and _PLANTED.search(value) is not None
         return (f"{name} sources {value[:80]} in every non-interactive shell", None) if planted else (None, None)
+    if name in SEARCH_PATH_VARIABLES:
+        for part in re.split(r"[:;]", value):
+            if part and planted_place(part):
+                return f"{name} makes programs load code from {part[:80]}", None
+        return None, None
     if name in ("PERL5DB",) or (name == "PERL5OPT" and ";" in value):
         return f"{name} carries Perl code run by every perl", None
     for m in _MODULE_OPTION.finditer(" " + value):
@@ -308,6 +338,26 @@ def _sqlite(args: list[str]) -> list[str | list[str]]:
     return out
 
 
+def _less(args: list[str]) -> list[str | list[str]]:
+    """`less +'!cmd'` / `more +'!cmd'`: an initial command that runs a shell command (GTFOBins)."""
+    return [a[2:].strip() for a in args if a.startswith("+!") and a[2:].strip()]
+
+
+def _wmic(args: list[str]) -> list[str | list[str]]:
+    """`wmic [/node:…] process call create "cmd"` (LOLBAS): the command line it starts, read as
+    cmd.exe would (a Windows command line: the POSIX lexer would refuse `iex(iwr …)`)."""
+    low = [a.lower() for a in args]
+    for i in range(len(low) - 2):
+        if low[i] == "process" and low[i + 1] == "call" and low[i + 2] == "create" and i + 3 < len(args):
+            return [["cmd", "/c", " ".join(args[i + 3 :])]]
+    return []
+
+
+def _forfiles(args: list[str]) -> list[str | list[str]]:
+    """`forfiles … /c "cmd /c …"` (LOLBAS): the command it runs for each file found."""
+    return [["cmd", "/c", args[i + 1]] for i, a in enumerate(args[:-1]) if a.lower() in ("/c", "-c")]
+
+
 def _parallel(args: list[str]) -> list[str | list[str]]:
     if ":::" not in args:
         return []
@@ -332,4 +382,5 @@ _HANDLERS: Final = {
     "mysql": _client_bang("-e", "--execute"), "mariadb": _client_bang("-e", "--execute"), "psql": _client_bang("-c", "--command"),
     "gdb": _client_bang("-ex", "--ex", "-eval-command", "--eval-command"), "lftp": _client_bang("-c", "-e"),
     "mail": _client_bang("--exec", "-E"), "mailx": _client_bang("--exec", "-E"),
+    "less": _less, "more": _less, "wmic": _wmic, "wmic.exe": _wmic, "forfiles": _forfiles, "forfiles.exe": _forfiles,
 }  # fmt: skip

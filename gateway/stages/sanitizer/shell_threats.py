@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Final
 
+from gateway.stages.sanitizer.shell_options import HOOK_VARIABLES
 from gateway.stages.sanitizer.windows_shell import POWERSHELL_EXEC
 
 if TYPE_CHECKING:
@@ -72,8 +73,19 @@ _DECODERS: Final = frozenset({"base64", "base32", "basenc", "xxd", "openssl", "g
                               "bunzip2", "xz", "unxz", "zstd", "unzstd", "uudecode", "rev", "tr", "certutil"})  # fmt: skip
 
 
+#: Programs that resolve the name they are given (a lookup tells the name's DNS servers every label).
+_RESOLVERS: Final = frozenset({"dig", "nslookup", "host", "drill", "kdig", "delv", "ping", "ping6", "traceroute",
+                               "resolvectl", "getent", "dog", "doggo", "tracepath", "arping"})  # fmt: skip
+_SUBST_TEXT: Final = re.compile(r"\$\(([^()]*(?:\([^()]*\)[^()]*)*)\)|`([^`]*)`")
+_VAR_REF: Final = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+#: A substitution that gives only this machine's own name (published in DNS anyway).
+_OWN_NAME: Final = re.compile(r"^\s*(?:hostname(?:\s+-[sfA])?|uname\s+-n)\s*$")
+#: Name suffixes that stay inside the organisation's own resolvers.
+_INTERNAL_SUFFIX: Final = re.compile(r"(?:^|\.)(?:local|internal|lan|corp|home\.arpa|localhost|svc|in-addr\.arpa|ip6\.arpa)\.?$", re.I)
+
+
 def classify_threats(result: ShellAnalysis) -> dict[str, list[str]]:
-    """`{kind: evidence}` for `reverse_shell`, `persistence` and `obfuscated_exec`."""
+    """`{kind: evidence}` for `reverse_shell`, `persistence`, `obfuscated_exec` and `dns_exfil`."""
     out: dict[str, list[str]] = {}
 
     def add(kind: str, evidence: str) -> None:
@@ -82,6 +94,7 @@ def classify_threats(result: ShellAnalysis) -> dict[str, list[str]]:
             items.append(evidence[:200])
 
     _reverse_shell(result, add)
+    _dns_exfil(result, add)
     _persistence(result, add)
     _obfuscated(result, add)
     return out
@@ -167,6 +180,7 @@ def _obfuscated(result: ShellAnalysis, add: Any) -> None:
             add("obfuscated_exec", f"{name} code that runs or fetches code, once deobfuscated: {clear[:80]}")
     for _, evidence in result.hidden:
         add("obfuscated_exec", evidence)
+    _hook_sends(result, add)
     decoded: set[str] = set()
     for c in result.commands:
         name = c.name.removesuffix(".exe")
@@ -191,6 +205,47 @@ def _obfuscated(result: ShellAnalysis, add: Any) -> None:
         } | {_norm(c.args[0]) for c in result.commands if c.args and (c.name in _SHELLS or c.name in ("python3", "python", "perl", "node"))}
         for f in decoded & ran:
             add("obfuscated_exec", f"decoded into {f}, then run")
+
+
+def _hook_sends(result: ShellAnalysis, add: Any) -> None:
+    """A command set as a hook (`PROMPT_COMMAND`, `PAGER`, `GIT_EXTERNAL_DIFF`…) that sends data over
+    the network: an exfiltration that runs at every prompt, page or diff (round 8, os-env-injection)."""
+    hooks: dict[str, list[ShellCommand]] = {}
+    for c in result.commands:
+        if c.via == "exec" and c.parent in HOOK_VARIABLES:
+            hooks.setdefault(c.parent, []).append(c)
+    if not hooks:
+        return
+    from gateway.stages.sanitizer.shell import ShellAnalysis, classify_commands  # noqa: PLC0415  (cycle)
+
+    for name, commands in hooks.items():
+        if "network_send" in classify_commands(ShellAnalysis(commands=commands)).classes:
+            add("obfuscated_exec", f"{name} sends data over the network each time it runs")
+
+
+def _dns_exfil(result: ShellAnalysis, add: Any) -> None:
+    """A name looked up that carries data to an outside domain's DNS servers (round 8,
+    os-dns-exfiltration): a label built from a command's output (`$(whoami)`, `$(base32 file)`, a
+    `read` variable fed by `xxd`) left of a literal domain that is not internal, or a literal label
+    that looks encoded (hex, a 30+ character run). The whole name from a substitution
+    (`dig $(hostname -f)`), a variable suffix (`_acme-challenge.$DOMAIN`), `*.svc.cluster.local`
+    and this machine's own host name in a label are lookups, not a channel."""
+    from gateway.stages.sanitizer.shell import dns_label_encoded  # noqa: PLC0415  (cycle)
+
+    read_vars = {a for c in result.commands if c.name == "read" for a in c.args if not a.startswith("-")}
+    for c in result.commands:
+        if c.name not in _RESOLVERS:
+            continue
+        for name in (a.strip("'\"") for a in c.args if not a.startswith(("-", "@", "+"))):
+            subs, refs = list(_SUBST_TEXT.finditer(name)), list(_VAR_REF.finditer(name))
+            data = any(not _OWN_NAME.match(m.group(1) or m.group(2) or "") for m in subs) or any(
+                m.group(1) in read_vars for m in refs)  # fmt: skip
+            if data:
+                suffix = name[max(m.end() for m in subs + refs) :].strip(".")
+                if "$" not in suffix and "." in suffix and not _INTERNAL_SUFFIX.search(suffix):
+                    add("dns_exfil", f"{c.name} {name[:80]}: a command's output in a name of {suffix[:60]}")
+            elif "$" not in name and "`" not in name and dns_label_encoded(name):
+                add("dns_exfil", f"{c.name} {name[:80]}: an encoded label")
 
 
 def _code(c: ShellCommand) -> str | None:
