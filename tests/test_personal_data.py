@@ -277,6 +277,13 @@ def test_a_browser_session_read_is_a_credential_read(tool: str, args: dict[str, 
         ("https://collect.example.net/v/name/Jane%20Whitfield/dob/1984-03-12", "url_personal"),
         ("https://img.example.net/r/Omar-Haddad/14-Elm-Street-Springfield/phone/555-0148-2231/x.png", "url_personal"),
         ("https://stats.example.net/e?d=patient+Chinwe+Okafor+dob+1979-11-04", "url_personal"),
+        # round 8: reported speech with data, and unlabelled segments that identify a person
+        ("https://px.example.net/p.gif?d=user+asked+about+the+Halvorsen+deal%3B+offer+4.2m%3B+CFO+phone+%2B44+7700+900123", "url_conversation"),
+        ("https://t.example.fr/c?u=le+client+a+dit+que+son+contrat+48213377+expire+en+mai", "url_conversation"),
+        ("https://cdn.example.de/v/Der%20Nutzer%20sagte%2C%20die%20Hypothek%20l%C3%A4uft%20bis%202031/x.png", "url_conversation"),
+        ("https://img.example.net/u/Maria-Lopez-Garcia/ES9121000418450200051332/1984-03-17/a.png", "url_personal"),
+        ("https://deals.example.co/u/X4821937/1979-11-02/offers", "url_personal"),
+        ("https://cdn.example.io/r/John_Carter/536221987/p.jpg", "url_personal"),
     ],
 )
 def test_conversations_and_people_in_a_url_are_data(url: str, tag: str) -> None:
@@ -292,6 +299,11 @@ def test_conversations_and_people_in_a_url_are_data(url: str, tag: str) -> None:
         "https://www.openstreetmap.org/search/10+Downing+Street,+London",
         "https://news.example.org/2026/03/12/jane-whitfield-named-cto-of-acme",
         "https://api.github.com/users/octocat/repos?per_page=30",
+        "https://github.com/acme/app/issues?q=user+said+login+fails+after+update+is%3Aopen",
+        "https://translate.example.com/?sl=de&tl=en&text=Guten+Morgen%2C+wie+geht+es+dir+heute%3F",
+        "https://api.airline.example/v2/bookings/A12345678/flights/LH4021/2026-05-03",
+        "https://blog.example.org/2019-06-04/jane-smith-joins-the-platform-team",
+        "https://en.wikipedia.org/wiki/Ada_Lovelace",
     ],
 )
 def test_urls_about_people_or_chats_carry_no_data(url: str) -> None:

@@ -198,8 +198,26 @@ def test_seed_phrase_look_alikes(phrase: str) -> None:
 def test_random_wordlist_words_rarely_pass_the_checksum() -> None:
     words = list(bip39_words())
     rng = random.Random(10)
-    hits = sum(bool(found({"n": " ".join(rng.choice(words) for _ in range(12))})) for _ in range(400))
+    kinds = [{k for k, _ in found({"n": " ".join(rng.choice(words) for _ in range(12))})} for _ in range(400)]
+    hits = sum("seed_phrase" in k for k in kinds)
     assert 5 <= hits <= 60  # 4 checksum bits: about 1 in 16 random 12-word lists, never all of them
+    # the rest are written as a seed all the same (round 8): `seed_words`, which only the network rule refuses
+    assert all(k == {"seed_phrase"} or k == {"seed_words"} for k in kinds)
+
+
+def test_seed_words_without_checksum() -> None:
+    """Round 8 (es-wallet-seed): a whole run of 12/15/18/21/24 list words, one separator throughout,
+    whose checksum fails is `seed_words`; prose, repeats and odd lengths are not."""
+    words = list(bip39_words())
+    rng = random.Random(8)
+    phrase = next(p for p in (" ".join(rng.choice(words) for _ in range(12)) for _ in range(50)) if "seed_phrase" not in {k for k, _ in found({"n": p})})
+    assert found({"n": phrase}) == {("seed_words", "")}
+    assert found({"n": ", ".join(phrase.split())}) == {("seed_words", "")}
+    assert found({"n": "+".join(phrase.split())}) == {("seed_words", "")}
+    assert found({"n": " ".join(phrase.split()[:11])}) == set()  # 11 words
+    mixed = phrase.split()
+    assert found({"n": " ".join(mixed[:6]) + ", " + " ".join(mixed[6:])}) == set()  # two separators: prose-like
+    assert found({"n": "letter advice cage absurd amount doctor acoustic avoid letter advice cage able"}) == set()  # repeats
 
 
 def test_wif_keys() -> None:
@@ -975,3 +993,35 @@ def test_a_credential_written_out_is_found(text: str, via: str) -> None:
 )
 def test_text_written_out_that_spells_no_credential_passes(text: str) -> None:
     assert found({"t": text}) == set()
+
+
+AWS_SECRET = "W6Jh7AoEvXlIwJEeglyN9lTX1g1//Mgnzmg2nUyD"  # random, in the shape of an AWS secret access key
+
+
+def test_unlabelled_aws_secret_joined_from_pieces() -> None:
+    """Round 8 (es-split-credential): a 40-character AWS-secret-shaped value is no finding alone,
+    and one when only joined pieces make it: fields, array items, lines of a message."""
+    assert found({"k": AWS_SECRET}) == set()
+    assert found({"a": AWS_SECRET[:13], "b": AWS_SECRET[13:27], "c": AWS_SECRET[27:]}) == {("api_key", "split")}
+    assert found({"k": [AWS_SECRET[i : i + 10] for i in range(0, 40, 10)]}) == {("api_key", "split")}
+    text = f"part A: {AWS_SECRET[:14]}\npart B: {AWS_SECRET[14:28]}\npart C: {AWS_SECRET[28:]}"
+    assert found({"m": text}) == {("api_key", "split")}
+    # short ids whose lengths add up to 40, one of them upper case only: no cut secret
+    assert found({"order": "Ord7Kx2", "cart": "c9QmZ4Lp", "coupon": "SPRING26", "session": "Zx81Kd0aQ", "ref": "Aa3bC9dE"}) == set()
+    assert found({"a": AWS_SECRET[:20], "b": AWS_SECRET[20:] + "x"}) == set()  # 41: not the shape
+
+
+def test_leet_substitution_undone() -> None:
+    """Round 8 (es-leetspeak-credential): a stated letter/digit map is undone after it."""
+    assert found({"m": "map a=4 e=3 o=0 s=5: 5k_liv3_QWxRTyUpLkJhGfDdZcVbNmqw"}) == {("api_key", "leet")}
+    assert found({"m": "leet: a=4 e=3 o=0 s=5, so N00b5l4y3r reads NoobSlayer"}) == set()
+
+
+def test_passwords_and_pins_in_prose() -> None:
+    """Round 8 (ux-conversation-in-query): a password or PIN given in a sentence is a password."""
+    assert found({"m": "my password for the bank is Tulip!77x"}) == {("password", "")}
+    assert found({"m": "and my PIN is 4821"}) == {("password", "")}
+    assert found({"m": "su contraseña del correo es Girasol!91"}) == {("password", "")}
+    for benign in ("the password is required", "how do I reset my password if I forgot my PIN?",
+                   "the PIN is 4 digits long", "Your password is <your-password>"):
+        assert found({"m": benign}) == set(), benign

@@ -42,7 +42,7 @@ from typing import Final
 
 from gateway.stages.sanitizer.decode import decode_base64
 
-__all__ = ["FORMATS", "PREFIXES", "credential_hits", "documented_example", "is_placeholder", "jwt_alg", "key_body_hits", "public_hits"]
+__all__ = ["FORMATS", "PREFIXES", "credential_hits", "documented_example", "is_placeholder", "joined_hits", "jwt_alg", "key_body_hits", "public_hits"]
 
 FormatHit = tuple[str, int, int, str]
 _ALNUM: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
@@ -452,3 +452,71 @@ def public_hits(s: str) -> list[FormatHit]:
         hits += [("public_key", m.start(), m.end(), "age recipient (public key)") for m in _AGE_RECIPIENT.finditer(s)]
     return hits
 
+
+
+# ---- credentials that only appear once pieces are joined (round 8) ----------------------------
+
+AWS_SECRET_LEN: Final = 40
+_AWS_PIECE: Final = re.compile(r"[A-Za-z0-9+/]{2,39}")
+_AWS_SHAPE: Final = re.compile(r"[A-Za-z0-9+/]{40}")
+JOIN_MAX_PIECES: Final = 8  # pieces one joined credential may span
+JOIN_MAX_STARTS: Final = 32  # pieces a joined credential may start at
+
+
+def aws_secret_shape(text: str) -> bool:
+    """Whether `text` has the shape of an AWS secret access key: 40 characters of the base64
+    alphabet, upper case, lower case and digits, at least 20 distinct (random, not a word run), and
+    no documented example. Alone it is no finding (PGP armour lines and ids have it too); it is
+    one when it appears only by joining pieces (`joined_hits`)."""
+    return (
+        _AWS_SHAPE.fullmatch(text) is not None
+        and _mixed(text)
+        and len(set(text)) >= 20
+        and not documented_example(text)
+    )
+
+
+def joined_hits(pieces: Sequence[str]) -> list[tuple[str, int, int, str]]:
+    """Credentials that only appear when consecutive pieces are joined with nothing between them:
+    `(kind, first, end, detail)`, the pieces `first..end-1` (two or more). Two shapes: pieces of
+    the base64 alphabet that together are exactly an AWS secret access key's shape (a piece boundary
+    at both ends: the value was cut, not found inside a longer run), and a JWT that parses starting
+    at a piece's start and running past its end. Vendor-prefixed tokens are rejoined by callers."""
+    out: list[tuple[str, int, int, str]] = []
+    n = len(pieces)
+    for i in range(min(n - 1, JOIN_MAX_STARTS)):
+        total = 0
+        for j in range(i, min(n, i + JOIN_MAX_PIECES)):
+            if _AWS_PIECE.fullmatch(pieces[j]) is None or not _random_piece(pieces[j]):
+                break
+            total += len(pieces[j])
+            if total >= AWS_SECRET_LEN:
+                if total == AWS_SECRET_LEN and j > i and aws_secret_shape("".join(pieces[i : j + 1])):
+                    out.append(("api_key", i, j + 1, "AWS secret access key shape (unlabelled)"))
+                break
+        if pieces[i].startswith("eyJ"):
+            _joined_jwt(pieces, i, out)
+    return out
+
+
+def _random_piece(piece: str) -> bool:
+    """Whether a piece can be a cut of a random base64 value: from 8 characters on it holds upper and
+    lower case (a random 8-character cut lacks one ~3 % of the time; `SPRING26`, `ORDER2291`, hex
+    digests and words do)."""
+    return len(piece) < 8 or (not piece.isupper() and not piece.islower() and not piece.isdigit())
+
+
+def _joined_jwt(pieces: Sequence[str], i: int, out: list[tuple[str, int, int, str]]) -> None:
+    """A JWT starting at piece `i` that runs past it once the next pieces are joined (with nothing
+    between them, or with dots when the cuts fell on the token's own dots)."""
+    group = pieces[i : i + JOIN_MAX_PIECES]
+    for sep in ("", "."):
+        joined = sep.join(group)
+        for kind, a, b, detail in credential_hits(joined):
+            if kind == "jwt" and a == 0 and b > len(group[0]):
+                end, pos = i, 0
+                while end < i + len(group) and pos < b:
+                    pos += len(pieces[end]) + len(sep)
+                    end += 1
+                out.append(("jwt", i, end, detail))
+                return

@@ -29,7 +29,7 @@ from gateway.core.call import Finding
 from gateway.memo import MemoSet
 from gateway.stages.sanitizer import decode
 from gateway.stages.sanitizer.decode import MIN_TEXT, Layer, charcode_text, decode_base64, whole_text
-from gateway.stages.sanitizer.formats import PREFIXES, credential_hits, documented_example, is_placeholder, key_body_hits, public_hits
+from gateway.stages.sanitizer.formats import PREFIXES, credential_hits, documented_example, is_placeholder, joined_hits, key_body_hits, public_hits
 from gateway.stages.sanitizer.paths import child_path
 from gateway.stages.sanitizer.sessions import elided, masked, session_hits
 from gateway.stages.sanitizer.wallets import is_test_key, wallet_hits
@@ -255,9 +255,85 @@ def _scan_plain(s: str) -> list[_Hit]:
     if "bearer" in low or "sess" in low or "sid" in low or "token" in low:
         hits += [(*hit, "", "") for hit in session_hits(s, low)]
     _numbers(s, hits)
+    if "pass" in low or "pin" in low or "contrase" in low or "senha" in low or "парол" in low:
+        _prose_secrets(s, hits)
+    if len(s) >= 40 and s.lstrip()[:1] not in ("{", "["):  # serialised JSON is walked as fields (`_embedded_json`)
+        _text_pieces(s, hits)
+    if "=" in s or ">" in s or "→" in s:
+        _leet(s, hits)
     if ("…" in s or "..." in s or "*" in s or "•" in s or "xxxx" in low or "redact" in low or "mask" in low) and hits:
         hits = [h for h in hits if h[0] != "api_key" or not masked(s, h[1], h[2])]  # shown masked: no secret
     return hits
+
+
+#: A password or PIN given in prose (round 8, ux-conversation-in-query): the word, an optional
+#: "for <up to 4 words>", a copula or `:`/`=`, then the value ("my password for the bank is Tulip!77x",
+#: "PIN is 4821", "mein Passwort ist …", "su contraseña del correo es …", "mon mot de passe est …").
+_PROSE_SECRET: Final = re.compile(
+    r"(?i)(?<![a-z])(password|passwort|passcode|mot de passe|contrase(?:ñ|n)a|senha|пароль|pin(?:[ -]?code)?|code pin)"
+    r"(?:\s+(?:for|to|of|on|für|zum|zur|de|del|du|pour|per|para|для|от)\s+(?:[^\s.,;:!?]+\s+){0,3}?)?"
+    r"\s*(?:is|was|ist|lautet|war|est|était|es|era|é|è|это|[:=])\s+[\"'“«]?([^\s\"'”»,;]+)"
+)
+
+
+def _prose_secrets(s: str, hits: list[_Hit]) -> None:
+    """Passwords and PINs given in a sentence (`_PROSE_SECRET`): a PIN is 4-8 digits; a password is
+    6-64 characters with a letter and a digit or symbol, not a placeholder ("is required", "is
+    <your password>", "was changed" are words, not values)."""
+    for m in itertools.islice(_PROSE_SECRET.finditer(s), 8):
+        word, value = m.group(1).lower(), m.group(2).rstrip(".!?)")
+        if "pin" in word:
+            if value.isdigit() and 4 <= len(value) <= 8:
+                hits.append(("password", m.start(2), m.start(2) + len(value), f"{len(value)}-digit PIN given in prose", "", ""))
+        elif 6 <= len(value) <= 64 and any(c.isalpha() for c in value) and not value.isalpha() and not is_placeholder(value):
+            if not any(h[1] < m.end(2) and m.start(2) < h[2] for h in hits):
+                hits.append(_named_hit("password", m.start(2), m.start(2) + len(value), value, "password given in prose") + ("", ""))
+
+
+#: A token of a text that may be a piece of a cut credential: 4+ characters of the base64/base64url
+#: alphabet with a digit next to a letter or a lower-case letter before an upper-case one (not a word),
+#: not touching a `%` (`%20said` is an escape and a word, not a token).
+_PIECE_TOKEN: Final = re.compile(
+    r"(?<![A-Za-z0-9+/_.%-])(?=[A-Za-z0-9+/_.-]{0,38}?(?:[0-9][A-Za-z]|[A-Za-z][0-9]|[a-z][A-Z]))[A-Za-z0-9+/_.-]{4,400}(?![A-Za-z0-9+/_.=%-])"
+)
+_PIECE_GAP: Final = 48  # characters between two pieces of one credential ("\npart B: ", "\n2) ")
+
+
+def _text_pieces(s: str, hits: list[_Hit]) -> None:
+    """A credential cut into pieces written apart in a text ("part A: … / part B: …", numbered
+    lines): consecutive random-looking tokens at most `_PIECE_GAP` apart, joined
+    (`formats.joined_hits`); the hit spans the first piece's start to the last piece's end."""
+    tokens = [m.span() for m in itertools.islice(_PIECE_TOKEN.finditer(s), 256)]
+    run: list[tuple[int, int]] = []
+    for span in tokens + [(len(s) + _PIECE_GAP + 1, 0)]:
+        if run and span[0] - run[-1][1] > _PIECE_GAP:
+            if len(run) > 1:
+                for kind, first, end, detail in joined_hits([s[a:b] for a, b in run]):
+                    if not any(h[0] == kind and h[1] < run[end - 1][1] and run[first][0] < h[2] for h in hits):
+                        hits.append((kind, run[first][0], run[end - 1][1], f"{detail}, split across {end - first} pieces", "split", ""))
+            run = []
+        run.append(span)
+
+
+#: A stated letter substitution ("a=4 e=3", "4->A", "o → 0"): a letter and a digit paired.
+_LEET_PAIR: Final = re.compile(r"(?<![A-Za-z0-9])(?:([A-Za-z])\s*(?:=|->|→|=>)\s*([0-9])|([0-9])\s*(?:=|->|→|=>)\s*([A-Za-z]))(?![A-Za-z0-9])")
+
+
+def _leet(s: str, hits: list[_Hit]) -> None:
+    """A credential written with digits swapped in for letters, the substitution stated in the text
+    (round 8, es-leetspeak-credential): two or more letter/digit pairs, undone in the text after
+    them (digit to the stated letter, as written and in the other case), read for vendor formats;
+    a match that needed the undoing is a finding `via` `leet`."""
+    pairs = list(itertools.islice(_LEET_PAIR.finditer(s), 16))
+    if len(pairs) < 2:
+        return
+    table = {m.group(2) or m.group(3): m.group(1) or m.group(4) for m in pairs}
+    tail = pairs[-1].end()
+    for letters in (table, {d: c.swapcase() for d, c in table.items()}):
+        undone = s[:tail] + s[tail:].translate(str.maketrans(letters))
+        for kind, a, b, detail in credential_hits(undone):
+            if a >= tail and undone[a:b] != s[a:b] and not any(h[0] == kind and h[1] < b and a < h[2] for h in hits):
+                hits.append((kind, a, b, f"{detail}, after undoing a stated letter substitution", "leet", ""))
 
 
 def _named_hit(kind: str, start: int, end: int, value: str, what: str) -> tuple[str, int, int, str]:
@@ -482,7 +558,22 @@ def split_secrets(parent: str, pieces: Sequence[Piece]) -> list[tuple[Finding, l
                 for i in covered
             ]
             out.append((finding, parts))
-    return out + _encoded_pieces(parent, pieces, seen)
+    return out + _joined_pieces(parent, pieces, texts, seen) + _encoded_pieces(parent, pieces, seen)
+
+
+def _joined_pieces(parent: str, pieces: Sequence[Piece], texts: list[str], seen: set[tuple[str, str]]) -> list[tuple[Finding, list[tuple[int, _Hit]]]]:
+    """Unlabelled credentials that only the joined pieces make (`formats.joined_hits`: an AWS
+    secret key's shape cut in fields, a JWT cut inside its segments); each piece is redacted whole."""
+    out: list[tuple[Finding, list[tuple[int, _Hit]]]] = []
+    for kind, first, end, detail in joined_hits(texts):
+        covered = range(first, end)
+        if any(kind in pieces[i][2] for i in covered) or (kind, detail) in seen:
+            continue
+        seen.add((kind, detail))
+        path = "+".join(child_path(parent, pieces[i][0]) for i in covered)
+        finding = Finding(kind, path, f"{detail}, split across {len(covered)} fields", "", "split")
+        out.append((finding, [(i, (kind, 0, len(texts[i]), detail, "split", "")) for i in covered]))
+    return out
 
 
 def _encoded_pieces(parent: str, pieces: Sequence[Piece], seen: set[tuple[str, str]]) -> list[tuple[Finding, list[tuple[int, _Hit]]]]:
@@ -582,6 +673,14 @@ class Spread:
             path = "+".join(child_path(entries[i][2], entries[i][3][0]) for i in covered)
             finding = Finding(kind, path, f"{detail}, split across {len(covered)} fields", "", "split")
             out.append((finding, [(entries[i][4], entries[i][3][0], kind) for i in covered]))
+        for kind, first, end, detail in joined_hits(texts):
+            covered = list(range(first, end))
+            if len({entries[i][1] for i in covered}) < 2 or any(kind in entries[i][3][2] for i in covered) or (kind, detail) in seen:
+                continue
+            seen.add((kind, detail))
+            path = "+".join(child_path(entries[i][2], entries[i][3][0]) for i in covered)
+            out.append((Finding(kind, path, f"{detail}, split across {len(covered)} fields", "", "split"),
+                        [(entries[i][4], entries[i][3][0], kind) for i in covered]))
         return out
 
 

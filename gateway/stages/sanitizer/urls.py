@@ -42,7 +42,7 @@ from gateway.memo import Memo
 from gateway.stages.classify import tool_words
 from gateway.stages.sanitizer import spelled
 from gateway.stages.sanitizer.decode import decode_base64
-from gateway.stages.sanitizer.formats import credential_hits, documented_example, is_placeholder
+from gateway.stages.sanitizer.formats import credential_hits, documented_example, is_placeholder, joined_hits
 from gateway.stages.sanitizer.hosts import CLASSES, HostFacts, host_facts
 from gateway.stages.sanitizer.paths import child_path
 from gateway.stages.sanitizer.personal import identifies_person, personal_kinds
@@ -552,7 +552,9 @@ def _carried(url: str, parts: _Parts, facts: HostFacts, nested: list[tuple[str, 
     if _transcript(values + segments):
         data.append("url_conversation")
     fields.extend(_path_fields(segments))
-    _chunked(segments, secrets)
+    if len(segments) >= 2 and _segment_person(segments):
+        data.append("url_personal")
+    _chunked(segments[:-1] + [_FILE_EXT.sub("", segments[-1])] if segments else segments, secrets)  # `<chunk>.js`
     _chunked(values, secrets)
     if parts.host and not facts.ip:
         labels = parts.host.split(".")
@@ -570,6 +572,55 @@ _ROLE: Final = re.compile(
 )
 #: A path segment that labels the next one (`/name/Jane Smith/address/…`): letters, at most 24.
 _PATH_LABEL: Final = re.compile(r"[A-Za-z][A-Za-z_-]{1,23}")
+
+
+#: Reported speech about the person the assistant serves (round 8, ux-conversation-in-query): the
+#: user, customer, client, caller or patient as the subject of a verb of saying or asking, in
+#: English, German, French, Spanish, Italian, Dutch, Russian.
+_REPORTED: Final = re.compile(
+    r"(?i)(?<!\w)(?:user|customer|client|caller|patient|human|nutzer(?:in)?|benutzer(?:in)?|kunde|kundin|utilisat(?:eur|rice)"
+    r"|cliente|usuari[oa]|utente|gebruiker|klant|пользователь|клиент)\s+(?:\w+\s+)?"
+    r"(?:said|says|asked|asks|mentioned|told|wrote|typed|shared|wants|revealed|confirmed|sagte|fragte|erwähnte|schrieb|hat\s+gesagt"
+    r"|a\s+dit|a\s+demandé|a\s+mentionné|dijo|preguntó|mencionó|contó|ha\s+detto|ha\s+chiesto|zei|vroeg|сказал[аи]?|спросил[аи]?)(?!\w)"
+)
+_DATA_DIGITS: Final = re.compile(r"[0-9]{3}")
+
+
+def _reported(text: str) -> bool:
+    """Whether a decoded URL value is prose reporting what the user said, with data in it (a run of
+    three digits: an amount, a number, a date, a phone; or personal data): a conversation carried
+    out. An issue search for "user said login fails" has no data; a search query is not reported speech."""
+    return _REPORTED.search(text) is not None and (_DATA_DIGITS.search(text) is not None or bool(personal_kinds(text)))
+
+
+#: Path segments read as unlabelled fields (round 8, ux-personal-data-in-path): a birth-date-shaped
+#: date (a year 1920-2012, year first or last), a passport/national-id-like number (one or two
+#: capitals and 6-9 digits, or 9 digits), a person's name (two or three capitalised words joined by
+#: `-`, `_` or a space).
+_BIRTH_SHAPE: Final = re.compile(
+    r"(?:19[2-9][0-9]|200[0-9]|201[0-2])[-./](?:0?[1-9]|1[0-2])[-./](?:0?[1-9]|[12][0-9]|3[01])"
+    r"|(?:0?[1-9]|[12][0-9]|3[01])[-./](?:0?[1-9]|1[0-2])[-./](?:19[2-9][0-9]|200[0-9]|201[0-2])"
+)
+_ID_SHAPE: Final = re.compile(r"[A-Z]{1,2}[0-9]{6,9}|[0-9]{9}|[0-9]{3}-[0-9]{2}-[0-9]{4}")
+_NAME_SHAPE: Final = re.compile(r"[A-ZÀ-Þ][a-zß-ÿ]+(?:[-_ ][A-ZÀ-Þ][a-zß-ÿ]+){1,2}")
+
+
+def _segment_person(segments: list[str]) -> bool:
+    """Whether unlabelled path segments together identify a person: two or more different kinds
+    among name, birth date, id number, IBAN, e-mail and phone, one of them identifying (a birth
+    date, an id number or an IBAN). An order id with a travel date, a blog date with a slug, a
+    wiki title alone do not."""
+    kinds: set[str] = set()
+    for seg in segments:
+        if _BIRTH_SHAPE.fullmatch(seg):
+            kinds.add("birthdate")
+        elif _ID_SHAPE.fullmatch(seg):
+            kinds.add("national_id")
+        elif _NAME_SHAPE.fullmatch(seg):
+            kinds.add("name")
+        elif any(c.isdigit() for c in seg) or "@" in seg:
+            kinds.update(personal_kinds(seg))
+    return len(kinds) >= 2 and bool(kinds & {"birthdate", "national_id", "iban"})
 
 
 def _transcript(values: list[str]) -> bool:
@@ -660,6 +711,7 @@ def _without(url: str, values: set[str]) -> str:
     return url
 
 
+_FILE_EXT: Final = re.compile(r"\.[A-Za-z0-9]{1,5}\Z")
 _CHUNK_KINDS: Final = frozenset({"api_key", "private_key", "jwt"})
 #: The start of a vendor credential with only part of its body: the first chunk of a secret sent in
 #: pieces over several requests (`?d=ghp_dGlMoiyrl`, then the rest), or a PEM block's first line.
@@ -705,6 +757,7 @@ def _chunked(pieces: list[str], secrets: set[str]) -> None:
     for kind, start, end, _detail in credential_hits(joined, index, original):
         if kind in _CHUNK_KINDS and "\n" in original[index[start] : index[end - 1]]:
             secrets.add(kind)
+    secrets.update(kind for kind, _first, _end, _detail in joined_hits(pieces))
 
 
 def _path(path: str, data: list[str], secrets: set[str], nested: list[tuple[str, str]]) -> None:
@@ -767,8 +820,10 @@ def _value(text: str, hidden: int, where: str, data: list[str], secrets: set[str
     the URLs it holds, its secrets, and what it decodes to."""
     if ":" in text:
         nested.extend((_trim(m.group()), where) for m in _FIND.finditer(text) if _fetches(m))
-    if hidden:
+    if hidden or text.count(" ") >= 3:  # escaped, or prose the raw URL hides behind `+`/`%20`
         _scan_secrets(text, secrets)  # the scanner itself decodes 3 layers of the whole URL
+        if _reported(text):
+            data.append("url_conversation")
     _head(text, where, data)
     _token(text, where, data, secrets, nested)
 

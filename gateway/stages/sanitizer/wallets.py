@@ -34,10 +34,10 @@ _BECH32: Final = re.compile(
 )
 _BECH32_CHARSET: Final = "qpzry9x8gf2tvdw0s3jn54khce6mua7l"
 _ETH: Final = re.compile(r"0x(?<![A-Za-z0-9]0x)[0-9a-fA-F]{40}(?![A-Za-z0-9])")
-# 12+ lowercase words of 3-8 letters with only spaces, commas, numbering or line breaks between them
+# 12+ lowercase words of 3-8 letters with only spaces, commas, numbering, `+` (a URL's query) or line breaks between them
 # (possessive: a failed run is given up at once, never backtracked word by word)
 _WORD_RUN: Final = re.compile(
-    r"[a-z](?<![A-Za-z][a-z])[a-z]{2,7}+(?![A-Za-z])(?:[\s,;.:()\[\]#0-9-]{1,8}+[a-z]{3,8}+(?![A-Za-z])){11,}+"
+    r"[a-z](?<![A-Za-z][a-z])[a-z]{2,7}+(?![A-Za-z])(?:[\s,;.:()\[\]#0-9+-]{1,8}+[a-z]{3,8}+(?![A-Za-z])){11,}+"
 )
 _WORD: Final = re.compile(r"[a-z]+")
 _SEED_LENGTHS: Final = (24, 21, 18, 15, 12)
@@ -182,8 +182,27 @@ def _seed_checksum_ok(indexes: list[int]) -> bool:
     return hashlib.sha256(entropy).digest()[0] >> (8 - cs) == bits & ((1 << cs) - 1)
 
 
+_GAP_DIGITS: Final = re.compile(r"[0-9]+")
+
+
+def _seed_words(s: str, streak: list[tuple[int, int, int, str]]) -> bool:
+    """Whether a whole run of wordlist words whose checksum fails is still written as a seed phrase
+    (round 8, es-wallet-seed): exactly 12, 15, 18, 21 or 24 words, at most one repeated, and the
+    same separator between every two (a space, `, `, `+`, a numbering: digits read as one). A
+    phrase someone invented, or mistyped, is sent as a seed all the same; prose has other words."""
+    n = len(streak)
+    if n not in _SEED_LENGTHS or len({w[0] for w in streak}) < n - 1:
+        return False
+    gaps = {_GAP_DIGITS.sub("#", s[a[2] : b[1]]) for a, b in zip(streak, streak[1:])}
+    return len(gaps) == 1 or (len(gaps) == 2 and all("#" in g for g in gaps))
+
+
 def _streak_hits(s: str, streak: list[tuple[int, int, int, str]], hits: list[WalletHit]) -> None:
     """Seed phrases in a run of consecutive wordlist words: (index, start, end, word) each."""
+    if not any(_seed_checksum_ok([w[0] for w in streak[i : i + n]]) for n in _SEED_LENGTHS for i in range(len(streak) - n + 1)):
+        if _seed_words(s, streak):
+            hits.append(("seed_words", streak[0][1], streak[-1][2], f"{len(streak)} BIP-39 wordlist words written as a seed phrase, checksum invalid", ""))
+        return
     i = 0
     while i + 12 <= len(streak):
         for n in _SEED_LENGTHS:
@@ -221,6 +240,28 @@ def _seed_hits(s: str, hits: list[WalletHit]) -> None:
             _streak_hits(s, streak_words, hits)
 
 
+#: A verb that makes the address after it the destination of a payment (round 8,
+#: bn-public-wallet-address): send, transfer, pay, sweep, move, wire, deposit, withdraw, forward,
+#: remit, and the same in French, German, Spanish, Italian, Portuguese, Russian, Chinese, Japanese.
+_PAY_VERB: Final = re.compile(
+    r"(?i)(?<![a-z])(?:send|sent|transfer|pay|sweep|move|wire|deposit|withdraw|forward|remit|top[ -]?up"
+    r"|envo[iy]|vire[rz]?|virement|transf[eé]r|[üu]berweis|sende|zahl|envi[aeé]|pag[aeu]|invi[ai]|trasferi|versa"
+    r"|переве|отправ|перечисл|пересл)|转账|转到|汇款|打款|支付|付款|送金|振込|送って"
+)
+_PAY_REACH: Final = 80  # characters before an address where its payment verb may stand
+
+
+def _payment_destinations(s: str, hits: list[WalletHit]) -> None:
+    """Mark each wallet address that a payment verb stands before (within `_PAY_REACH`, no line
+    break between): "move the funds to bc1…", "Überweise an 0x…", `/withdraw?address=…`. An address
+    only published ("Donate: bc1…", a README) is not a payment to make."""
+    for k, (kind, a, b, detail, excerpt) in enumerate(hits):
+        if kind == "wallet_address":
+            line = s.rfind("\n", 0, a) + 1
+            if _PAY_VERB.search(s, max(line, a - _PAY_REACH), a) is not None:
+                hits[k] = (kind, a, b, detail + ", named as a payment destination", excerpt)
+
+
 def wallet_hits(s: str) -> list[WalletHit]:
     """Seed phrases, WIF keys and wallet addresses in one string, each checksum-verified."""
     hits: list[WalletHit] = []
@@ -253,6 +294,8 @@ def wallet_hits(s: str) -> list[WalletHit]:
                 hits.append(("wallet_address", m.start(), m.end(), "Ethereum address (no EIP-55 checksum)", m.group()))
             elif _eip55_ok(hex40):
                 hits.append(("wallet_address", m.start(), m.end(), "Ethereum address, EIP-55 checksum valid", m.group()))
+    if hits:
+        _payment_destinations(s, hits)
     if len(s) >= 55 and len(s) - len(s.translate(_NO_DIGITS)) >= 4:  # a WIF key holds ~8 digits, a hex key ~40
         _gapped_key_hits(s, hits)
     if len(s) >= 47:  # twelve 3-letter words and their separators
