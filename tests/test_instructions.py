@@ -913,8 +913,8 @@ def test_an_order_about_the_answer_in_a_data_field(field: str, ordered: bool) ->
     for result in ({"content": [{"type": "text", "text": json.dumps({"id": 7, "notes": field})}]},
                    {"content": [{"type": "text", "text": "ok"}], "structuredContent": {"rows": [{"id": 7, "notes": field}]}},
                    {"content": [{"type": "text", "text": f'id,name,notes\n7,Ola,"{field}"\n8,Bo,vip'}]}):
-        found = [f for f in scan_result(result) if f.kind == "hidden_instruction" and f.via in ("field", "model")]
-        assert bool(found) is ordered, (result, found)  # the field reading, or the learned score on the whole export
+        found = [f for f in scan_result(result) if f.kind == "hidden_instruction" and f.via == "field"]
+        assert bool(found) is ordered, (result, found)
 
 
 def test_a_quote_under_an_example_heading_is_a_quotation() -> None:
