@@ -55,10 +55,8 @@ _SHAPE_TOKENS: Final = frozenset(("xurl", "xmail", "xpath", "xname"))
 _UNSPACED: Final = re.compile(
     r"[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
 )
-#: The end of a sentence (any script) or of a line. A colon inside a line does not end one (round 8): the
-#: label before it ("Note from the account owner to their assistant:") and the order after it are one
-#: sentence, so the window that holds the order also holds whom it addresses.
-_SENTENCE_END: Final = re.compile(r"[.!?;](?=\s)|[。！？；\n]|[।॥؟۔።]")
+#: The end of a sentence (any script) or of a line.
+_SENTENCE_END: Final = re.compile(r"[.!?;:](?=\s)|[。！？；：\n]|[।॥؟۔።]")
 
 
 class Hit(NamedTuple):

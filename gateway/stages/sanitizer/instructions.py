@@ -847,7 +847,7 @@ def _scan(raw: str, where: str, other_tools: Iterable[str], own_name: str, *, de
         findings.extend(_capability(prose, code, where))
     if not prose.isascii() and "_" in low:
         findings.extend(_cjk_tool_order(prose, where))
-    if (not instructed or not any(f.kind in _WANT_KINDS for f in findings)) and _model_gate(prose, low, words, instructed):
+    if (not instructed or not any(f.kind in _WANT_KINDS for f in findings)) and _model_gate(prose, low, words):
         instructed = _learned(prose, code, findings, where) or instructed  # round 7: a grammar's order wanting nothing
     if instructed and "_" in low and not any(f.kind == "tool_reference" for f in findings):
         findings.extend(_named_in_order(prose, code, where))
@@ -918,7 +918,7 @@ _MODEL_WORDS: Final = frozenset((
 ))
 #: English words of an order about the user or the answer (round 7): "tell the user…", "when summarising
 #: this page…" name no AI but are the learned score's to judge.
-_MODEL_GATE: Final = _MODEL_WORDS | frozenset(("user", "summarize", "summarise", "summarizing", "summarising", "summary", "summaries"))
+_MODEL_GATE: Final = _MODEL_WORDS | frozenset(("user", "summarize", "summarise", "summarizing", "summarising"))
 _MODEL_MIN: Final = 24
 #: What an order wants that the result rules act on: an order the grammars found with none of these is
 #: read by the learned score too, for what it wants (`_wants`: the answer steered, an action; round 7).
@@ -950,13 +950,12 @@ def _foreign_ascii(low: str, words: frozenset[str]) -> bool:
             and len(words & _ENGLISH_COMMON) <= lettered // 12)
 
 
-def _model_gate(prose: str, low: str, words: frozenset[str], instructed: bool = False) -> bool:
+def _model_gate(prose: str, low: str, words: frozenset[str]) -> bool:
     """Cheap test before the learned score: long enough, not English ASCII-only without one of `_MODEL_WORDS`
-    (another language in Latin letters is read; so is a string where a grammar already found an order, for
-    what it wants: round 8), and not JSON written out (a record's fields are read one by one, as data:
-    `_agent_fields`, `_data_field`)."""
+    (another language in Latin letters is read), and not JSON written out (a record's fields are read one
+    by one, as data: `_agent_fields`, `_data_field`)."""
     return (len(prose) >= _MODEL_MIN
-            and (instructed or not words.isdisjoint(_MODEL_GATE) or lexicon.gate(low, words) or _foreign_ascii(low, words))
+            and (not words.isdisjoint(_MODEL_GATE) or lexicon.gate(low, words) or _foreign_ascii(low, words))
             and not (prose.lstrip()[:1] in ("{", "[") and is_json(prose)))
 
 
@@ -966,24 +965,15 @@ def _learned(prose: str, code: list[tuple[int, int]], findings: list[Finding], w
     what that window's order wants, read from its concepts and shapes (`_wants`)."""
     quoted = [m for m in _QUOTED.finditer(prose) if _mentioned(prose, m.start() + 1, code)] if _QUOTE_MARKS & set(prose) else []
     text = _blank(prose, [*_INLINE_CODE.finditer(prose), *quoted]) if code or quoted else prose
-    scored = instruction_model.scan(text)
-    quoted_at = [h.at for h in scored if _mentioned(prose, h.at, code) or _mentioned(prose, h.start, code)]
-    hits = [hit for hit in scored  # a window holding a quoted order's strongest word is judged by that quoting (round 8)
-            if hit.at not in quoted_at and not any(hit.start <= q < hit.end for q in quoted_at) and not _turn_of_transcript(prose, hit.at)]
-    if not hits:
-        return False
-    excerpt = _excerpt(prose, hits[0].start, min(hits[0].end, hits[0].start + 50))
-    detail = f"{instruction_model.MODEL} score {hits[0].score:.2f}"
-    findings.append(Finding("hidden_instruction", where, detail, excerpt, "model"))
-    wants: dict[str, tuple[str, str]] = {}
-    for hit in sorted(hits, key=lambda h: h.start):  # round 8: an order split over windows (addressee, then the order)
-        for kind, what in _wants(prose, hit):
-            wants.setdefault(kind, (what, _excerpt(prose, hit.start, min(hit.end, hit.start + 50))))
-    if not wants and any("addr" in h.concepts for h in hits):
-        wants["output_manipulation"] = ("an order addressed to the model about what it says or does", excerpt)
-    findings.extend(Finding(kind, where, what if kind == "tool_reference" else f"{what} ({detail})", at, "model")
-                    for kind, (what, at) in wants.items())
-    return True
+    for hit in instruction_model.scan(text):
+        if not _mentioned(prose, hit.at, code) and not _mentioned(prose, hit.start, code) and not _turn_of_transcript(prose, hit.at):
+            excerpt = _excerpt(prose, hit.start, min(hit.end, hit.start + 50))
+            detail = f"{instruction_model.MODEL} score {hit.score:.2f}"
+            findings.append(Finding("hidden_instruction", where, detail, excerpt, "model"))
+            findings.extend(Finding(kind, where, what if kind == "tool_reference" else f"{what} ({detail})", excerpt, "model")
+                            for kind, what in _wants(prose, hit))
+            return True
+    return False
 
 
 #: A tool call written out as a JSON object: a tool-name key with an identifier, then an arguments object.

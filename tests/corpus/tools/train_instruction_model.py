@@ -31,10 +31,8 @@ invariantlabs text, which held-out corpora use):
   and llmail-inject-challenge keep no text data in their GitHub repositories (checked again in
   round 7: llmail-inject-challenge's copy holds code and notebooks, no submissions; its fp_tests
   e-mails are held-out text and never used); deepset's and HackAPrompt's sets have no official
-  GitHub copy (round 8: only third-party copies of HackAPrompt and llmail-inject-challenge, of
-  unclear licence, none official). Round 7's and round 8's rows (orders about the answer, forged
-  notices, impersonated users, actions, code injection, prompt extraction in other words, and their
-  hard negatives) are hand-written.
+  GitHub copy. Round 7's rows (orders about the answer, forged notices, impersonated users,
+  actions, code injection, and their hard negatives) are hand-written.
 """
 
 from __future__ import annotations
@@ -56,7 +54,7 @@ from gateway.stages.sanitizer import instruction_model as im  # noqa: E402
 
 TSV = Path(__file__).with_name("instruction_training.tsv")
 OUT = ROOT / "gateway" / "stages" / "sanitizer" / "data" / "instruction_model.json"
-MODEL = "instruction-lr-4"
+MODEL = "instruction-lr-3"
 BUCKETS = 1 << 17  # character n-gram buckets
 EPOCHS = 14
 RATE = 0.25
