@@ -1,13 +1,16 @@
 """detection: the labelled corpora through `dharma stdio` with the standard profile.
 
-Ten corpora, the same harness (`tests.corpus.runner`: each case its own `dharma stdio` and SDK
+Eleven corpora, the same harness (`tests.corpus.runner`: each case its own `dharma stdio` and SDK
 server, every tool granted to the local user, the client declining every approval):
 - **tuned** (tests/corpus/): the cases the detectors were built and adjusted against; the same run
   as tests/test_corpus.py. Misses are named case by case.
-- **held-out 9** (tests/corpus_heldout9/): the freshest. Written by someone who read neither the
-  detectors nor any other corpus's cases, over half of its text-injection attacks adapted from a
-  public technique catalogue no earlier corpus used (its SOURCES.md), frozen 2026-11-29 before the
-  seventh round of issue 24/27 detector work; read per family before and after that round.
+- **held-out 10** (tests/corpus_heldout10/): the freshest. Written by someone who read neither the
+  detectors nor any other corpus's cases, over half of its text-injection attacks adapted from public
+  benchmarks and scanners no earlier corpus used (its SOURCES.md), frozen 2026-11-29 before the
+  eighth round of issue 24/27 detector work; read per family before and after that round.
+- **held-out 9** (tests/corpus_heldout9/): written the same way, over half of its text-injection
+  attacks adapted from a public technique catalogue (its SOURCES.md), frozen before the seventh
+  round; read per family before and after it, its per-class misses chose the eighth round's classes.
 - **held-out 8** (tests/corpus_heldout8/): written the same way after the sixth round, frozen before
   the seventh; read per family before and after the seventh round.
 - **held-out 7** (tests/corpus_heldout7/): written the same way, over half of its text-injection
@@ -28,7 +31,7 @@ server, every tool granted to the local user, the client declining every approva
   detectors changed, but no longer independent: the names of its missed cases were seen while
   the detectors were tuned (docs/detection.md). Reported for comparison, read like held-out 2.
 
-Held-out 10 (tests/corpus_heldout10/) is frozen for the eighth round and not run here until that
+Held-out 11 (tests/corpus_heldout11/) is frozen for the ninth round and not run here until that
 round lands.
 
 Per attack family: the cases caught (recall), precision against the benign look-alikes of that
@@ -53,6 +56,7 @@ from tests.corpus.runner import RECALL_TARGET, REPO, Verdict, families_of, figur
 QUICK_PER_FILE = 3
 #: The held-out corpora, the clean one first: (name in the report, folder).
 HELD_OUT: tuple[tuple[str, Path], ...] = (
+    ("held-out 10", REPO / "tests" / "corpus_heldout10"),
     ("held-out 9", REPO / "tests" / "corpus_heldout9"),
     ("held-out 8", REPO / "tests" / "corpus_heldout8"),
     ("held-out 7", REPO / "tests" / "corpus_heldout7"),

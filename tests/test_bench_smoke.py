@@ -48,8 +48,8 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
     for figure in ("SQLite, synchronous FULL", "inclusion proof", "consistency proof"):
         assert figure in out, f"{figure!r} missing from:\n{out}"
     verdicts = [line for line in out.splitlines() if line.strip().startswith(("MET", "MISSED", "NOT MEASURED"))]
-    assert len(verdicts) == 108, (f"expected one verdict per §8 target (verify and query once per backend, HTTP per era, detection per "
-                                 f"family of the tuned and the nine held-out corpora, scanners):\n{out}")
+    assert len(verdicts) == 117, (f"expected one verdict per §8 target (verify and query once per backend, HTTP per era, detection per "
+                                 f"family of the tuned and the ten held-out corpora, scanners):\n{out}")
     for backend in ("SQLite", "PostgreSQL"):
         assert sum(f"({backend})" in line for line in verdicts) == 2, f"verify and query verdicts for {backend}:\n{out}"
     if pg_bin() is not None:
@@ -69,11 +69,11 @@ def test_bench_quick_prints_every_figure(tmp_path: Path) -> None:
     for family in ("tool_poisoning", "injected_results", "obfuscated_shell", "encoded_secrets", "exfil_chains"):
         assert f"detection recall ({family})" in out, f"the corpus recall of {family} is missing:\n{out}"
     assert "detection benign look-alikes allowed" in out and "errors" in out, f"the corpus rows are missing:\n{out}"
-    for corpus in ("held-out 9", "held-out 8", "held-out 7", "held-out 6", "held-out 5", "held-out 4", "held-out 3", "held-out 2", "held-out 1, not independent"):
+    for corpus in ("held-out 10", "held-out 9", "held-out 8", "held-out 7", "held-out 6", "held-out 5", "held-out 4", "held-out 3", "held-out 2", "held-out 1, not independent"):
         for family in ("obfuscated_shell", "ssrf", "fetched_injection"):
             assert f"detection recall ({family}, {corpus})" in out, f"the {corpus} recall of {family} is missing:\n{out}"
         assert f"== detection, {corpus} corpus" in out, f"the {corpus} rows are missing:\n{out}"
-    assert out.count("held-out, per class") == 9, f"the per-class rows of a held-out corpus are missing:\n{out}"
+    assert out.count("held-out, per class") == 10, f"the per-class rows of a held-out corpus are missing:\n{out}"
 
 
 @pytest.fixture(scope="module")
