@@ -53,7 +53,7 @@ __all__ = ["KINDS", "scan_definition", "scan_result", "scan_text"]
 
 KINDS: Final = (
     "hidden_instruction", "tool_reference", "credential_request", "data_request", "exfiltration", "url_data", "url",
-    "invisible_text", "hidden_markup", *impersonation.KINDS,
+    "invisible_text", "hidden_markup", "output_manipulation", "action_request", *impersonation.KINDS,
 )  # fmt: skip
 EXCERPT: Final = 80
 MAX_SCAN: Final = 262_144  # characters of one string scanned; the rest is ignored (and said so)
